@@ -1,0 +1,36 @@
+# Two commands for a fresh clone:  `make demo` (set up + main job)  and  `make test` (set up + tests).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test test-slow lint bench clean
+
+setup: $(STAMP)
+
+# torch is installed first, pinned, where none is present: a loose requirement would otherwise
+# pull a multi-GB CUDA build. Users with their own torch keep it.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
+	$(PY) -m pip install -e ".[train,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/urpe reproduce synthetic
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+test: lint
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+bench: $(STAMP)
+	$(PY) -m pip install -e ".[bench]"
+	$(VENV)/bin/urpe bench attention --json BENCHMARKS.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,122 @@
+"""Structured relative-position terms: per-head tables looked up by a relation between i and j.
+
+A bias or gate in `urpe.attention` is either a dense tensor broadcastable to (B, H, Lq, Lk) or one
+of the two structured forms here. Structured forms let fused kernels read the term tile by tile
+instead of materialising an (Lq, Lk) matrix per head; `dense()` gives the equivalent dense tensor,
+which is what the reference kernel uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def query_positions(lq: int, lk: int, device: torch.device | None = None) -> Tensor:
+    """Absolute positions of the queries: query i sits at i + Lk - Lq (the last Lq of Lk keys).
+
+    This is what decoding with a KV cache needs: the Lq new queries are the newest positions.
+    """
+    return torch.arange(lk - lq, lk, device=device)
+
+
+def relative_offsets(lq: int, lk: int, device: torch.device | None = None) -> Tensor:
+    """Offsets d_ij = j - pos(i), key position minus query position. Shape (Lq, Lk), int64."""
+    keys = torch.arange(lk, device=device)
+    return keys[None, :] - query_positions(lq, lk, device)[:, None]
+
+
+@dataclass(frozen=True)
+class Toeplitz:
+    """A per-head Toeplitz term: value(i, j) = table[:, clamp(j - pos(i), -K, K) + K].
+
+    table: (H, 2K+1), or (1, 2K+1) to share one row across heads. Offsets beyond K reuse the edge
+    value, so a table trained at one length works at any length (the paper's "clipped" RPE).
+    """
+
+    table: Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, Tensor):
+            raise TypeError(f"Toeplitz table must be a Tensor, got {type(self.table).__name__}")
+        if self.table.dim() != 2:
+            raise ValueError(
+                f"Toeplitz table must have shape (H, 2K+1), got {tuple(self.table.shape)}"
+            )
+        if self.table.shape[1] % 2 == 0:
+            raise ValueError(
+                f"Toeplitz table width must be odd (2K+1 offsets -K..K), got {self.table.shape[1]}"
+            )
+        if not self.table.is_floating_point():
+            raise TypeError(f"Toeplitz table must be floating point, got {self.table.dtype}")
+
+    @property
+    def num_heads(self) -> int:
+        return self.table.shape[0]
+
+    @property
+    def max_offset(self) -> int:
+        """K: the largest offset with its own entry."""
+        return (self.table.shape[1] - 1) // 2
+
+    def index(self, lq: int, lk: int) -> Tensor:
+        """Column of the table used at each (i, j). Shape (Lq, Lk), int64."""
+        k = self.max_offset
+        return relative_offsets(lq, lk, self.table.device).clamp(-k, k) + k
+
+    def dense(self, lq: int, lk: int) -> Tensor:
+        """The term as a dense tensor of shape (1, H, Lq, Lk)."""
+        return self.table[:, self.index(lq, lk)].unsqueeze(0)
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A per-head term indexed by an arbitrary integer relation: value(b, h, i, j) = table[h, index[b, i, j]].
+
+    table: (H, R) (or (1, R)); index: (B, Lq, Lk) integer in [0, R). On graphs the index is the
+    shortest-path distance, as in Graphormer's spatial encoding.
+    """
+
+    table: Tensor
+    index: Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, Tensor) or not isinstance(self.index, Tensor):
+            raise TypeError("Relation table and index must be Tensors")
+        if self.table.dim() != 2:
+            raise ValueError(
+                f"Relation table must have shape (H, R), got {tuple(self.table.shape)}"
+            )
+        if not self.table.is_floating_point():
+            raise TypeError(f"Relation table must be floating point, got {self.table.dtype}")
+        if self.index.dim() != 3:
+            raise ValueError(
+                f"Relation index must have shape (B, Lq, Lk), got {tuple(self.index.shape)}"
+            )
+        if self.index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise TypeError(f"Relation index must be an integer tensor, got {self.index.dtype}")
+
+    @property
+    def num_heads(self) -> int:
+        return self.table.shape[0]
+
+    def dense(self, lq: int, lk: int) -> Tensor:
+        """The term as a dense tensor of shape (B, H, Lq, Lk)."""
+        if self.index.shape[-2:] != (lq, lk):
+            raise ValueError(
+                f"Relation index has shape {tuple(self.index.shape)}, expected (B, {lq}, {lk})"
+            )
+        # table[:, index] is (H, B, Lq, Lk); move heads behind batch.
+        return self.table[:, self.index.long()].transpose(0, 1)
+
+
+PositionTerm = Tensor | Toeplitz | Relation
+
+
+def dense_term(term: PositionTerm | None, lq: int, lk: int) -> Tensor | None:
+    """Expand a bias or gate of any accepted form to a tensor broadcastable to (B, H, Lq, Lk)."""
+    if term is None or isinstance(term, Tensor):
+        return term
+    return term.dense(lq, lk)
