@@ -34,7 +34,7 @@ AUTO_ORDER: list[str] = []
 
 
 def register_backend(backend: Backend, *, auto_priority: int | None = None) -> None:
-    """Add a kernel. auto_priority: its place in "auto"'s order (0 = tried first); None = never auto."""
+    """Add a kernel; auto_priority is its place in "auto"'s order (0 first, None: never)."""
     BACKENDS[backend.name] = backend
     if backend.name in AUTO_ORDER:
         AUTO_ORDER.remove(backend.name)

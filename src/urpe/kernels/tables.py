@@ -73,7 +73,7 @@ class Toeplitz:
 
 @dataclass(frozen=True)
 class Relation:
-    """A per-head term indexed by an arbitrary integer relation: value(b, h, i, j) = table[h, index[b, i, j]].
+    """A per-head term indexed by an integer relation: value(b, h, i, j) = table[h, index[b, i, j]].
 
     table: (H, R) (or (1, R)); index: (B, Lq, Lk) integer in [0, R). On graphs the index is the
     shortest-path distance, as in Graphormer's spatial encoding.

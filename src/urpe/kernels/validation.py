@@ -1,4 +1,4 @@
-"""Argument checks for `urpe.attention`: one clear error naming the argument, before any kernel runs."""
+"""Argument checks for `urpe.attention`: one clear error naming the argument."""
 
 from __future__ import annotations
 
