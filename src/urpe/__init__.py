@@ -1,6 +1,52 @@
-"""urpe: Transformers with universal relative positional encodings (Luo et al., NeurIPS 2022)."""
+"""urpe: Transformers with universal relative positional encodings (Luo et al., NeurIPS 2022).
 
+Layers, bottom to top: `urpe.kernels` (attention functions) -> `urpe.encodings` (positional
+encodings and the URPE gate) -> `urpe.nn` (modules) -> `urpe.models`. All of it needs torch only.
+"""
+
+from .encodings import (
+    ALiBi,
+    FireBias,
+    KerpleBias,
+    LearnedAbsolute,
+    NoPosition,
+    RelativeBias,
+    RelativeEncoding,
+    RotaryEncoding,
+    ShawRelative,
+    SinusoidalAbsolute,
+    T5Bias,
+    ToeplitzGate,
+    TransformerXLRelative,
+)
 from .kernels import Relation, Toeplitz, attention, reference_attention
+from .models import TransformerConfig, TransformerDecoder, TransformerEncoder
+from .nn import BilinearMixer, KVCache, MultiheadAttention, SeparableConvMixer
 
-__all__ = ["Relation", "Toeplitz", "attention", "reference_attention"]
+__all__ = [
+    "ALiBi",
+    "BilinearMixer",
+    "FireBias",
+    "KVCache",
+    "KerpleBias",
+    "LearnedAbsolute",
+    "MultiheadAttention",
+    "NoPosition",
+    "Relation",
+    "RelativeBias",
+    "RelativeEncoding",
+    "RotaryEncoding",
+    "SeparableConvMixer",
+    "ShawRelative",
+    "SinusoidalAbsolute",
+    "T5Bias",
+    "Toeplitz",
+    "ToeplitzGate",
+    "TransformerConfig",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "TransformerXLRelative",
+    "attention",
+    "reference_attention",
+]
 __version__ = "0.1.0"

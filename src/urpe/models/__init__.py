@@ -1,0 +1,21 @@
+"""Transformer models assembled from `urpe.nn` parts by a config."""
+
+from .builders import build_absolute, build_gate, build_layers, build_position
+from .config import ABSOLUTES, GATES, MIXERS, POSITIONS, TransformerConfig
+from .markers import MarkerTokens
+from .transformer import TransformerDecoder, TransformerEncoder
+
+__all__ = [
+    "ABSOLUTES",
+    "GATES",
+    "MIXERS",
+    "POSITIONS",
+    "MarkerTokens",
+    "TransformerConfig",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "build_absolute",
+    "build_gate",
+    "build_layers",
+    "build_position",
+]

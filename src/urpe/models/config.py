@@ -1,0 +1,84 @@
+"""The config every Transformer in urpe is built from."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+POSITIONS = (
+    "none", "rpe", "t5", "alibi", "rope", "kerple-log", "kerple-power", "fire", "shaw", "txl",
+)  # fmt: skip
+ABSOLUTES = (None, "learned", "sinusoidal")
+GATES = (None, "toeplitz", "t5")
+MIXERS = ("attention", "bilinear", "conv")
+
+
+@dataclass
+class TransformerConfig:
+    """A Transformer encoder or causal decoder.
+
+    position: the relative encoding inside attention (one of POSITIONS; "rpe" is the paper's
+        per-offset Toeplitz bias in "unique" mode, clipped beyond max_len).
+    absolute: an absolute encoding added to the embeddings (None, "learned", "sinusoidal").
+    gate: URPE's post-normalisation Toeplitz gate C: None (plain RPE), "toeplitz" (per offset,
+        the paper's URPE) or "t5" (T5 buckets, "urpe-t5").
+    normalization: "softmax", "exp", "l2" or "relu2" (see `urpe.attention`).
+    share_position: one B and one C for all layers (the paper's default) or one per layer.
+    markers: learned [CLS] prepended and [SEP] appended (encoder; a decoder only prepends), part
+        of the model, not the data: outputs are returned for the real tokens only.
+    mixers: {layer index: "bilinear" | "conv"} to replace attention in those layers (Yun et al.).
+    """
+
+    vocab_size: int
+    max_len: int = 512
+    num_layers: int = 3
+    dim: int = 128
+    num_heads: int = 8
+    ffn_dim: int | None = None  # default 4 * dim
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    norm_first: bool = False
+    activation: str = "gelu"
+    embedding_norm: bool = True
+    position: str = "none"
+    absolute: str | None = None
+    gate: str | None = None
+    gate_init: str = "ones"
+    gate_activation: str | None = None
+    normalization: str = "softmax"
+    share_position: bool = True
+    num_buckets: int = 32
+    bucket_max_distance: int = 128
+    markers: bool = False
+    mixers: dict[int, str] = field(default_factory=dict)
+    conv_kernel_size: int = 3
+    attention_backend: str = "auto"
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("position", self.position, POSITIONS),
+            ("absolute", self.absolute, ABSOLUTES),
+            ("gate", self.gate, GATES),
+            ("normalization", self.normalization, ("softmax", "exp", "l2", "relu2")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        for name in ("vocab_size", "max_len", "num_layers", "dim", "num_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim={self.dim} must be divisible by num_heads={self.num_heads}")
+        for layer, kind in self.mixers.items():
+            if kind not in MIXERS:
+                raise ValueError(f"mixers[{layer}] must be one of {MIXERS}, got {kind!r}")
+            if not 0 <= layer < self.num_layers:
+                raise ValueError(f"mixers names layer {layer}, but there are {self.num_layers}")
+        if self.ffn_dim is None:
+            self.ffn_dim = 4 * self.dim
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
