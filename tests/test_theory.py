@@ -1,0 +1,74 @@
+"""The paper's theorem as a test: on identical tokens, a model whose only position signal sits
+inside the softmax outputs the same vector at every position, at any depth; URPE and the other
+row-sum-breaking designs do not."""
+
+import pytest
+import torch
+
+import urpe
+
+# Position enters only the logits before a softmax: rows sum to 1, so identical values give
+# identical outputs.
+INSIDE_SOFTMAX = {
+    "none": dict(position="none"),
+    "rpe": dict(position="rpe"),
+    "t5": dict(position="t5"),
+    "alibi": dict(position="alibi"),
+    "rope": dict(position="rope"),
+    "kerple-log": dict(position="kerple-log"),
+    "kerple-power": dict(position="kerple-power"),
+    "fire": dict(position="fire"),
+    "txl": dict(position="txl"),
+    "rpe-with-ones-gate": dict(position="rpe", gate="toeplitz"),  # C = 1: URPE at init is RPE
+}
+# Designs that break the row-sum constraint or give tokens positions of their own.
+POSITION_AWARE = {
+    "urpe": dict(position="rpe", gate="toeplitz"),
+    "urpe-t5": dict(position="t5", gate="t5"),
+    "exp": dict(position="rpe", normalization="exp"),
+    "l2": dict(position="rpe", normalization="l2"),
+    "relu2": dict(position="rpe", normalization="relu2"),
+    "shaw": dict(position="shaw"),
+    "ape": dict(absolute="learned"),
+    "sinusoidal": dict(absolute="sinusoidal"),
+    "markers": dict(position="rpe", markers=True),
+    "bilinear-mixer": dict(position="rpe", mixers={0: "bilinear"}),
+}
+
+
+def randomized_model(kind, depth, **overrides):
+    config = urpe.TransformerConfig(
+        vocab_size=7, max_len=12, num_layers=depth, dim=16, num_heads=2, **overrides
+    )
+    model = kind(config).double().eval()
+    with torch.no_grad():  # strong, random position parameters; a gate stays at its init (ones)
+        for name, p in model.named_parameters():
+            if "position" in name or "absolute" in name or "markers" in name:
+                p.add_(torch.randn_like(p) * 0.5)
+    return model
+
+
+def spread_over_positions(model, length=10):
+    tokens = torch.full((2, length), 3)
+    out = model(tokens)  # (B, L, E or V)
+    return (out - out[:, :1]).abs().max().item()
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+@pytest.mark.parametrize("name", INSIDE_SOFTMAX)
+@pytest.mark.parametrize("kind", [urpe.TransformerEncoder, urpe.TransformerDecoder])
+def test_inside_softmax_encodings_cannot_tell_identical_tokens_apart(name, depth, kind):
+    model = randomized_model(kind, depth, **INSIDE_SOFTMAX[name])
+    assert spread_over_positions(model) < 1e-12
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+@pytest.mark.parametrize("name", POSITION_AWARE)
+def test_row_sum_breaking_designs_tell_identical_tokens_apart(name, depth):
+    overrides = dict(POSITION_AWARE[name])
+    model = randomized_model(urpe.TransformerEncoder, depth, **overrides)
+    if overrides.get("gate"):
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.mixer.gate.table.add_(torch.randn_like(layer.mixer.gate.table) * 0.5)
+    assert spread_over_positions(model) > 1e-4
