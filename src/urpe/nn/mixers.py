@@ -39,7 +39,8 @@ class BilinearMixer(nn.Module):
         p = self.positions[:length, :length]  # (L, L)
         if is_causal:
             p = p.tril()
-        return p.to(x.dtype) @ self.features(_zero_padding(x, key_padding_mask))  # (B, L, E)
+        # Padded positions are zeroed after the feature map (its bias would leak otherwise).
+        return p.to(x.dtype) @ _zero_padding(self.features(x), key_padding_mask)  # (B, L, E)
 
 
 class SeparableConvMixer(nn.Module):
