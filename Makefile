@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(VENV)/bin/urpe reproduce synthetic
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: lint
 	$(PY) -m pytest -m "not slow"
