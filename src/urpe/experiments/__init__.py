@@ -1,0 +1,1 @@
+"""Experiments: paper reproductions driven by the `urpe reproduce ...` commands."""

@@ -1,0 +1,84 @@
+"""Figures in the style of the paper: accuracy bars per task (one group per vocabulary size, as
+its Figure 1) and heatmaps of the learned B and C (its Figure 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from .report import _columns, _variants, summarize  # noqa: E402
+
+TASK_TITLES = {"pi": "Position Identification", "etp": "Even Token Prediction", "probe": "Probe"}
+
+
+def accuracy_chart(records: list[dict], path: Path) -> None:
+    """One panel per task; bars per variant, one colour per vocabulary size; sd as error bars
+    when there are several seeds; chance as a dashed line."""
+    summary = summarize(records)
+    columns = _columns(summary)
+    variants = _variants(summary)
+    tasks = list(dict.fromkeys(c[0] for c in columns))
+    fig, axes = plt.subplots(
+        len(tasks), 1, figsize=(max(6.0, 0.55 * len(variants) + 2), 2.8 * len(tasks)),
+        squeeze=False,
+    )  # fmt: skip
+    colours = plt.get_cmap("tab10").colors
+    for ax, task in zip(axes[:, 0], tasks, strict=True):
+        task_columns = [c for c in columns if c[0] == task]
+        width = 0.8 / len(task_columns)
+        for j, (_, vocab, length, steps) in enumerate(task_columns):
+            xs, means, sds = [], [], []
+            for i, variant in enumerate(variants):
+                s = summary.get((variant, task, vocab, length, steps))
+                if s is not None:
+                    xs.append(i + (j - (len(task_columns) - 1) / 2) * width)
+                    means.append(s["mean"])
+                    sds.append(s["sd"])
+            ax.bar(xs, means, width, yerr=sds, capsize=2, color=colours[j % 10],
+                   label=f"vocab {vocab}", edgecolor="black", linewidth=0.4)  # fmt: skip
+            chance = next(
+                s["chance"] for k, s in summary.items() if k[1:] == (task, vocab, length, steps)
+            )
+            ax.axhline(chance, color=colours[j % 10], linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("accuracy")
+        length = task_columns[0][2]
+        ax.set_title(f"{TASK_TITLES.get(task, task)} (L={length}; dashed: chance)", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        if len(task_columns) > 1 or task == tasks[0]:
+            ax.legend(fontsize=8, loc="upper left", ncols=len(task_columns))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def learned_matrices_chart(matrices: dict[str, torch.Tensor], title: str, path: Path,
+                           max_heads: int = 4) -> None:  # fmt: skip
+    """matrices: {"B": (H, L, L), "C": (H, L, L)} (either may be missing). One row per matrix,
+    one column per head (up to max_heads); rows are queries i, columns keys j."""
+    names = [n for n in ("B", "C") if matrices.get(n) is not None]
+    if not names:
+        return
+    heads = min(max_heads, max(matrices[n].shape[0] for n in names))
+    fig, axes = plt.subplots(
+        len(names), heads, figsize=(2.6 * heads + 0.6, 2.5 * len(names)), squeeze=False
+    )
+    for r, name in enumerate(names):
+        m = matrices[name].float()
+        for h in range(heads):
+            ax = axes[r, h]
+            image = ax.imshow(m[h].numpy(), cmap="viridis")
+            ax.set_title(f"{name}, head {h}", fontsize=9)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
