@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from .fused import fused_attention, fused_defers, fused_unsupported
 from .reference import reference_attention
 from .sdpa import sdpa_attention, sdpa_unsupported
 from .tables import PositionTerm
@@ -22,6 +23,8 @@ class Backend:
     name: str
     run: Callable[..., Tensor]
     unsupported: Callable[..., str | None]
+    # Why "auto" should leave a call it could run to a later, faster backend (None: take it).
+    defers: Callable[..., str | None] | None = None
 
 
 def _always(**_unused) -> str | None:
@@ -44,14 +47,22 @@ def register_backend(backend: Backend, *, auto_priority: int | None = None) -> N
 
 register_backend(Backend("reference", reference_attention, _always), auto_priority=0)
 register_backend(Backend("sdpa", sdpa_attention, sdpa_unsupported), auto_priority=0)
+# Fused goes first: it takes gates, structured biases and every normalisation, and leaves plain
+# softmax to SDPA (see `fused_defers` for the measured rule).
+register_backend(
+    Backend("fused", fused_attention, fused_unsupported, defers=fused_defers), auto_priority=0
+)
 
 
 def select_backend(backend: str, **call) -> Backend:
     """The kernel `attention` would use for this call."""
     if backend == "auto":
         for name in AUTO_ORDER:
-            if BACKENDS[name].unsupported(**call) is None:
-                return BACKENDS[name]
+            candidate = BACKENDS[name]
+            if candidate.unsupported(**call) is None and (
+                candidate.defers is None or candidate.defers(**call) is None
+            ):
+                return candidate
         raise AssertionError("the reference backend supports every call")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")

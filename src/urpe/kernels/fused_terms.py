@@ -1,0 +1,183 @@
+"""Tile readers for the fused kernel: a bias or gate read one (query block, key block) at a time.
+
+The fused kernel stores keys in REVERSED order (column c holds key j = Lk - 1 - c). Then the
+relative offset of query i and column c is
+
+    d = j - pos(i) = (Lq - 1) - (i + c),
+
+a function of i + c only, so a Toeplitz tile is a Hankel matrix: a strided view with strides
+(1, 1) over a short vector of bq + bk - 1 table entries. Reading it costs no gather and no copy,
+and its gradient is a sum along the tile's anti-diagonals. Dense and `Relation` terms are sliced
+(and flipped) per tile instead.
+
+Every reader gives `tile(i0, i1, c0, c1)` broadcastable to (B, H, bq, bk) in the compute dtype and,
+when its tensor needs a gradient, accumulates `add_grad(i0, i1, c0, c1, grad)` tile by tile.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .tables import PositionTerm, Relation, Toeplitz
+
+
+def antidiagonal_sums(x: Tensor, scratch: dict | None = None) -> Tensor:
+    """out[..., m] = sum over r + s = m of x[..., r, s]. x (..., R, S) -> (..., R + S - 1).
+
+    This is the adjoint of reading a Hankel tile. Full anti-diagonals (R - 1 <= m <= S - 1) are
+    summed through a strided view of x, with no copy; the two corner triangles go through a small
+    skewed copy (kept zero-padded in `scratch` between calls of the same shape).
+    """
+    x = x.contiguous()
+    *lead, rows, cols = x.shape
+    flat = x.reshape(-1, rows, cols)
+    n = flat.shape[0]
+    out = flat.new_zeros(n, rows + cols - 1)
+    if cols < 2 * rows:
+        out.copy_(_skewed(flat, scratch).sum(1))
+        return out.reshape(*lead, rows + cols - 1)
+    # view[b, m', r] = x[b, r, m' + rows - 1 - r] for m' in [0, cols - rows]
+    full = flat.as_strided(
+        (n, cols - rows + 1, rows), (rows * cols, 1, cols - 1), flat.storage_offset() + rows - 1
+    )
+    out[:, rows - 1 : cols] = full.sum(-1)
+    corner = rows - 1
+    if corner > 0:
+        out[:, :corner] = _skewed(flat[:, :, :corner], scratch).sum(1)[:, :corner]
+        out[:, cols:] = _skewed(flat[:, :, cols - corner :], scratch).sum(1)[:, corner:]
+    return out.reshape(*lead, rows + cols - 1)
+
+
+def _skewed(x: Tensor, scratch: dict | None) -> Tensor:
+    """y[b, r, r + s] = x[b, r, s], zero elsewhere. x (N, R, S) -> (N, R, R + S - 1)."""
+    n, rows, cols = x.shape
+    width = rows + cols - 1
+    key = (n, rows, cols, x.dtype, x.device)
+    y = None if scratch is None else scratch.get(key)
+    if y is None:  # the band is overwritten on every call; the rest stays zero
+        y = x.new_zeros(n, rows, width)
+        if scratch is not None:
+            scratch[key] = y
+    y.as_strided((n, rows, cols), (rows * width, width + 1, 1)).copy_(x)
+    return y
+
+
+def hankel_view(vector: Tensor, rows: int, cols: int) -> Tensor:
+    """(..., rows + cols - 1) -> (..., rows, cols) view with out[..., r, s] = vector[..., r + s]."""
+    vector = vector.contiguous()
+    lead = vector.shape[:-1]
+    lead_strides = vector.stride()[:-1]
+    return vector.as_strided((*lead, rows, cols), (*lead_strides, 1, 1))
+
+
+class DenseTile:
+    """A dense tensor broadcastable to (B, H, Lq, Lk)."""
+
+    def __init__(self, term: Tensor, lk: int, dtype: torch.dtype, needs_grad: bool) -> None:
+        self.shape = term.shape
+        self.term = term.reshape((1,) * (4 - term.dim()) + tuple(term.shape))  # 4-D
+        self.lk = lk
+        self.dtype = dtype
+        self.grad = (
+            torch.zeros(self.term.shape, dtype=dtype, device=term.device) if needs_grad else None
+        )
+
+    def _rows(self, i0: int, i1: int) -> slice:
+        return slice(i0, i1) if self.term.shape[2] > 1 else slice(None)
+
+    def _cols(self, c0: int, c1: int) -> slice:
+        # reversed columns c0..c1-1 are original keys Lk-c1 .. Lk-c0-1, read back to front
+        return slice(self.lk - c1, self.lk - c0) if self.term.shape[3] > 1 else slice(None)
+
+    def tile(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        t = self.term[:, :, self._rows(i0, i1), self._cols(c0, c1)]
+        if t.shape[3] > 1:
+            t = t.flip(-1)
+        return t.to(self.dtype)
+
+    def add_grad(self, i0: int, i1: int, c0: int, c1: int, grad: Tensor) -> None:
+        dims = tuple(d for d in range(4) if self.term.shape[d] == 1 and grad.shape[d] != 1)
+        if dims:
+            grad = grad.sum(dims, keepdim=True)
+        if grad.shape[3] > 1:
+            grad = grad.flip(-1)
+        self.grad[:, :, self._rows(i0, i1), self._cols(c0, c1)] += grad
+
+    def grads(self) -> Tensor | None:
+        return None if self.grad is None else self.grad.reshape(self.shape)
+
+
+class ToeplitzTile:
+    """A `Toeplitz` table read as Hankel views over the reversed keys."""
+
+    def __init__(self, term: Toeplitz, lq: int, dtype: torch.dtype, needs_grad: bool) -> None:
+        self.table = term.table.to(dtype)  # (Hh, 2K+1)
+        self.max_offset = term.max_offset
+        self.lq = lq
+        self.grad = torch.zeros_like(self.table) if needs_grad else None
+        self.scratch: dict = {}
+
+    def _columns(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        # entry m of the tile's vector sits at i + c = i0 + c0 + m, offset d = Lq - 1 - (i + c)
+        first = self.lq - 1 - i0 - c0
+        m = torch.arange(i1 - i0 + c1 - c0 - 1, device=self.table.device)
+        k = self.max_offset
+        return (first - m).clamp(-k, k) + k
+
+    def tile(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        vector = self.table[:, self._columns(i0, i1, c0, c1)]  # (Hh, bq + bk - 1)
+        return hankel_view(vector, i1 - i0, c1 - c0).unsqueeze(0)  # (1, Hh, bq, bk)
+
+    def add_grad(self, i0: int, i1: int, c0: int, c1: int, grad: Tensor) -> None:
+        if self.table.shape[0] == 1:
+            grad = grad.sum((0, 1), keepdim=True)[0]
+        else:
+            grad = grad[0] if grad.shape[0] == 1 else grad.sum(0)  # (Hh, bq, bk)
+        sums = antidiagonal_sums(grad, self.scratch)
+        self.grad.index_add_(1, self._columns(i0, i1, c0, c1), sums)
+
+    def grads(self) -> Tensor | None:
+        return self.grad
+
+
+class RelationTile:
+    """A `Relation` table read through index tiles."""
+
+    def __init__(self, term: Relation, lk: int, dtype: torch.dtype, needs_grad: bool) -> None:
+        self.table = term.table.to(dtype)  # (Hh, R)
+        self.index = term.index  # (Bi, Lq, Lk)
+        self.lk = lk
+        self.grad = torch.zeros_like(self.table) if needs_grad else None
+
+    def _index(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        return self.index[:, i0:i1, self.lk - c1 : self.lk - c0].flip(-1).long()  # (Bi, bq, bk)
+
+    def tile(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        return self.table[:, self._index(i0, i1, c0, c1)].transpose(0, 1)  # (Bi, Hh, bq, bk)
+
+    def add_grad(self, i0: int, i1: int, c0: int, c1: int, grad: Tensor) -> None:
+        index = self._index(i0, i1, c0, c1)
+        if index.shape[0] == 1:
+            grad = grad.sum(0, keepdim=True)
+        if self.table.shape[0] == 1:
+            grad = grad.sum(1, keepdim=True)
+        # grad (Bi, Hh, bq, bk) -> (Hh, Bi * bq * bk), scattered by the index into (Hh, R)
+        values = grad.transpose(0, 1).reshape(grad.shape[1], -1)
+        self.grad.scatter_add_(1, index.reshape(1, -1).expand_as(values), values)
+
+    def grads(self) -> Tensor | None:
+        return self.grad
+
+
+def term_reader(
+    term: PositionTerm | None, lq: int, lk: int, dtype: torch.dtype, needs_grad: bool
+) -> DenseTile | ToeplitzTile | RelationTile | None:
+    """The tile reader for a bias or gate (None stays None)."""
+    if term is None:
+        return None
+    if isinstance(term, Toeplitz):
+        return ToeplitzTile(term, lq, dtype, needs_grad)
+    if isinstance(term, Relation):
+        return RelationTile(term, lk, dtype, needs_grad)
+    return DenseTile(term, lk, dtype, needs_grad)

@@ -1,0 +1,274 @@
+"""The fused kernel against the reference (the specification) in float64: forward, every gradient.
+
+Small tiles (8 queries x 16 keys) make every case span several query and key blocks, so the online
+rescaling, causal block skipping and per-tile gradient reduction are all exercised at small L.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
+from urpe.kernels.fused import fused_attention
+from urpe.kernels.fused_terms import antidiagonal_sums
+
+TILES = dict(block_q=8, block_k=16)
+NORMALIZATIONS = ("softmax", "exp", "l2", "relu2")
+MASKS = ("none", "causal", "padding", "causal+padding")
+# (B, H, Lq, Lk, D): odd lengths, Lq < Lk (queries are the last Lq positions), 1 and many heads
+SHAPES = ((2, 1, 13, 13, 16), (1, 4, 9, 21, 32), (3, 3, 30, 30, 128))
+# (bias, gate) kinds
+TERMS = (
+    (None, None),
+    ("toeplitz", "toeplitz"),
+    ("relation", "dense_broadcast"),
+    ("dense", "relation_shared"),
+    ("toeplitz_shared", None),
+)
+
+
+def _term(kind, b, h, lq, lk, gen):
+    """A bias or gate of the given kind and the tensors whose gradients are compared."""
+    f64 = dict(dtype=torch.float64)
+    if kind is None:
+        return None, []
+    if kind == "toeplitz":  # K = 5 < L: offsets beyond K are clipped
+        table = torch.randn(h, 11, generator=gen, **f64).mul(0.5).add(1).requires_grad_()
+        return Toeplitz(table), [table]
+    if kind == "toeplitz_shared":  # one row for all heads, K larger than L
+        table = torch.randn(1, 2 * 40 + 1, generator=gen, **f64).mul(0.5).requires_grad_()
+        return Toeplitz(table), [table]
+    if kind in ("relation", "relation_shared"):
+        heads, rb = (h, b) if kind == "relation" else (1, 1)
+        table = torch.randn(heads, 7, generator=gen, **f64).mul(0.5).add(0.5).requires_grad_()
+        index = torch.randint(0, 7, (rb, lq, lk), generator=gen)
+        return Relation(table, index), [table]
+    if kind == "dense":
+        dense = torch.randn(b, h, lq, lk, generator=gen, **f64).mul(0.5).requires_grad_()
+        return dense, [dense]
+    if kind == "dense_broadcast":  # (H, Lq, 1): broadcast over batch and keys
+        dense = torch.randn(h, lq, 1, generator=gen, **f64).mul(0.5).add(1).requires_grad_()
+        return dense, [dense]
+    raise ValueError(kind)
+
+
+def _case(shape, mask, bias_kind, gate_kind, seed=0):
+    b, h, lq, lk, d = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=gen, dtype=torch.float64).requires_grad_()
+    k = torch.randn(b, h, lk, d, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(b, h, lk, d + 3, generator=gen, dtype=torch.float64).requires_grad_()
+    bias, bias_tensors = _term(bias_kind, b, h, lq, lk, gen)
+    gate, gate_tensors = _term(gate_kind, b, h, lq, lk, gen)
+    padding = None
+    if "padding" in mask:
+        padding = torch.rand(b, lk, generator=gen) < 0.3
+        padding[0] = True  # a fully padded batch row
+    call = dict(bias=bias, gate=gate, key_padding_mask=padding, is_causal="causal" in mask)
+    return (q, k, v), [q, k, v, *bias_tensors, *gate_tensors], call
+
+
+def _outputs_and_grads(fn, qkv, params, call):
+    out = fn(*qkv, **call)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), params)
+    return out, grads
+
+
+def _assert_close(got, want, atol=1e-10, rtol=1e-8):
+    out, grads = got
+    ref_out, ref_grads = want
+    torch.testing.assert_close(out, ref_out, atol=atol, rtol=rtol)
+    names = ["q", "k", "v", "bias/gate tables"] + ["gate"] * 4
+    for name, g, r in zip(names, grads, ref_grads, strict=False):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, r, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("terms", TERMS, ids=lambda t: f"{t[0]}-{t[1]}")
+def test_matches_reference(normalization, mask, shape, terms):
+    qkv, params, call = _case(shape, mask, *terms)
+    call["normalization"] = normalization
+    if normalization == "exp":
+        call["scale"] = 0.05  # exp has no denominator: keep the logits small
+    want = _outputs_and_grads(reference_attention, qkv, params, call)
+    got = _outputs_and_grads(lambda *a, **c: fused_attention(*a, **c, **TILES), qkv, params, call)
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3)])
+def test_tile_sizes_do_not_matter(tiles):
+    qkv, params, call = _case((2, 2, 11, 19, 16), "causal+padding", "toeplitz", "toeplitz")
+    want = _outputs_and_grads(reference_attention, qkv, params, call)
+    block_q, block_k = tiles
+    got = _outputs_and_grads(
+        lambda *a, **c: fused_attention(*a, **c, block_q=block_q, block_k=block_k),
+        qkv,
+        params,
+        call,
+    )
+    _assert_close(got, want)
+
+
+def test_gradcheck_tiny():
+    qkv, params, call = _case((1, 2, 5, 7, 4), "causal+padding", "toeplitz", "relation")
+    call["key_padding_mask"][0] = torch.tensor([0, 0, 1, 0, 0, 1, 0], dtype=torch.bool)
+    table_b, table_c = params[3], params[4]
+
+    def fn(q, k, v, tb, tc):
+        terms = dict(bias=Toeplitz(tb), gate=Relation(tc, call["gate"].index))
+        rest = {k: v for k, v in call.items() if k not in ("bias", "gate")}
+        tiles = dict(block_q=2, block_k=3)
+        return fused_attention(q, k, v, **terms, **rest, **tiles, dropout_p=0.3, seed=7)
+
+    assert torch.autograd.gradcheck(fn, (*qkv, table_b, table_c))
+
+
+def test_dropout_is_the_reference_with_one_shared_mask():
+    """Recover the fused kernel's dropped weights with v = identity, then check that output and
+    gradients are those of the reference weights with that keep mask, and the drop rate is p."""
+    p = 0.25
+    qkv, params, call = _case((2, 2, 24, 40, 16), "causal", "toeplitz", "toeplitz")
+    q, k, v = qkv
+    eye = torch.eye(40, dtype=torch.float64).expand(2, 2, 40, 40)
+    with torch.no_grad():
+        dropped = fused_attention(q, k, eye, **call, dropout_p=p, seed=3, **TILES)
+        weights = reference_attention(q, k, eye, **call)
+    kept = dropped != 0
+    torch.testing.assert_close(dropped, weights * kept / (1 - p))
+    visible = weights != 0
+    rate = 1 - kept[visible].double().mean().item()
+    assert abs(rate - p) < 0.05, rate
+
+    def reference_with_mask(q, k, v, **c):
+        w = reference_attention(q, k, eye, **c)
+        return (w * kept / (1 - p)) @ v
+
+    def fused_seeded(q, k, v, **c):
+        return fused_attention(q, k, v, **c, dropout_p=p, seed=3, **TILES)
+
+    _assert_close(
+        _outputs_and_grads(fused_seeded, qkv, params, call),
+        _outputs_and_grads(reference_with_mask, qkv, params, call),
+    )
+    # a different seed draws a different mask; the default seed follows torch.manual_seed
+    with torch.no_grad():
+        other = fused_attention(q, k, v, **call, dropout_p=p, seed=4, **TILES)
+        torch.manual_seed(0)
+        first = fused_attention(q, k, v, **call, dropout_p=p, **TILES)
+        torch.manual_seed(0)
+        again = fused_attention(q, k, v, **call, dropout_p=p, **TILES)
+    assert not torch.equal(other, fused_seeded(q, k, v, **call))
+    assert torch.equal(first, again)
+
+
+def test_poison_padded_rows_are_zero_and_padded_keys_are_ignored():
+    qkv, params, call = _case((2, 3, 10, 10, 16), "padding", "toeplitz", "toeplitz")
+    q, k, v = qkv
+    padding = call["key_padding_mask"]
+    out = fused_attention(q, k, v, **call, **TILES)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # batch row 0: every key padded
+    grads = torch.autograd.grad(out.sum(), params)
+    assert all(torch.isfinite(g).all() for g in grads)
+    # garbage in padded keys and values changes nothing
+    poison = padding[:, None, :, None]
+    k2 = k.detach().masked_fill(poison, 1e4)
+    v2 = v.detach().masked_fill(poison, -3e3)
+    torch.testing.assert_close(fused_attention(q, k2, v2, **call, **TILES), out)
+
+
+def test_infinite_gate_far_away_stays_out_of_masked_keys():
+    """Causally hidden keys have weight exactly 0 whatever the gate holds there, so the fused
+    result equals the reference run with any finite value in those places."""
+    qkv, params, call = _case((1, 2, 12, 12, 16), "causal", None, None)
+    table = torch.ones(2, 2 * 11 + 1, dtype=torch.float64)
+    table[:, 11 + 1 :] = float("inf")  # offsets j - i > 0: exactly the causally hidden keys
+    finite = table.nan_to_num(posinf=5.0).requires_grad_()
+    table.requires_grad_()
+    got = _outputs_and_grads(
+        lambda *a, **c: fused_attention(*a, **c, **TILES),
+        qkv,
+        [*params, table],
+        call | dict(gate=Toeplitz(table)),
+    )
+    want = _outputs_and_grads(
+        reference_attention, qkv, [*params, finite], call | dict(gate=Toeplitz(finite))
+    )
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_half_precision_close_to_reference(dtype, normalization):
+    gen = torch.Generator().manual_seed(1)
+    b, h, lq, lk, d = 2, 4, 33, 47, 32
+    q, k, v = (torch.randn(b, h, n, d, generator=gen).to(dtype) for n in (lq, lk, lk))
+    table_b = torch.randn(h, 21, generator=gen).mul(0.3).to(dtype)
+    table_c = torch.randn(h, 21, generator=gen).mul(0.2).add(1).to(dtype)
+    tensors = [t.requires_grad_() for t in (q, k, v, table_b, table_c)]
+    padding = torch.rand(b, lk, generator=gen) < 0.2
+    call = dict(
+        bias=Toeplitz(table_b),
+        gate=Toeplitz(table_c),
+        key_padding_mask=padding,
+        is_causal=True,
+        normalization=normalization,
+        scale=0.05 if normalization == "exp" else None,
+    )
+    got = _outputs_and_grads(
+        lambda *a, **c: fused_attention(*a, **c, **TILES), (q, k, v), tensors, call
+    )
+    assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])
+    # Compared with the reference in float64 on the same (rounded) inputs: the reference run in
+    # half precision sums the table gradients in half precision itself, the fused kernel in float32.
+    exact = [t.detach().double().requires_grad_() for t in tensors]
+    exact_call = call | dict(bias=Toeplitz(exact[3]), gate=Toeplitz(exact[4]))
+    want = _outputs_and_grads(reference_attention, exact[:3], exact, exact_call)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(got[0].float(), want[0].float(), **tol)
+    for g, r in zip(got[1], want[1], strict=True):
+        scale = r.float().abs().max().clamp_min(1)  # table gradients sum many terms
+        torch.testing.assert_close(g.float() / scale, r.float() / scale, **tol)
+
+
+def test_antidiagonal_sums():
+    gen = torch.Generator().manual_seed(0)
+    for rows, cols in itertools.product((1, 3, 8), (1, 5, 8, 20)):
+        x = torch.randn(2, rows, cols, generator=gen, dtype=torch.float64)
+        want = torch.zeros(2, rows + cols - 1, dtype=torch.float64)
+        for r, s in itertools.product(range(rows), range(cols)):
+            want[:, r + s] += x[:, r, s]
+        scratch = {}
+        torch.testing.assert_close(antidiagonal_sums(x, scratch), want)
+        torch.testing.assert_close(antidiagonal_sums(x, scratch), want)  # reused scratch
+
+
+def test_auto_picks_fused_for_urpe_and_sdpa_for_plain_softmax():
+    q = torch.randn(1, 2, 8, 16)
+    table = Toeplitz(torch.ones(2, 5))
+    assert select_backend("auto", q=q, k=q, v=q, **_call(gate=table)).name == "fused"
+    assert select_backend("auto", q=q, k=q, v=q, **_call(bias=table)).name == "fused"
+    assert select_backend("auto", q=q, k=q, v=q, **_call(normalization="l2")).name == "fused"
+    assert select_backend("auto", q=q, k=q, v=q, **_call()).name == "sdpa"
+    assert select_backend("fused", q=q, k=q, v=q, **_call()).name == "fused"
+    out = attention(q, q, q, gate=table, bias=table)
+    torch.testing.assert_close(out, reference_attention(q, q, q, gate=table, bias=table))
+
+
+def _call(**overrides):
+    call = dict(
+        bias=None,
+        gate=None,
+        key_padding_mask=None,
+        is_causal=False,
+        normalization="softmax",
+        scale=None,
+        dropout_p=0.0,
+    )
+    return call | overrides
