@@ -13,6 +13,7 @@ import json
 import math
 import sys
 import time
+from argparse import SUPPRESS
 from pathlib import Path
 
 import torch
@@ -67,6 +68,11 @@ def _non_negative(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     q, p = PRESETS["quick"], PRESETS["paper"]
 
+    def option(*names: str, **kwargs) -> None:
+        # Unset flags stay absent (not None), so the preset fills them and --help shows no
+        # misleading "(default: None)".
+        parser.add_argument(*names, default=SUPPRESS, **kwargs)
+
     def both(field: str) -> str:
         fmt = lambda v: ",".join(map(str, v)) if isinstance(v, tuple) else v  # noqa: E731
         return f"quick: {fmt(getattr(q, field))}; paper: {fmt(getattr(p, field))}"
@@ -77,39 +83,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="quick",
         help="base settings; any flag given below overrides them",
     )
-    parser.add_argument("--tasks", help=f"comma-separated from {','.join(TASKS)} ({both('tasks')})")
-    parser.add_argument(
+    option("--tasks", help=f"comma-separated from {','.join(TASKS)} ({both('tasks')})")
+    option(
         "--variants",
         help=f"comma-separated from {','.join(VARIANTS)}, or 'all' ({both('variants')})",
     )
-    parser.add_argument("--seq-len", type=_positive, help=f"sequence length ({both('seq_len')})")
-    parser.add_argument(
+    option("--seq-len", type=_positive, help=f"sequence length ({both('seq_len')})")
+    option(
         "--vocab-size",
         type=_int_list,
         dest="vocab_sizes",
         help=f"vocabulary size(s), comma-separated ({both('vocab_sizes')})",
     )
-    parser.add_argument("--steps", type=_positive, help=f"optimizer updates ({both('steps')})")
-    parser.add_argument("--seeds", type=_int_list, help=f"seeds, comma-separated ({both('seeds')})")
-    parser.add_argument(
-        "--batch-size", type=_positive, help=f"sequences per update ({both('batch_size')})"
+    option("--steps", type=_positive, help=f"optimizer updates ({both('steps')})")
+    option("--seeds", type=_int_list, help=f"seeds, comma-separated ({both('seeds')})")
+    option("--batch-size", type=_positive, help=f"sequences per update ({both('batch_size')})")
+    option("--lr", type=_positive_float, help=f"peak learning rate ({both('lr')})")
+    option(
+        "--warmup",
+        type=_non_negative,
+        help=f"warm-up steps ({both('warmup')}; scaled with --steps when not given)",
     )
-    parser.add_argument("--lr", type=_positive_float, help=f"peak learning rate ({both('lr')})")
-    parser.add_argument("--warmup", type=_non_negative, help=f"warm-up steps ({both('warmup')})")
-    parser.add_argument(
+    option(
         "--layers", type=_positive, dest="num_layers", help=f"encoder layers ({both('num_layers')})"
     )
-    parser.add_argument("--dim", type=_positive, help=f"model width ({both('dim')})")
-    parser.add_argument(
+    option("--dim", type=_positive, help=f"model width ({both('dim')})")
+    option(
         "--heads", type=_positive, dest="num_heads", help=f"attention heads ({both('num_heads')})"
     )
-    parser.add_argument("--ffn-dim", type=_positive, help=f"feed-forward width ({both('ffn_dim')})")
-    parser.add_argument(
+    option("--ffn-dim", type=_positive, help=f"feed-forward width ({both('ffn_dim')})")
+    option(
         "--eval-sequences",
         type=_positive,
         help=f"held-out sequences for the accuracy ({both('eval_sequences')})",
     )
-    parser.add_argument(
+    option(
         "--precision",
         help=f"Lightning precision ({both('precision')}; "
         "16-mixed falls back to 32-true without a GPU)",
@@ -144,11 +152,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve(args: argparse.Namespace) -> Preset:
     """The preset with every explicitly given flag applied; raises ValueError on bad values."""
     changes = {
-        name: getattr(args, name)
+        name: getattr(args, name, None)
         for name in ("seq_len", "vocab_sizes", "steps", "seeds", "batch_size", "lr", "warmup",
                      "num_layers", "dim", "num_heads", "ffn_dim", "eval_sequences", "precision")
     }  # fmt: skip
-    if args.tasks is not None:
+    if getattr(args, "tasks", None) is not None:
         tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
         unknown = [t for t in tasks if t not in TASKS]
         if unknown or not tasks:
@@ -157,9 +165,13 @@ def resolve(args: argparse.Namespace) -> Preset:
                 f"{', '.join(TASKS)}"
             )
         changes["tasks"] = tasks
-    if args.variants is not None:
+    if getattr(args, "variants", None) is not None:
         changes["variants"] = tuple(parse_variants(args.variants))
-    preset = PRESETS[args.preset].override(**changes)
+    base = PRESETS[args.preset]
+    if getattr(args, "steps", None) is not None and getattr(args, "warmup", None) is None:
+        # The warm-up keeps its share of training when only --steps changes.
+        changes["warmup"] = round(base.warmup * args.steps / base.steps)
+    preset = base.override(**changes)
     if any(v < 1 for v in preset.vocab_sizes):
         raise ValueError(f"vocabulary sizes must be positive, got {preset.vocab_sizes}")
     if "etp" in preset.tasks and preset.seq_len < 2:
@@ -200,7 +212,7 @@ def learned_matrices(model, length: int) -> dict[str, torch.Tensor | None]:
 
 
 def train_one(task_name: str, variant: str, vocab: int, seed: int, preset: Preset,
-              args: argparse.Namespace, position: int) -> tuple[dict, dict]:  # fmt: skip
+              args: argparse.Namespace) -> tuple[dict, dict]:  # fmt: skip
     """One run: returns its record and its learned matrices."""
     import lightning as L
 
@@ -254,6 +266,12 @@ def train_one(task_name: str, variant: str, vocab: int, seed: int, preset: Prese
     return record, learned_matrices(model, preset.seq_len)
 
 
+def _is_rank_zero() -> bool:
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
 def _figures(records: list[dict], out: Path) -> list[Path]:
     from .plots import accuracy_chart, learned_matrices_chart
 
@@ -274,7 +292,7 @@ def _figures(records: list[dict], out: Path) -> list[Path]:
             if matrices.get("C") is None:
                 continue
             r = runs[0]
-            title = (f"learned B (bias, before softmax) and C (gate, after softmax), layer 0 — "
+            title = (f"learned B (before softmax) and C (after softmax), shared by all layers: "
                      f"{task}, {variant}, V={r['vocab_size']}, L={r['seq_len']}, seed {r['seed']}, "
                      f"accuracy {r['accuracy']:.3f}")  # fmt: skip
             written.append(out / f"learned_BC_{task}.png")
@@ -310,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
             if args.resume and (records_dir / f"{name}.json").exists():
                 continue
             bar.set_postfix_str(name)
-            record, matrices = train_one(task, variant, vocab, seed, preset, args, position=1)
+            record, matrices = train_one(task, variant, vocab, seed, preset, args)
+            if not _is_rank_zero():  # with several devices, every process runs the sweep
+                continue
             record["run"] = name
             torch.save(matrices, records_dir / f"{name}.pt")
             (records_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -318,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
                       f"(chance {record['chance']:.3f}) in {record['seconds']:.0f} s")  # fmt: skip
     from .report import load_records, write_report
 
+    if not args.report_only and not _is_rank_zero():
+        return 0
     records = load_records(out)
     if not records:
         print(f"urpe reproduce synthetic: error: no records in {records_dir}", file=sys.stderr)
