@@ -35,9 +35,9 @@ from torch import Tensor
 from .fused_terms import DenseTile, RelationTile, ToeplitzTile, hankel_view, term_reader
 from .tables import PositionTerm, Relation, Toeplitz
 
-# Chosen by measurement on a 2-core AVX-512 CPU (see BENCHMARKS.md): tiles of 256 queries
+# Chosen by measurement on a 2-core AVX-512 CPU (see BENCHMARKS.md): tiles of 128 queries
 # against up to 2048 keys keep Python overhead small while a tile stays a few MB per head.
-BLOCK_Q = 256
+BLOCK_Q = 128
 BLOCK_K = 2048
 
 Reader = DenseTile | ToeplitzTile | RelationTile
@@ -75,13 +75,14 @@ class _Workspace:
         self.buffers: dict[str, Tensor] = {}
 
     def __call__(self, name: str, *shape: int) -> Tensor:
+        size = math.prod(shape)
         buffer = self.buffers.get(name)
-        if buffer is None:
+        if buffer is None or buffer.numel() < size:
             buffer = torch.empty(
-                self.capacity, dtype=self.plan.compute_dtype, device=self.plan.device
+                max(size, self.capacity), dtype=self.plan.compute_dtype, device=self.plan.device
             )
             self.buffers[name] = buffer
-        return buffer[: math.prod(shape)].view(shape)
+        return buffer[:size].view(shape)
 
 
 def _tiles(plan: _Plan):
@@ -122,10 +123,10 @@ def _dropout_keep(plan: _Plan, tile_id: int, keep: Tensor) -> Tensor:
     return keep.div_(1.0 - plan.dropout_p)
 
 
-def _scores(plan, q_s, k_r, bias, i0, i1, c0, c1, masked, out: Tensor) -> Tensor:
+def _scores(plan, q_tile, k_blk, bias, i0, i1, c0, c1, masked, out: Tensor) -> Tensor:
     """s = scale q k^T + B for one tile, hidden keys at -inf (0 for relu2), written into `out`
     (B*H, bq, bk); returned as (B, H, bq, bk)."""
-    s = torch.bmm(q_s[:, i0:i1], k_r[:, c0:c1].transpose(1, 2), out=out)
+    s = torch.bmm(q_tile, k_blk.transpose(1, 2), out=out)
     s = s.view(plan.batch, plan.heads, i1 - i0, c1 - c0)
     if bias is not None:
         s.add_(bias.tile(i0, i1, c0, c1))
@@ -150,6 +151,21 @@ def _key_counts(plan: _Plan, device) -> Tensor:
     return counts.to(plan.compute_dtype)[:, None, :, None]
 
 
+def _single_block(plan: _Plan, i0: int, i1: int) -> bool:
+    """Whether query block [i0, i1) meets all its keys in one tile. Softmax then runs as one
+    fused `torch.softmax` instead of the online recurrence, in both passes."""
+    start = max(0, plan.lq - i1) if plan.is_causal else 0
+    return plan.lk - start <= plan.block_k
+
+
+def _accumulate(target: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
+    """target = a @ b on the first call, target += a @ b after (batched)."""
+    if first:
+        torch.bmm(a, b, out=target)
+    else:
+        target.baddbmm_(a, b)
+
+
 def _forward(plan: _Plan, q_s, k_r, v_r, bias, gate):
     """Output (B*H, Lq, Dv) and the row statistic r (B, H, Lq, 1) used by the backward pass."""
     b, h, n = plan.batch, plan.heads, plan.batch * plan.heads
@@ -162,10 +178,18 @@ def _forward(plan: _Plan, q_s, k_r, v_r, bias, gate):
     work = _Workspace(plan)
     for tile_id, i0, i1, c0, c1, t, first in _tiles(plan):
         bq, bk = i1 - i0, c1 - c0
+        if first:  # contiguous operands keep the batched matmuls on their fast path
+            q_tile = q_s[:, i0:i1].contiguous()
+            acc = work("acc", n, bq, v_r.shape[-1])
+            fused_softmax = norm == "softmax" and _single_block(plan, i0, i1)
         masked = _masked_entries(plan, i0, i1, c0, c1, t)
-        s = _scores(plan, q_s, k_r, bias, i0, i1, c0, c1, masked, work("s", n, bq, bk))
-        acc = out[:, i0:i1]
-        if running:
+        s = _scores(plan, q_tile, k_r[:, c0:c1], bias, i0, i1, c0, c1, masked, work("s", n, bq, bk))
+        if fused_softmax:  # already normalised; fully masked rows come out nan, zeroed below
+            p = torch.softmax(s, -1, out=s)
+            row_sum[:, :, i0:i1] = 1.0
+            if masked is not None and gate is None:
+                p.masked_fill_(masked, 0.0)
+        elif running:
             m_old = row_max[:, :, i0:i1]
             m_new = torch.maximum(m_old, s.amax(-1, keepdim=True))
             shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
@@ -186,7 +210,9 @@ def _forward(plan: _Plan, q_s, k_r, v_r, bias, gate):
                 p.masked_fill_(masked, 0.0)
         if plan.dropout_p > 0.0:
             p.mul_(_dropout_keep(plan, tile_id, work("keep", b, h, bq, bk)))
-        acc.baddbmm_(p.view(n, bq, bk), v_r[:, c0:c1])
+        _accumulate(acc, p.view(n, bq, bk), v_r[:, c0:c1], first)
+        if c1 == plan.lk:  # the query block's last key block
+            out[:, i0:i1] = acc
     if norm == "softmax":
         out.div_(torch.where(row_sum > 0, row_sum, 1.0).view(n, plan.lq, 1))
         stat = torch.where(row_sum > 0, row_max + row_sum.log(), float("inf"))
@@ -212,18 +238,27 @@ def _backward(plan: _Plan, q_s, k_r, v_r, bias, gate, out, stat, grad_out):
     if norm in ("softmax", "l2"):
         delta = (grad_out * out).sum(-1).view(b, h, plan.lq, 1)
     work = _Workspace(plan)
-    for tile_id, i0, i1, c0, c1, t, _first in _tiles(plan):
+    for tile_id, i0, i1, c0, c1, t, first in _tiles(plan):
         bq, bk = i1 - i0, c1 - c0
+        if first:
+            q_tile = q_s[:, i0:i1].contiguous()
+            do = grad_out[:, i0:i1].contiguous()  # (N, bq, Dv)
+            dq_tile = work("dq", n, bq, q_s.shape[-1])
+            fused_softmax = norm == "softmax" and _single_block(plan, i0, i1)
+        k_blk, v_blk = k_r[:, c0:c1], v_r[:, c0:c1]
         masked = _masked_entries(plan, i0, i1, c0, c1, t)
-        s = _scores(plan, q_s, k_r, bias, i0, i1, c0, c1, masked, work("s", n, bq, bk))
+        s = _scores(plan, q_tile, k_blk, bias, i0, i1, c0, c1, masked, work("s", n, bq, bk))
         rows = slice(None), slice(None), slice(i0, i1)
-        if norm == "relu2":
+        if fused_softmax:
+            p = torch.softmax(s, -1, out=s)
+            if masked is not None:
+                p.masked_fill_(masked, 0.0)  # fully masked rows: nan -> 0
+        elif norm == "relu2":
             relu = s.relu_()
             p = torch.mul(relu, relu, out=work("p", b, h, bq, bk)).div_(stat[rows])
         else:
             p = s.sub_(stat[rows]).exp_() if norm != "exp" else s.exp_()
-        do = grad_out[:, i0:i1]  # (N, bq, Dv)
-        da = torch.bmm(do, v_r[:, c0:c1].transpose(1, 2), out=work("da", n, bq, bk))
+        da = torch.bmm(do, v_blk.transpose(1, 2), out=work("da", n, bq, bk))
         da = da.view(b, h, bq, bk)
         keep = None
         if plan.dropout_p > 0.0:
@@ -241,7 +276,7 @@ def _backward(plan: _Plan, q_s, k_r, v_r, bias, gate, out, stat, grad_out):
                 dp.masked_fill_(masked, 0.0)
         if keep is not None:
             a = torch.mul(a, keep, out=work("a", b, h, bq, bk))
-        dv[:, c0:c1].baddbmm_(a.view(n, bq, bk).transpose(1, 2), do)
+        _accumulate_keys(dv, c0, c1, a.view(n, bq, bk).transpose(1, 2), do, work)
         if norm == "softmax":
             ds = dp.sub_(delta[rows]).mul_(p)
         elif norm == "l2":
@@ -253,9 +288,19 @@ def _backward(plan: _Plan, q_s, k_r, v_r, bias, gate, out, stat, grad_out):
         if bias is not None and bias.grad is not None:
             bias.add_grad(i0, i1, c0, c1, ds)
         ds = ds.view(n, bq, bk)
-        dq[:, i0:i1].baddbmm_(ds, k_r[:, c0:c1])
-        dk[:, c0:c1].baddbmm_(ds.transpose(1, 2), q_s[:, i0:i1])
+        _accumulate(dq_tile, ds, k_blk, first)
+        _accumulate_keys(dk, c0, c1, ds.transpose(1, 2), q_tile, work)
+        if c1 == plan.lk:
+            dq[:, i0:i1] = dq_tile
     return dq, dk, dv
+
+
+def _accumulate_keys(target: Tensor, c0: int, c1: int, a: Tensor, b: Tensor, work) -> None:
+    """target[:, c0:c1] += a @ b; through a contiguous buffer unless the slice is all of it."""
+    if c0 == 0 and c1 == target.shape[1]:
+        target.baddbmm_(a, b)
+    else:
+        target[:, c0:c1] += torch.bmm(a, b, out=work("keys", *a.shape[:2], b.shape[-1]))
 
 
 class FusedAttentionFunction(torch.autograd.Function):
