@@ -30,7 +30,7 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"
-	$(VENV)/bin/urpe bench attention --json BENCHMARKS.json
+	$(PY) benchmarks/bench_attention.py  # writes BENCHMARKS.md, benchmarks/attention.json, memory.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -272,3 +272,14 @@ def _call(**overrides):
         dropout_p=0.0,
     )
     return call | overrides
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalization", ("softmax", "l2"))
+def test_default_tiles_at_lengths_beyond_one_key_block(normalization):
+    # Lk > BLOCK_K: several key blocks and several query blocks at the tile sizes users get.
+    qkv, params, call = _case((1, 2, 300, 2100, 32), "causal+padding", "toeplitz", "toeplitz")
+    call["normalization"] = normalization
+    want = _outputs_and_grads(reference_attention, qkv, params, call)
+    got = _outputs_and_grads(fused_attention, qkv, params, call)
+    _assert_close(got, want)
