@@ -1,0 +1,1 @@
+"""Benchmarks behind `urpe bench ...`: speed and memory measurements, not part of the core."""

@@ -1,0 +1,686 @@
+"""`urpe bench attention`: time and peak memory of the attention kernels against PyTorch SDPA.
+
+One run measures, on the same inputs, forward (under no_grad) and forward+backward time of:
+
+    sdpa             F.scaled_dot_product_attention, no mask: the baseline every ratio divides by
+    sdpa_dense_bias  SDPA with a dense float bias (B, H, L, L) that receives a gradient
+    reference_urpe   the reference kernel (materialises every (L, L) matrix), Toeplitz B and C
+    fused_urpe       the fused kernel, Toeplitz B and C (URPE)
+    fused_rpe        the fused kernel, Toeplitz B only (plain RPE)
+    flex_rpe         compiled FlexAttention with the Toeplitz bias as score_mod (forward only;
+                     it cannot express C)
+
+Times are medians of several repeats after warm-up, candidates interleaved within each repeat so
+that load from other processes hits them alike. Peak memory is the growth of the resident set
+(max RSS from getrusage, minus RSS just before the call) of a fresh subprocess running one call:
+it counts every allocation, torch's or not. The end-to-end part times one training step of small
+models. Results go to stdout, optionally to JSON, Markdown (BENCHMARKS.md) and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import Toeplitz, reference_attention
+from ..kernels.fused import fused_attention
+
+ROWS = ("sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe", "flex_rpe")
+FORWARD_ONLY = ("flex_rpe",)
+MODES = ("fwd", "fwdbwd")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
+    parser.add_argument(
+        "--reference-max-length",
+        type=int,
+        default=4096,
+        help="skip the reference above this length (its (L, L) matrices would not fit)",
+    )
+    parser.add_argument(
+        "--dense-max-length",
+        type=int,
+        default=4096,
+        help="skip SDPA with a dense bias above this length",
+    )
+    parser.add_argument(
+        "--memory-lengths",
+        type=int,
+        nargs="*",
+        default=[512, 1024, 2048, 4096, 8192],
+        help="lengths for the peak-memory curves, float32 forward+backward (none: skip)",
+    )
+    parser.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--json", type=Path, help="write all results here")
+    parser.add_argument("--markdown", type=Path, help="write the report here (BENCHMARKS.md)")
+    parser.add_argument("--plot", type=Path, help="write the memory curves here (PNG)")
+    parser.add_argument("--memory-probe", help=argparse.SUPPRESS)  # internal: subprocess mode
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and the candidates
+
+
+def make_inputs(batch, heads, length, head_dim, dtype, seed=0) -> dict[str, torch.Tensor]:
+    """q, k, v (B, H, L, D) and URPE's tables (H, 2L-1), all requiring grad; the dense bias is
+    the Toeplitz bias expanded, as a leaf (B, H, L, L) of its own."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, heads, length, head_dim)
+    q, k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
+    table_b = torch.randn(heads, 2 * length - 1, generator=gen) * 0.02
+    table_c = torch.ones(heads, 2 * length - 1) + 0.1 * torch.randn(heads, 2 * length - 1)
+    tensors = dict(q=q, k=k, v=v, table_b=table_b, table_c=table_c)
+    return {name: t.requires_grad_() for name, t in tensors.items()}
+
+
+def dense_bias(inputs, batch) -> torch.Tensor:
+    q = inputs["q"]
+    length = q.shape[-2]
+    dense = Toeplitz(inputs["table_b"].detach()).dense(length, length).to(q.dtype)
+    return dense.expand(batch, -1, -1, -1).contiguous().requires_grad_()
+
+
+def candidate(name: str, inputs: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """A no-argument callable computing one row's attention output."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    bias, gate = Toeplitz(inputs["table_b"]), Toeplitz(inputs["table_c"])
+    if name == "sdpa":
+        return lambda: F.scaled_dot_product_attention(q, k, v)
+    if name == "sdpa_dense_bias":
+        mask = inputs["dense_bias"]
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if name == "reference_urpe":
+        return lambda: reference_attention(q, k, v, bias=bias, gate=gate)
+    if name == "fused_urpe":
+        return lambda: fused_attention(q, k, v, bias=bias, gate=gate)
+    if name == "fused_rpe":
+        return lambda: fused_attention(q, k, v, bias=bias)
+    if name == "flex_rpe":
+        return _flex_rpe(q, k, v, inputs["table_b"].detach())
+    raise ValueError(name)
+
+
+def _flex_rpe(q, k, v, table):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    length = q.shape[-2]
+    compiled = torch.compile(flex_attention)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        offset = (kv_idx - q_idx).clamp(-(length - 1), length - 1) + length - 1
+        return score + table[h, offset].to(score.dtype)
+
+    return lambda: compiled(q, k, v, score_mod=score_mod)
+
+
+def skip_reason(name: str, length: int, mode: str, args) -> str | None:
+    if name in FORWARD_ONLY and mode != "fwd":
+        return "forward only"
+    if name == "reference_urpe" and length > args.reference_max_length:
+        return f"reference skipped above L={args.reference_max_length}"
+    if name == "sdpa_dense_bias" and length > args.dense_max_length:
+        return f"dense bias skipped above L={args.dense_max_length}"
+    return None
+
+
+def run_once(fn: Callable[[], torch.Tensor], mode: str, inputs) -> None:
+    if mode == "fwd":
+        with torch.no_grad():
+            fn()
+        return
+    for t in inputs.values():
+        t.grad = None
+    out = fn()
+    out.backward(torch.ones_like(out))
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+
+
+def time_rows(args, length: int, dtype_name: str, progress) -> list[dict]:
+    """Median times of every row at one length and dtype, rows interleaved per repeat."""
+    dtype = DTYPES[dtype_name]
+    inputs = make_inputs(args.batch, args.heads, length, args.head_dim, dtype)
+    if "sdpa_dense_bias" in args.rows and length <= args.dense_max_length:
+        inputs["dense_bias"] = dense_bias(inputs, args.batch)
+    results = []
+    jobs = []
+    for name in args.rows:
+        for mode in MODES:
+            reason = skip_reason(name, length, mode, args)
+            if reason is not None:
+                if not (name in FORWARD_ONLY and mode != "fwd"):
+                    results.append(_record(name, length, dtype_name, mode, skipped=reason))
+                continue
+            try:
+                fn = candidate(name, inputs)
+                for _ in range(args.warmup):
+                    run_once(fn, mode, inputs)
+            except Exception as error:  # e.g. FlexAttention without a compiler: say so, go on
+                message = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+                results.append(_record(name, length, dtype_name, mode, skipped=message))
+                progress(f"  {name} {mode}: failed ({message})")
+                continue
+            jobs.append((name, mode, fn))
+    times = {(name, mode): [] for name, mode, _ in jobs}
+    for repeat in range(args.repeats):
+        order = jobs[repeat % len(jobs) :] + jobs[: repeat % len(jobs)] if jobs else []
+        for name, mode, fn in order:
+            start = time.perf_counter()
+            run_once(fn, mode, inputs)
+            times[(name, mode)].append(time.perf_counter() - start)
+        progress(f"  L={length} {dtype_name}: repeat {repeat + 1}/{args.repeats}")
+    for (name, mode), samples in times.items():
+        results.append(
+            _record(name, length, dtype_name, mode, time_ms=1e3 * statistics.median(samples))
+        )
+    baseline = {r["mode"]: r["time_ms"] for r in results if r["name"] == "sdpa" and "time_ms" in r}
+    for r in results:
+        if "time_ms" in r and r["mode"] in baseline:
+            r["ratio_to_sdpa"] = r["time_ms"] / baseline[r["mode"]]
+    return results
+
+
+def _record(name, length, dtype, mode, **fields) -> dict:
+    return dict(name=name, length=length, dtype=dtype, mode=mode, **fields)
+
+
+# --------------------------------------------------------------------------------------------
+# Peak memory, one fresh subprocess per measurement
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_probe(spec: str) -> None:
+    """Subprocess side: one call, then print the growth of max RSS over RSS before it (MB)."""
+    name, length, dtype_name, mode, batch, heads, head_dim = spec.split(",")
+    length, batch, heads, head_dim = int(length), int(batch), int(heads), int(head_dim)
+    inputs = make_inputs(batch, heads, length, head_dim, DTYPES[dtype_name])
+    if name == "sdpa_dense_bias":
+        inputs["dense_bias"] = dense_bias(inputs, batch)
+    fn = candidate(name, inputs)
+    before = _rss_bytes()
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    run_once(fn, mode, inputs)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(dict(peak_mb=(peak - before) / 2**20, exceeded=peak > peak_before)))
+
+
+def measure_memory(name, length, dtype_name, mode, args) -> dict:
+    spec = ",".join(
+        map(str, (name, length, dtype_name, mode, args.batch, args.heads, args.head_dim))
+    )
+    env = dict(os.environ)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    command = [sys.executable, "-m", "urpe.bench.attention", "--memory-probe", spec]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    record = _record(name, length, dtype_name, mode)
+    if done.returncode != 0:
+        record["skipped"] = f"probe failed: {done.stderr.strip().splitlines()[-1:]}"
+        return record
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    record["peak_mb"] = result["peak_mb"]
+    if not result["exceeded"]:  # the call never rose above the import-time peak
+        record["note"] = "below the process's earlier peak: an upper bound"
+    return record
+
+
+def memory_curves(args, progress) -> list[dict]:
+    rows = [r for r in ("reference_urpe", "fused_urpe", "fused_rpe", "sdpa") if r in args.rows]
+    records = []
+    for length in args.memory_lengths:
+        for name in rows:
+            reason = skip_reason(name, length, "fwdbwd", args)
+            if reason is not None:
+                records.append(_record(name, length, "float32", "fwdbwd", skipped=reason))
+                continue
+            record = measure_memory(name, length, "float32", "fwdbwd", args)
+            records.append(record)
+            progress(f"  memory {name} L={length}: {record.get('peak_mb', 0):.0f} MB")
+    return records
+
+
+def fit_quadratic(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """Least-squares a + b L^2 through (L, MB) points; None with fewer than two points."""
+    if len(points) < 2:
+        return None
+    xs = [length**2 for length, _ in points]
+    ys = [mb for _, mb in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    b /= sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+# --------------------------------------------------------------------------------------------
+# End to end: one training step
+
+
+def end_to_end(args, progress) -> list[dict]:
+    """One optimizer step of small encoders: URPE on auto vs no positions on SDPA vs
+    x-transformers with T5 relative bias, at the quick preset's size and at a longer length."""
+    try:
+        from ..models import TransformerConfig, TransformerEncoder
+    except ImportError as error:
+        return [dict(name="end_to_end", skipped=f"urpe.models unavailable: {error}")]
+    sizes = [
+        # the synthetic quick preset: 3 layers, dim 64, 4 heads, FFN 256, length 24, batch 64
+        dict(size="quick", batch=64, length=24, dim=64, heads=4, ffn=256, layers=3),
+        dict(size="long", batch=2, length=1024, dim=128, heads=8, ffn=512, layers=3),
+    ]
+    records = []
+    for s in sizes:
+        models = {}
+        for variant, position, gate, backend in (
+            ("urpe_auto", "rpe", "toeplitz", "auto"),
+            ("rpe_auto", "rpe", None, "auto"),
+            ("nope_sdpa", "none", None, "sdpa"),
+        ):
+            config = TransformerConfig(
+                vocab_size=10,
+                max_len=s["length"],
+                num_layers=s["layers"],
+                dim=s["dim"],
+                num_heads=s["heads"],
+                ffn_dim=s["ffn"],
+                position=position,
+                gate=gate,
+                attention_backend=backend,
+            )
+            models[variant] = TransformerEncoder(config)
+        try:
+            from x_transformers import Encoder, TransformerWrapper
+
+            models["xtransformers_t5"] = TransformerWrapper(
+                num_tokens=10,
+                max_seq_len=s["length"],
+                use_abs_pos_emb=False,
+                return_only_embed=True,
+                attn_layers=Encoder(
+                    dim=s["dim"], depth=s["layers"], heads=s["heads"], rel_pos_bias=True
+                ),
+            )
+        except ImportError:
+            records.append(dict(name="xtransformers_t5", size=s["size"], skipped="not installed"))
+        tokens = torch.randint(0, 10, (s["batch"], s["length"]), generator=torch.Generator())
+        steps = {name: _train_step(model, tokens) for name, model in models.items()}
+        for step in steps.values():
+            for _ in range(max(1, args.warmup)):
+                step()
+        times = {name: [] for name in steps}
+        for _ in range(args.repeats):
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - start)
+        base = statistics.median(times["nope_sdpa"])
+        for name, samples in times.items():
+            t = statistics.median(samples)
+            records.append(
+                dict(
+                    name=name,
+                    size=s["size"],
+                    **{k: v for k, v in s.items() if k != "size"},
+                    time_ms=1e3 * t,
+                    ratio_to_nope_sdpa=t / base,
+                )
+            )
+        progress(f"  end-to-end {s['size']}: done")
+    return records
+
+
+def _train_step(model: torch.nn.Module, tokens: torch.Tensor) -> Callable[[], None]:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        hidden = model(tokens)  # (B, L, dim)
+        hidden.float().square().mean().backward()
+        optimizer.step()
+
+    return step
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return dict(
+        cpu=cpu,
+        cores=os.cpu_count(),
+        threads=torch.get_num_threads(),
+        capability=torch.backends.cpu.get_cpu_capability(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        load_average=os.getloadavg(),
+    )
+
+
+def targets(times: list[dict], memory: list[dict], e2e: list[dict]) -> list[dict]:
+    """Issue 4's targets (float32, L=2048) with the measured value and whether it is met."""
+
+    def t(name, mode, length=2048, dtype="float32"):
+        for r in times:
+            key = (r["name"], r["mode"], r["length"], r["dtype"])
+            if key == (name, mode, length, dtype) and "time_ms" in r:
+                return r["time_ms"]
+        return None
+
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+
+    def r(a, b, mode):
+        return ratio(t(a, mode), t(b, mode))
+
+    out = [
+        ("fused URPE fwd+bwd / bias-free SDPA", r("fused_urpe", "sdpa", "fwdbwd"), 1.5),
+        ("fused URPE fwd+bwd / SDPA dense bias", r("fused_urpe", "sdpa_dense_bias", "fwdbwd"), 0.5),
+        ("fused URPE fwd / bias-free SDPA", r("fused_urpe", "sdpa", "fwd"), 1.3),
+        ("fused URPE / fused RPE, fwd+bwd", r("fused_urpe", "fused_rpe", "fwdbwd"), 1.05),
+        ("fused URPE / fused RPE, fwd", r("fused_urpe", "fused_rpe", "fwd"), 1.05),
+    ]  # fmt: skip
+    records = [dict(target=name, value=value, limit=limit) for name, value, limit in out]
+    fused = {
+        r["length"]: r["peak_mb"] for r in memory if r["name"] == "fused_urpe" and "peak_mb" in r
+    }
+    ref = {
+        r["length"]: r["peak_mb"]
+        for r in memory
+        if r["name"] == "reference_urpe" and "peak_mb" in r
+    }
+    if fused:
+        longest = max(fused)
+        if longest in ref:
+            ref_mb, how = ref[longest], "measured"
+        else:
+            fit = fit_quadratic(sorted(ref.items()))
+            ref_mb, how = (
+                (None, "")
+                if fit is None
+                else (fit[0] + fit[1] * longest**2, "extrapolated a + b L^2")
+            )
+        records.append(
+            dict(
+                target=f"fused URPE peak memory / reference at L={longest} ({how})",
+                value=None if ref_mb is None else fused[longest] / ref_mb,
+                limit=1 / 8,
+            )
+        )
+        shortest = min(fused)
+        if longest > shortest:
+            growth = fused[longest] / max(fused[shortest], 1e-9)
+            records.append(
+                dict(
+                    target=f"fused URPE memory growth L={shortest}->{longest} (linear: "
+                    f"{longest // shortest}x, quadratic: {(longest // shortest) ** 2}x)",
+                    value=growth,
+                    limit=1.25 * longest / shortest,
+                )
+            )
+    by = {(r["name"], r.get("size")): r for r in e2e if "time_ms" in r}
+    for size in ("quick", "long"):
+        urpe, nope, xt = (by.get((n, size)) for n in ("urpe_auto", "nope_sdpa", "xtransformers_t5"))
+        if urpe and nope:
+            records.append(
+                dict(
+                    target=f"end-to-end step ({size}): URPE auto / no-PE SDPA",
+                    value=urpe["time_ms"] / nope["time_ms"],
+                    limit=1.1,
+                )
+            )
+        if urpe and xt:
+            records.append(
+                dict(
+                    target=f"end-to-end step ({size}): URPE auto / x-transformers T5 bias",
+                    value=urpe["time_ms"] / xt["time_ms"],
+                    limit=1.0,
+                )
+            )
+    for r in records:
+        r["met"] = None if r["value"] is None else bool(r["value"] <= r["limit"])
+    return records
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    lines = [
+        "# Benchmarks: URPE attention",
+        "",
+        f"Measured {results['date']} on {m['cpu']} ({m['cores']} cores, {m['threads']} torch "
+        f"threads, {m['capability']}), torch {m['torch']}, Python {m['python']}. Load average "
+        f"at start {_fmt_load(results['load_start'])}, at end {_fmt_load(m['load_average'])} "
+        "(other processes shared the cores: compare ratios, measured interleaved in one run, "
+        "rather than absolute times).",
+        "",
+        f"Command: `{results['command']}`. Shapes: B={results['shape']['batch']}, "
+        f"H={results['shape']['heads']}, D={results['shape']['head_dim']}. Times are medians of "
+        f"{results['repeats']} repeats after warm-up; forward runs under `no_grad`; ratios are to "
+        "bias-free SDPA in the same run, dtype and length.",
+        "",
+        "## Targets (float32, L=2048 unless stated)",
+        "",
+        "| target | measured | limit | met |",
+        "|---|---|---|---|",
+    ]
+    for r in results["targets"]:
+        value = "n/a" if r["value"] is None else f"{r['value']:.2f}"
+        met = {True: "yes", False: "**no**", None: "n/a"}[r["met"]]
+        lines.append(f"| {r['target']} | {value} | {r['limit']:.3g} | {met} |")
+    for dtype in results["dtypes"]:
+        lines += ["", f"## Time, {dtype}", ""]
+        lengths = sorted({r["length"] for r in results["times"] if r["dtype"] == dtype})
+        header = "| kernel | " + " | ".join(f"L={n} fwd | L={n} fwd+bwd" for n in lengths) + " |"
+        lines += [header, "|---|" + "---|---|" * len(lengths)]
+        for name in ROWS:
+            cells = []
+            for length in lengths:
+                for mode in MODES:
+                    cells.append(_cell(results["times"], name, length, dtype, mode))
+            if any(c != "" for c in cells):
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if results["memory"]:
+        lines += [
+            "",
+            "## Peak memory, float32 forward+backward (MB above the inputs)",
+            "",
+            "Growth of the process's resident set during one call, in a fresh subprocess "
+            "(getrusage max RSS minus RSS before the call).",
+            "",
+        ]
+        lengths = sorted({r["length"] for r in results["memory"]})
+        lines += ["| kernel | " + " | ".join(f"L={n}" for n in lengths) + " |"]
+        lines += ["|---|" + "---|" * len(lengths)]
+        for name in ("reference_urpe", "fused_urpe", "fused_rpe", "sdpa"):
+            cells = []
+            for length in lengths:
+                r = _find(results["memory"], name, length, "float32", "fwdbwd")
+                cells.append("" if r is None else f"{r['peak_mb']:.0f}" if "peak_mb" in r else "-")
+            if any(cells):
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if results.get("plot"):
+            lines += ["", f"![peak memory]({results['plot']})"]
+    if results["end_to_end"]:
+        lines += [
+            "",
+            "## End to end: one training step (forward, backward, Adam)",
+            "",
+            "| model | size | time (ms) | ratio to no-PE SDPA |",
+            "|---|---|---|---|",
+        ]
+        for r in results["end_to_end"]:
+            if "time_ms" in r:
+                lines.append(
+                    f"| {r['name']} | {r['size']} (B={r['batch']}, L={r['length']}, "
+                    f"dim={r['dim']}, heads={r['heads']}) | {r['time_ms']:.1f} | "
+                    f"{r['ratio_to_nope_sdpa']:.2f} |"
+                )
+            else:
+                lines.append(f"| {r['name']} | {r.get('size', '')} | {r['skipped']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_load(load) -> str:
+    return "/".join(f"{x:.1f}" for x in load)
+
+
+def _find(records, name, length, dtype, mode):
+    for r in records:
+        if (r["name"], r["length"], r["dtype"], r["mode"]) == (name, length, dtype, mode):
+            return r
+    return None
+
+
+def _cell(records, name, length, dtype, mode) -> str:
+    r = _find(records, name, length, dtype, mode)
+    if r is None:
+        return ""
+    if "time_ms" not in r:
+        return "-"
+    ratio = r.get("ratio_to_sdpa")
+    return f"{r['time_ms']:.1f} ms" + ("" if ratio is None else f" ({ratio:.2f}x)")
+
+
+def plot_memory(memory: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("reference_urpe", "fused_urpe", "fused_rpe", "sdpa"):
+        points = sorted(
+            (r["length"], r["peak_mb"]) for r in memory if r["name"] == name and "peak_mb" in r
+        )
+        if not points:
+            continue
+        ax.plot(*zip(*points, strict=True), marker="o", label=name)
+        if name == "reference_urpe":
+            fit = fit_quadratic(points)
+            measured = {length for length, _ in points}
+            wanted = sorted({r["length"] for r in memory} - measured)
+            if fit is not None and wanted:
+                xs = [points[-1][0], *wanted]
+                ys = [fit[0] + fit[1] * x**2 for x in xs]
+                ys[0] = points[-1][1]
+                ax.plot(xs, ys, "--", color=ax.lines[-1].get_color(), label="reference (fit a+bL²)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("peak memory above inputs (MB)")
+    ax.set_title("forward+backward, float32, B=1, H=8, D=64")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.memory_probe:
+        memory_probe(args.memory_probe)
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    results = dict(
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        command=_command_line(),
+        shape=dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim),
+        repeats=args.repeats,
+        dtypes=args.dtypes,
+        load_start=os.getloadavg(),
+        times=[],
+        memory=[],
+        end_to_end=[],
+    )
+    for dtype_name in args.dtypes:
+        for length in args.lengths:
+            progress(f"timing L={length} {dtype_name}")
+            results["times"] += time_rows(args, length, dtype_name, progress)
+            _print_times(results["times"], length, dtype_name)
+    if args.memory_lengths:
+        progress("peak memory (one subprocess per point)")
+        results["memory"] = memory_curves(args, progress)
+    if args.end_to_end:
+        progress("end to end")
+        results["end_to_end"] = end_to_end(args, progress)
+    results["machine"] = machine()
+    results["targets"] = targets(results["times"], results["memory"], results["end_to_end"])
+    if args.plot and any("peak_mb" in r for r in results["memory"]):
+        plot_memory(results["memory"], args.plot)
+        if args.markdown:
+            results["plot"] = os.path.relpath(args.plot, args.markdown.parent)
+    for r in results["targets"]:
+        value = "n/a" if r["value"] is None else f"{r['value']:.2f}"
+        print(f"{r['target']}: {value} (limit {r['limit']:.3g}, met: {r['met']})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    if args.markdown:
+        args.markdown.write_text(markdown(results))
+    return 0
+
+
+def _command_line() -> str:
+    argv = sys.argv[1:]
+    if argv[:2] == ["bench", "attention"]:
+        argv = argv[2:]
+    return " ".join(["urpe bench attention", *argv])
+
+
+def _print_times(times, length, dtype) -> None:
+    for r in times:
+        if r["length"] == length and r["dtype"] == dtype:
+            if "time_ms" in r:
+                ratio = r.get("ratio_to_sdpa", math.nan)
+                print(f"{dtype} L={length} {r['name']:16s} {r['mode']:7s} {r['time_ms']:9.1f} ms  "
+                      f"x{ratio:.2f}")  # fmt: skip
+            else:
+                print(f"{dtype} L={length} {r['name']:16s} {r['mode']:7s} skipped: {r['skipped']}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="urpe bench attention")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))
