@@ -20,7 +20,7 @@ def small_run(tmp_path_factory):
     code = main(["bench", "attention", "--lengths", "48", "96", "--dtypes", "float32",
                  "--rows", "sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe",
                  "--heads", "2", "--head-dim", "16", "--repeats", "2",
-                 "--memory-lengths", "256", "512", "--no-end-to-end",
+                 "--memory-lengths", "256", "512", "--no-end-to-end", "--profile", "96",
                  "--json", str(out / "bench.json"), "--markdown", str(out / "BENCH.md"),
                  "--plot", str(out / "memory.png")])  # fmt: skip
     assert code == 0
@@ -57,6 +57,7 @@ def test_markdown_reports_targets_machine_and_tables(small_run):
     assert "## Targets" in text and "## Time, float32" in text and "## Peak memory" in text
     assert "| fused_urpe |" in text and "cores" in text
     assert "![peak memory](memory.png)" in text
+    assert "## Where fused URPE spends its time" in text and "`aten::bmm`" in text
 
 
 def test_candidates_compute_the_same_attention():

@@ -12,9 +12,10 @@ One run measures, on the same inputs, forward (under no_grad) and forward+backwa
 
 Times are medians of several repeats after warm-up, candidates interleaved within each repeat so
 that load from other processes hits them alike. Peak memory is the growth of the resident set
-(max RSS from getrusage, minus RSS just before the call) of a fresh subprocess running one call:
-it counts every allocation, torch's or not. The end-to-end part times one training step of small
-models. Results go to stdout, optionally to JSON, Markdown (BENCHMARKS.md) and a PNG.
+(peak RSS during the call, reset just before it, minus RSS just before it) of a fresh subprocess
+running one call (Linux /proc): it counts every allocation, torch's or not. A profile shows
+which operators fused URPE spends its time in. The end-to-end part times one training step of
+small models. Results go to stdout, optionally to JSON, Markdown (BENCHMARKS.md) and a PNG.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the reference above this length (its (L, L) matrices would not fit)",
     )
     parser.add_argument(
+        "--reference-memory-max-length",
+        type=int,
+        default=8192,
+        help="the same limit for the peak-memory probe (a subprocess: if it runs out of memory "
+        "the point is reported as failed and the curve extrapolated)",
+    )
+    parser.add_argument(
         "--dense-max-length",
         type=int,
         default=4096,
@@ -74,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lengths for the peak-memory curves, float32 forward+backward (none: skip)",
     )
     parser.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=2048,
+        metavar="L",
+        help="profile fused URPE forward+backward (float32) at this length and report the "
+        "operators it spends its time in (0: skip)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument("--markdown", type=Path, help="write the report here (BENCHMARKS.md)")
@@ -119,8 +134,8 @@ def candidate(name: str, inputs: dict[str, torch.Tensor]) -> Callable[[], torch.
         return lambda: fused_attention(q, k, v, bias=bias, gate=gate)
     if name == "fused_rpe":
         return lambda: fused_attention(q, k, v, bias=bias)
-    if name == "flex_rpe":
-        return _flex_rpe(q, k, v, inputs["table_b"].detach())
+    if name == "flex_rpe":  # inference only: compiled FlexAttention has no CPU backward
+        return _flex_rpe(q.detach(), k.detach(), v.detach(), inputs["table_b"].detach())
     raise ValueError(name)
 
 
@@ -128,7 +143,7 @@ def _flex_rpe(q, k, v, table):
     from torch.nn.attention.flex_attention import flex_attention
 
     length = q.shape[-2]
-    compiled = torch.compile(flex_attention)
+    compiled = torch.compile(flex_attention, dynamic=False)  # a length per compile
 
     def score_mod(score, b, h, q_idx, kv_idx):
         offset = (kv_idx - q_idx).clamp(-(length - 1), length - 1) + length - 1
@@ -214,24 +229,36 @@ def _record(name, length, dtype, mode, **fields) -> dict:
 # Peak memory, one fresh subprocess per measurement
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _status_bytes(field: str) -> int:
+    """A field of /proc/self/status (VmRSS: resident now, VmHWM: peak resident), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    """Set the process's peak resident set (VmHWM) back to its current size (Linux >= 4.0), so
+    that the peak read after a call is that call's, not import time's."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def memory_probe(spec: str) -> None:
-    """Subprocess side: one call, then print the growth of max RSS over RSS before it (MB)."""
+    """Subprocess side: one call; print the peak resident set during it minus the resident set
+    just before it (MB): every allocation counts, torch's or not."""
     name, length, dtype_name, mode, batch, heads, head_dim = spec.split(",")
     length, batch, heads, head_dim = int(length), int(batch), int(heads), int(head_dim)
     inputs = make_inputs(batch, heads, length, head_dim, DTYPES[dtype_name])
     if name == "sdpa_dense_bias":
         inputs["dense_bias"] = dense_bias(inputs, batch)
     fn = candidate(name, inputs)
-    before = _rss_bytes()
-    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = _status_bytes("VmRSS")
+    _reset_peak_rss()
     run_once(fn, mode, inputs)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps(dict(peak_mb=(peak - before) / 2**20, exceeded=peak > peak_before)))
+    peak = _status_bytes("VmHWM")
+    print(json.dumps(dict(peak_mb=(peak - before) / 2**20)))
 
 
 def measure_memory(name, length, dtype_name, mode, args) -> dict:
@@ -245,12 +272,11 @@ def measure_memory(name, length, dtype_name, mode, args) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     record = _record(name, length, dtype_name, mode)
     if done.returncode != 0:
-        record["skipped"] = f"probe failed: {done.stderr.strip().splitlines()[-1:]}"
+        last = done.stderr.strip().splitlines()[-1:] or ["no message (killed: out of memory?)"]
+        record["skipped"] = f"probe failed with exit code {done.returncode}: {last[0][:160]}"
         return record
     result = json.loads(done.stdout.strip().splitlines()[-1])
     record["peak_mb"] = result["peak_mb"]
-    if not result["exceeded"]:  # the call never rose above the import-time peak
-        record["note"] = "below the process's earlier peak: an upper bound"
     return record
 
 
@@ -260,6 +286,9 @@ def memory_curves(args, progress) -> list[dict]:
     for length in args.memory_lengths:
         for name in rows:
             reason = skip_reason(name, length, "fwdbwd", args)
+            if name == "reference_urpe":
+                limit = args.reference_memory_max_length
+                reason = f"reference skipped above L={limit}" if length > limit else None
             if reason is not None:
                 records.append(_record(name, length, "float32", "fwdbwd", skipped=reason))
                 continue
@@ -279,6 +308,31 @@ def fit_quadratic(points: list[tuple[int, float]]) -> tuple[float, float] | None
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
     b /= sum((x - mx) ** 2 for x in xs)
     return my - b * mx, b
+
+
+# --------------------------------------------------------------------------------------------
+# Where the time goes
+
+
+def profile_fused(args, length: int, top: int = 12) -> list[dict]:
+    """Self CPU time per operator of fused URPE forward+backward (float32), averaged over three
+    calls after a warm-up, against the whole call's time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    inputs = make_inputs(args.batch, args.heads, length, args.head_dim, torch.float32)
+    fn = candidate("fused_urpe", inputs)
+    run_once(fn, "fwdbwd", inputs)
+    calls = 3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            run_once(fn, "fwdbwd", inputs)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [
+        dict(op=e.key, ms_per_call=e.self_cpu_time_total / 1e3 / calls,
+             share=e.self_cpu_time_total / total, count=e.count // calls)
+        for e in events[:top]
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,7 +575,7 @@ def markdown(results: dict) -> str:
             "## Peak memory, float32 forward+backward (MB above the inputs)",
             "",
             "Growth of the process's resident set during one call, in a fresh subprocess "
-            "(getrusage max RSS minus RSS before the call).",
+            "(peak RSS during the call, reset just before it, minus RSS before it).",
             "",
         ]
         lengths = sorted({r["length"] for r in results["memory"]})
@@ -536,6 +590,22 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
         if results.get("plot"):
             lines += ["", f"![peak memory]({results['plot']})"]
+    if results.get("profile"):
+        prof = results["profile"]
+        lines += [
+            "",
+            f"## Where fused URPE spends its time (float32, L={prof['length']}, fwd+bwd)",
+            "",
+            "Self CPU time per operator (torch.profiler), per call. `bmm`/`baddbmm_` are the "
+            "matrix products; the rest is elementwise work over score tiles, which SDPA's "
+            "compiled kernel does in cache.",
+            "",
+            "| operator | ms per call | share | calls |",
+            "|---|---|---|---|",
+        ]
+        for op in prof["ops"]:
+            lines.append(f"| `{op['op']}` | {op['ms_per_call']:.1f} | {op['share']:.0%} | "
+                         f"{op['count']} |")  # fmt: skip
     if results["end_to_end"]:
         lines += [
             "",
@@ -642,6 +712,9 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_lengths:
         progress("peak memory (one subprocess per point)")
         results["memory"] = memory_curves(args, progress)
+    if args.profile:
+        progress(f"profile fused URPE at L={args.profile}")
+        results["profile"] = dict(length=args.profile, ops=profile_fused(args, args.profile))
     if args.end_to_end:
         progress("end to end")
         results["end_to_end"] = end_to_end(args, progress)
