@@ -90,3 +90,14 @@ def test_claims_are_checked_against_the_numbers():
     ]  # fmt: skip
     held = {c["variant"]: c["held"] for c in claims(summarize(records))}
     assert held == {"urpe": False, "rpe": True}
+
+
+def test_a_seed_fixes_the_run_exactly_on_cpu(tmp_path):
+    def run(out):
+        code = main(["reproduce", "synthetic", "--tasks", "etp", "--variants", "urpe",
+                     "--out", str(out), *TINY, "--steps", "20", "--warmup", "2"])  # fmt: skip
+        assert code == 0
+        (record,) = json.loads((out / "results.json").read_text())
+        return record["loss"], record["accuracy"]
+
+    assert run(tmp_path / "a") == run(tmp_path / "b")

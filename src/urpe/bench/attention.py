@@ -548,6 +548,9 @@ def markdown(results: dict) -> str:
         f"{results['repeats']} repeats after warm-up; forward runs under `no_grad`; ratios are to "
         "bias-free SDPA in the same run, dtype and length.",
         "",
+        "Which targets are missed, where the time goes and what would close the gap: "
+        "`benchmarks/README.md` (written by hand; this file is generated).",
+        "",
         "## Targets (float32, L=2048 unless stated)",
         "",
         "| target | measured | limit | met |",
