@@ -509,24 +509,15 @@ def targets(times: list[dict], memory: list[dict], e2e: list[dict]) -> list[dict
                 )
             )
     by = {(r["name"], r.get("size")): r for r in e2e if "time_ms" in r}
+    baselines = (("nope_sdpa", "no-PE SDPA", 1.1), ("xtransformers_t5", "x-transformers T5", 1.0))
     for size in ("quick", "long"):
-        urpe, nope, xt = (by.get((n, size)) for n in ("urpe_auto", "nope_sdpa", "xtransformers_t5"))
-        if urpe and nope:
-            records.append(
-                dict(
-                    target=f"end-to-end step ({size}): URPE auto / no-PE SDPA",
-                    value=urpe["time_ms"] / nope["time_ms"],
-                    limit=1.1,
-                )
-            )
-        if urpe and xt:
-            records.append(
-                dict(
-                    target=f"end-to-end step ({size}): URPE auto / x-transformers T5 bias",
-                    value=urpe["time_ms"] / xt["time_ms"],
-                    limit=1.0,
-                )
-            )
+        urpe = by.get(("urpe_auto", size))
+        for name, label, limit in baselines:
+            other = by.get((name, size))
+            if urpe and other:
+                ratio = urpe["time_ms"] / other["time_ms"]
+                target = f"end-to-end step ({size}): URPE auto / {label}"
+                records.append(dict(target=target, value=ratio, limit=limit))
     for r in records:
         r["met"] = None if r["value"] is None else bool(r["value"] <= r["limit"])
     return records
