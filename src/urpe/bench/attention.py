@@ -45,51 +45,93 @@ MODES = ("fwd", "fwdbwd")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+ROW_HELP = {
+    "sdpa": "F.scaled_dot_product_attention without a mask: the baseline of every ratio",
+    "sdpa_dense_bias": "SDPA with a dense (B, H, L, L) float bias that receives a gradient",
+    "reference_urpe": "the materialising reference kernel, Toeplitz B and C",
+    "fused_urpe": "the fused kernel, Toeplitz B and C (URPE)",
+    "fused_rpe": "the fused kernel, Toeplitz B only (RPE)",
+    "flex_rpe": "compiled FlexAttention, Toeplitz bias as score_mod (forward only)",
+}
+
+
+def _integer_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive, _non_negative = _integer_at_least(1), _integer_at_least(0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES)
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
+    rows = "; ".join(f"{name}: {text}" for name, text in ROW_HELP.items())
+    parser.add_argument(
+        "--lengths", type=_positive, nargs="+", default=[512, 2048, 8192],
+        help="sequence lengths to time",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES,
+        help="input dtypes (the fused kernel computes in float32)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rows", nargs="+", default=list(ROWS), choices=ROWS, metavar="ROW",
+        help=f"kernels to measure. {rows}",
+    )  # fmt: skip
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size B")
+    parser.add_argument("--heads", type=_positive, default=8, help="heads H")
+    parser.add_argument("--head-dim", type=_positive, default=64, help="head width D")
+    parser.add_argument("--repeats", type=_positive, default=5, help="timed repeats (median)")
+    parser.add_argument("--warmup", type=_non_negative, default=1, help="untimed calls first")
     parser.add_argument(
         "--reference-max-length",
-        type=int,
+        type=_positive,
         default=4096,
         help="skip the reference above this length (its (L, L) matrices would not fit)",
     )
     parser.add_argument(
         "--reference-memory-max-length",
-        type=int,
+        type=_positive,
         default=8192,
         help="the same limit for the peak-memory probe (a subprocess: if it runs out of memory "
         "the point is reported as failed and the curve extrapolated)",
     )
     parser.add_argument(
         "--dense-max-length",
-        type=int,
+        type=_positive,
         default=4096,
         help="skip SDPA with a dense bias above this length",
     )
     parser.add_argument(
         "--memory-lengths",
-        type=int,
+        type=_positive,
         nargs="*",
         default=[512, 1024, 2048, 4096, 8192],
         help="lengths for the peak-memory curves, float32 forward+backward (none: skip)",
     )
-    parser.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--end-to-end", action=argparse.BooleanOptionalAction, default=True,
+        help="also time one training step of small encoders: URPE, RPE, no positions on SDPA "
+        "and x-transformers' T5 bias (if installed)",
+    )  # fmt: skip
     parser.add_argument(
         "--profile",
-        type=int,
+        type=_non_negative,
         default=2048,
         metavar="L",
         help="profile fused URPE forward+backward (float32) at this length and report the "
         "operators it spends its time in (0: skip)",
     )
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--threads", type=_non_negative, default=0, help="torch threads (0: torch's default)"
+    )
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument("--markdown", type=Path, help="write the report here (BENCHMARKS.md)")
     parser.add_argument("--plot", type=Path, help="write the memory curves here (PNG)")
