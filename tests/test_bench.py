@@ -99,3 +99,11 @@ def test_targets_compare_measured_values_with_limits():
     assert rows["fused URPE / fused RPE, fwd+bwd"]["value"] == pytest.approx(14 / 13)
     ratio = next(r for t, r in rows.items() if t.startswith("fused URPE peak memory"))
     assert ratio["value"] == pytest.approx(0.01 * 8192 / (1e-4 * 8192**2), rel=1e-6)
+
+
+@pytest.mark.parametrize("flag", [["--lengths", "0"], ["--heads", "-2"], ["--repeats", "x"]])
+def test_bad_sizes_are_rejected_by_the_parser(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "attention", *flag])
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
