@@ -72,3 +72,32 @@ def test_row_sum_breaking_designs_tell_identical_tokens_apart(name, depth):
             for layer in model.layers:
                 layer.mixer.gate.table.add_(torch.randn_like(layer.mixer.gate.table) * 0.5)
     assert spread_over_positions(model) > 1e-4
+
+
+# Purely relative designs: outputs depend on offsets, never on absolute positions. (FIRE is left
+# out: it normalises offsets by the query's position.)
+SHIFT_INVARIANT = {
+    name: overrides for name, overrides in {**INSIDE_SOFTMAX, **POSITION_AWARE}.items()
+    if name not in ("fire", "ape", "sinusoidal", "markers", "bilinear-mixer")
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SHIFT_INVARIANT)
+def test_relative_designs_see_no_absolute_position(name):
+    # The same random tokens, once at positions 0.. and once shifted right behind masked padding:
+    # a purely relative model must give the real tokens the same outputs. This is why RoPE
+    # solving PI on random tokens (results/synthetic) is not a leak of absolute positions.
+    overrides = dict(SHIFT_INVARIANT[name])
+    model = randomized_model(urpe.TransformerEncoder, 3, **overrides)
+    if overrides.get("gate"):
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.mixer.gate.table.add_(torch.randn_like(layer.mixer.gate.table) * 0.5)
+    tokens = torch.randint(0, 7, (2, 8), generator=torch.Generator().manual_seed(0))
+    pad = 3
+    shifted = torch.cat([torch.zeros(2, pad, dtype=torch.long), tokens], 1)
+    padding = torch.zeros(2, 8 + pad, dtype=torch.bool)
+    padding[:, :pad] = True
+    with torch.no_grad():
+        plain, behind = model(tokens), model(shifted, key_padding_mask=padding)[:, pad:]
+    torch.testing.assert_close(behind, plain, atol=1e-12, rtol=0)
