@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..cli_types import non_negative_int, positive_int
 from ..kernels import Toeplitz, reference_attention
 from ..kernels.fused import fused_attention
 
@@ -55,26 +56,10 @@ ROW_HELP = {
 }
 
 
-def _integer_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-_positive, _non_negative = _integer_at_least(1), _integer_at_least(0)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rows = "; ".join(f"{name}: {text}" for name, text in ROW_HELP.items())
     parser.add_argument(
-        "--lengths", type=_positive, nargs="+", default=[512, 2048, 8192],
+        "--lengths", type=positive_int, nargs="+", default=[512, 2048, 8192],
         help="sequence lengths to time",
     )  # fmt: skip
     parser.add_argument(
@@ -85,33 +70,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rows", nargs="+", default=list(ROWS), choices=ROWS, metavar="ROW",
         help=f"kernels to measure. {rows}",
     )  # fmt: skip
-    parser.add_argument("--batch", type=_positive, default=1, help="batch size B")
-    parser.add_argument("--heads", type=_positive, default=8, help="heads H")
-    parser.add_argument("--head-dim", type=_positive, default=64, help="head width D")
-    parser.add_argument("--repeats", type=_positive, default=5, help="timed repeats (median)")
-    parser.add_argument("--warmup", type=_non_negative, default=1, help="untimed calls first")
+    parser.add_argument("--batch", type=positive_int, default=1, help="batch size B")
+    parser.add_argument("--heads", type=positive_int, default=8, help="heads H")
+    parser.add_argument("--head-dim", type=positive_int, default=64, help="head width D")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed repeats (median)")
+    parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed calls first")
     parser.add_argument(
         "--reference-max-length",
-        type=_positive,
+        type=positive_int,
         default=4096,
         help="skip the reference above this length (its (L, L) matrices would not fit)",
     )
     parser.add_argument(
         "--reference-memory-max-length",
-        type=_positive,
+        type=positive_int,
         default=8192,
         help="the same limit for the peak-memory probe (a subprocess: if it runs out of memory "
         "the point is reported as failed and the curve extrapolated)",
     )
     parser.add_argument(
         "--dense-max-length",
-        type=_positive,
+        type=positive_int,
         default=4096,
         help="skip SDPA with a dense bias above this length",
     )
     parser.add_argument(
         "--memory-lengths",
-        type=_positive,
+        type=positive_int,
         nargs="*",
         default=[512, 1024, 2048, 4096, 8192],
         help="lengths for the peak-memory curves, float32 forward+backward (none: skip)",
@@ -123,14 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--profile",
-        type=_non_negative,
+        type=non_negative_int,
         default=2048,
         metavar="L",
         help="profile fused URPE forward+backward (float32) at this length and report the "
         "operators it spends its time in (0: skip)",
     )
     parser.add_argument(
-        "--threads", type=_non_negative, default=0, help="torch threads (0: torch's default)"
+        "--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)"
     )
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument("--markdown", type=Path, help="write the report here (BENCHMARKS.md)")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import sys
 import time
 from argparse import SUPPRESS
@@ -18,51 +17,12 @@ from pathlib import Path
 
 import torch
 
+from ...cli_types import int_list, non_negative_int, positive_float, positive_int
 from ...kernels import dense_term
 from ...models import TransformerConfig
 from ...tasks import TASKS, get_task
 from .presets import PRESETS, Preset
 from .variants import VARIANTS, parse_variants, variant_config
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers, comma-separated: {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,33 +48,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         help=f"comma-separated from {','.join(VARIANTS)}, or 'all' ({both('variants')})",
     )
-    option("--seq-len", type=_positive, help=f"sequence length ({both('seq_len')})")
+    option("--seq-len", type=positive_int, help=f"sequence length ({both('seq_len')})")
     option(
         "--vocab-size",
-        type=_int_list,
+        type=int_list,
         dest="vocab_sizes",
         help=f"vocabulary size(s), comma-separated ({both('vocab_sizes')})",
     )
-    option("--steps", type=_positive, help=f"optimizer updates ({both('steps')})")
-    option("--seeds", type=_int_list, help=f"seeds, comma-separated ({both('seeds')})")
-    option("--batch-size", type=_positive, help=f"sequences per update ({both('batch_size')})")
-    option("--lr", type=_positive_float, help=f"peak learning rate ({both('lr')})")
+    option("--steps", type=positive_int, help=f"optimizer updates ({both('steps')})")
+    option("--seeds", type=int_list, help=f"seeds, comma-separated ({both('seeds')})")
+    option("--batch-size", type=positive_int, help=f"sequences per update ({both('batch_size')})")
+    option("--lr", type=positive_float, help=f"peak learning rate ({both('lr')})")
     option(
         "--warmup",
-        type=_non_negative,
+        type=non_negative_int,
         help=f"warm-up steps ({both('warmup')}; scaled with --steps when not given)",
     )
     option(
-        "--layers", type=_positive, dest="num_layers", help=f"encoder layers ({both('num_layers')})"
+        "--layers",
+        type=positive_int,
+        dest="num_layers",
+        help=f"encoder layers ({both('num_layers')})",
     )
-    option("--dim", type=_positive, help=f"model width ({both('dim')})")
+    option("--dim", type=positive_int, help=f"model width ({both('dim')})")
     option(
-        "--heads", type=_positive, dest="num_heads", help=f"attention heads ({both('num_heads')})"
+        "--heads",
+        type=positive_int,
+        dest="num_heads",
+        help=f"attention heads ({both('num_heads')})",
     )
-    option("--ffn-dim", type=_positive, help=f"feed-forward width ({both('ffn_dim')})")
+    option("--ffn-dim", type=positive_int, help=f"feed-forward width ({both('ffn_dim')})")
     option(
         "--eval-sequences",
-        type=_positive,
+        type=positive_int,
         help=f"held-out sequences for the accuracy ({both('eval_sequences')})",
     )
     option(
@@ -141,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default="auto", help="Lightning strategy (e.g. ddp)")
     parser.add_argument(
         "--threads",
-        type=_non_negative,
+        type=non_negative_int,
         default=1,
         help="torch CPU threads (0: torch's default). The quick models are so "
         "small that 1 thread is fastest, and much faster on a busy machine",
