@@ -64,7 +64,7 @@ class DenseGraphBatch:
         """(B, N, N, K, Fe): the features of the edges along each path, `fill` past its end."""
         if self.edge_attr is None:
             raise ValueError("this batch has no edge_attr")
-        attr = self.edge_attr.reshape(self.edge_attr.shape[0], -1)  # (E, Fe)
+        attr = self.edge_attr if self.edge_attr.dim() > 1 else self.edge_attr.unsqueeze(-1)
         # Append one row of `fill` and send NO_EDGE there.
         padded = torch.cat([attr, attr.new_full((1, attr.shape[1]), fill)])  # (E+1, Fe)
         index = torch.where(self.path_edges >= 0, self.path_edges, attr.shape[0])
