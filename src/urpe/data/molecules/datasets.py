@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from rdkit import RDLogger
 from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data.collate import collate
 from tqdm.auto import tqdm
 
 from ...graph.paths import ShortestPaths
@@ -61,21 +62,19 @@ class GraphSplit(InMemoryDataset):
 
     @classmethod
     def from_graphs(cls, graphs: Sequence[Data]) -> GraphSplit:
-        data, slices = cls.collate(list(graphs)) if graphs else (Data(), {})
+        if not graphs:
+            return cls(Data(), {})
+        # PyG's InMemoryDataset.collate skips the slices for a single graph; keep them always.
+        data, slices, _ = collate(Data, list(graphs), increment=False, add_batch=False)
         return cls(data, slices)
 
     def to_storage(self) -> dict[str, Any]:
         """Tensors, strings and numbers only: what the cache can load without unpickling."""
-        return {"data": self._data.to_dict(), "slices": dict(self.slices or {})}
+        return {"data": self._data.to_dict(), "slices": dict(self.slices)}
 
     @classmethod
     def from_storage(cls, storage: dict[str, Any]) -> GraphSplit:
         return cls(Data.from_dict(storage["data"]), storage["slices"])
-
-    def len(self) -> int:
-        if not self.slices:
-            return 0
-        return super().len()
 
 
 @dataclass
@@ -253,7 +252,7 @@ def _zinc_build(subset: bool):
                     # PyG's loader retries with full unpickling when the safe load fails and
                     # says so in a warning; make that warning an error so it never does.
                     warnings.filterwarnings("error", message=".*[Ww]eights only load failed.*")
-                    zinc = ZINC(str(scratch), subset=subset, split=split, log=progress)
+                    zinc = ZINC(str(scratch), subset=subset, split=split)
                 counts[split] = len(zinc)
                 graphs = []
                 for i in tqdm(range(min(cap, len(zinc))), desc=f"zinc {split}",
