@@ -252,7 +252,12 @@ def _zinc_build(subset: bool):
                     # PyG's loader retries with full unpickling when the safe load fails and
                     # says so in a warning; make that warning an error so it never does.
                     warnings.filterwarnings("error", message=".*[Ww]eights only load failed.*")
-                    zinc = ZINC(str(scratch), subset=subset, split=split)
+                    try:
+                        zinc = ZINC(str(scratch), subset=subset, split=split)
+                    except UserWarning as refusal:
+                        raise RuntimeError(
+                            f"refusing to unpickle PyG's processed ZINC file: {refusal}"
+                        ) from refusal
                 counts[split] = len(zinc)
                 graphs = []
                 for i in tqdm(range(min(cap, len(zinc))), desc=f"zinc {split}",
