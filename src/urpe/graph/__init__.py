@@ -1,0 +1,69 @@
+"""Graph Transformers (Graphormer) with URPE on graphs.
+
+Torch-only parts (importable without PyTorch Geometric): `GraphEncodingConfig`,
+`GraphormerEncodings` and its pieces, `DenseGraphBatch`, `relation_index`.
+Parts that need PyTorch Geometric and SciPy (the `graph` extra), loaded on first use:
+`ShortestPaths` (a PyG transform), `shortest_paths`, `to_dense_graph_batch`.
+
+    from torch_geometric.loader import DataLoader
+    dataset = SomePyGDataset(..., pre_transform=urpe.graph.ShortestPaths())
+    for batch in DataLoader(dataset, batch_size=32):
+        graphs = urpe.graph.to_dense_graph_batch(batch, max_hops=5)   # (B, N, ...) tensors
+        inputs = encodings(graphs)  # x (B, N+1, dim), bias (B, H, N+1, N+1), relation, mask
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import GraphEncodingConfig
+from .dense import FAR, NO_EDGE, UNREACHABLE, DenseGraphBatch
+from .encodings import (
+    DegreeEncoding,
+    EdgePathBias,
+    FeatureEncoder,
+    GraphInputs,
+    GraphormerEncodings,
+    SpatialBias,
+    relation_index,
+)
+
+# Names that need torch_geometric / scipy: imported when first asked for.
+_LAZY = {
+    "ShortestPaths": ".paths",
+    "shortest_paths": ".paths",
+    "to_dense_graph_batch": ".batching",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        try:
+            module = importlib.import_module(_LAZY[name], __name__)
+        except ImportError as error:
+            raise ImportError(
+                f"urpe.graph.{name} needs PyTorch Geometric and SciPy: "
+                f"pip install 'urpe[graph]' ({error})"
+            ) from error
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "FAR",
+    "NO_EDGE",
+    "UNREACHABLE",
+    "DegreeEncoding",
+    "DenseGraphBatch",
+    "EdgePathBias",
+    "FeatureEncoder",
+    "GraphEncodingConfig",
+    "GraphInputs",
+    "GraphormerEncodings",
+    "ShortestPaths",
+    "SpatialBias",
+    "relation_index",
+    "shortest_paths",
+    "to_dense_graph_batch",
+]
