@@ -3,6 +3,8 @@ paths to enwik8 / WikiText / local files, the cache, and one-line errors."""
 
 import bz2
 import importlib.util
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -229,6 +231,17 @@ def test_wikitext_missing_file_and_bad_tokenizer(tmp_path):
         load_corpus("shakespeare", tokenizer="sentencepiece", cache_dir=tmp_path / "c")
     with pytest.raises(DatasetError, match="vocab_size applies"):
         load_corpus("shakespeare", vocab_size=100, cache_dir=tmp_path / "c")
+    with pytest.raises(DatasetError, match="at least 257"):
+        load_corpus("shakespeare", tokenizer="bpe", vocab_size=256, cache_dir=tmp_path / "c")
+
+
+@pytest.mark.parametrize("content", ["", "tiny text"])
+def test_a_file_too_small_to_split_is_refused(content, tmp_path):
+    path = tmp_path / "small.txt"
+    path.write_text(content)
+    with pytest.raises(DatasetError, match="too small to split"):
+        load_corpus(str(path), tokenizer="char", cache_dir=tmp_path / "c")
+    assert not list((tmp_path / "c" / "text").iterdir())  # nothing half-built is left
 
 
 def test_missing_packages_say_how_to_install(monkeypatch, tmp_path):
@@ -249,3 +262,28 @@ def test_parse_spec():
     assert parse_spec("enwik8:/data/e8") == ("enwik8", Path("/data/e8"))
     assert parse_spec("wikitext-103", "/d") == ("wikitext-103", Path("/d"))
     assert set(CORPORA) >= {"shakespeare", "enwiki-mini", "enwik8", "wikitext-103", "text"}
+
+
+def test_works_without_the_lm_extra_where_it_can():
+    # Blocks the lm extra's packages: `import urpe` never loads the data layer; the byte
+    # tokenizer and batching need torch only; a BPE corpus names the missing extra.
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tokenizers", "safetensors", "tqdm"):
+            raise ImportError(name)
+sys.meta_path.insert(0, Block())
+import urpe
+assert not any(m.startswith("urpe.data") for m in sys.modules)
+from urpe.data.text import ByteTokenizer, ContiguousBatches, DatasetError, load_corpus
+ids = ByteTokenizer().encode("hello world")
+assert len(ContiguousBatches(ids, 2, 2)) == 2
+try:
+    load_corpus("shakespeare", tokenizer="bpe")
+except DatasetError as error:
+    print(error)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'urpe[lm]'" in result.stdout

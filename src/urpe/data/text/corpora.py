@@ -400,9 +400,12 @@ def load_corpus(
     kind = tokenizer or source.default_tokenizer
     if kind not in TOKENIZERS:
         raise DatasetError(f"unknown tokenizer {kind!r}: expected one of {', '.join(TOKENIZERS)}")
-    if vocab_size is not None and (kind not in ("bpe", "word") or vocab_size < 1):
-        raise DatasetError(f"vocab_size applies to the bpe and word tokenizers, got {vocab_size}")
-    if kind in ("bpe", "word") and importlib.util.find_spec("tokenizers") is None:
+    if vocab_size is not None and kind not in ("bpe", "word"):
+        raise DatasetError(f"vocab_size applies to the bpe and word tokenizers, not {kind}")
+    if vocab_size is not None and vocab_size < (257 if kind == "bpe" else 3):
+        least = "257 (the 256 bytes and a merge)" if kind == "bpe" else "3 (<eos>, <unk>, a word)"
+        raise DatasetError(f"a {kind} vocab_size must be at least {least}, got {vocab_size}")
+    if kind in ("bpe", "word") and not _installed("tokenizers"):
         raise DatasetError(f"the {kind} tokenizer needs the HF 'tokenizers' package: {INSTALL_LM}")
     files = source.locate(located_path)
     show = _show_progress(progress)
@@ -420,6 +423,12 @@ def load_corpus(
         started = time.perf_counter()
         parts = source.read(files, kind == "byte", show)
         read_s = time.perf_counter() - started
+        if any(len(part) < 2 for part in parts):
+            sizes = "/".join(f"{len(part):,}" for part in parts)
+            raise DatasetError(
+                f"{name}: too small to split (train/valid/test {sizes} units); "
+                "every split needs at least 2"
+            )
         trained = _train_tokenizer(kind, parts, vocab_size, show)
         trained.save(directory / TOKENIZER_DIR)
         dtype = _smallest_dtype(trained.vocab_size)
@@ -449,8 +458,15 @@ def load_corpus(
     return _read_entry(name, entry, manifest)
 
 
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _require_safetensors() -> None:
-    if importlib.util.find_spec("safetensors") is None:
+    if not _installed("safetensors"):
         raise DatasetError(f"cached corpora need the 'safetensors' package: {INSTALL_LM}")
 
 
