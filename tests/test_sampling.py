@@ -6,7 +6,13 @@ import math
 import pytest
 import torch
 
-from urpe.models.sampling import next_token_distribution, sample, top_k_mask, top_p_mask
+from urpe.models.sampling import (
+    generate_tokens,
+    next_token_distribution,
+    sample,
+    top_k_mask,
+    top_p_mask,
+)
 
 PROBS = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.2])  # sorted: 1 (.4), 3 (.25), 4 (.2), 2, 0
 
@@ -124,3 +130,50 @@ def test_bad_logits():
         sample(torch.full((2, 3), -math.inf))
     with pytest.raises(ValueError, match="greedy"):
         next_token_distribution(torch.randn(4), temperature=0)
+
+
+class Bigram:
+    """A model whose next-token logits depend on the last token only; records what it is fed."""
+
+    def __init__(self, vocab: int = 7, seed: int = 0):
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed))
+        self.fed: list[torch.Tensor] = []
+
+    def __call__(self, new_tokens):
+        self.fed.append(new_tokens)
+        return self.table[new_tokens[:, -1]]
+
+
+def test_generate_feeds_the_prompt_then_each_drawn_token():
+    model = Bigram()
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    drawn = list(generate_tokens(model, prompt, 5, temperature=0))
+    assert len(drawn) == 5 and all(t.shape == (2,) for t in drawn)
+    assert torch.equal(model.fed[0], prompt)
+    assert all(torch.equal(f, t[:, None]) for f, t in zip(model.fed[1:], drawn, strict=False))
+    # Greedy follows the argmax chain from each row's last prompt token.
+    last = prompt[:, -1]
+    for token in drawn:
+        last = model.table[last].argmax(dim=-1)
+        assert torch.equal(token, last)
+
+
+def test_generate_is_reproducible_with_a_seed():
+    def run(seed):
+        generator = torch.Generator().manual_seed(seed)
+        tokens = generate_tokens(Bigram(), torch.tensor([[0]]), 30, top_p=0.9, generator=generator)
+        return torch.stack(list(tokens))
+
+    assert torch.equal(run(3), run(3)) and not torch.equal(run(3), run(4))
+    assert list(generate_tokens(Bigram(), torch.tensor([[0]]), 0)) == []
+
+
+def test_generate_rejects_bad_input():
+    with pytest.raises(ValueError, match="prompt"):
+        next(generate_tokens(Bigram(), torch.tensor([1, 2]), 3))
+    with pytest.raises(ValueError, match="at least one token"):
+        next(generate_tokens(Bigram(), torch.zeros(1, 0, dtype=torch.long), 3))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        next(generate_tokens(Bigram(), torch.tensor([[1]]), -1))
+    with pytest.raises(ValueError, match="must return"):
+        next(generate_tokens(lambda t: torch.randn(5), torch.tensor([[1]]), 3))

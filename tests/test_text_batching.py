@@ -153,3 +153,16 @@ def test_index_errors():
     windows = SlidingWindows(torch.arange(10), 4)
     with pytest.raises(IndexError):
         windows[len(windows)]
+
+
+def test_segments_travel_through_a_dataloader_and_lightning():
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+    from torch.utils.data import DataLoader
+
+    batches = ContiguousBatches(_stream(200), 2, 5)
+    loaded = list(DataLoader(batches, batch_size=None))  # map-style: one Segment per item
+    assert len(loaded) == len(batches)
+    assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(loaded, batches, strict=True))
+    moved = move_data_to_device(batches[3], torch.device("cpu"))
+    assert moved.position == 3 and torch.equal(moved.targets, batches[3].targets)
+    assert batches[3].to("cpu").reset_memory == batches[3].reset_memory

@@ -9,6 +9,9 @@ For logits z (..., V) the distribution sampled from is built in this order (HF t
 4. renormalise and draw with `torch.multinomial`, from `generator` when given, so a seeded
    generator fixes the draw.
 
+`generate_tokens` runs the decoding loop for any model that can return next-token logits for the
+tokens it has not seen yet (a KV-cached decoder, one with segment memory, or a plain forward).
+
 The filtering runs in float64. A prefix whose mass falls short of p by no more than the rounding
 of the logits' own dtype (16 ulps, at most 1e-4) counts as reaching p, so that probabilities
 given as float32 logits (0.4 + 0.25 = 0.65) select the prefix they select in exact arithmetic.
@@ -17,6 +20,7 @@ given as float32 logits (0.4 + 0.25 = 0.65) select the prefix they select in exa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -108,3 +112,39 @@ def sample(
     flat = probs.reshape(-1, probs.shape[-1])  # (rows, V): multinomial takes 1-D or 2-D
     drawn = torch.multinomial(flat, 1, generator=generator)  # (rows, 1)
     return drawn.reshape(probs.shape[:-1])
+
+
+def generate_tokens(
+    next_logits: Callable[[Tensor], Tensor],
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Autoregressive decoding, one token per step, streamed as it is drawn.
+
+    `next_logits(new_tokens (B, n)) -> logits (B, V)` receives the tokens the model has not seen
+    yet (first the whole prompt, then each drawn token as (B, 1)) and returns the next-token
+    logits; it keeps its own state (a KV cache, segment memory), so this loop works for any
+    model. Yields `max_new_tokens` tensors of shape (B,).
+    """
+    if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.is_floating_point():
+        raise ValueError("prompt must be an integer tensor of shape (B, P)")
+    if prompt.shape[0] == 0 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt must hold at least one token per row, got {tuple(prompt.shape)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens}")
+    feed = prompt
+    for _ in range(max_new_tokens):
+        logits = next_logits(feed)
+        if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != len(prompt):
+            shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise ValueError(f"next_logits must return (B={len(prompt)}, V) logits, got {shape}")
+        token = sample(logits, temperature, top_k, top_p, generator)  # (B,)
+        yield token
+        feed = token[:, None]  # (B, 1)

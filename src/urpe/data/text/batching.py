@@ -22,7 +22,7 @@ all of its C targets, with whatever context they have). Every pair is scored exa
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -30,7 +30,7 @@ from torch import Tensor
 IGNORE_INDEX = -100
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Lightning's move_data_to_device rebuilds dataclasses field by field
 class Segment:
     """One batch: `inputs` (B, L) and `targets` (B, L) int64 token ids.
 
@@ -52,6 +52,10 @@ class Segment:
     def num_scored(self) -> int:
         """How many targets this segment scores."""
         return int((self.targets != IGNORE_INDEX).sum())
+
+    def to(self, device: torch.device | str) -> Segment:
+        """A copy with inputs and targets on `device` (offsets stay on the CPU)."""
+        return replace(self, inputs=self.inputs.to(device), targets=self.targets.to(device))
 
 
 def _check_stream(tokens: Tensor) -> Tensor:
