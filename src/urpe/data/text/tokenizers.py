@@ -47,7 +47,7 @@ def _id_list(ids: Ids, vocab_size: int) -> list[int]:
             raise ValueError(
                 f"ids must be a 1-D integer tensor, got {ids.dtype} {tuple(ids.shape)}"
             )
-        ids = ids.tolist()
+        ids = ids.reshape(-1).tolist()  # a 0-d tensor is one id
     ids = [int(i) for i in ids]
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
