@@ -4,8 +4,9 @@ FlashAttention-2 with URPE's gate. One program owns a block of BLOCK_M queries (
 BLOCK_N keys (dK/dV) of one (batch, head) and walks the other axis tile by tile. Per tile, with
 s the logits, P the normalised weights, C the gate, D the dropout keep mask (scaled by 1/(1-p)):
 
-    forward (softmax)   m_i <- max(m_i, max_j s_ij),  l_i <- l_i e^(m_old - m_i) + sum_j e^(s_ij - m_i)
-                        acc_i <- acc_i e^(m_old - m_i) + sum_j e^(s_ij - m_i) c_ij D_ij v_j
+    forward (softmax)   m_i <- max(m_i, max_j s_ij),
+                        l_i <- l_i e^(m_old - m_i) + sum_j e^(s_ij - m_i),
+                        acc_i <- acc_i e^(m_old - m_i) + sum_j e^(s_ij - m_i) c_ij D_ij v_j,
                         out_i = acc_i / l_i,  stat_i = m_i + log l_i
     backward            P = e^(s - stat),  dA = D (dO V^T),  dV += (D P C)^T dO,
                         dC = dA P,  dP = dA C,  dS = P (dP - delta),  delta_i = dO_i . O_i,
@@ -50,7 +51,9 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr):
+def _visible(
+    offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr
+):
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal)."""
     keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
     if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
@@ -144,7 +147,9 @@ def dropout_mask_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p)
     off = (bh.to(tl.int64) * lq + offs_m[:, None]) * lk + offs_n[None, :]
-    tl.store(keep_ptr + off, keep.to(tl.uint8), mask=(offs_m[:, None] < lq) & (offs_n[None, :] < lk))
+    tl.store(
+        keep_ptr + off, keep.to(tl.uint8), mask=(offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+    )
 
 
 @triton.jit

@@ -320,9 +320,7 @@ def attention_backward(
         bm, bn = blocks
         width = triton.next_power_of_2(bm + bn - 1)
         kv_grid = (triton.cdiv(lk, bn), b * hk)
-        K.attention_bwd_kv_kernel[kv_grid](
-            *kv_args, **kv_meta, BLOCK_M=bm, BLOCK_N=bn, WIDTH=width
-        )
+        K.attention_bwd_kv_kernel[kv_grid](*kv_args, **kv_meta, BLOCK_M=bm, BLOCK_N=bn, WIDTH=width)
         K.attention_bwd_q_kernel[(triton.cdiv(lq, bm), b * h)](
             *q_args, **meta, BLOCK_M=bm, BLOCK_N=bn
         )
@@ -359,22 +357,11 @@ _SCALARS = ("bias_kind", "gate_kind", "is_causal", "normalization", "scale", "dr
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    (q, k, v, key_padding_mask, bias, bias_index, bias_kind, gate, gate_index, gate_kind,
-     is_causal, normalization, scale, dropout_p, seed, rng_offset, block_m, block_n) = inputs  # fmt: skip
+    q, k, v, key_padding_mask, bias, bias_index, _, gate, gate_index = inputs[:9]
     out, stat = output
     ctx.save_for_backward(q, k, v, out, stat, key_padding_mask, bias, bias_index, gate, gate_index)
-    ctx.scalars = dict(
-        bias_kind=bias_kind,
-        gate_kind=gate_kind,
-        is_causal=is_causal,
-        normalization=normalization,
-        scale=scale,
-        dropout_p=dropout_p,
-        seed=seed,
-        rng_offset=rng_offset,
-        block_m=block_m,
-        block_n=block_n,
-    )
+    # the scalar inputs, by name: bias_kind at 6, gate_kind at 9, is_causal ... block_n after
+    ctx.scalars = dict(zip(_SCALARS, (inputs[6], *inputs[9:]), strict=True))
 
 
 def _backward(ctx, grad_out: Tensor, _grad_stat: Tensor):
