@@ -17,6 +17,7 @@ from urpe.kernels import Relation, Toeplitz, attention, reference_attention
 from urpe.kernels.flex import flex_unsupported, flex_urpe_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 @pytest.fixture

@@ -293,3 +293,19 @@ def test_scale_and_softmax_rows_sum_through_the_gate():
         *qkv, attn_mask=~call["key_padding_mask"][:, None, None, :], scale=scale
     )
     _close(gated, 2.5 * plain)
+
+
+@pytest.mark.parametrize("name", ["forward", "backward_kv", "backward_q"])
+def test_autotuning_keys_name_real_kernel_arguments(name):
+    """The autotuner silently drops a key that is not an argument (then never re-tunes), and a
+    misnamed reset_to_zero would leave atomically accumulated gradients dirty between trials."""
+    from urpe.kernels.triton import ops
+
+    tuner = ops._tuned(name)
+    assert set(ops._TUNING_KEY) <= set(tuner.keys) <= set(tuner.arg_names)
+    assert set(tuner.reset_to_zero) <= set(tuner.arg_names)
+    if name == "backward_kv":
+        assert set(tuner.reset_to_zero) == {"dB_ptr", "dC_ptr"}
+        for config in tuner.configs:  # the Toeplitz gradient needs every diagonal of a tile
+            m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+            assert config.kwargs["WIDTH"] >= m + n - 1

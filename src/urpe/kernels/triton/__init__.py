@@ -46,7 +46,13 @@ def interpreter_state() -> str | None:
         return "Triton is not installed (pip install triton)"
     module = sys.modules.get("triton")
     if module is not None:
-        if bool(module.knobs.runtime.interpret):
+        knobs = getattr(module, "knobs", None)  # Triton < 3.4 reads the environment only
+        on = (
+            knobs.runtime.interpret
+            if knobs is not None
+            else _truthy(os.environ.get("TRITON_INTERPRET"))
+        )
+        if on:
             return None
         if _truthy(os.environ.get("TRITON_INTERPRET")):
             return "triton was imported before TRITON_INTERPRET=1 was set; set it before"

@@ -29,7 +29,9 @@ dQ, dK, dV and dense-term gradients are written once per entry and are determini
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
 
 import torch
 import triton
@@ -44,7 +46,17 @@ INTERPRETER_BLOCK = 16
 
 def interpreting() -> bool:
     """Whether Triton runs its CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    return bool(triton.knobs.runtime.interpret)
+    knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older ones read the environment
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _autotune(configs, **options):
+    """`triton.autotune`, persisting results on disk where this Triton can (>= 3.3)."""
+    if "cache_results" in inspect.signature(triton.autotune).parameters:
+        options["cache_results"] = True
+    return triton.autotune(configs, **options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,41 +122,36 @@ _TUNING_KEY = ["lq_bucket", "lk_bucket", "BLOCK_D", "BLOCK_DV", "B_KIND", "C_KIN
 _autotuned: dict[str, object] = {}
 
 
-def _configs(pairs, warps_stages):
-    return [
-        triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s)
-        for m, n in pairs
-        for w, s in warps_stages
-    ]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried per kernel: four each, FlashAttention-2's
+# usual shapes, so that a new key costs twelve compilations rather than dozens.
+FORWARD_CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4))
+BACKWARD_KV_CONFIGS = ((64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2))
+BACKWARD_Q_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 4, 2))
+
+
+def _configs(shapes, with_width: bool = False):
+    configs = []
+    for m, n, warps, stages in shapes:
+        meta = dict(BLOCK_M=m, BLOCK_N=n)
+        if with_width:  # the Toeplitz gradient's diagonal count, padded to a power of two
+            meta["WIDTH"] = triton.next_power_of_2(m + n - 1)
+        configs.append(triton.Config(meta, num_warps=warps, num_stages=stages))
+    return configs
 
 
 def _tuned(name: str):
     """The autotuned launcher of a kernel (built on first use: never under the interpreter)."""
     if name not in _autotuned:
         if name == "forward":
-            configs = _configs(((128, 64), (128, 32), (64, 64), (128, 128)), ((4, 3), (8, 3)))
-            kernel = triton.autotune(configs, key=_TUNING_KEY, cache_results=True)(
-                K.attention_fwd_kernel
-            )
+            kernel = _autotune(_configs(FORWARD_CONFIGS), key=_TUNING_KEY)(K.attention_fwd_kernel)
         elif name == "backward_kv":
-            configs = [
-                triton.Config(
-                    dict(BLOCK_M=m, BLOCK_N=n, WIDTH=triton.next_power_of_2(m + n - 1)),
-                    num_warps=w,
-                    num_stages=s,
-                )
-                for m, n in ((32, 64), (64, 64), (32, 128), (64, 128), (16, 64))
-                for w, s in ((4, 2), (8, 2))
-            ]
-            kernel = triton.autotune(
-                configs,
+            kernel = _autotune(
+                _configs(BACKWARD_KV_CONFIGS, with_width=True),
                 key=[*_TUNING_KEY, "B_GRAD", "C_GRAD"],
-                reset_to_zero=["dB_ptr", "dC_ptr"],
-                cache_results=True,
+                reset_to_zero=["dB_ptr", "dC_ptr"],  # atomically accumulated: zero per trial
             )(K.attention_bwd_kv_kernel)
         else:
-            configs = _configs(((64, 64), (128, 64), (64, 32), (128, 32)), ((4, 2), (8, 2)))
-            kernel = triton.autotune(configs, key=_TUNING_KEY, cache_results=True)(
+            kernel = _autotune(_configs(BACKWARD_Q_CONFIGS), key=_TUNING_KEY)(
                 K.attention_bwd_q_kernel
             )
         _autotuned[name] = kernel
