@@ -309,3 +309,24 @@ def test_autotuning_keys_name_real_kernel_arguments(name):
         for config in tuner.configs:  # the Toeplitz gradient needs every diagonal of a tile
             m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
             assert config.kwargs["WIDTH"] >= m + n - 1
+
+
+def test_strided_inputs_one_query_and_narrow_heads():
+    """Inputs as non-contiguous views (a (B, L, H, D) layout transposed, a column-sliced padding
+    mask), a single query (decoding against a cache) and a head dim below 16 (padded inside)."""
+    gen = torch.Generator().manual_seed(11)
+    f = dict(dtype=torch.float64, device=DEVICE)
+    for lq, lk, d in ((1, 40, 8), (23, 23, 16)):
+        leaves = [torch.randn(2, n, 3, d, generator=gen).to(**f).requires_grad_()
+                  for n in (lq, lk, lk)]  # fmt: skip
+        q, k, v = (t.transpose(1, 2) for t in leaves)  # (B, H, L, D) views
+        assert not k.is_contiguous()
+        padding = (torch.rand(2, 2 * lk, generator=gen) < 0.3).to(DEVICE)[:, ::2]
+        table = torch.randn(3, 9, generator=gen).to(**f).requires_grad_()
+        call = dict(gate=Toeplitz(table), key_padding_mask=padding, is_causal=True)
+        params = [*leaves, table]
+        out, grads = _outputs_and_grads(triton_attention, (q, k, v), params, call)
+        expected, expected_grads = _outputs_and_grads(_reference, (q, k, v), params, call)
+        _close(out, expected)
+        for got, want in zip(grads, expected_grads, strict=True):
+            _close(got, want)

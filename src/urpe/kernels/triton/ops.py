@@ -88,6 +88,13 @@ def _dummy(q: Tensor, dtype=None) -> Tensor:
     return torch.empty(1, device=q.device, dtype=q.dtype if dtype is None else dtype)
 
 
+def _pad_bytes(q: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """The padding mask as contiguous (B, Lk) bytes (the kernels index it as b * Lk + j)."""
+    if key_padding_mask is None:
+        return _dummy(q, torch.uint8)
+    return key_padding_mask.contiguous().view(torch.uint8)
+
+
 def _term_args(q: Tensor, k: Tensor, term: Tensor | None, index: Tensor | None, kind: int):
     """Kernel arguments (ptr, idx, s_b, s_h, s_i, s_j, K) of a bias or gate."""
     b, h, lq = q.shape[:3]
@@ -198,7 +205,7 @@ def attention_forward(
     dv = v.shape[-1]
     out = torch.empty(b, h, lq, dv, device=q.device, dtype=q.dtype)
     stat = torch.empty(b, h, lq, device=q.device, dtype=_acc_dtype(q.dtype))
-    pad = _dummy(q, torch.uint8) if key_padding_mask is None else key_padding_mask.view(torch.uint8)
+    pad = _pad_bytes(q, key_padding_mask)
     flags = _compile_flags(q)
     lq_bucket, lk_bucket = _buckets(q, k)
     args = (
@@ -294,7 +301,7 @@ def attention_backward(
     dq = torch.empty(b, h, lq, d, device=q.device, dtype=q.dtype)
     dk = torch.empty(b, hk, lk, d, device=q.device, dtype=k.dtype)
     dv_ = torch.empty(b, hk, lk, dv, device=q.device, dtype=v.dtype)
-    pad = _dummy(q, torch.uint8) if key_padding_mask is None else key_padding_mask.view(torch.uint8)
+    pad = _pad_bytes(q, key_padding_mask)
     bias_args = _term_args(q, k, bias, bias_index, bias_kind)
     gate_args = _term_args(q, k, gate, gate_index, gate_kind)
     d_bias, d_bias_sh = _term_grad_buffer(q, k, bias, bias_kind, bias_grad)
