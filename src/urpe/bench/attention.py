@@ -73,12 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "so the CPU part stays",
     )  # fmt: skip
     parser.add_argument(
-        "--lengths", type=positive_int, nargs="+", default=None,
+        "--lengths", type=positive_int, nargs="+", default=argparse.SUPPRESS,
         help=f"sequence lengths to time (default: cpu {CPU_DEFAULTS['lengths']}, "
         f"cuda {GPU_DEFAULTS['lengths']})",
     )  # fmt: skip
     parser.add_argument(
-        "--dtypes", nargs="+", default=None, choices=DTYPES,
+        "--dtypes", nargs="+", default=argparse.SUPPRESS, choices=DTYPES,
         help="input dtypes (default: cpu float32 bfloat16, cuda bfloat16; the fused kernel "
         "computes in float32)",
     )  # fmt: skip
@@ -117,10 +117,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(merged; no GPU needed), print the targets, and stop",
     )  # fmt: skip
     parser.add_argument(
-        "--batch", type=positive_int, default=None, help="batch size B (default: cpu 1, cuda 4)"
+        "--batch",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help="batch size B (default: cpu 1, cuda 4)",
     )
     parser.add_argument(
-        "--heads", type=positive_int, default=None, help="heads H (default: cpu 8, cuda 16)"
+        "--heads",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help="heads H (default: cpu 8, cuda 16)",
     )
     parser.add_argument("--head-dim", type=positive_int, default=64, help="head width D")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed repeats (median)")
@@ -141,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dense-max-length",
         type=positive_int,
-        default=None,
+        default=argparse.SUPPRESS,
         help="skip SDPA with a dense bias above this length (default: cpu 4096, cuda 8192)",
     )
     parser.add_argument(
@@ -765,6 +771,7 @@ def plot_memory(memory: list[dict], path: Path) -> None:
 
 
 def _fill_defaults(args: argparse.Namespace) -> None:
+    """Options left out (argparse.SUPPRESS) take the chosen device's defaults."""
     defaults = GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS
     for name in ("lengths", "dtypes", "batch", "heads", "dense_max_length"):
         if getattr(args, name, None) is None:

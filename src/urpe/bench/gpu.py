@@ -413,7 +413,11 @@ def run(args, progress, command: str) -> int:
         )
         return 2
     started = time.monotonic()
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # FlexAttention compiles per shape and variant: room for the whole grid, so that no row
+    # silently falls back to eager (materialising) execution after the default 8 recompiles
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), 64))
     results = dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,

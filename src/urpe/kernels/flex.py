@@ -23,12 +23,13 @@ h = lse(S + B) for softmax, 0 for "exp" and lse(2 (S + B)) / 2 for "l2" (a third
 Gradients of q, k, v and of the tables come from FlexAttention's own backward (captured tensors
 receive gradients). Key padding and causal masking become a `BlockMask`, so masked tiles are
 skipped. FlexAttention has no dropout, and relu2 is not an exponential, so neither is supported.
-On CUDA the calls are compiled (`torch.compile(flex_attention)`, one graph per shape); on the
-CPU FlexAttention runs eagerly and forward only (PyTorch has no CPU backward for it).
+On CUDA the calls are compiled (`torch.compile(flex_attention)`); on the CPU FlexAttention runs
+eagerly and forward only (PyTorch has no CPU backward for it).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -112,17 +113,31 @@ def _lookup(term: PositionTerm, shape: tuple[int, int, int, int], transform) -> 
 
 
 def _gate_shift(gate: PositionTerm) -> Tensor:
-    """t = 0 when every gate entry is > 0, else 1 - min C (so C + t >= 1). No host sync."""
+    """t = 0 when every gate entry is > 0, else 1 - min C (so C + t >= 1). No host sync.
+    Non-finite entries are left out: they can only sit at masked keys, which the BlockMask
+    hides whatever the score."""
     values = gate.table if isinstance(gate, (Toeplitz, Relation)) else gate
-    low = values.detach().min()
+    values = values.detach()
+    low = torch.where(torch.isfinite(values), values, torch.full_like(values, math.inf)).min()
     return torch.where(low > 0, torch.zeros_like(low), 1.0 - low)
 
 
 def _block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
     """FlexAttention's BlockMask for urpe's causal rule (key j <= i + Lk - Lq) and key padding;
-    None when nothing is masked."""
+    None when nothing is masked. A causal-only mask depends on the lengths alone: cached."""
     if key_padding_mask is None and not is_causal:
         return None
+    if key_padding_mask is None:
+        return _causal_block_mask(lq, lk, str(device))
+    return _make_block_mask(key_padding_mask, is_causal, batch, lq, lk, device)
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_block_mask(lq: int, lk: int, device: str):
+    return _make_block_mask(None, True, None, lq, lk, device)
+
+
+def _make_block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
     shift = lk - lq
@@ -135,8 +150,7 @@ def _block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
             keep = keep & ~key_padding_mask[b, kv_idx]
         return keep
 
-    batch_dim = batch if key_padding_mask is not None else None
-    return create_block_mask(mask_mod, batch_dim, None, lq, lk, device=device)
+    return create_block_mask(mask_mod, batch, None, lq, lk, device=device)
 
 
 _compiled: dict[str, Callable] = {}
@@ -150,7 +164,8 @@ def default_flex() -> Callable:
     if not torch.cuda.is_available():
         return flex_attention
     if "flex" not in _compiled:
-        _compiled["flex"] = torch.compile(flex_attention, dynamic=False)
+        # torch.compile's default: static shapes first, one dynamic-shape graph on a new length
+        _compiled["flex"] = torch.compile(flex_attention)
     return _compiled["flex"]
 
 
