@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Triton decides when it is imported whether to run its CPU interpreter. Without a GPU the Triton
+# kernel's tests run under the interpreter, so turn it on before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

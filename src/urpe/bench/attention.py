@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from ..cli_types import non_negative_int, positive_int
 from ..kernels import Toeplitz, reference_attention
 from ..kernels.fused import fused_attention
+from . import gpu
 
 ROWS = ("sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe", "flex_rpe")
 FORWARD_ONLY = ("flex_rpe",)
@@ -56,22 +57,77 @@ ROW_HELP = {
 }
 
 
+# Defaults that depend on --device (None on the command line: take these).
+CPU_DEFAULTS = dict(lengths=[512, 2048, 8192], dtypes=["float32", "bfloat16"], batch=1, heads=8,
+                    dense_max_length=4096)  # fmt: skip
+GPU_DEFAULTS = dict(**gpu.DEFAULTS, dense_max_length=8192)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rows = "; ".join(f"{name}: {text}" for name, text in ROW_HELP.items())
+    gpu_rows = "; ".join(f"{name}: {text}" for name, text in gpu.GPU_ROWS.items())
     parser.add_argument(
-        "--lengths", type=positive_int, nargs="+", default=[512, 2048, 8192],
-        help="sequence lengths to time",
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="cpu: the CPU report (BENCHMARKS.md's main part). cuda: the GPU section (Triton "
+        "kernel, FlexAttention route, SDPA-Flash; see --gpu-rows), written between markers "
+        "so the CPU part stays",
     )  # fmt: skip
     parser.add_argument(
-        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES,
-        help="input dtypes (the fused kernel computes in float32)",
+        "--lengths", type=positive_int, nargs="+", default=argparse.SUPPRESS,
+        help=f"sequence lengths to time (default: cpu {CPU_DEFAULTS['lengths']}, "
+        f"cuda {GPU_DEFAULTS['lengths']})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dtypes", nargs="+", default=argparse.SUPPRESS, choices=DTYPES,
+        help="input dtypes (default: cpu float32 bfloat16, cuda bfloat16; the fused kernel "
+        "computes in float32)",
     )  # fmt: skip
     parser.add_argument(
         "--rows", nargs="+", default=list(ROWS), choices=ROWS, metavar="ROW",
-        help=f"kernels to measure. {rows}",
+        help=f"CPU kernels to measure. {rows}",
     )  # fmt: skip
-    parser.add_argument("--batch", type=positive_int, default=1, help="batch size B")
-    parser.add_argument("--heads", type=positive_int, default=8, help="heads H")
+    parser.add_argument(
+        "--gpu-rows", nargs="+", default=list(gpu.GPU_ROWS), choices=gpu.GPU_ROWS,
+        metavar="ROW", help=f"GPU kernels to measure (--device cuda). {gpu_rows}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--head-dims", type=positive_int, nargs="+", default=GPU_DEFAULTS["head_dims"],
+        help="head widths D for --device cuda (the CPU report uses --head-dim)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--causal", choices=("both", "yes", "no"), default="both",
+        help="causal settings for --device cuda",
+    )  # fmt: skip
+    parser.add_argument(
+        "--time-budget", type=positive_int, default=540, metavar="SECONDS",
+        help="--device cuda: start no new setting after this many seconds (those left are "
+        "recorded as not measured), so one command fits a time limit",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fused-max-length", type=positive_int, default=8192,
+        help="--device cuda: skip the pure-PyTorch fused kernel above this length",
+    )  # fmt: skip
+    parser.add_argument(
+        "--train-steps", type=positive_int, default=10,
+        help="--device cuda: timed training steps of the paper preset (median)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu-report", type=Path, nargs="+", metavar="JSON",
+        help="write the GPU section of --markdown from these results of --device cuda runs "
+        "(merged; no GPU needed), print the targets, and stop",
+    )  # fmt: skip
+    parser.add_argument(
+        "--batch",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help="batch size B (default: cpu 1, cuda 4)",
+    )
+    parser.add_argument(
+        "--heads",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help="heads H (default: cpu 8, cuda 16)",
+    )
     parser.add_argument("--head-dim", type=positive_int, default=64, help="head width D")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed repeats (median)")
     parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed calls first")
@@ -91,8 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dense-max-length",
         type=positive_int,
-        default=4096,
-        help="skip SDPA with a dense bias above this length",
+        default=argparse.SUPPRESS,
+        help="skip SDPA with a dense bias above this length (default: cpu 4096, cuda 8192)",
     )
     parser.add_argument(
         "--memory-lengths",
@@ -241,11 +297,21 @@ def time_rows(args, length: int, dtype_name: str, progress) -> list[dict]:
         results.append(
             _record(name, length, dtype_name, mode, time_ms=1e3 * statistics.median(samples))
         )
-    baseline = {r["mode"]: r["time_ms"] for r in results if r["name"] == "sdpa" and "time_ms" in r}
-    for r in results:
-        if "time_ms" in r and r["mode"] in baseline:
-            r["ratio_to_sdpa"] = r["time_ms"] / baseline[r["mode"]]
+    add_ratios(results)
     return results
+
+
+def add_ratios(results: list[dict]) -> None:
+    """Set `ratio_to_sdpa` on every timed record: its time over bias-free SDPA's time at the
+    same length, dtype and mode (records without that baseline get none)."""
+
+    def key(r):
+        return (r["length"], r["dtype"], r["mode"])
+
+    baseline = {key(r): r["time_ms"] for r in results if r["name"] == "sdpa" and "time_ms" in r}
+    for r in results:
+        if "time_ms" in r and key(r) in baseline:
+            r["ratio_to_sdpa"] = r["time_ms"] / baseline[key(r)]
 
 
 def _record(name, length, dtype, mode, **fields) -> dict:
@@ -704,15 +770,29 @@ def plot_memory(memory: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """Options left out (argparse.SUPPRESS) take the chosen device's defaults."""
+    defaults = GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS
+    for name in ("lengths", "dtypes", "batch", "heads", "dense_max_length"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, defaults[name])
+
+
 def run(args: argparse.Namespace) -> int:
     if args.memory_probe:
         memory_probe(args.memory_probe)
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _fill_defaults(args)
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
+
+    if args.gpu_report:
+        return gpu.report(args.gpu_report, args.markdown)
+    if args.device == "cuda":
+        return gpu.run(args, progress, _command_line())
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     results = dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -751,8 +831,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
-    if args.markdown:
-        args.markdown.write_text(markdown(results))
+    if args.markdown:  # a GPU section already in the file is carried over
+        args.markdown.write_text(gpu.keep_section(args.markdown, markdown(results)))
     return 0
 
 

@@ -1,0 +1,262 @@
+"""URPE through PyTorch's FlexAttention, exactly, with no kernel of our own (backend "flex").
+
+FlexAttention edits scores before the softmax and can return the row log-sum-exp (lse), but it
+has no hook after the softmax. URPE's gate still fits, through the lse. With S the scaled
+logits, B the bias and a gate C > 0,
+
+    softmax(S + B) ⊙ C · V = flex(S + B + log C) · exp(lse(S + B + log C) - lse(S + B)),
+
+because softmax(S + B + log C)_ij = e^(S+B)_ij C_ij / Σ_j e^(S+B)_ij C_ij and the exp of the
+lse difference swaps that denominator for the plain softmax sum.
+
+A gate with entries <= 0 is shifted, not split: with t = 1 - min C (t = 0 when C > 0),
+
+    softmax(S + B) ⊙ C · V = softmax(S + B) ⊙ (C + t) · V - t · softmax(S + B) · V,
+
+where C + t >= 1 > 0 goes through the identity above and the last term is the plain call, which
+is needed for its lse anyway. Two FlexAttention calls in every case instead of the three of a
+C = C⁺ - C⁻ split, and every entry of C, zeros included, keeps its gradient (log C⁺ would cut
+the gradient of entries that are exactly 0). t carries no gradient: the result does not depend
+on it. The other exponential normalisations fit the same way, dividing by exp(h) with
+h = lse(S + B) for softmax, 0 for "exp" and lse(2 (S + B)) / 2 for "l2" (a third call).
+
+Gradients of q, k, v and of the tables come from FlexAttention's own backward (captured tensors
+receive gradients). Key padding and causal masking become a `BlockMask`, so masked tiles are
+skipped. FlexAttention has no dropout, and relu2 is not an exponential, so neither is supported.
+On CUDA the calls are compiled (`torch.compile(flex_attention)`); on the CPU FlexAttention runs
+eagerly and forward only (PyTorch has no CPU backward for it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .tables import PositionTerm, Relation, Toeplitz
+
+
+def flex_unsupported(
+    *,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: PositionTerm | None = None,
+    gate: PositionTerm | None = None,
+    normalization: str = "softmax",
+    dropout_p: float = 0.0,
+    cpu_backward: bool = True,
+    **_unused,
+) -> str | None:
+    """Why the FlexAttention route cannot run this call, or None when it can (cpu_backward:
+    refuse CPU calls that need gradients, which PyTorch's FlexAttention cannot give)."""
+    if normalization not in ("softmax", "exp", "l2"):
+        return f"FlexAttention computes exponential weights; {normalization!r} is not one"
+    if dropout_p > 0.0:
+        return "FlexAttention has no dropout"
+    if q.device.type not in ("cuda", "cpu"):
+        return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {q.device.type}"
+    if cpu_backward and q.device.type == "cpu" and torch.is_grad_enabled():
+        tensors = [q, k, v, *_term_tensors(bias), *_term_tensors(gate)]
+        if any(t.requires_grad for t in tensors):
+            return "FlexAttention has no backward on the CPU (PyTorch runs it forward-only there)"
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}"
+    if min(q.shape) == 0 or min(k.shape) == 0:
+        return "an empty dimension"
+    return None
+
+
+def _term_tensors(term: PositionTerm | None) -> list[Tensor]:
+    if term is None:
+        return []
+    if isinstance(term, (Toeplitz, Relation)):
+        return [term.table]
+    return [term]
+
+
+def _lookup(term: PositionTerm, shape: tuple[int, int, int, int], transform) -> Callable:
+    """A function (b, h, q_idx, kv_idx) -> transform(term)[b, h, q_idx, kv_idx] for score_mod.
+
+    Tables are transformed (e.g. log) before lookup, so a Toeplitz or Relation term costs
+    O(table) to transform, never O(L^2)."""
+    batch, heads, lq, lk = shape
+    if isinstance(term, Toeplitz):
+        table = transform(term.table)  # (H or 1, 2K+1)
+        k_max, shift, shared = term.max_offset, lk - lq, table.shape[0] == 1
+
+        def toeplitz(b, h, q_idx, kv_idx):
+            column = torch.clamp(kv_idx - q_idx - shift, -k_max, k_max) + k_max
+            return table[0 if shared else h, column]
+
+        return toeplitz
+    if isinstance(term, Relation):
+        table = transform(term.table)  # (H or 1, R)
+        index = term.index.long()  # (B or 1, Lq, Lk)
+        shared_heads, shared_batch = table.shape[0] == 1, index.shape[0] == 1
+
+        def relation(b, h, q_idx, kv_idx):
+            r = index[0 if shared_batch else b, q_idx, kv_idx]
+            return table[0 if shared_heads else h, r]
+
+        return relation
+    dense = transform(term)
+    dense = dense.reshape((1,) * (4 - dense.dim()) + tuple(dense.shape)).expand(shape)
+
+    def dense_lookup(b, h, q_idx, kv_idx):
+        return dense[b, h, q_idx, kv_idx]
+
+    return dense_lookup
+
+
+def _gate_shift(gate: PositionTerm) -> Tensor:
+    """t = 0 when every gate entry is > 0, else 1 - min C (so C + t >= 1). No host sync.
+    Non-finite entries are left out: they can only sit at masked keys, which the BlockMask
+    hides whatever the score."""
+    values = gate.table if isinstance(gate, (Toeplitz, Relation)) else gate
+    values = values.detach()
+    low = torch.where(torch.isfinite(values), values, torch.full_like(values, math.inf)).min()
+    return torch.where(low > 0, torch.zeros_like(low), 1.0 - low)
+
+
+def _block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
+    """FlexAttention's BlockMask for urpe's causal rule (key j <= i + Lk - Lq) and key padding;
+    None when nothing is masked. A causal-only mask depends on the lengths alone: cached."""
+    if key_padding_mask is None and not is_causal:
+        return None
+    if key_padding_mask is None:
+        return _causal_block_mask(lq, lk, str(device))
+    return _make_block_mask(key_padding_mask, is_causal, batch, lq, lk, device)
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_block_mask(lq: int, lk: int, device: str):
+    return _make_block_mask(None, True, None, lq, lk, device)
+
+
+def _make_block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    shift = lk - lq
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx >= 0
+        if is_causal:
+            keep = keep & (kv_idx <= q_idx + shift)
+        if key_padding_mask is not None:
+            keep = keep & ~key_padding_mask[b, kv_idx]
+        return keep
+
+    return create_block_mask(mask_mod, batch, None, lq, lk, device=device)
+
+
+_compiled: dict[str, Callable] = {}
+
+
+def default_flex() -> Callable:
+    """FlexAttention as the route calls it: compiled on CUDA (one graph per shape and variant),
+    eager elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not torch.cuda.is_available():
+        return flex_attention
+    if "flex" not in _compiled:
+        # torch.compile's default: static shapes first, one dynamic-shape graph on a new length
+        _compiled["flex"] = torch.compile(flex_attention)
+    return _compiled["flex"]
+
+
+def flex_urpe_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    bias: PositionTerm | None = None,
+    gate: PositionTerm | None = None,
+    key_padding_mask: Tensor | None = None,
+    is_causal: bool = False,
+    normalization: str = "softmax",
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    flex: Callable | None = None,
+) -> Tensor:
+    """URPE attention from FlexAttention calls; arguments and result as in `urpe.attention`.
+
+    q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), H a multiple of Hkv. `flex` replaces
+    `torch.nn.attention.flex_attention.flex_attention` (default: `default_flex()`).
+    """
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    # A caller's own `flex` may differentiate on the CPU (the float64 identity test does).
+    reason = flex_unsupported(
+        q=q, k=k, v=v, bias=bias, gate=gate, normalization=normalization, dropout_p=dropout_p,
+        cpu_backward=flex is None,
+    )  # fmt: skip
+    if reason is not None:
+        raise ValueError(f"backend 'flex' cannot run this call: {reason}")
+    flex = default_flex() if flex is None else flex
+    batch, heads, lq, d = q.shape
+    lk = k.shape[2]
+    shape = (batch, heads, lq, lk)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    block_mask = _block_mask(key_padding_mask, is_causal, batch, lq, lk, q.device)
+    options = dict(
+        block_mask=block_mask,
+        scale=scale,
+        enable_gqa=k.shape[1] != heads,
+        return_aux=AuxRequest(lse=True),
+    )
+    bias_at = None if bias is None else _lookup(bias, shape, lambda x: x)
+
+    def call(extra=None, double=False):
+        """flex(S + B + extra), or flex(2 (S + B)) when double; (output, lse) in float32 or
+        float64."""
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if bias_at is not None:
+                score = score + bias_at(b, h, q_idx, kv_idx)
+            if extra is not None:
+                score = score + extra(b, h, q_idx, kv_idx)
+            # written as a sum: a Python float captured by score_mod becomes a symbolic float
+            # that FlexAttention's tracing cannot resolve
+            return score + score if double else score
+
+        out, aux = flex(q, k, v, score_mod=score_mod, **options)
+        return out.to(aux.lse.dtype), aux.lse  # (B, H, Lq, Dv), (B, H, Lq)
+
+    plain, lse = call()
+    if normalization == "softmax":
+        h = lse
+    elif normalization == "exp":
+        h = torch.zeros_like(lse)
+    else:  # l2: sqrt(sum e^(2 s)) = exp(lse(2 s) / 2)
+        h = 0.5 * call(double=True)[1]
+    visible = torch.isfinite(lse)  # False: a row that sees no key (its output is 0)
+    h = torch.where(visible, h, torch.zeros_like(h))
+
+    def rescaled(out: Tensor, row_lse: Tensor) -> Tensor:
+        safe = torch.where(visible, row_lse - h, torch.zeros_like(row_lse))
+        factor = torch.where(visible, torch.exp(safe), torch.zeros_like(safe))
+        return out * factor[..., None]
+
+    if gate is None:
+        result = rescaled(plain, lse)
+    else:
+        shift = _gate_shift(gate)
+        gated, gated_lse = call(extra=_lookup(gate, shape, lambda c: torch.log(c + shift)))
+        result = rescaled(gated, gated_lse) - shift * rescaled(plain, lse)
+    return result.to(q.dtype)
+
+
+def flex_backend():
+    """Adapter from the backend registry's call to the route (the one place to re-target when
+    the registry passes a spec object instead of keyword arguments)."""
+    from .dispatch import Backend
+
+    def run(q, k, v, **call) -> Tensor:
+        return flex_urpe_attention(q, k, v, **call)
+
+    return Backend("flex", run, flex_unsupported)

@@ -1,0 +1,486 @@
+"""The Triton programs behind `urpe.kernels.triton`: forward, dK/dV and dQ kernels.
+
+FlashAttention-2 with URPE's gate. One program owns a block of BLOCK_M queries (forward, dQ) or
+BLOCK_N keys (dK/dV) of one (batch, head) and walks the other axis tile by tile. Per tile, with
+s the logits, P the normalised weights, C the gate, D the dropout keep mask (scaled by 1/(1-p)):
+
+    forward (softmax)   m_i <- max(m_i, max_j s_ij),
+                        l_i <- l_i e^(m_old - m_i) + sum_j e^(s_ij - m_i),
+                        acc_i <- acc_i e^(m_old - m_i) + sum_j e^(s_ij - m_i) c_ij D_ij v_j,
+                        out_i = acc_i / l_i,  stat_i = m_i + log l_i
+    backward            P = e^(s - stat),  dA = D (dO V^T),  dV += (D P C)^T dO,
+                        dC = dA P,  dP = dA C,  dS = P (dP - delta),  delta_i = dO_i . O_i,
+                        dQ += scale dS K,  dK += scale dS^T Q,  dB = dS.
+
+C multiplies only what goes into the accumulator: the normaliser l stays the plain softmax sum,
+so URPE costs one multiply per score in the forward pass and a few in the backward pass.
+The other normalisations follow the same recurrence ("l2": l_i sums e^(2(s - m)), stat =
+m + log(l)/2, dS = P (dP - P delta); "exp": no normaliser, dS = P dP; "relu2": a = relu(s)^2 / n_i
+with n_i the visible keys of row i, dS = 2 relu(s) dP / n_i).
+
+Bias and gate are read per tile from their own storage, never as an (L, L) tensor: a Toeplitz
+table by the clamped offset j - pos(i), a Relation table through its index tile, a dense term by
+its (possibly zero, i.e. broadcast) strides. Their gradients are reduced per tile in registers
+(a Toeplitz tile's anti-diagonals through one `tl.gather`, giving BLOCK_M + BLOCK_N - 1 sums) and
+combined across tiles with float32 atomic adds; a dense term's gradient is stored, each entry
+written once. See `urpe.kernels.triton` for why atomics (not deterministic).
+
+Causal masking follows urpe's rule, query i sees key j <= i + Lk - Lq; tiles that no query of a
+block can see are never visited. Dropout regenerates its keep mask from a counter-based Philox
+stream: counter (i Lk + j, batch*heads index, offset), key = seed. Nothing here allocates memory.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Kinds of a bias or gate term (constexpr: each combination compiles its own program).
+NO_TERM, TOEPLITZ, RELATION, DENSE = 0, 1, 2, 3
+# Normalisations.
+SOFTMAX, EXP, L2, RELU2 = 0, 1, 2, 3
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b with float32 (or float64) accumulation. UPCAST: multiply in float32 (the
+    interpreter's numpy backend has no bfloat16 matrix product)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _visible(
+    offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr
+):
+    """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal)."""
+    keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+    if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
+        keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
+    if HAS_PAD:
+        padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
+        keep = keep & (padded == 0)[None, :]
+    return keep
+
+
+@triton.jit
+def _term_tile(
+    KIND: tl.constexpr, ptr, idx_ptr, s_b, s_h, s_i, s_j, max_offset, b, h, offs_m, offs_n,
+    shift, inside, ACC: tl.constexpr,
+):  # fmt: skip
+    """One tile of a bias or gate, (BLOCK_M, BLOCK_N) in the accumulator dtype.
+
+    TOEPLITZ: table[h, clamp(j - pos(i), -K, K) + K] (s_h = 0 shares one row across heads).
+    RELATION: table[h, index[b, i, j]] (index strides s_b, s_i, s_j; s_b = 0 shares one index).
+    DENSE: term[b, h, i, j] through strides, 0 where the term broadcasts.
+    """
+    if KIND == TOEPLITZ:
+        d = offs_n[None, :] - offs_m[:, None] - shift
+        col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
+        val = tl.load(ptr + h * s_h + col, mask=inside, other=0.0)
+    elif KIND == RELATION:
+        rel = tl.load(
+            idx_ptr + b * s_b + offs_m[:, None] * s_i + offs_n[None, :] * s_j, mask=inside, other=0
+        )
+        val = tl.load(ptr + h * s_h + rel.to(tl.int64), mask=inside, other=0.0)
+    else:
+        off = b * s_b + h * s_h + offs_m[:, None].to(tl.int64) * s_i + offs_n[None, :] * s_j
+        val = tl.load(ptr + off, mask=inside, other=0.0)
+    return val.to(ACC)
+
+
+@triton.jit
+def _term_grad(
+    KIND: tl.constexpr, grad, gptr, g_sh, idx_ptr, s_b, s_i, s_j, max_offset, b, h, offs_m,
+    offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WIDTH: tl.constexpr,
+):  # fmt: skip
+    """Add one tile's gradient `grad` (BLOCK_M, BLOCK_N) into the term's gradient buffer.
+
+    TOEPLITZ: the tile's entries on one diagonal share a table entry. Skewing the tile (row r
+    shifted by BLOCK_M - 1 - r, one `tl.gather`) lines the diagonals up as columns, so one
+    column sum gives all BLOCK_M + BLOCK_N - 1 diagonal sums; each is added atomically.
+    RELATION: every entry is added atomically at its index. DENSE: stored, each entry once.
+    """
+    if KIND == TOEPLITZ:
+        t = tl.arange(0, WIDTH)
+        rows = tl.arange(0, BLOCK_M)
+        src = t[None, :] - (BLOCK_M - 1) + rows[:, None]  # the column on diagonal t in row r
+        on_tile = (src >= 0) & (src < BLOCK_N)
+        skewed = tl.gather(grad, tl.minimum(tl.maximum(src, 0), BLOCK_N - 1), 1)
+        sums = tl.sum(tl.where(on_tile, skewed, 0.0), 0)  # (WIDTH,)
+        d = n0 - m0 - shift - (BLOCK_M - 1) + t  # offset j - pos(i) of diagonal t
+        col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
+        tl.atomic_add(gptr + h * g_sh + col, sums, mask=t < BLOCK_M + BLOCK_N - 1)
+    elif KIND == RELATION:
+        rel = tl.load(
+            idx_ptr + b * s_b + offs_m[:, None] * s_i + offs_n[None, :] * s_j, mask=inside, other=0
+        )
+        tl.atomic_add(gptr + h * g_sh + rel.to(tl.int64), grad, mask=inside)
+    else:  # a full (B, H, Lq, Lk) buffer, contiguous
+        off = ((b * g_sh + h) * lq + offs_m[:, None].to(tl.int64)) * lk + offs_n[None, :]
+        tl.store(gptr + off, grad, mask=inside)
+
+
+@triton.jit
+def _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
+    """Bool (BLOCK_M, BLOCK_N): keep entry (i, j) of head bh. Counter-based, so the backward
+    kernels regenerate exactly the forward pass's mask."""
+    flat = offs_m[:, None].to(tl.int64) * lk + offs_n[None, :]
+    zero = tl.zeros(flat.shape, tl.int64)
+    c0 = flat.to(tl.uint32)
+    c1 = (zero + bh).to(tl.uint32)
+    c2 = (zero + offset).to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, c0, c1, c2, zero.to(tl.uint32))
+    return tl.uint_to_uniform_float(r0) >= dropout_p
+
+
+@triton.jit
+def dropout_mask_kernel(
+    keep_ptr, seed, offset, lq, lk, heads, dropout_p, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Write the keep mask (B, H, Lq, Lk) that the attention kernels use (for tests)."""
+    pid_m, pid_n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p)
+    off = (bh.to(tl.int64) * lq + offs_m[:, None]) * lk + offs_n[None, :]
+    tl.store(
+        keep_ptr + off, keep.to(tl.uint8), mask=(offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+    )
+
+
+@triton.jit
+def _weights(s, keep, stat, NORM: tl.constexpr):
+    """Backward recomputation: normalised weights of a tile from the saved row statistic.
+    Returns (P, relu(s) for relu2 else P)."""
+    if NORM == SOFTMAX or NORM == L2:
+        p = tl.where(keep, tl.exp(s - stat[:, None]), 0.0)  # stat = +inf on empty rows: 0
+        r = p
+    elif NORM == EXP:
+        p = tl.where(keep, tl.exp(s), 0.0)
+        r = p
+    else:
+        r = tl.where(keep, tl.maximum(s, 0.0), 0.0)
+        p = r * r / stat[:, None]
+    return p, r
+
+
+@triton.jit
+def attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr,
+    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
+    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
+    lq_bucket, lk_bucket,
+    B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_PAD: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One program: BLOCK_M queries of one (batch, head) against all keys they may see."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    hk = h // group  # grouped-query attention: `group` query heads share a key/value head
+    shift = lk - lq
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=(offs_m[:, None] < lq) & (offs_d[None, :] < head_dim),
+        other=0.0,
+    )
+    k_base = k_ptr + b * skb + hk * skh
+    v_base = v_ptr + b * svb + hk * svh
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+    l_i = tl.zeros([BLOCK_M], ACC)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+    hi = lk
+    if CAUSAL:  # keys beyond the block's last query position are skipped, tile and all
+        hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        kt = tl.load(
+            k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
+            other=0.0,
+        )  # (BLOCK_D, BLOCK_N)
+        s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
+        inside = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+        keep = _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL, HAS_PAD)
+        if B_KIND != NO_TERM:
+            s += _term_tile(
+                B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, shift,
+                inside, ACC,
+            )  # fmt: skip
+        if NORM == SOFTMAX or NORM == L2:
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            if NORM == SOFTMAX:
+                l_i = l_i * alpha + tl.sum(p, 1)
+            else:
+                l_i = l_i * alpha * alpha + tl.sum(p * p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        elif NORM == EXP:
+            p = tl.where(keep, tl.exp(s), 0.0)
+        else:  # relu2: l_i counts the visible keys
+            r = tl.where(keep, tl.maximum(s, 0.0), 0.0)
+            p = r * r
+            l_i += tl.sum(keep.to(ACC), 1)
+        if C_KIND != NO_TERM:
+            c = _term_tile(
+                C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, shift,
+                inside, ACC,
+            )  # fmt: skip
+            p = tl.where(keep, p * c, 0.0)  # hidden keys stay 0 even where C is inf or nan
+        if DROPOUT:
+            drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+            p = tl.where(drop_keep, p / (1.0 - dropout_p), 0.0)
+        vt = tl.load(
+            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+            mask=(offs_n[:, None] < lk) & (offs_dv[None, :] < value_dim),
+            other=0.0,
+        )  # (BLOCK_N, BLOCK_DV)
+        acc += _dot(p.to(vt.dtype), vt, PRECISION, UPCAST).to(ACC)
+    if NORM == SOFTMAX:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        stat = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("inf"))
+    elif NORM == L2:
+        out = acc / tl.where(l_i > 0, tl.sqrt(l_i), 1.0)[:, None]
+        stat = tl.where(l_i > 0, m_i + 0.5 * tl.log(tl.where(l_i > 0, l_i, 1.0)), float("inf"))
+    elif NORM == EXP:
+        out = acc
+        stat = l_i
+    else:
+        stat = tl.maximum(l_i, 1.0)
+        out = acc / stat[:, None]
+    o_off = (bh.to(tl.int64) * lq + offs_m[:, None]) * value_dim + offs_dv[None, :]
+    tl.store(
+        o_ptr + o_off,
+        out.to(o_ptr.dtype.element_ty),
+        mask=(offs_m[:, None] < lq) & (offs_dv[None, :] < value_dim),
+    )
+    tl.store(stat_ptr + bh.to(tl.int64) * lq + offs_m, stat, mask=offs_m < lq)
+
+
+@triton.jit
+def attention_bwd_kv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dk_ptr, dv_ptr, pad_ptr,
+    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr, dB_sh,
+    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, dC_ptr, dC_sh,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
+    lq_bucket, lk_bucket,
+    B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_PAD: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B_GRAD: tl.constexpr, C_GRAD: tl.constexpr,
+    WIDTH: tl.constexpr,
+):  # fmt: skip
+    """One program: BLOCK_N keys of one (batch, key/value head); walks every query of the heads
+    that share them. Writes dK, dV; adds the bias and gate gradients."""
+    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    kv_heads = heads // group
+    b = (bhk // kv_heads).to(tl.int64)
+    hk = (bhk % kv_heads).to(tl.int64)
+    shift = lk - lq
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    kt = tl.load(
+        k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+        mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
+        other=0.0,
+    )  # (BLOCK_D, BLOCK_N)
+    vt = tl.load(
+        v_ptr + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+        mask=(offs_n[None, :] < lk) & (offs_dv[:, None] < value_dim),
+        other=0.0,
+    )  # (BLOCK_DV, BLOCK_N)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
+    lo = 0
+    if CAUSAL:  # queries before n0 - shift see none of these keys
+        lo = tl.maximum(n0 - shift, 0) // BLOCK_M * BLOCK_M
+    for g in range(0, group):
+        h = hk * group + g
+        bh = b * heads + h
+        for m0 in range(lo, lq, BLOCK_M):
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < lq
+            q = tl.load(
+                q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
+                other=0.0,
+            )
+            do = tl.load(
+                do_ptr + (bh * lq + offs_m[:, None]) * value_dim + offs_dv[None, :],
+                mask=row_ok[:, None] & (offs_dv[None, :] < value_dim),
+                other=0.0,
+            )
+            stat = tl.load(stat_ptr + bh * lq + offs_m, mask=row_ok, other=1.0)
+            s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
+            inside = row_ok[:, None] & (offs_n[None, :] < lk)
+            keep = _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL, HAS_PAD)
+            if B_KIND != NO_TERM:
+                s += _term_tile(
+                    B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n,
+                    shift, inside, ACC,
+                )  # fmt: skip
+            p, r = _weights(s, keep, stat, NORM)
+            da = _dot(do, vt, PRECISION, UPCAST).to(ACC)  # dO V^T, (BLOCK_M, BLOCK_N)
+            if DROPOUT:
+                drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+                da = tl.where(drop_keep, da / (1.0 - dropout_p), 0.0)
+            a = p
+            dp = da
+            if C_KIND != NO_TERM:
+                c = _term_tile(
+                    C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n,
+                    shift, inside, ACC,
+                )  # fmt: skip
+                a = tl.where(keep, p * c, 0.0)
+                dp = tl.where(keep, da * c, 0.0)
+                if C_GRAD:
+                    _term_grad(
+                        C_KIND, tl.where(keep, da * p, 0.0), dC_ptr, dC_sh, C_idx, C_sb, C_si,
+                        C_sj, C_K, b, h, offs_m, offs_n, m0, n0, shift, inside, lq, lk,
+                        BLOCK_M, BLOCK_N, WIDTH,
+                    )  # fmt: skip
+            if DROPOUT:
+                a = tl.where(drop_keep, a / (1.0 - dropout_p), 0.0)
+            dv += _dot(tl.trans(a).to(do.dtype), do, PRECISION, UPCAST).to(ACC)
+            if NORM == SOFTMAX:
+                delta = tl.load(delta_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+                ds = p * (dp - delta[:, None])
+            elif NORM == L2:
+                delta = tl.load(delta_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+                ds = p * (dp - p * delta[:, None])
+            elif NORM == EXP:
+                ds = p * dp
+            else:
+                ds = 2.0 * r * dp / stat[:, None]
+            ds = tl.where(keep, ds, 0.0)
+            if B_GRAD:
+                _term_grad(
+                    B_KIND, ds, dB_ptr, dB_sh, B_idx, B_sb, B_si, B_sj, B_K, b, h, offs_m,
+                    offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N, WIDTH,
+                )  # fmt: skip
+            dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, UPCAST).to(ACC)
+    dk = dk * scale
+    kv_mask = offs_n[:, None] < lk
+    dk_off = (bhk.to(tl.int64) * lk + offs_n[:, None]) * head_dim + offs_d[None, :]
+    tl.store(
+        dk_ptr + dk_off, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask & (offs_d[None, :] < head_dim)
+    )
+    dv_off = (bhk.to(tl.int64) * lk + offs_n[:, None]) * value_dim + offs_dv[None, :]
+    tl.store(
+        dv_ptr + dv_off,
+        dv.to(dv_ptr.dtype.element_ty),
+        mask=kv_mask & (offs_dv[None, :] < value_dim),
+    )
+
+
+@triton.jit
+def attention_bwd_q_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dq_ptr, pad_ptr,
+    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
+    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
+    lq_bucket, lk_bucket,
+    B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_PAD: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One program: dQ for BLOCK_M queries of one (batch, head), recomputing each tile."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    hk = h // group
+    bh = bh.to(tl.int64)
+    shift = lk - lq
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < lq
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
+        other=0.0,
+    )
+    do = tl.load(
+        do_ptr + (bh * lq + offs_m[:, None]) * value_dim + offs_dv[None, :],
+        mask=row_ok[:, None] & (offs_dv[None, :] < value_dim),
+        other=0.0,
+    )
+    stat = tl.load(stat_ptr + bh * lq + offs_m, mask=row_ok, other=1.0)
+    if NORM == SOFTMAX or NORM == L2:
+        delta = tl.load(delta_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
+    k_base = k_ptr + b * skb + hk * skh
+    v_base = v_ptr + b * svb + hk * svh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    hi = lk
+    if CAUSAL:
+        hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < lk
+        kt = tl.load(
+            k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=col_ok[None, :] & (offs_d[:, None] < head_dim),
+            other=0.0,
+        )  # (BLOCK_D, BLOCK_N)
+        vt = tl.load(
+            v_base + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+            mask=col_ok[None, :] & (offs_dv[:, None] < value_dim),
+            other=0.0,
+        )  # (BLOCK_DV, BLOCK_N)
+        s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
+        inside = row_ok[:, None] & col_ok[None, :]
+        keep = _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL, HAS_PAD)
+        if B_KIND != NO_TERM:
+            s += _term_tile(
+                B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, shift,
+                inside, ACC,
+            )  # fmt: skip
+        p, r = _weights(s, keep, stat, NORM)
+        dp = _dot(do, vt, PRECISION, UPCAST).to(ACC)
+        if DROPOUT:
+            drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+            dp = tl.where(drop_keep, dp / (1.0 - dropout_p), 0.0)
+        if C_KIND != NO_TERM:
+            c = _term_tile(
+                C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, shift,
+                inside, ACC,
+            )  # fmt: skip
+            dp = tl.where(keep, dp * c, 0.0)
+        if NORM == SOFTMAX:
+            ds = p * (dp - delta[:, None])
+        elif NORM == L2:
+            ds = p * (dp - p * delta[:, None])
+        elif NORM == EXP:
+            ds = p * dp
+        else:
+            ds = 2.0 * r * dp / stat[:, None]
+        ds = tl.where(keep, ds, 0.0)
+        k_tile = tl.trans(kt)  # (BLOCK_N, BLOCK_D)
+        dq += _dot(ds.to(k_tile.dtype), k_tile, PRECISION, UPCAST).to(ACC)
+    dq = dq * scale
+    dq_off = (bh * lq + offs_m[:, None]) * head_dim + offs_d[None, :]
+    tl.store(
+        dq_ptr + dq_off,
+        dq.to(dq_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
+    )

@@ -1,0 +1,136 @@
+"""The FlexAttention route against the reference in float64: forward and every gradient.
+
+The route is exact (an identity, not an approximation), so in float64 it must agree with the
+reference to rounding, about 1e-15 relative. PyTorch refuses FlexAttention's backward on the CPU
+in its argument check only; its eager implementation differentiates fine there. The tests lift
+that check (monkeypatch) so that FlexAttention's own backward supplies the gradients, as it does
+on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as flex_module
+
+from urpe.kernels import Relation, Toeplitz, attention, reference_attention
+from urpe.kernels.flex import flex_unsupported, flex_urpe_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+@pytest.fixture
+def flex(monkeypatch):
+    """FlexAttention with its CPU-backward refusal lifted (a no-op on CUDA)."""
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    return flex_module.flex_attention
+
+
+def _inputs(b, h, hk, lq, lk, d, gen):
+    f = dict(dtype=torch.float64, device=DEVICE)
+    q = torch.randn(b, h, lq, d, generator=gen).to(**f).requires_grad_()
+    k = torch.randn(b, hk, lk, d, generator=gen).to(**f).requires_grad_()
+    v = torch.randn(b, hk, lk, d + 3, generator=gen).to(**f).requires_grad_()
+    return q, k, v
+
+
+def _gate(kind, h, lq, lk, b, gen):
+    f = dict(dtype=torch.float64, device=DEVICE)
+    if kind == "positive":  # the paper's regime: C near 1
+        table = (1 + 0.3 * torch.randn(h, 13, generator=gen)).to(**f)
+        return Toeplitz(table.requires_grad_()), table
+    if kind == "signed":  # negative entries and exact zeros
+        table = torch.randn(h, 13, generator=gen).to(**f)
+        table[:, ::4] = 0.0
+        return Toeplitz(table.requires_grad_()), table
+    if kind == "relation":
+        table = torch.randn(1, 5, generator=gen).to(**f).requires_grad_()
+        index = torch.randint(0, 5, (b, lq, lk), generator=gen).to(DEVICE)
+        return Relation(table, index), table
+    dense = torch.randn(b, h, lq, lk, generator=gen).to(**f).requires_grad_()  # "dense"
+    return dense, dense
+
+
+CASES = [
+    # (normalization, gate kind, mask, (B, H, Hkv, Lq, Lk, D))
+    ("softmax", "positive", "none", (2, 2, 2, 19, 19, 16)),
+    ("softmax", "signed", "causal", (1, 4, 2, 13, 29, 16)),
+    ("softmax", "relation", "padding", (2, 2, 2, 17, 23, 16)),
+    ("softmax", "dense", "causal+padding", (2, 2, 1, 21, 21, 16)),
+    ("softmax", None, "causal", (1, 2, 2, 25, 11, 16)),
+    ("exp", "signed", "padding", (2, 2, 2, 15, 15, 16)),
+    ("l2", "positive", "causal", (1, 2, 2, 18, 27, 16)),
+    ("l2", "signed", "none", (1, 2, 2, 14, 14, 16)),
+]
+
+
+@pytest.mark.parametrize(("norm", "gate_kind", "mask", "shape"), CASES)
+def test_flex_route_matches_the_reference_in_float64(flex, norm, gate_kind, mask, shape):
+    b, h, hk, lq, lk, d = shape
+    gen = torch.Generator().manual_seed(CASES.index((norm, gate_kind, mask, shape)))
+    q, k, v = _inputs(b, h, hk, lq, lk, d, gen)
+    bias_table = (0.5 * torch.randn(h, 2 * max(lq, lk) - 1, generator=gen)).to(q).requires_grad_()
+    params = [q, k, v, bias_table]
+    gate = None
+    if gate_kind is not None:
+        gate, gate_tensor = _gate(gate_kind, h, lq, lk, b, gen)
+        params.append(gate_tensor)
+    padding = None
+    if "padding" in mask:
+        padding = (torch.rand(b, lk, generator=gen) < 0.3).to(DEVICE)
+        padding[-1] = True  # a batch row with every key padded
+    call = dict(bias=Toeplitz(bias_table), gate=gate, key_padding_mask=padding,
+                is_causal="causal" in mask, normalization=norm)  # fmt: skip
+
+    def reference(q, k, v, **c):
+        return reference_attention(
+            q, k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1), **c
+        )
+
+    out = flex_urpe_attention(q, k, v, **call, flex=flex)
+    expected = reference(q, k, v, **call)
+    weight = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(DEVICE)
+    grads = torch.autograd.grad((out * weight).sum(), params)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), params)
+    for got, want in zip((out, *grads), (expected, *expected_grads), strict=True):
+        error = (got - want).norm() / want.norm().clamp_min(1e-300)
+        assert error < 1e-13, f"relative error {error:.2e}"
+
+
+def test_zero_gate_entries_keep_their_gradient(flex):
+    """d out / d c_ij = a_ij (dO_i . v_j) also where c_ij = 0: the shifted form keeps it."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _inputs(1, 1, 1, 9, 9, 16, gen)
+    table = torch.zeros(1, 17, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    out = flex_urpe_attention(q, k, v, gate=Toeplitz(table), flex=flex)
+    assert torch.all(out == 0)
+    (grad,) = torch.autograd.grad(out.sum(), table)
+    (want,) = torch.autograd.grad(reference_attention(q, k, v, gate=Toeplitz(table)).sum(), table)
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_without_gradients_runs_through_the_backend():
+    """Through `urpe.attention`: eager FlexAttention on the CPU (float64), compiled on CUDA
+    (float32, which compiled FlexAttention supports)."""
+    gen = torch.Generator().manual_seed(5)
+    dtype, tol = (torch.float32, 1e-4) if DEVICE == "cuda" else (torch.float64, 1e-12)
+    q, k, v = (t.detach().to(dtype) for t in _inputs(1, 2, 2, 12, 12, 16, gen))
+    gate = Toeplitz(1 + 0.2 * torch.randn(2, 7, generator=gen).to(DEVICE, dtype))
+    with torch.no_grad():
+        out = attention(q, k, v, gate=gate, is_causal=True, backend="flex")
+    expected = reference_attention(q, k, v, gate=gate, is_causal=True)
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+
+
+def test_flex_says_why_it_cannot():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    assert "relu2" in flex_unsupported(q=q, k=q, v=q, normalization="relu2")
+    assert "dropout" in flex_unsupported(q=q, k=q, v=q, dropout_p=0.1)
+    assert "multiple" in flex_unsupported(q=q, k=q[:, :1].expand(1, 3, 8, 16), v=q)
+    if DEVICE == "cpu":
+        grad = q.clone().requires_grad_()
+        assert "backward" in flex_unsupported(q=grad, k=q, v=q)
+        with pytest.raises(ValueError, match="backend 'flex' cannot run this call"):
+            attention(grad, q, q, backend="flex")
