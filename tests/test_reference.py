@@ -113,16 +113,17 @@ def test_toeplitz_offsets_beyond_table_reuse_edges():
 def test_masked_keys_get_exactly_zero_and_empty_rows_return_zero():
     q, k, v = qkv(2, 2, 4, 4)
     padding = torch.tensor([[False, True, False, True], [True, True, True, True]])
-    gate = torch.full((1, 1, 4, 4), float("inf"), **F64)  # poison: would leak if not masked
+    gate = torch.ones(2, 1, 4, 4, **F64)
+    gate[padding[:, None, None, :].expand_as(gate)] = float("inf")  # poison on hidden keys only
     for norm in NORMS:
         w = urpe.kernels.reference_weights(q, k, key_padding_mask=padding, normalization=norm)
         assert (w[0, :, :, 1] == 0).all() and (w[0, :, :, 3] == 0).all()
         out = urpe.attention(q, k, v, key_padding_mask=padding, normalization=norm)
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         assert torch.isfinite(out).all()
-        gated = urpe.attention(q, k, v * 0 + 1, gate=gate.expand(2, 2, 4, 4).clone(),
-                               key_padding_mask=padding, normalization=norm)  # fmt: skip
+        gated = urpe.attention(q, k, v, gate=gate, key_padding_mask=padding, normalization=norm)
         assert torch.equal(gated[1], torch.zeros_like(gated[1]))
+        torch.testing.assert_close(gated, out)
     # Gradients through a fully masked row are zeros, not NaN.
     q.requires_grad_()
     urpe.attention(q, k, v, key_padding_mask=padding).sum().backward()
