@@ -3,8 +3,7 @@
 The keep decision for weight (b, h, i, j) is a hash of the seed and of the weight's flat index, so
 the mask needs no generator state: it is the same in eager, compiled and vmapped code and on every
 device, and a seed passed as a tensor never has to leave the device (.item() would break a
-compiled graph). The hash is two rounds of the "lowbias32" integer mixer (Wellons), computed in
-int64 on 32-bit halves so that no product overflows.
+compiled graph).
 """
 
 from __future__ import annotations
@@ -13,26 +12,29 @@ import torch
 from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
+_MULTIPLIER = 0x45D9F3B  # < 2^27: a product with a 32-bit value stays below 2^59, no overflow
 
 
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """(x * c) mod 2^32 for 0 <= x, c < 2^32, as two 16-bit partial products (each < 2^48)."""
-    low, high = x & 0xFFFF, x >> 16
-    return (low * c + (((high * c) & 0xFFFF) << 16)) & _MASK32
+def _fold(x: Tensor) -> Tensor:
+    return (x ^ (x >> 32)) & _MASK32  # int64 -> 32 bits
 
 
-def _mix32(x: Tensor) -> Tensor:
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit integer hash: two multiply-xorshift rounds (values stay below 2^59)."""
+    x = (((x >> 16) ^ x) * _MULTIPLIER) & _MASK32
+    x = (((x >> 16) ^ x) * _MULTIPLIER) & _MASK32
+    return (x >> 16) ^ x
 
 
 def uniform_bits(seed: Tensor, counter: Tensor) -> Tensor:
-    """32 pseudo-random bits (int64 in [0, 2^32)) per entry of `counter` (int64, >= 0)."""
-    h = _mix32((counter & _MASK32) ^ (seed & _MASK32))
-    return _mix32(h ^ (counter >> 32) ^ ((seed >> 32) & _MASK32))
+    """32 pseudo-random bits (int64 in [0, 2^32)) per entry of `counter` (int64, >= 0).
+
+    Two hash rounds keyed by two words derived from the seed (scalar work), so that masks of
+    different seeds are not permutations of one another.
+    """
+    first = _mix(_fold(seed))
+    second = _mix(first ^ 0x5BD1E995)
+    return _mix(_mix(_fold(counter) ^ first) ^ second)
 
 
 def dropout_scale(seed: Tensor, p: float, shape: tuple[int, ...], dtype, device) -> Tensor:

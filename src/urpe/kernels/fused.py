@@ -150,6 +150,7 @@ def _fold(t: Tensor | None, dim: int | None, size: int, batch: int, full: bool) 
 
 
 def _slice(t, dim, i):
+    # (zip(tensors, in_dims) stops at the tensors: in_dims also covers the scalars)
     return t if t is None or dim is None else t.select(dim, i)
 
 
@@ -172,7 +173,7 @@ def _(info, in_dims, *args):
     if _must_loop(in_dims, (bias_kind, gate_kind), (3, 5, 9), dropout_p):
         results = [
             fused_forward_op(
-                *(_slice(t, d, i) for t, d in zip(tensors, in_dims, strict=True)), *scalars
+                *(_slice(t, d, i) for t, d in zip(tensors, in_dims, strict=False)), *scalars
             )
             for i in range(size)
         ]
@@ -200,7 +201,7 @@ def _(info, in_dims, *args):
     if table_grads or _must_loop(in_dims, (bias_kind, gate_kind), (6, 8, 12), dropout_p):
         results = [
             fused_backward_op(
-                *(_slice(t, d, i) for t, d in zip(tensors, in_dims, strict=True)), *scalars
+                *(_slice(t, d, i) for t, d in zip(tensors, in_dims, strict=False)), *scalars
             )
             for i in range(size)
         ]

@@ -85,8 +85,9 @@ def _exp_weights(scores: Tensor, keep: Tensor | None) -> Tensor:
 def _l2_weights(scores: Tensor, keep: Tensor | None) -> Tensor:
     s = _masked(scores, keep, float("-inf"))
     e = torch.exp(s - _row_max(s))
-    norm = e.square().sum(dim=-1, keepdim=True).sqrt()
-    return e / torch.where(norm > 0, norm, torch.ones_like(norm))
+    sq = e.square().sum(dim=-1, keepdim=True)
+    # an empty row has sq = 0, where sqrt's derivative is infinite: take the root of 1 there
+    return e / torch.where(sq > 0, sq, torch.ones_like(sq)).sqrt()
 
 
 def _relu2_weights(scores: Tensor, keep: Tensor | None) -> Tensor:
