@@ -66,7 +66,7 @@ def _(out: Tensor, expected_nan: Tensor, normalization: str) -> Tensor:
 
 @_checked_finite_output.register_vmap
 def _(info, in_dims, out: Tensor, expected_nan: Tensor, normalization: str):
-    out_dim, nan_dim = in_dims
+    out_dim, nan_dim = in_dims[:2]
     out = (
         out.movedim(out_dim, 0) if out_dim is not None else out.expand(info.batch_size, *out.shape)
     )
