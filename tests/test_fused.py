@@ -11,12 +11,13 @@ import itertools
 import pytest
 import torch
 
+from urpe.kernels import NORMALIZATIONS as REGISTERED
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
 from urpe.kernels.fused import fused_attention
 from urpe.kernels.fused_terms import antidiagonal_sums
 
 TILES = dict(block_q=8, block_k=16)
-NORMALIZATIONS = ("softmax", "exp", "l2", "relu2")
+NORMALIZATIONS = tuple(REGISTERED)  # read from the registry: a new entry is tested here too
 MASKS = ("none", "causal", "padding", "causal+padding")
 # (B, H, Lq, Lk, D): odd lengths, Lq < Lk (queries are the last Lq positions), 1 and many heads
 SHAPES = ((2, 1, 13, 13, 16), (1, 4, 9, 21, 32), (3, 3, 30, 30, 128))

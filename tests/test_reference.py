@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import urpe
-from urpe.kernels import BACKENDS, reference_attention
+from urpe.kernels import BACKENDS, NORMALIZATIONS, reference_attention
 
 from .naive import naive_attention, toeplitz_by_hand
 
-NORMS = ["softmax", "exp", "l2", "relu2"]
+NORMS = ["softmax", "exp", "l2", "relu2"]  # the ones tests/naive.py states independently
 F64 = dict(dtype=torch.float64)
 
 
@@ -113,27 +113,28 @@ def test_toeplitz_offsets_beyond_table_reuse_edges():
 def test_masked_keys_get_exactly_zero_and_empty_rows_return_zero():
     q, k, v = qkv(2, 2, 4, 4)
     padding = torch.tensor([[False, True, False, True], [True, True, True, True]])
-    gate = torch.full((1, 1, 4, 4), float("inf"), **F64)  # poison: would leak if not masked
+    gate = torch.ones(2, 1, 4, 4, **F64)
+    gate[padding[:, None, None, :].expand_as(gate)] = float("inf")  # poison on hidden keys only
     for norm in NORMS:
         w = urpe.kernels.reference_weights(q, k, key_padding_mask=padding, normalization=norm)
         assert (w[0, :, :, 1] == 0).all() and (w[0, :, :, 3] == 0).all()
         out = urpe.attention(q, k, v, key_padding_mask=padding, normalization=norm)
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         assert torch.isfinite(out).all()
-        gated = urpe.attention(q, k, v * 0 + 1, gate=gate.expand(2, 2, 4, 4).clone(),
-                               key_padding_mask=padding, normalization=norm)  # fmt: skip
+        gated = urpe.attention(q, k, v, gate=gate, key_padding_mask=padding, normalization=norm)
         assert torch.equal(gated[1], torch.zeros_like(gated[1]))
+        torch.testing.assert_close(gated, out)
     # Gradients through a fully masked row are zeros, not NaN.
     q.requires_grad_()
     urpe.attention(q, k, v, key_padding_mask=padding).sum().backward()
     assert torch.isfinite(q.grad).all() and torch.equal(q.grad[1], torch.zeros_like(q.grad[1]))
 
 
-def test_rows_sum_to_one_only_under_softmax():
+def test_rows_sum_to_one_only_where_the_registry_says_so():
     q, k, _ = qkv(1, 2, 6, 6)
-    for norm in NORMS:
-        rows = urpe.kernels.reference_weights(q, k, normalization=norm).sum(-1)
-        assert torch.allclose(rows, torch.ones_like(rows)) == (norm == "softmax")
+    for name, norm in NORMALIZATIONS.items():
+        rows = urpe.kernels.reference_weights(q, k, normalization=name).sum(-1)
+        assert torch.allclose(rows, torch.ones_like(rows)) == norm.rows_sum_to_one, name
 
 
 def test_l2_is_stable_for_large_logits():
@@ -166,12 +167,53 @@ def test_padding_appended_changes_nothing():
         torch.testing.assert_close(long[:, :, :length], short, rtol=1e-12, atol=1e-12)
 
 
-def test_dropout_zeroes_weights_and_rescales():
-    q, k, v = qkv(1, 1, 64, 64)
-    torch.manual_seed(1)
-    w = urpe.kernels.reference_weights(q, k, dropout_p=0.5)
-    dropped = (w == 0).double().mean()
-    assert 0.35 < dropped < 0.65
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_zeroes_weights_and_rescales(p):
+    q, k, v = qkv(2, 2, 64, 64)
+    w = urpe.kernels.reference_weights(q, k)
+    dropped = urpe.kernels.reference_weights(q, k, dropout_p=p, dropout_seed=3)
+    kept = dropped != 0
+    # every kept weight is scaled by exactly 1 / (1 - p); the others are 0
+    torch.testing.assert_close(dropped[kept], w[kept] / (1 - p), rtol=1e-15, atol=0)
+    rate = 1 - kept.double().mean().item()
+    assert abs(rate - p) < 4 * (p * (1 - p) / kept.numel()) ** 0.5 + 1e-3, rate
+    # the expectation is preserved: averaged over seeds, the weights come back
+    mean = (
+        sum(urpe.kernels.reference_weights(q, k, dropout_p=p, dropout_seed=s) for s in range(200))
+        / 200
+    )
+    torch.testing.assert_close(mean.mean(-1), w.mean(-1), rtol=0.1 if p < 0.9 else 0.3, atol=0)
+
+
+def test_dropout_masks_follow_the_seed():
+    q, k, _ = qkv(1, 2, 16, 16)
+    first = urpe.kernels.reference_weights(q, k, dropout_p=0.3, dropout_seed=1)
+    again = urpe.kernels.reference_weights(q, k, dropout_p=0.3, dropout_seed=torch.tensor(1))
+    other = urpe.kernels.reference_weights(q, k, dropout_p=0.3, dropout_seed=2)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    torch.manual_seed(7)
+    drawn = urpe.kernels.reference_weights(q, k, dropout_p=0.3)
+    torch.manual_seed(7)
+    assert torch.equal(drawn, urpe.kernels.reference_weights(q, k, dropout_p=0.3))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("hkv", [1, 3])
+def test_reference_with_bool_mask_and_grouped_queries_matches_naive(norm, hkv):
+    b, h, lq, lk = 2, 6, 4, 7
+    q = torch.randn(b, h, lq, 4, **F64)
+    k, v = torch.randn(b, hkv, lk, 4, **F64), torch.randn(b, hkv, lk, 3, **F64)
+    visible = torch.rand(b, 1, lq, lk) < 0.6
+    visible[0, 0, 1] = False  # a row with nothing visible
+    bias = urpe.Toeplitz(torch.randn(h, 5, **F64))
+    gate = torch.rand(1, h, lq, lk, **F64) + 0.5
+    padding = padding_for(b, lk)
+    got = reference_attention(
+        q, k, v, visible, bias=bias, gate=gate, key_padding_mask=padding, is_causal=True,
+        normalization=norm, enable_gqa=True,
+    )  # fmt: skip
+    want = naive_attention(q, k, v, bias.dense(lq, lk), gate, padding, True, norm, visible)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("norm", NORMS)

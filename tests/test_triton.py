@@ -18,14 +18,20 @@ import pytest
 import torch
 import triton
 
-from urpe.kernels import Relation, Toeplitz, attention, reference_attention, reference_weights
+from urpe.kernels import (
+    NORMALIZATIONS,
+    Relation,
+    Toeplitz,
+    attention,
+    reference_attention,
+    reference_weights,
+)
 from urpe.kernels.triton import (
     dropout_keep_mask,
     triton_attention,
     triton_defers,
     triton_unsupported,
 )
-from urpe.kernels.validation import NORMALIZATIONS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MASKS = ("none", "causal", "padding", "causal+padding")
@@ -257,7 +263,7 @@ def test_unsupported_calls_say_why():
     assert "multiple" in triton_unsupported(q=q, k=k, v=k)
     wide = torch.randn(1, 1, 8, 512, device=DEVICE)
     assert "head dims" in triton_unsupported(q=wide, k=wide, v=wide)
-    with pytest.raises(ValueError, match="index values"):
+    with pytest.raises(ValueError, match=r"bias index must lie in \[0, 3\)"):
         table = torch.randn(1, 3, device=DEVICE)
         index = torch.full((1, 8, 8), 3, device=DEVICE)
         triton_attention(q[:, :2], k, k, bias=Relation(table, index))

@@ -12,16 +12,22 @@ def qkv(b=2, h=3, l=5, d=4):
 
 def test_wrong_rank():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match=r"q must have shape \(B, H, L, D\)"):
-        urpe.attention(q[0], k, v)
-    with pytest.raises(ValueError, match="v must have shape"):
+    with pytest.raises(ValueError, match=r"q must have shape \(\.\.\., H, L, D\)"):
+        urpe.attention(q[0, 0], k, v)
+    with pytest.raises(ValueError, match="q, k, v must share their leading"):
         urpe.attention(q, k, v[0])
+    with pytest.raises(ValueError, match="q, k, v must share their leading"):
+        urpe.attention(q, k[:1], v[:1])
 
 
 def test_mismatched_heads_and_dims():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="batch and heads"):
+    with pytest.raises(ValueError, match="batch and heads.*enable_gqa=True"):
         urpe.attention(q, k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match="multiple"):
+        urpe.attention(q, k[:, :2], v[:, :2], enable_gqa=True)
+    with pytest.raises(ValueError, match="k and v must have the same heads"):
+        urpe.attention(q, k, v[:, :1], enable_gqa=True)
     with pytest.raises(ValueError, match="k head dim"):
         urpe.attention(q, k[..., :3], v)
     with pytest.raises(ValueError, match="v length"):
@@ -68,8 +74,44 @@ def test_key_padding_mask_checks():
     q, k, v = qkv()
     with pytest.raises(TypeError, match="key_padding_mask must be a bool"):
         urpe.attention(q, k, v, key_padding_mask=torch.zeros(2, 5))
-    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, Lk\)"):
+    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(2, 4\) does not broadcast"):
         urpe.attention(q, k, v, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_padding_mask must broadcast.*got rank 3"):
+        urpe.attention(q, k, v, key_padding_mask=torch.zeros(1, 2, 5, dtype=torch.bool))
+
+
+def test_attn_mask_checks():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="attn_mask must be bool .* or floating point"):
+        urpe.attention(q, k, v, torch.ones(5, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(4, 5\) does not broadcast"):
+        urpe.attention(q, k, v, torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be a Tensor"):
+        urpe.attention(q, k, v, [[True]])
+
+
+def test_relation_index_shape_and_range():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"bias index of shape \(3, 5, 5\) does not broadcast"):
+        urpe.attention(q, k, v, bias=urpe.Relation(torch.ones(3, 2), torch.zeros(3, 5, 5).long()))
+    index = torch.zeros(2, 5, 5, dtype=torch.long)
+    index[0, 0, 0] = -1
+    with pytest.raises(ValueError, match=r"gate index must lie in \[0, 2\).*got -1"):
+        urpe.attention(q, k, v, gate=urpe.Relation(torch.ones(3, 2), index))
+
+
+def test_scale_seed_and_flags():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="scale must be finite"):
+        urpe.attention(q, k, v, scale=float("nan"))
+    with pytest.raises(TypeError, match="scale must be a float"):
+        urpe.attention(q, k, v, scale="1")
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        urpe.attention(q, k, v, is_causal=None)
+    with pytest.raises(ValueError, match="dropout_seed must be an int or a 0-dim integer"):
+        urpe.attention(q, k, v, dropout_p=0.1, dropout_seed=torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="backend must be a string"):
+        urpe.attention(q, k, v, backend=None)
 
 
 def test_dropout_range():

@@ -4,8 +4,10 @@ One run measures, on the same inputs, forward (under no_grad) and forward+backwa
 
     sdpa             F.scaled_dot_product_attention, no mask: the baseline every ratio divides by
     sdpa_dense_bias  SDPA with a dense float bias (B, H, L, L) that receives a gradient
-    reference_urpe   the reference kernel (materialises every (L, L) matrix), Toeplitz B and C
-    fused_urpe       the fused kernel, Toeplitz B and C (URPE)
+    <name>_urpe      `urpe.attention(backend=<name>)` with Toeplitz B and C (URPE), one row for
+                     every backend in `urpe.kernels.BACKENDS` but SDPA: reference_urpe
+                     (materialises every (L, L) matrix), fused_urpe (blockwise), and any backend
+                     registered later
     fused_rpe        the fused kernel, Toeplitz B only (plain RPE)
     flex_rpe         compiled FlexAttention with the Toeplitz bias as score_mod (forward only;
                      it cannot express C)
@@ -37,11 +39,14 @@ import torch
 import torch.nn.functional as F
 
 from ..cli_types import non_negative_int, positive_int
-from ..kernels import Toeplitz, reference_attention
-from ..kernels.fused import fused_attention
+from ..kernels import BACKENDS, Toeplitz, attention
 from . import gpu
 
-ROWS = ("sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe", "flex_rpe")
+# One URPE row per registered CPU backend (SDPA has rows of its own: it cannot take the gate;
+# the GPU backends, "triton" and "flex", are timed by the GPU section in `gpu.py`).
+GPU_ONLY = ("triton", "flex")
+BACKEND_ROWS = {f"{name}_urpe": name for name in BACKENDS if name not in ("sdpa", *GPU_ONLY)}
+ROWS = ("sdpa", "sdpa_dense_bias", *BACKEND_ROWS, "fused_rpe", "flex_rpe")
 FORWARD_ONLY = ("flex_rpe",)
 MODES = ("fwd", "fwdbwd")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +55,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 ROW_HELP = {
     "sdpa": "F.scaled_dot_product_attention without a mask: the baseline of every ratio",
     "sdpa_dense_bias": "SDPA with a dense (B, H, L, L) float bias that receives a gradient",
+    **{
+        row: f"urpe.attention(backend={name!r}), Toeplitz B and C"
+        for row, name in BACKEND_ROWS.items()
+    },
     "reference_urpe": "the materialising reference kernel, Toeplitz B and C",
     "fused_urpe": "the fused kernel, Toeplitz B and C (URPE)",
     "fused_rpe": "the fused kernel, Toeplitz B only (RPE)",
@@ -211,12 +220,11 @@ def candidate(name: str, inputs: dict[str, torch.Tensor]) -> Callable[[], torch.
     if name == "sdpa_dense_bias":
         mask = inputs["dense_bias"]
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    if name == "reference_urpe":
-        return lambda: reference_attention(q, k, v, bias=bias, gate=gate)
-    if name == "fused_urpe":
-        return lambda: fused_attention(q, k, v, bias=bias, gate=gate)
+    if name in BACKEND_ROWS:
+        backend = BACKEND_ROWS[name]
+        return lambda: attention(q, k, v, bias=bias, gate=gate, backend=backend)
     if name == "fused_rpe":
-        return lambda: fused_attention(q, k, v, bias=bias)
+        return lambda: attention(q, k, v, bias=bias, backend="fused")
     if name == "flex_rpe":  # inference only: compiled FlexAttention has no CPU backward
         return _flex_rpe(q.detach(), k.detach(), v.detach(), inputs["table_b"].detach())
     raise ValueError(name)

@@ -1,29 +1,54 @@
-"""Attention kernels: pure functions on tensors. Depends on torch alone."""
+"""Attention kernels: pure functions on tensors. Depends on torch alone.
 
-from .dispatch import AUTO_ORDER, BACKENDS, Backend, attention, register_backend, select_backend
+`attention` is the entry point; `BACKENDS` and `NORMALIZATIONS` are the registries a new kernel
+or normalisation is added to (see `dispatch` and `normalization`).
+"""
+
+from .dispatch import (
+    AUTO_ORDER,
+    BACKENDS,
+    Backend,
+    attention,
+    choose_backend,
+    native_backends,
+    reference_attention,
+    register_backend,
+    select_backend,
+)
 from .flex import flex_backend
-from .reference import reference_attention, reference_weights
+from .masks import causal_keep
+from .normalization import NORMALIZATIONS, Normalization, register_normalization
+from .reference import reference_weights
+from .spec import AttentionSpec, resolve
 from .tables import PositionTerm, Relation, Toeplitz, dense_term, query_positions, relative_offsets
 from .triton import triton_backend
 
 # The GPU backends. "triton" goes first in "auto" (it declines CPU calls and plain softmax);
 # "flex" runs only when asked for by name (the exact FlexAttention route, the baseline).
-register_backend(triton_backend(), auto_priority=0)
+register_backend(triton_backend())
 register_backend(flex_backend())
 
 __all__ = [
     "AUTO_ORDER",
     "BACKENDS",
+    "NORMALIZATIONS",
+    "AttentionSpec",
     "Backend",
+    "Normalization",
     "PositionTerm",
     "Relation",
     "Toeplitz",
     "attention",
+    "causal_keep",
+    "choose_backend",
+    "native_backends",
     "dense_term",
     "query_positions",
     "reference_attention",
     "reference_weights",
     "register_backend",
+    "register_normalization",
     "relative_offsets",
+    "resolve",
     "select_backend",
 ]

@@ -1,7 +1,33 @@
-"""`urpe.attention`: one functional entry point, several interchangeable kernels.
+"""`urpe.attention`: one functional entry point, several interchangeable kernels (backends).
 
-A backend is a kernel with SDPA's calling convention plus a function telling why it cannot run a
-given call (None when it can). "auto" walks the preference list and takes the first that can.
+Adding a backend
+----------------
+A backend is registered once and is then used by `backend="auto"`, selectable by name, run
+by the tests that enumerate `BACKENDS` (tests/test_properties.py, tests/test_transforms.py, ...)
+against the reference, and timed by `urpe bench attention` (row `<name>_urpe`):
+
+    from urpe.kernels import AttentionSpec, Backend, register_backend
+
+    def my_unsupported(spec: AttentionSpec) -> str | None:
+        return None if spec.q.is_cuda else "needs CUDA"   # a reason, or None when it can run
+
+    def my_run(spec: AttentionSpec) -> Tensor:            # (B, H, Lq, Dv) in spec.q.dtype
+        ...
+
+    register_backend(Backend("triton", my_run, my_unsupported, priority=40))
+
+`run` receives one `AttentionSpec` (see `spec.py`): q (B, H, Lq, D), k, v (B, Hkv, Lk, *) with
+Hkv dividing H (grouped queries), bias and gate (None, a dense 4-D tensor, `Toeplitz` or
+`Relation` with a range-checked (B|1, Lq, Lk) int64 index), attn_mask (4-D, bool = hides, float =
+added to the logits), key_padding_mask (B|1, Lk), is_causal (the last query meets the last key),
+normalization (a name in `NORMALIZATIONS`; `spec.norm` is its entry), scale, dropout_p and
+dropout_seed (None: draw one if you need one). What a backend must do: hidden pairs get weight
+exactly 0; a row with no visible key returns 0 (no NaN) with zero gradients; a row of -inf logits
+likewise returns 0. What it need not do, because `execute` does it around every backend: empty
+calls, non-finite q/k/v (they arrive finite), overflow checks for `exp`, and leading batch dims.
+`unsupported(spec)` says why a call is out of reach (then "auto" skips it and naming the
+backend raises that reason); `defers(spec)` says why "auto" should leave a call it could run to a
+later backend. "auto" tries backends by descending `priority` (None: only by name).
 """
 
 from __future__ import annotations
@@ -11,24 +37,32 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .fused import fused_attention, fused_defers, fused_unsupported
-from .reference import reference_attention
-from .sdpa import sdpa_attention, sdpa_unsupported
+from .execute import execute
+from .fused import fused_defers, fused_run, fused_unsupported
+from .reference import reference_run
+from .sdpa import sdpa_run, sdpa_unsupported
+from .spec import AttentionSpec, resolve
 from .tables import PositionTerm
-from .validation import check_attention_inputs
+
+
+def _always(spec: AttentionSpec) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
 class Backend:
+    """A kernel: name, run(spec) -> output, why it cannot run a call (None: it can), its place
+    in "auto" (higher priority first; None: never chosen by "auto") and why "auto" should pass
+    a call it could run on to a later backend. `devices`: the device types it is built for
+    (None: any); elsewhere it may still run as an emulation for its own tests (Triton's CPU
+    interpreter), and the tests that sweep the whole registry leave it out."""
+
     name: str
-    run: Callable[..., Tensor]
-    unsupported: Callable[..., str | None]
-    # Why "auto" should leave a call it could run to a later, faster backend (None: take it).
-    defers: Callable[..., str | None] | None = None
-
-
-def _always(**_unused) -> str | None:
-    return None
+    run: Callable[[AttentionSpec], Tensor]
+    unsupported: Callable[[AttentionSpec], str | None] = _always
+    priority: float | None = None
+    defers: Callable[[AttentionSpec], str | None] | None = None
+    devices: tuple[str, ...] | None = None
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -36,83 +70,119 @@ BACKENDS: dict[str, Backend] = {}
 AUTO_ORDER: list[str] = []
 
 
-def register_backend(backend: Backend, *, auto_priority: int | None = None) -> None:
-    """Add a kernel; auto_priority is its place in "auto"'s order (0 first, None: never)."""
+def register_backend(backend: Backend) -> Backend:
+    """Add (or replace) a backend; it is then available by name and, with a priority, to auto."""
     BACKENDS[backend.name] = backend
-    if backend.name in AUTO_ORDER:
-        AUTO_ORDER.remove(backend.name)
-    if auto_priority is not None:
-        AUTO_ORDER.insert(auto_priority, backend.name)
+    ranked = [b for b in BACKENDS.values() if b.priority is not None]
+    AUTO_ORDER[:] = [b.name for b in sorted(ranked, key=lambda b: -b.priority)]
+    return backend
 
 
-register_backend(Backend("reference", reference_attention, _always), auto_priority=0)
-register_backend(Backend("sdpa", sdpa_attention, sdpa_unsupported), auto_priority=0)
+register_backend(Backend("reference", reference_run, _always, priority=0))
+register_backend(Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20))
 # Fused goes first: it takes gates, structured biases and every normalisation, and leaves plain
 # softmax to SDPA (see `fused_defers` for the measured rule).
-register_backend(
-    Backend("fused", fused_attention, fused_unsupported, defers=fused_defers), auto_priority=0
-)
+register_backend(Backend("fused", fused_run, fused_unsupported, priority=30, defers=fused_defers))
 
 
-def select_backend(backend: str, **call) -> Backend:
-    """The kernel `attention` would use for this call."""
+def native_backends(device_type: str) -> list[str]:
+    """Names of the registered backends built for this device type ("cpu", "cuda", ...)."""
+    return [n for n, b in BACKENDS.items() if b.devices is None or device_type in b.devices]
+
+
+def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
+    """The kernel `attention` would use for this resolved call."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend == "auto":
         for name in AUTO_ORDER:
             candidate = BACKENDS[name]
-            if candidate.unsupported(**call) is None and (
-                candidate.defers is None or candidate.defers(**call) is None
+            if candidate.unsupported(spec) is None and (
+                candidate.defers is None or candidate.defers(spec) is None
             ):
                 return candidate
-        raise AssertionError("the reference backend supports every call")
+        raise RuntimeError(f"no registered backend accepts this call (auto order {AUTO_ORDER})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
-    reason = BACKENDS[backend].unsupported(**call)
+    reason = BACKENDS[backend].unsupported(spec)
     if reason is not None:
         raise ValueError(f"backend {backend!r} cannot run this call: {reason}")
     return BACKENDS[backend]
+
+
+def select_backend(backend: str, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Backend:
+    """The kernel `attention(q, k, v, **kwargs, backend=backend)` would use."""
+    return choose_backend(backend, resolve(q, k, v, **kwargs))
 
 
 def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
     *,
     bias: PositionTerm | None = None,
     gate: PositionTerm | None = None,
     key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
     normalization: str = "softmax",
-    scale: float | None = None,
-    dropout_p: float = 0.0,
+    dropout_seed: int | Tensor | None = None,
     backend: str = "auto",
 ) -> Tensor:
-    """URPE attention: out = dropout(normalize(scale * q k^T + B) * C) @ v.
+    """URPE attention: out = dropout(normalize(scale * q k^T + B + M) * C) @ v.
+
+    The first eight arguments are `F.scaled_dot_product_attention`'s, with its meaning (except
+    the causal alignment when Lq != Lk, below); the rest are urpe's.
 
     Args:
-        q: (B, H, Lq, D) queries. k: (B, H, Lk, D) keys. v: (B, H, Lk, Dv) values.
-        bias: B, added to the logits before normalisation. A tensor broadcastable to
-            (B, H, Lq, Lk), a `Toeplitz` table over offsets j - i, or a `Relation` table.
-        gate: C, multiplied into the weights after normalisation (URPE). Same forms as bias.
-        key_padding_mask: (B, Lk) bool, True marks a padded key (as in nn.MultiheadAttention).
-        is_causal: query i sees keys j <= i + Lk - Lq (queries are the last Lq positions).
-        normalization: "softmax", "exp" (no denominator), "l2" (exp / l2 norm of the row) or
-            "relu2" (relu(s)^2 / number of unmasked keys).
-        scale: logit scale, default 1 / sqrt(D).
+        q: (..., H, Lq, D) queries. k: (..., Hkv, Lk, D) keys. v: (..., Hkv, Lk, Dv) values. Any
+            number of leading (batch) dims, the same for q, k and v.
+        attn_mask: broadcastable to (..., H, Lq, Lk). Bool: True takes part, False hides the pair.
+            Float: added to the logits (M), like a bias (a -inf gives weight 0 but does not hide
+            the key's contents; see below).
         dropout_p: dropout on the weights (after the gate). Pass 0 at evaluation.
+        is_causal: query i sees keys j <= i + Lk - Lq: the LAST query is aligned with the LAST
+            key, as decoding with a KV cache needs. SDPA aligns the first with the first
+            (j <= i); the two agree when Lq == Lk. For SDPA's rule with Lq != Lk pass
+            attn_mask=torch.ones(Lq, Lk, dtype=torch.bool).tril() instead.
+        scale: logit scale, default 1 / sqrt(D).
+        enable_gqa: allow k, v with fewer heads than q (grouped-query attention): Hkv must
+            divide H and query head h reads key/value head h // (H / Hkv). Bias and gate are per
+            query head.
+        bias: B, added to the logits before normalisation. A tensor broadcastable to
+            (..., H, Lq, Lk), a `Toeplitz` table over offsets j - i, or a `Relation` (a table
+            indexed by an integer (..., Lq, Lk) relation; indices out of range raise ValueError).
+        gate: C, multiplied into the weights after normalisation (URPE). Same forms as bias.
+        key_padding_mask: bool, broadcastable to (..., Lk); True marks a padded key (as in
+            nn.MultiheadAttention: the opposite sense of a bool attn_mask).
+        normalization: "softmax", "exp" (no denominator), "l2" (exp / l2 norm of the row),
+            "relu2" (relu(s)^2 / n, n the number of keys the query sees), or any name
+            registered in `urpe.kernels.NORMALIZATIONS`.
+        dropout_seed: int or int64 scalar tensor fixing the dropout masks (reference and fused
+            backends; SDPA draws its own). Default: drawn from torch's generator.
         backend: "auto" (fastest that applies), or a name from `urpe.kernels.BACKENDS`.
 
     Returns:
-        (B, H, Lq, Dv). Masked keys get weight exactly 0; a query with no visible key returns 0.
+        (..., H, Lq, Dv) in q's dtype (half precision is computed in float32).
+
+    Hidden pairs (key_padding_mask, is_causal, bool attn_mask) get weight exactly 0 under every
+    normalisation, and a query with no visible key returns 0 with zero gradients; so does a
+    query whose logits are all -inf. A query, key or value row holding NaN/inf is treated as
+    zeros and makes exactly the output rows that see it NaN (a non-finite key or value that a
+    query cannot see never reaches it); those rows pass no gradient. `exp` raises ValueError
+    instead of overflowing. Every backend behaves the same way on all of this.
     """
-    check_attention_inputs(q, k, v, bias, gate, key_padding_mask, normalization, dropout_p)
-    call = dict(
-        bias=bias,
-        gate=gate,
-        key_padding_mask=key_padding_mask,
-        is_causal=is_causal,
-        normalization=normalization,
-        scale=scale,
-        dropout_p=dropout_p,
-    )
-    kernel = select_backend(backend, q=q, k=k, v=v, **call)
-    return kernel.run(q, k, v, **call)
+    spec = resolve(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
+        normalization=normalization, dropout_seed=dropout_seed,
+    )  # fmt: skip
+    return execute(choose_backend(backend, spec).run, spec)
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs) -> Tensor:
+    """`attention(..., backend="reference")`: the plain materialising specification."""
+    return attention(q, k, v, *args, **kwargs, backend="reference")

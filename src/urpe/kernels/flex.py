@@ -252,11 +252,24 @@ def flex_urpe_attention(
 
 
 def flex_backend():
-    """Adapter from the backend registry's call to the route (the one place to re-target when
-    the registry passes a spec object instead of keyword arguments)."""
+    """The registry's entry: by name only (never chosen by "auto")."""
     from .dispatch import Backend
 
-    def run(q, k, v, **call) -> Tensor:
-        return flex_urpe_attention(q, k, v, **call)
+    def unsupported(spec) -> str | None:
+        if spec.attn_mask is not None:
+            return "no attn_mask (pass key_padding_mask, is_causal, or a bias)"
+        return flex_unsupported(
+            q=spec.q, k=spec.k, v=spec.v, bias=spec.bias, gate=spec.gate,
+            normalization=spec.normalization, dropout_p=spec.dropout_p,
+        )  # fmt: skip
 
-    return Backend("flex", run, flex_unsupported)
+    def run(spec) -> Tensor:
+        padding = spec.key_padding_mask
+        if padding is not None:  # the block mask reads one (Lk,) row per batch entry
+            padding = padding.expand(spec.batch, spec.lk)
+        return flex_urpe_attention(
+            spec.q, spec.k, spec.v, bias=spec.bias, gate=spec.gate, key_padding_mask=padding,
+            is_causal=spec.is_causal, normalization=spec.normalization, scale=spec.scale,
+        )  # fmt: skip
+
+    return Backend("flex", run, unsupported, devices=("cuda",))

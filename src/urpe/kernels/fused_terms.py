@@ -1,4 +1,4 @@
-"""Tile readers for the fused kernel: a bias or gate read one (query block, key block) at a time.
+"""Tile readers for the blockwise kernel: a bias, gate or mask read one tile at a time.
 
 The fused kernel stores keys in REVERSED order (column c holds key j = Lk - 1 - c). Then the
 relative offset of query i and column c is
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from .tables import PositionTerm, Relation, Toeplitz
 
 
 def antidiagonal_sums(x: Tensor, scratch: dict | None = None) -> Tensor:
@@ -111,9 +109,9 @@ class DenseTile:
 class ToeplitzTile:
     """A `Toeplitz` table read as Hankel views over the reversed keys."""
 
-    def __init__(self, term: Toeplitz, lq: int, dtype: torch.dtype, needs_grad: bool) -> None:
-        self.table = term.table.to(dtype)  # (Hh, 2K+1)
-        self.max_offset = term.max_offset
+    def __init__(self, table: Tensor, lq: int, dtype: torch.dtype, needs_grad: bool) -> None:
+        self.table = table.to(dtype)  # (Hh, 2K+1)
+        self.max_offset = (table.shape[1] - 1) // 2
         self.lq = lq
         self.grad = torch.zeros_like(self.table) if needs_grad else None
         self.scratch: dict = {}
@@ -144,9 +142,11 @@ class ToeplitzTile:
 class RelationTile:
     """A `Relation` table read through index tiles."""
 
-    def __init__(self, term: Relation, lk: int, dtype: torch.dtype, needs_grad: bool) -> None:
-        self.table = term.table.to(dtype)  # (Hh, R)
-        self.index = term.index  # (Bi, Lq, Lk)
+    def __init__(
+        self, table: Tensor, index: Tensor, lk: int, dtype: torch.dtype, needs_grad: bool
+    ) -> None:
+        self.table = table.to(dtype)  # (Hh, R)
+        self.index = index  # (Bi, Lq, Lk), int64, range-checked by dispatch
         self.lk = lk
         self.grad = torch.zeros_like(self.table) if needs_grad else None
 
@@ -168,16 +168,3 @@ class RelationTile:
 
     def grads(self) -> Tensor | None:
         return self.grad
-
-
-def term_reader(
-    term: PositionTerm | None, lq: int, lk: int, dtype: torch.dtype, needs_grad: bool
-) -> DenseTile | ToeplitzTile | RelationTile | None:
-    """The tile reader for a bias or gate (None stays None)."""
-    if term is None:
-        return None
-    if isinstance(term, Toeplitz):
-        return ToeplitzTile(term, lq, dtype, needs_grad)
-    if isinstance(term, Relation):
-        return RelationTile(term, lk, dtype, needs_grad)
-    return DenseTile(term, lk, dtype, needs_grad)

@@ -2,88 +2,77 @@
 
 This is the specification. Every fast kernel is tested against it:
 
-    s = scale * q @ k^T + B            (B: bias, before normalisation)
-    a = normalize(s) over unmasked keys (masked keys get exactly 0)
-    a = a * C                          (C: URPE's gate, after normalisation)
+    s = scale * q @ k^T + B + M          (B: bias; M: a float attn_mask)
+    a = normalize(s) over visible keys   (hidden pairs get exactly 0; see `masks`)
+    a = a * C                            (C: URPE's gate, after normalisation)
     out = dropout(a) @ v
+
+Query head h reads key/value head h // (H / Hkv) (grouped-query attention). Half precision is
+computed in float32. Dispatch applies the non-finite rule of `nonfinite` around this (and every)
+kernel, so q, k and v arrive finite here.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from .dropout import dropout_scale
 from .masks import keep_mask
-from .normalization import NORMALIZERS
-from .tables import PositionTerm, dense_term
+from .nonfinite import guarded
+from .spec import AttentionSpec, resolve
+from .tables import dense_term
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Half precision is upcast: the paper's code also runs the softmax in float32.
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+def draw_seed(device: torch.device) -> Tensor:
+    """A fresh dropout seed from torch's generator, as an int64 scalar tensor (no host sync)."""
+    return torch.randint(0, 2**62, (), dtype=torch.int64, device=device)
 
 
-def reference_weights(
-    q: Tensor,
-    k: Tensor,
-    *,
-    bias: PositionTerm | None = None,
-    gate: PositionTerm | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    normalization: str = "softmax",
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Attention weights after normalisation, gate and dropout. Shape (B, H, Lq, Lk).
-
-    Computed in float32 for half-precision inputs; returned in that compute dtype.
-    """
-    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    dtype = _compute_dtype(q.dtype)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-    bias = dense_term(bias, lq, lk)
-    if bias is not None:
-        scores = scores + bias.to(dtype)
-    keep = keep_mask(key_padding_mask, is_causal, lq, lk, q.device)
-    weights = NORMALIZERS[normalization](scores, keep)
-    gate = dense_term(gate, lq, lk)
+def reference_weights_of(spec: AttentionSpec) -> Tensor:
+    """Attention weights after normalisation, gate and dropout: (B, H, Lq, Lk), compute dtype."""
+    dtype = spec.compute_dtype
+    q, k = spec.q.to(dtype), spec.k.to(dtype)
+    if spec.groups > 1:
+        k = k.repeat_interleave(spec.groups, dim=1)  # (B, H, Lk, D)
+    scores = (q @ k.transpose(-2, -1)) * spec.scale  # (B, H, Lq, Lk)
+    for term in (dense_term(spec.bias, spec.lq, spec.lk), spec.attn_mask):
+        if term is not None and term.dtype != torch.bool:
+            scores = scores + term.to(dtype)
+    keep = keep_mask(
+        spec.key_padding_mask, spec.attn_mask, spec.is_causal, spec.lq, spec.lk, q.device
+    )
+    weights = spec.norm.weights(scores, keep)
+    gate = dense_term(spec.gate, spec.lq, spec.lk)
     if gate is not None:
         weights = weights * gate.to(dtype)
-        if keep is not None:  # a gate may hold inf/nan far away; masked keys stay exactly 0
+        if keep is not None:  # a gate may hold inf/nan far away; hidden pairs stay exactly 0
             weights = weights.masked_fill(~keep, 0.0)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
+    if spec.dropout_p > 0.0:
+        seed = spec.dropout_seed if spec.dropout_seed is not None else draw_seed(q.device)
+        weights = weights * dropout_scale(seed, spec.dropout_p, weights.shape, dtype, q.device)
     return weights
 
 
-def reference_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    bias: PositionTerm | None = None,
-    gate: PositionTerm | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    normalization: str = "softmax",
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Reference URPE attention. q (B,H,Lq,D), k (B,H,Lk,D), v (B,H,Lk,Dv) -> (B,H,Lq,Dv)."""
-    weights = reference_weights(
-        q,
-        k,
-        bias=bias,
-        gate=gate,
-        key_padding_mask=key_padding_mask,
-        is_causal=is_causal,
-        normalization=normalization,
-        scale=scale,
-        dropout_p=dropout_p,
-    )
-    return (weights @ v.to(weights.dtype)).to(q.dtype)
+def reference_run(spec: AttentionSpec) -> Tensor:
+    """The reference backend: (B, H, Lq, Dv) in q's dtype."""
+    weights = reference_weights_of(spec)
+    v = spec.v.to(weights.dtype)
+    if spec.groups > 1:
+        v = v.repeat_interleave(spec.groups, dim=1)  # (B, H, Lk, Dv)
+    return (weights @ v).to(spec.q.dtype)
+
+
+def reference_weights(q: Tensor, k: Tensor, **kwargs) -> Tensor:
+    """The weights `urpe.attention(q, k, v, **kwargs, backend="reference")` applies to v.
+
+    q (..., H, Lq, D), k (..., Hkv, Lk, D) -> (..., H, Lq, Lk), in float32 for half-precision
+    inputs. Keyword arguments as in `urpe.attention`. Rows that the non-finite rule makes NaN
+    are NaN here too.
+    """
+    spec = resolve(q, k, k, **kwargs)
+    if spec.is_empty:
+        weights = q.new_zeros(spec.batch, spec.heads, spec.lq, spec.lk, dtype=spec.compute_dtype)
+    else:
+        weights, _ = guarded(reference_weights_of, spec)
+    return weights.reshape(*spec.batch_shape, spec.heads, spec.lq, spec.lk)

@@ -1,57 +1,60 @@
-"""PyTorch's fused `scaled_dot_product_attention`, for the cases it can do: softmax, no gate.
+"""PyTorch's fused `scaled_dot_product_attention`, for the calls it can do: softmax, no gate.
 
 SDPA takes a pre-softmax additive term but nothing after the softmax, so URPE's gate and the
-row-sum-breaking normalisations are out of its reach.
+row-sum-breaking normalisations are out of its reach. It also draws its own dropout mask, so it
+cannot honour an explicit `dropout_seed`.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .masks import keep_mask
-from .tables import PositionTerm, dense_term
+from .spec import AttentionSpec
+from .tables import dense_term
 
 
-def sdpa_unsupported(*, gate: PositionTerm | None, normalization: str, **_unused) -> str | None:
+def sdpa_unsupported(spec: AttentionSpec) -> str | None:
     """Why SDPA cannot run this call, or None when it can."""
-    if gate is not None:
+    if spec.gate is not None:
         return "SDPA has no post-softmax gate"
-    if normalization != "softmax":
-        return f"SDPA only does softmax, not {normalization!r}"
+    if spec.normalization != "softmax":
+        return f"SDPA only does softmax, not {spec.normalization!r}"
+    if spec.dropout_p > 0.0 and spec.dropout_seed is not None:
+        return "SDPA draws its own dropout mask and cannot take dropout_seed"
+    if spec.head_dim == 0:
+        return "SDPA needs a head dim of at least 1"
     return None
 
 
-def sdpa_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    bias: PositionTerm | None = None,
-    gate: PositionTerm | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    normalization: str = "softmax",
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Softmax attention with an optional bias through `F.scaled_dot_product_attention`."""
-    reason = sdpa_unsupported(gate=gate, normalization=normalization)
-    if reason is not None:
-        raise ValueError(f"backend 'sdpa' cannot run this call: {reason}")
-    lq, lk = q.shape[-2], k.shape[-2]
-    mask = dense_term(bias, lq, lk)
-    if mask is not None:
-        mask = mask.to(q.dtype)
-    # SDPA's own is_causal aligns top-left; ours aligns the queries to the last keys, so we only
-    # hand causality over when the two agree (Lq == Lk) and there is nothing else to mask.
-    native_causal = is_causal and lq == lk and mask is None and key_padding_mask is None
-    keep = None if native_causal else keep_mask(key_padding_mask, is_causal, lq, lk, q.device)
-    if keep is not None:
-        if mask is None:
-            mask = keep
-        else:
-            mask = mask.masked_fill(~keep, float("-inf"))
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=native_causal, scale=scale
+def sdpa_run(spec: AttentionSpec) -> Tensor:
+    """Softmax attention with optional bias and masks through `F.scaled_dot_product_attention`."""
+    q, k, v = spec.q, spec.k, spec.v
+    lq, lk = spec.lq, spec.lk
+    additive = None
+    for term in (dense_term(spec.bias, lq, lk), spec.attn_mask):
+        if term is not None and term.dtype != torch.bool:
+            term = term.to(q.dtype)  # SDPA wants a float mask in the query's dtype
+            additive = term if additive is None else additive + term
+    # SDPA's own is_causal aligns top-left; ours aligns the last query with the last key, so it is
+    # only handed over when the two agree (Lq == Lk) and nothing else needs masking.
+    native_causal = (
+        spec.is_causal
+        and lq == lk
+        and additive is None
+        and spec.key_padding_mask is None
+        and spec.attn_mask is None
     )
+    keep = None
+    if not native_causal:
+        keep = keep_mask(spec.key_padding_mask, spec.attn_mask, spec.is_causal, lq, lk, q.device)
+    mask = additive
+    if keep is not None:
+        mask = keep if additive is None else additive.masked_fill(~keep, float("-inf"))
+    gqa = dict(enable_gqa=True) if spec.groups > 1 else {}
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=native_causal,
+        scale=spec.scale, **gqa,
+    )  # fmt: skip

@@ -75,8 +75,10 @@ class Toeplitz:
 class Relation:
     """A per-head term indexed by an integer relation: value(b, h, i, j) = table[h, index[b, i, j]].
 
-    table: (H, R) (or (1, R)); index: (B, Lq, Lk) integer in [0, R). On graphs the index is the
-    shortest-path distance, as in Graphormer's spatial encoding.
+    table: (H, R) (or (1, R)); index: (..., Lq, Lk) integer in [0, R), its leading dims
+    broadcastable to the call's batch dims (so (B, Lq, Lk), or (Lq, Lk) for one index shared by
+    the batch). On graphs the index is the shortest-path distance, as in Graphormer's spatial
+    encoding. `urpe.attention` checks the range (ValueError naming `bias` or `gate`).
     """
 
     table: Tensor
@@ -91,9 +93,9 @@ class Relation:
             )
         if not self.table.is_floating_point():
             raise TypeError(f"Relation table must be floating point, got {self.table.dtype}")
-        if self.index.dim() != 3:
+        if self.index.dim() < 2:
             raise ValueError(
-                f"Relation index must have shape (B, Lq, Lk), got {tuple(self.index.shape)}"
+                f"Relation index must have shape (..., Lq, Lk), got {tuple(self.index.shape)}"
             )
         if self.index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"Relation index must be an integer tensor, got {self.index.dtype}")
@@ -102,14 +104,19 @@ class Relation:
     def num_heads(self) -> int:
         return self.table.shape[0]
 
+    @property
+    def num_relations(self) -> int:
+        """R: indices must lie in [0, R)."""
+        return self.table.shape[1]
+
     def dense(self, lq: int, lk: int) -> Tensor:
-        """The term as a dense tensor of shape (B, H, Lq, Lk)."""
+        """The term as a dense tensor of shape (..., H, Lq, Lk), the index's leading dims first."""
         if self.index.shape[-2:] != (lq, lk):
             raise ValueError(
-                f"Relation index has shape {tuple(self.index.shape)}, expected (B, {lq}, {lk})"
+                f"Relation index has shape {tuple(self.index.shape)}, expected (..., {lq}, {lk})"
             )
-        # table[:, index] is (H, B, Lq, Lk); move heads behind batch.
-        return self.table[:, self.index.long()].transpose(0, 1)
+        # table[:, index] is (H, ..., Lq, Lk); move heads behind the leading dims.
+        return self.table[:, self.index.long()].movedim(0, -3)
 
 
 PositionTerm = Tensor | Toeplitz | Relation

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 
 from ..dispatch import Backend
-from ..tables import Relation
-from ..validation import check_attention_inputs
+from ..spec import AttentionSpec, resolve
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256
@@ -107,21 +106,12 @@ def triton_defers(*, q: Tensor, bias=None, gate=None, normalization="softmax", *
 
 
 def _validate(q, k, v, bias, gate, key_padding_mask, normalization, dropout_p) -> None:
-    """`urpe.attention`'s argument checks, with k and v allowed fewer heads (GQA)."""
-    if isinstance(k, Tensor) and isinstance(q, Tensor) and k.dim() == 4 and q.dim() == 4:
-        if k.shape[1] != q.shape[1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0:
-            # shape-only stand-ins with q's head count (views, no copy)
-            k = k[:, :1].expand(-1, q.shape[1], -1, -1)
-            v = v[:, :1].expand(-1, q.shape[1], -1, -1) if isinstance(v, Tensor) else v
-    check_attention_inputs(q, k, v, bias, gate, key_padding_mask, normalization, dropout_p)
-    for name, term in (("bias", bias), ("gate", gate)):
-        if isinstance(term, Relation) and term.index.numel():
-            low, high = int(term.index.min()), int(term.index.max())
-            if low < 0 or high >= term.table.shape[1]:
-                raise ValueError(
-                    f"{name} index values must lie in [0, {term.table.shape[1]}), "
-                    f"got [{low}, {high}]"
-                )
+    """`urpe.attention`'s argument checks (k and v may have fewer heads: grouped queries), with
+    `Relation` indices range-checked."""
+    resolve(
+        q, k, v, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
+        normalization=normalization, dropout_p=dropout_p, enable_gqa=True,
+    )  # fmt: skip
 
 
 def triton_attention(
@@ -161,14 +151,38 @@ def dropout_keep_mask(batch, heads, lq, lk, dropout_p, seed, device="cpu") -> Te
     return make(batch, heads, lq, lk, dropout_p, seed, device)
 
 
+def _spec_unsupported(spec: AttentionSpec) -> str | None:
+    if spec.attn_mask is not None:
+        return "no attn_mask (pass key_padding_mask, is_causal, or a bias with -inf entries)"
+    if spec.normalization not in ("softmax", "exp", "l2", "relu2"):
+        return f"normalisation {spec.normalization!r} has no Triton kernel"
+    return triton_unsupported(q=spec.q, k=spec.k, v=spec.v, dropout_p=spec.dropout_p)
+
+
+def _spec_defers(spec: AttentionSpec) -> str | None:
+    return triton_defers(q=spec.q, bias=spec.bias, gate=spec.gate, normalization=spec.normalization)
+
+
+def _spec_run(spec: AttentionSpec) -> Tensor:
+    from .ops import triton_attention as run
+
+    padding = spec.key_padding_mask
+    if padding is not None:  # the kernels read one (Lk,) row per batch entry
+        padding = padding.expand(spec.batch, spec.lk)
+    seed = None if spec.dropout_seed is None else int(spec.dropout_seed)
+    return run(
+        spec.q, spec.k, spec.v, bias=spec.bias, gate=spec.gate, key_padding_mask=padding,
+        is_causal=spec.is_causal, normalization=spec.normalization, scale=spec.scale,
+        dropout_p=spec.dropout_p, seed=seed,
+    )  # fmt: skip
+
+
 def triton_backend() -> Backend:
-    """Adapter from the backend registry's call to the kernel (the one place to re-target when
-    the registry passes a spec object instead of keyword arguments)."""
-
-    def run(q, k, v, **call) -> Tensor:
-        return triton_attention(q, k, v, **call)
-
-    return Backend("triton", run, triton_unsupported, defers=triton_defers)
+    """The registry's entry: "auto" puts it before the fused kernel, and it defers CPU calls
+    and plain softmax (see `triton_defers`)."""
+    return Backend(
+        "triton", _spec_run, _spec_unsupported, priority=40, defers=_spec_defers, devices=("cuda",)
+    )
 
 
 __all__ = [

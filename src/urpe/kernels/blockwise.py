@@ -1,0 +1,471 @@
+"""The blockwise URPE kernel: never holds an (Lq, Lk) matrix per head.
+
+Same maths as the reference (the specification), computed one tile of bq queries x bk keys at a
+time with the FlashAttention recurrence. URPE fits it exactly: the row normaliser is the plain
+softmax sum, and the gate C only weights what is accumulated into the output,
+
+    m_i = max_j s_ij,  l_i = sum_j exp(s_ij - m_i),  out_i = sum_j exp(s_ij - m_i) c_ij v_j / l_i,
+
+with m, l and the output rescaled online as key blocks arrive. What differs per normalisation
+(the running statistic, the final division, the tile weights and the backward dS rule) is read
+from its `Normalization` entry. The backward pass recomputes each tile from the saved row
+statistic r_i; with A = P * C and dropout keep mask D (scaled by 1 / (1 - p)):
+
+    dA = D * (dO V^T),  dV += (D * A)^T dO,  dC = dA * P,  dP = dA * C,
+    dS = normalization.grad_logits(dP, P, ...),   (softmax: dS = P * (dP - delta),
+                                                    delta_i = rowsum(dO * O) = sum_j P_ij dP_ij)
+    dQ += scale * dS K,  dK += dS^T (scale * Q),  bias and float-mask gradients += dS.
+
+Keys are stored in reversed order so that Toeplitz tiles are strided views (see `fused_terms`).
+Causal masking skips the keys no query of a block can see; only the first key block of each query
+block is partly masked. Dropout draws its keep mask from a generator seeded per tile, so the
+backward pass regenerates exactly the mask the forward pass used. Half precision is computed in
+float32. Pure PyTorch ops: runs wherever PyTorch does.
+
+The two entry points, `blockwise_forward` and `blockwise_backward`, take only tensors and scalars:
+they are the bodies of the custom ops in `fused`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .fused_terms import DenseTile, RelationTile, ToeplitzTile, hankel_view
+from .masks import visible_key_counts
+from .normalization import NORMALIZATIONS, Normalization
+
+# Chosen by measurement on a 2-core AVX-512 CPU (see BENCHMARKS.md): tiles of 128 queries
+# against up to 2048 keys keep Python overhead small while a tile stays a few MB per head.
+BLOCK_Q = 128
+BLOCK_K = 2048
+
+Reader = DenseTile | ToeplitzTile | RelationTile
+
+
+@dataclass
+class _Plan:
+    """Everything about a call that is not a differentiable tensor."""
+
+    batch: int
+    heads: int
+    lq: int
+    lk: int
+    norm: Normalization
+    is_causal: bool
+    key_padding_mask: Tensor | None  # (B|1, Lk), reversed key order
+    padded_prefix: list[int] | None  # padded_prefix[c]: reversed columns < c padded in any row
+    keep: DenseTile | None  # a boolean attn_mask, read per tile
+    dropout_p: float
+    seed: int
+    block_q: int
+    block_k: int
+    one_shot: (
+        bool  # whether a query block that meets all its keys in one tile may use norm.one_shot
+    )
+    compute_dtype: torch.dtype
+    device: torch.device
+
+
+class _Workspace:
+    """Reused tile buffers. Allocating a fresh multi-MB tensor per tile costs page faults on CPU
+    that take as long as the arithmetic; each named buffer is allocated once per call."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.capacity = plan.batch * plan.heads * min(plan.block_q, plan.lq)
+        self.capacity *= min(plan.block_k, plan.lk)
+        self.plan = plan
+        self.buffers: dict[str, Tensor] = {}
+
+    def __call__(self, name: str, *shape: int) -> Tensor:
+        size = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.empty(
+                max(size, self.capacity), dtype=self.plan.compute_dtype, device=self.plan.device
+            )
+            self.buffers[name] = buffer
+        return buffer[:size].view(shape)
+
+
+def _tiles(plan: _Plan):
+    """(query block, key block) pairs: yields tile id, i0, i1, c0, c1, the causal threshold t and
+    whether this is the query block's first key block.
+
+    Causal: query i sees reversed column c iff i + c >= Lq - 1, so in a tile entry (r, s) is
+    visible iff r + s >= t with t = Lq - 1 - i0 - c0 (everything visible when t <= 0).
+    """
+    n_kblocks = -(-plan.lk // plan.block_k) + 1
+    for qi, i0 in enumerate(range(0, plan.lq, plan.block_q)):
+        i1 = min(i0 + plan.block_q, plan.lq)
+        start = _first_column(plan, i1)
+        for kj, c0 in enumerate(range(start, plan.lk, plan.block_k)):
+            c1 = min(c0 + plan.block_k, plan.lk)
+            t = plan.lq - 1 - i0 - c0 if plan.is_causal else 0
+            yield qi * n_kblocks + kj, i0, i1, c0, c1, t, kj == 0
+
+
+def _first_column(plan: _Plan, i1: int) -> int:
+    """The first reversed column any query of a block ending at i1 sees (causal skipping). A
+    block that sees no key at all (Lq > Lk) meets no tile and keeps its zero output."""
+    return max(0, plan.lq - i1) if plan.is_causal else 0
+
+
+def _masked_entries(plan: _Plan, i0: int, i1: int, c0: int, c1: int, t: int) -> Tensor | None:
+    """Bool broadcastable to (B, H, bq, bk), True where the pair is hidden; None if none is."""
+    masked = None
+    if t > 0:
+        m = torch.arange(i1 - i0 + c1 - c0 - 1, device=plan.device)
+        masked = hankel_view(m < t, i1 - i0, c1 - c0)[None, None]
+    if plan.padded_prefix is not None and plan.padded_prefix[c1] > plan.padded_prefix[c0]:
+        padded = plan.key_padding_mask[:, None, None, c0:c1]
+        masked = padded if masked is None else masked | padded
+    if plan.keep is not None:
+        hidden = ~plan.keep.tile(i0, i1, c0, c1)
+        masked = hidden if masked is None else masked | hidden
+    return masked
+
+
+def _dropout_keep(plan: _Plan, tile_id: int, keep: Tensor) -> Tensor:
+    """Fill `keep` with the tile's keep mask scaled by 1 / (1 - p); a tile id always gives the
+    same mask."""
+    generator = torch.Generator(device=keep.device)
+    generator.manual_seed((plan.seed + 1_000_003 * tile_id) % (2**63))
+    keep.bernoulli_(1.0 - plan.dropout_p, generator=generator)
+    return keep.div_(1.0 - plan.dropout_p)
+
+
+def _scores(plan, q_tile, k_blk, additive, i0, i1, c0, c1, masked, out: Tensor) -> Tensor:
+    """s = scale q k^T + B + M for one tile, hidden pairs at the normalisation's hidden logit,
+    written into `out` (B*H, bq, bk); returned as (B, H, bq, bk)."""
+    s = torch.bmm(q_tile, k_blk.transpose(1, 2), out=out)
+    s = s.view(plan.batch, plan.heads, i1 - i0, c1 - c0)
+    for term in additive:
+        s.add_(term.tile(i0, i1, c0, c1))
+    if masked is not None:
+        s.masked_fill_(masked, plan.norm.hidden_logit)
+    return s
+
+
+def _single_block(plan: _Plan, i0: int, i1: int) -> bool:
+    """Whether query block [i0, i1) meets all its keys in one tile. A normalisation with a
+    `one_shot` form then runs it as one fused op instead of the online recurrence."""
+    return plan.one_shot and plan.lk - _first_column(plan, i1) <= plan.block_k
+
+
+def _accumulate(target: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
+    """target = a @ b on the first call, target += a @ b after (batched)."""
+    if first:
+        torch.bmm(a, b, out=target)
+    else:
+        target.baddbmm_(a, b)
+
+
+def _fixed_statistic(plan: _Plan, key_padding_mask, attn_mask) -> Tensor | None:
+    """r_i for normalisations that know it before the first tile, as (B, H, Lq, 1)."""
+    if plan.norm.fixed_statistic is None:
+        return None
+    keep = attn_mask if attn_mask is not None and attn_mask.dtype == torch.bool else None
+    counts = visible_key_counts(
+        key_padding_mask, keep, plan.is_causal, plan.lq, plan.lk, device=plan.device
+    )  # (B|1, H|1, Lq), keys in their original order
+    counts = counts.to(plan.compute_dtype)[..., None].expand(plan.batch, plan.heads, plan.lq, 1)
+    return plan.norm.fixed_statistic(counts.contiguous())
+
+
+def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
+    """Output (B*H, Lq, Dv) and the row statistic r (B, H, Lq, 1) used by the backward pass."""
+    b, h, n = plan.batch, plan.heads, plan.batch * plan.heads
+    dtype, device = plan.compute_dtype, q_s.device
+    norm = plan.norm
+    out = torch.zeros(n, plan.lq, v_r.shape[-1], dtype=dtype, device=device)
+    power = norm.running_power
+    row_max = torch.full((b, h, plan.lq, 1), float("-inf"), dtype=dtype, device=device)
+    row_sum = torch.zeros(b, h, plan.lq, 1, dtype=dtype, device=device)
+    work = _Workspace(plan)
+    for tile_id, i0, i1, c0, c1, t, first in _tiles(plan):
+        bq, bk = i1 - i0, c1 - c0
+        rows = slice(None), slice(None), slice(i0, i1)
+        if first:  # contiguous operands keep the batched matmuls on their fast path
+            q_tile = q_s[:, i0:i1].contiguous()
+            acc = work("acc", n, bq, v_r.shape[-1])
+            one_shot = _single_block(plan, i0, i1)
+        masked = _masked_entries(plan, i0, i1, c0, c1, t)
+        s = _scores(plan, q_tile, k_r[:, c0:c1], additive, i0, i1, c0, c1, masked,
+                    work("s", n, bq, bk))  # fmt: skip
+        if one_shot:  # already normalised; rows with nothing visible come out nan, zeroed below
+            p = norm.one_shot(s)
+            row_sum[rows] = 1.0
+            if masked is not None and gate is None:
+                p.masked_fill_(masked, 0.0)
+        elif power is not None:  # online statistic: rescale what earlier key blocks gave
+            m_old = row_max[rows]
+            m_new = torch.maximum(m_old, s.amax(-1, keepdim=True))
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            p, _ = norm.tile_weights(s, shift)
+            if not first:
+                alpha = torch.exp(m_old - shift)  # m_old <= shift, or both -inf -> 0
+                row_sum[rows] *= alpha if power == 1 else alpha.pow(power)
+                acc.mul_(alpha.view(n, bq, 1))
+            row_sum[rows] += (p if power == 1 else p.pow(power)).sum(-1, keepdim=True)
+            row_max[rows] = m_new
+        else:  # the statistic is known up front
+            p, _ = norm.tile_weights(s, fixed[rows])
+        if gate is not None:
+            p.mul_(gate.tile(i0, i1, c0, c1))
+            if masked is not None:  # a gate may hold inf/nan far away: hidden pairs stay 0
+                p.masked_fill_(masked, 0.0)
+        if plan.dropout_p > 0.0:
+            p.mul_(_dropout_keep(plan, tile_id, work("keep", b, h, bq, bk)))
+        _accumulate(acc, p.view(n, bq, bk), v_r[:, c0:c1], first)
+        if c1 == plan.lk:  # the query block's last key block
+            out[:, i0:i1] = acc
+    if power is None:
+        return out, fixed
+    out.div_(torch.where(row_sum > 0, row_sum.pow(1.0 / power), 1.0).view(n, plan.lq, 1))
+    stat = torch.where(row_sum > 0, row_max + row_sum.log() / power, float("inf"))
+    return out, stat
+
+
+def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
+    """Gradients for q (unscaled by `scale`), reversed k and reversed v; terms accumulate theirs."""
+    b, h, n = plan.batch, plan.heads, plan.batch * plan.heads
+    norm = plan.norm
+    dq = torch.zeros_like(q_s)
+    dk = torch.zeros_like(k_r)
+    dv = torch.zeros_like(v_r)
+    delta = None
+    if norm.needs_delta:
+        delta = (grad_out * out).sum(-1).view(b, h, plan.lq, 1)
+    additive_grads = [term for term in additive if term.grad is not None]
+    work = _Workspace(plan)
+    for tile_id, i0, i1, c0, c1, t, first in _tiles(plan):
+        bq, bk = i1 - i0, c1 - c0
+        if first:
+            q_tile = q_s[:, i0:i1].contiguous()
+            do = grad_out[:, i0:i1].contiguous()  # (N, bq, Dv)
+            dq_tile = work("dq", n, bq, q_s.shape[-1])
+            one_shot = _single_block(plan, i0, i1)
+        k_blk, v_blk = k_r[:, c0:c1], v_r[:, c0:c1]
+        masked = _masked_entries(plan, i0, i1, c0, c1, t)
+        s = _scores(plan, q_tile, k_blk, additive, i0, i1, c0, c1, masked, work("s", n, bq, bk))
+        rows = slice(None), slice(None), slice(i0, i1)
+        aux = None
+        if one_shot:
+            p = norm.one_shot(s)
+            if masked is not None:
+                p.masked_fill_(masked, 0.0)  # rows with nothing visible: nan -> 0
+        else:
+            p, aux = norm.tile_weights(s, stat[rows])
+        da = torch.bmm(do, v_blk.transpose(1, 2), out=work("da", n, bq, bk))
+        da = da.view(b, h, bq, bk)
+        keep = None
+        if plan.dropout_p > 0.0:
+            keep = _dropout_keep(plan, tile_id, work("keep", b, h, bq, bk))
+            da.mul_(keep)
+        a, dp = p, da
+        if gate is not None:
+            c = gate.tile(i0, i1, c0, c1)
+            a = torch.mul(p, c, out=work("a", b, h, bq, bk))
+            if gate.grad is not None:
+                gate.add_grad(i0, i1, c0, c1, torch.mul(da, p, out=work("dc", b, h, bq, bk)))
+            dp = da.mul_(c)
+            if masked is not None:  # a gate may hold inf/nan far away: hidden pairs stay 0
+                a.masked_fill_(masked, 0.0)
+                dp.masked_fill_(masked, 0.0)
+        if keep is not None:
+            a = torch.mul(a, keep, out=work("a", b, h, bq, bk))
+        _accumulate_keys(dv, c0, c1, a.view(n, bq, bk).transpose(1, 2), do, work)
+        ds = norm.grad_logits(dp, p, aux, None if delta is None else delta[rows], stat[rows])
+        for term in additive_grads:
+            term.add_grad(i0, i1, c0, c1, ds)
+        ds = ds.view(n, bq, bk)
+        _accumulate(dq_tile, ds, k_blk, first)
+        _accumulate_keys(dk, c0, c1, ds.transpose(1, 2), q_tile, work)
+        if c1 == plan.lk:
+            dq[:, i0:i1] = dq_tile
+    return dq, dk, dv
+
+
+def _accumulate_keys(target: Tensor, c0: int, c1: int, a: Tensor, b: Tensor, work) -> None:
+    """target[:, c0:c1] += a @ b; through a contiguous buffer unless the slice is all of it."""
+    if c0 == 0 and c1 == target.shape[1]:
+        target.baddbmm_(a, b)
+    else:
+        target[:, c0:c1] += torch.bmm(a, b, out=work("keys", *a.shape[:2], b.shape[-1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points on tensors and scalars (the bodies of the custom ops)
+
+
+@dataclass
+class _Call:
+    """The op's arguments, as read by both passes."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    bias: Tensor | None
+    bias_index: Tensor | None
+    bias_kind: str
+    gate: Tensor | None
+    gate_index: Tensor | None
+    gate_kind: str
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    is_causal: bool
+    normalization: str
+    scale: float
+    dropout_p: float
+    seed: Tensor | None
+    block_q: int
+    block_k: int
+
+
+def _reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader | None:
+    if kind == "none":
+        return None
+    if kind == "toeplitz":
+        return ToeplitzTile(term, lq, dtype, needs_grad)
+    if kind == "relation":
+        return RelationTile(term, index, lk, dtype, needs_grad)
+    return DenseTile(term, lk, dtype, needs_grad)
+
+
+def _may_hold_neg_inf(call: _Call, dtype: torch.dtype) -> bool:
+    """Whether a row's logits could all be -inf without a mask hiding them: an additive term
+    holding -inf, or scale q.k overflowing. The one-shot softmax would turn such a row into NaN;
+    the online recurrence gives 0, as the reference does."""
+    flags = []
+    for term in (call.bias, call.attn_mask):
+        if term is not None and term.dtype != torch.bool:
+            flags.append(torch.isneginf(term).any())
+    if call.q.numel() and call.k.numel():
+        # |s| <= scale * D * max|q| * max|k| (Cauchy-Schwarz on the worst case)
+        q_lo, q_hi = torch.aminmax(call.q.to(dtype))
+        k_lo, k_hi = torch.aminmax(call.k.to(dtype))
+        bound = call.scale * call.q.shape[-1]
+        bound = bound * torch.maximum(-q_lo, q_hi) * torch.maximum(-k_lo, k_hi)
+        flags.append(~(bound < torch.finfo(dtype).max / 4))
+    return bool(torch.stack(flags).any()) if flags else False
+
+
+def _plan(call: _Call) -> tuple[_Plan, dict]:
+    b, h, lq, _ = call.q.shape
+    lk = call.k.shape[-2]
+    dtype = torch.float32 if call.q.dtype in (torch.float16, torch.bfloat16) else call.q.dtype
+    norm = NORMALIZATIONS[call.normalization]
+    mask_r = padded_prefix = None
+    if call.key_padding_mask is not None:
+        mask_r = call.key_padding_mask.flip(-1)
+        # one host sync per call: which key blocks hold any padding at all
+        padded_any = mask_r.any(0).to(torch.int64).cumsum(0).tolist()
+        padded_prefix = [0, *padded_any]
+        if padded_prefix[-1] == 0:
+            mask_r = padded_prefix = None
+    keep = None
+    if call.attn_mask is not None and call.attn_mask.dtype == torch.bool:
+        keep = DenseTile(call.attn_mask, lk, torch.bool, needs_grad=False)
+    plan = _Plan(
+        batch=b,
+        heads=h,
+        lq=lq,
+        lk=lk,
+        norm=norm,
+        is_causal=call.is_causal,
+        key_padding_mask=mask_r,
+        padded_prefix=padded_prefix,
+        keep=keep,
+        dropout_p=float(call.dropout_p),
+        seed=0 if call.seed is None else int(call.seed),
+        block_q=max(1, int(call.block_q)),
+        block_k=max(1, int(call.block_k)),
+        one_shot=norm.one_shot is not None and not _may_hold_neg_inf(call, dtype),
+        compute_dtype=dtype,
+        device=call.q.device,
+    )
+    groups = h // call.k.shape[1]
+    return plan, dict(groups=groups)
+
+
+def _operands(call: _Call, plan: _Plan, groups: int):
+    """(B*H, L, D) in the compute dtype; keys and values reversed (column c = key Lk-1-c) and
+    repeated over query groups."""
+    b, h, lq, d = call.q.shape
+    dtype = plan.compute_dtype
+    k, v = call.k, call.v
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    q_s = (call.q.to(dtype) * call.scale).reshape(b * h, lq, d)
+    k_r = k.to(dtype).flip(-2).reshape(b * h, plan.lk, d)
+    v_r = v.to(dtype).flip(-2).reshape(b * h, plan.lk, v.shape[-1])
+    return q_s, k_r, v_r
+
+
+def _empty(call: _Call) -> bool:
+    b, h, lq, _ = call.q.shape
+    return b * h * lq * call.v.shape[-1] == 0 or call.k.shape[-2] == 0
+
+
+def blockwise_forward(call: _Call) -> tuple[Tensor, Tensor]:
+    """(out (B, H, Lq, Dv) in the compute dtype, row statistic (B, H, Lq, 1))."""
+    b, h, lq, _ = call.q.shape
+    dtype = torch.float32 if call.q.dtype in (torch.float16, torch.bfloat16) else call.q.dtype
+    if _empty(call):
+        out = call.q.new_zeros(b, h, lq, call.v.shape[-1], dtype=dtype)
+        return out, call.q.new_zeros(b, h, lq, 1, dtype=dtype)
+    plan, info = _plan(call)
+    q_s, k_r, v_r = _operands(call, plan, info["groups"])
+    lk = plan.lk
+    bias = _reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, False)
+    mask = None
+    if call.attn_mask is not None and call.attn_mask.dtype != torch.bool:
+        mask = DenseTile(call.attn_mask, lk, dtype, False)
+    gate = _reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, False)
+    additive = [t for t in (bias, mask) if t is not None]
+    fixed = _fixed_statistic(plan, call.key_padding_mask, call.attn_mask)
+    out, stat = _forward(plan, q_s, k_r, v_r, additive, gate, fixed)
+    return out.view(b, h, lq, -1), stat
+
+
+def blockwise_backward(
+    call: _Call, grad_out: Tensor, out: Tensor, stat: Tensor, needs: tuple[bool, bool, bool]
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients (dq, dk, dv, d bias tensor, d gate tensor, d float attn_mask); needs says which
+    of the last three are wanted (None otherwise)."""
+    b, h, lq, d = call.q.shape
+    if _empty(call):
+        grads = [torch.zeros_like(t) for t in (call.q, call.k, call.v)]
+        terms = (call.bias, call.gate, call.attn_mask)
+        return (
+            *grads,
+            *(torch.zeros_like(t) if w else None for t, w in zip(terms, needs, strict=True)),
+        )
+    plan, info = _plan(call)
+    dtype, lk = plan.compute_dtype, plan.lk
+    q_s, k_r, v_r = _operands(call, plan, info["groups"])
+    bias = _reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, needs[0])
+    gate = _reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, needs[1])
+    mask = None
+    if call.attn_mask is not None and call.attn_mask.dtype != torch.bool:
+        mask = DenseTile(call.attn_mask, lk, dtype, needs[2])
+    additive = [t for t in (bias, mask) if t is not None]
+    grad_out = grad_out.to(dtype).reshape(b * h, lq, -1)
+    out = out.reshape(b * h, lq, -1)
+    dq, dk, dv = _backward(plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out)
+    dq = (dq * call.scale).view(b, h, lq, d).to(call.q.dtype)
+    dk = dk.view(b, h, lk, d).flip(-2)
+    dv = dv.view(b, h, lk, -1).flip(-2)
+    groups = info["groups"]
+    if groups > 1:  # a key/value head's gradient sums over the query heads that read it
+        dk = dk.view(b, h // groups, groups, lk, d).sum(2)
+        dv = dv.view(b, h // groups, groups, lk, -1).sum(2)
+    term_grads = []
+    for reader, tensor in ((bias, call.bias), (gate, call.gate), (mask, call.attn_mask)):
+        grad = None if reader is None or reader.grad is None else reader.grads()
+        term_grads.append(None if grad is None else grad.to(tensor.dtype))
+    return (dq, dk.to(call.k.dtype), dv.to(call.v.dtype), *term_grads)

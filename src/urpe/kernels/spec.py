@@ -1,0 +1,308 @@
+"""The resolved attention call that every backend receives, and the checks that build it.
+
+`resolve` turns `urpe.attention`'s arguments into one `AttentionSpec`: every argument checked (one
+clear error naming it), SDPA's leading batch dims flattened into one, masks and terms brought to
+4-D, `Relation` indices range-checked, and the defaults filled in. Backends then read a small
+object instead of a list of keyword arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from .normalization import NORMALIZATIONS, Normalization
+from .ops import checked_relation_index
+from .tables import PositionTerm, Relation, Toeplitz
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One attention call, resolved. Shapes use B for the flattened leading dims.
+
+    q: (B, H, Lq, D). k: (B, Hkv, Lk, D). v: (B, Hkv, Lk, Dv). H is a multiple of Hkv (grouped
+    queries: query head h uses key/value head h // (H / Hkv)).
+    bias, gate: None, a dense tensor (B|1, H|1, Lq|1, Lk|1), a `Toeplitz`, or a `Relation` whose
+    index is (B|1, Lq, Lk) int64 and already range-checked.
+    attn_mask: None or 4-D (B|1, H|1, Lq|1, Lk|1): bool (True takes part) or float (added to the
+    logits). key_padding_mask: None or (B|1, Lk) bool, True marks a padded key.
+    dropout_seed: None (the backend draws one) or an int64 scalar tensor.
+    batch_shape: the caller's leading dims, restored on the output.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    bias: PositionTerm | None = None
+    gate: PositionTerm | None = None
+    attn_mask: Tensor | None = None
+    key_padding_mask: Tensor | None = None
+    is_causal: bool = False
+    normalization: str = "softmax"
+    scale: float = 1.0
+    dropout_p: float = 0.0
+    dropout_seed: Tensor | None = None
+    batch_shape: tuple[int, ...] = ()
+
+    @property
+    def batch(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return self.heads // max(self.kv_heads, 1)
+
+    @property
+    def lq(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def lk(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[3]
+
+    @property
+    def value_dim(self) -> int:
+        return self.v.shape[3]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        # Half precision is computed in float32: the paper's code also runs the softmax there.
+        return torch.float32 if self.q.dtype in HALF else self.q.dtype
+
+    @property
+    def norm(self) -> Normalization:
+        return NORMALIZATIONS[self.normalization]
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute: the output is empty, or no query has any key (then all 0)."""
+        return self.batch * self.heads * self.lq * self.value_dim == 0 or self.lk == 0
+
+    def replace(self, **changes) -> AttentionSpec:
+        return replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+def _check_qkv(q, k, v, enable_gqa: bool) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+        if t.dim() < 3:
+            raise ValueError(
+                f"{name} must have shape (..., H, L, D), got rank {t.dim()}: {tuple(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    if not (q.dim() == k.dim() == v.dim()) or not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise ValueError(
+            f"q, k, v must share their leading (batch) dims before (H, L, D): got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    h, hkv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != hkv:
+        raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
+    if hkv != h:
+        if not enable_gqa:
+            raise ValueError(
+                f"q has {h} heads but k, v have {hkv}: q, k, v must agree in batch and heads, "
+                "or pass enable_gqa=True for grouped-query attention"
+            )
+        if hkv == 0 or h % hkv:
+            raise ValueError(
+                f"enable_gqa needs q's heads ({h}) to be a multiple of k's and v's ({hkv})"
+            )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k head dim {k.shape[-1]} does not match q head dim {q.shape[-1]}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v length {v.shape[-2]} does not match k length {k.shape[-2]}")
+
+
+def _broadcasts(name: str, shape: tuple[int, ...], full: tuple[int, ...], what: str) -> None:
+    if len(shape) > len(full):
+        raise ValueError(f"{name} must broadcast to {what} = {full}, got rank {len(shape)}")
+    try:
+        out = torch.broadcast_shapes(shape, full)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} does not broadcast to {what} = {full}"
+        ) from None
+    if out != full:
+        raise ValueError(f"{name} of shape {tuple(shape)} is larger than {what} = {full}")
+
+
+def _check_device(name: str, t: Tensor, q: Tensor) -> None:
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _check_term(name: str, term, q: Tensor, full: tuple[int, ...]) -> None:
+    """full: (*batch, H, Lq, Lk)."""
+    if term is None:
+        return
+    if isinstance(term, Tensor):
+        if not term.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {term.dtype}")
+        _broadcasts(name, tuple(term.shape), full, "(..., H, Lq, Lk)")
+        _check_device(name, term, q)
+        return
+    if isinstance(term, (Toeplitz, Relation)):
+        heads = full[-3]
+        if term.num_heads not in (1, heads):
+            raise ValueError(
+                f"{name} table has {term.num_heads} heads, expected 1 or {heads} (q's heads)"
+            )
+        if term.table.dtype != q.dtype and q.dtype not in HALF:
+            raise TypeError(
+                f"{name} table dtype {term.table.dtype} does not match q dtype {q.dtype}"
+            )
+        _check_device(f"{name} table", term.table, q)
+        if isinstance(term, Relation):
+            want = (*full[:-3], full[-2], full[-1])
+            if term.index.shape[-2:] != want[-2:]:
+                raise ValueError(
+                    f"{name} index has shape {tuple(term.index.shape)}, expected (..., "
+                    f"{want[-2]}, {want[-1]}) with leading dims broadcastable to {want[:-2]}"
+                )
+            _broadcasts(f"{name} index", tuple(term.index.shape), want, "(..., Lq, Lk)")
+            _check_device(f"{name} index", term.index, q)
+        return
+    raise TypeError(
+        f"{name} must be a Tensor, urpe.Toeplitz or urpe.Relation, got {type(term).__name__}"
+    )
+
+
+def _flatten_leading(t: Tensor, batch_shape: tuple[int, ...], trailing: int) -> Tensor:
+    """(..., *trailing dims) broadcastable over batch_shape -> (B|1, *trailing dims).
+
+    No copy when the leading dims are all 1 or all of batch_shape; a partial broadcast expands.
+    """
+    t = t.reshape((1,) * (len(batch_shape) + trailing - t.dim()) + tuple(t.shape))
+    lead, rest = tuple(t.shape[: len(batch_shape)]), tuple(t.shape[len(batch_shape) :])
+    if all(n == 1 for n in lead):
+        return t.reshape(1, *rest)
+    if lead != batch_shape:
+        t = t.expand(*batch_shape, *rest)
+    return t.reshape(math.prod(batch_shape), *rest)
+
+
+def _flatten_term(name: str, term, batch_shape: tuple[int, ...]):
+    if term is None or isinstance(term, Toeplitz):
+        return term
+    if isinstance(term, Relation):
+        index = _flatten_leading(term.index, batch_shape, 2)  # (B|1, Lq, Lk)
+        return Relation(term.table, checked_relation_index(index, term.num_relations, name))
+    return _flatten_leading(term, batch_shape, 3)  # (B|1, H|1, Lq|1, Lk|1)
+
+
+def resolve(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    bias: PositionTerm | None = None,
+    gate: PositionTerm | None = None,
+    key_padding_mask: Tensor | None = None,
+    normalization: str = "softmax",
+    dropout_seed: int | Tensor | None = None,
+) -> AttentionSpec:
+    """Check `urpe.attention`'s arguments and build the spec (see `urpe.attention`)."""
+    _check_qkv(q, k, v, enable_gqa)
+    *batch, h, lq, d = q.shape
+    batch_shape = tuple(batch)
+    lk = k.shape[-2]
+    full = (*batch_shape, h, lq, lk)
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"normalization must be one of {tuple(NORMALIZATIONS)}, got {normalization!r}"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    elif not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    _check_term("bias", bias, q, full)
+    _check_term("gate", gate, q, full)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"attn_mask must be a Tensor, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise TypeError(
+                f"attn_mask must be bool (True takes part) or floating point (added to the "
+                f"logits), got {attn_mask.dtype}"
+            )
+        _broadcasts("attn_mask", tuple(attn_mask.shape), full, "(..., H, Lq, Lk)")
+        _check_device("attn_mask", attn_mask, q)
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            raise TypeError("key_padding_mask must be a bool Tensor (True marks a padded key)")
+        _broadcasts("key_padding_mask", tuple(key_padding_mask.shape), (*batch_shape, lk),
+                    "(..., Lk)")  # fmt: skip
+        _check_device("key_padding_mask", key_padding_mask, q)
+    if dropout_seed is not None:
+        if isinstance(dropout_seed, Tensor):
+            if (
+                dropout_seed.dim() != 0
+                or dropout_seed.is_floating_point()
+                or (dropout_seed.dtype == torch.bool)
+            ):
+                raise ValueError("dropout_seed must be an int or a 0-dim integer tensor")
+            dropout_seed = dropout_seed.to(device=q.device, dtype=torch.int64)
+        elif isinstance(dropout_seed, int) and not isinstance(dropout_seed, bool):
+            dropout_seed = torch.tensor(dropout_seed % 2**62, dtype=torch.int64, device=q.device)
+        else:
+            raise TypeError(f"dropout_seed must be an int or a tensor, got {dropout_seed!r}")
+    b = math.prod(batch_shape)
+    return AttentionSpec(
+        q=q.reshape(b, h, lq, d),
+        k=k.reshape(b, k.shape[-3], lk, d),
+        v=v.reshape(b, v.shape[-3], lk, v.shape[-1]),
+        bias=_flatten_term("bias", bias, batch_shape),
+        gate=_flatten_term("gate", gate, batch_shape),
+        attn_mask=None if attn_mask is None else _flatten_leading(attn_mask, batch_shape, 3),
+        key_padding_mask=(
+            None if key_padding_mask is None else _flatten_leading(key_padding_mask, batch_shape, 1)
+        ),
+        is_causal=is_causal,
+        normalization=normalization,
+        scale=float(scale),
+        dropout_p=float(dropout_p),
+        dropout_seed=dropout_seed,
+        batch_shape=batch_shape,
+    )
