@@ -432,3 +432,36 @@ def test_loading_across_share_position_fails_loudly():
     twin.load_state_dict(shared.state_dict())
     tokens = torch.randint(0, 11, (2, 5))
     torch.testing.assert_close(twin(tokens), shared(tokens), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------- registries
+def test_a_registered_encoding_needs_no_other_edit():
+    from urpe.encodings import RelativeEncoding, register_gate, register_position
+
+    @register_position("test-constant", lambda s: ConstantBias(s.num_heads))
+    class ConstantBias(RelativeEncoding):
+        def __init__(self, heads):
+            super().__init__()
+            self.value = torch.nn.Parameter(torch.zeros(1, heads, 1, 1))
+
+        def bias(self, q, positions, scale):
+            return self.value.to(q.dtype)
+
+    @register_gate("test-half", lambda s: HalfGate())
+    class HalfGate(torch.nn.Module):
+        def forward(self, positions):
+            return torch.full((1, 1, 1, 1), 0.5, dtype=torch.float64)
+
+    try:
+        assert "test-constant" in urpe.models.POSITIONS and "test-half" in urpe.models.GATES
+        model = build(urpe.TransformerEncoder, position="test-constant", gate="test-half")
+        assert isinstance(model.layers[1].mixer.position, ConstantBias)
+        assert isinstance(model.layers[1].mixer.gate, HalfGate)
+        assert model(torch.randint(0, 11, (1, 4))).shape == (1, 4, 16)
+        with pytest.raises(ValueError, match="already taken"):
+            register_position("rpe", lambda s: ConstantBias(s.num_heads))(ConstantBias)
+    finally:
+        POSITION_REGISTRY.pop("test-constant")
+        GATE_REGISTRY.pop("test-half")
+    with pytest.raises(ValueError, match="position must be one of"):
+        urpe.TransformerConfig(vocab_size=5, position="test-constant")

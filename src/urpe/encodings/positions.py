@@ -242,9 +242,17 @@ class Positions:
             raise ValueError(f"{message}, got indices {low}..{high}")
 
     def check_shape(
-        self, query_length: int, key_length: int, batch: int, where: str = "positions"
+        self,
+        query_length: int,
+        key_length: int,
+        batch: int,
+        where: str = "positions",
+        device: torch.device | None = None,
     ) -> None:
-        """ValueError unless these positions describe Lq queries over Lk keys in a batch of B."""
+        """ValueError unless these positions describe Lq queries over Lk keys in a batch of B
+        (on `device`, when given)."""
+        if device is not None and self.device != torch.device(device):
+            raise ValueError(f"{where} are on {self.device}, the inputs on {device}")
         if (self.query_length, self.key_length) != (query_length, key_length):
             raise ValueError(
                 f"{where} describe {self.query_length} queries over {self.key_length} keys, "

@@ -65,6 +65,8 @@ class ShawRelative(RelativeEncoding):
                 "replace them (use an encoding that only adds a bias, or NoPosition)"
             )
         kwargs.pop("backend", None)
+        if k.shape[-2] == 0:  # no keys: every row sees nothing and is 0, as in urpe.attention
+            return q.new_zeros(*q.shape[:-1], v.shape[-1])
         check_attention_inputs(
             q, k, v, None, kwargs.get("gate"), kwargs.get("key_padding_mask"),
             kwargs.get("normalization", "softmax"), kwargs.get("dropout_p", 0.0),

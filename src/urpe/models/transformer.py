@@ -121,7 +121,7 @@ class _Transformer(_LoadGuard, nn.Module):
             return Positions.sequence(length, past=past, device=device)
         if not isinstance(positions, Positions):
             raise TypeError(f"positions must be a urpe.Positions, got {type(positions).__name__}")
-        positions.check_shape(length, past + length, batch)
+        positions.check_shape(length, past + length, batch, device=device)
         return positions
 
     def _run(

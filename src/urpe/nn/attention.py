@@ -157,7 +157,7 @@ class MultiheadAttention(nn.Module):
                 positions = Positions.sequence(lq, past=past, device=query.device)
         elif not isinstance(positions, Positions):
             raise TypeError(f"positions must be a urpe.Positions, got {type(positions).__name__}")
-        positions.check_shape(lq, lk, b)
+        positions.check_shape(lq, lk, b, device=query.device)
         q = self.position.rotate(q, positions.query)
         k = self.position.rotate(k, positions.key[..., lk - k.shape[-2] :])  # the new keys
         if cache is not None:
