@@ -9,6 +9,7 @@ import urpe
 from urpe.encodings import alibi_slopes, sinusoid, t5_buckets
 
 F64 = dict(dtype=torch.float64)
+SEQ = urpe.Positions.sequence
 
 
 def dense(term, lq, lk):
@@ -17,7 +18,7 @@ def dense(term, lq, lk):
 
 def test_relative_bias_is_the_table_per_offset_with_clipping():
     enc = urpe.RelativeBias(num_heads=2, max_distance=3)
-    b = dense(enc.bias(torch.zeros(1, 2, 8, 4), 8, 1.0), 8, 8)[0]  # (H, L, L)
+    b = dense(enc.bias(torch.zeros(1, 2, 8, 4), SEQ(8), 1.0), 8, 8)[0]  # (H, L, L)
     for i, j in [(0, 0), (2, 5), (5, 2), (0, 7), (7, 0)]:
         d = max(-3, min(3, j - i))
         assert torch.equal(b[:, i, j], enc.table[:, d + 3])
@@ -40,7 +41,7 @@ def test_alibi_slopes_match_the_paper():
     s6 = alibi_slopes(6)  # 4 from the power of two below, 2 interleaved from 8
     assert torch.allclose(s6, torch.tensor([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]))
     enc = urpe.ALiBi(num_heads=8)
-    b = dense(enc.bias(torch.zeros(1, 8, 5, 4), 5, 1.0), 5, 5)[0]
+    b = dense(enc.bias(torch.zeros(1, 8, 5, 4), SEQ(5), 1.0), 5, 5)[0]
     assert torch.isclose(b[2, 4, 1], torch.tensor(-3 * 2.0**-3))
     assert torch.isclose(b[2, 1, 4], torch.tensor(-3 * 2.0**-3))
 
@@ -51,7 +52,7 @@ def test_kerple_formulas(kind):
     with torch.no_grad():
         enc.raw_r1.copy_(torch.tensor([0.3, -0.2]))
         enc.raw_r2.copy_(torch.tensor([0.1, 0.5]))
-    b = dense(enc.bias(torch.zeros(1, 2, 6, 4), 6, 1.0), 6, 6)[0]
+    b = dense(enc.bias(torch.zeros(1, 2, 6, 4), SEQ(6), 1.0), 6, 6)[0]
     r1, r2 = enc._params()
     r1, r2 = r1[:, 0], r2[:, 0]
     dist = torch.tensor(4.0)
@@ -64,7 +65,7 @@ def test_kerple_formulas(kind):
 
 def test_fire_depends_on_query_position_and_extrapolates():
     enc = urpe.FireBias(num_heads=3, init_threshold=4.0).double()
-    b = enc.bias(torch.zeros(1, 3, 10, 4, **F64), 10, 1.0)
+    b = enc.bias(torch.zeros(1, 3, 10, 4, **F64), SEQ(10), 1.0)
     assert b.shape == (1, 3, 10, 10)
     # Same offset (-2) at different query positions beyond the threshold: different values.
     assert not torch.allclose(b[0, :, 6, 4], b[0, :, 9, 7])
@@ -94,7 +95,7 @@ def test_shaw_matches_its_formula():
         enc.keys.normal_()
         enc.values.normal_()
     q, k, v = (torch.randn(b, h, l, d, **F64) for _ in range(3))
-    out = enc.attend(q, k, v, scale=0.5)
+    out = enc.attend(q, k, v, positions=SEQ(l), scale=0.5)
     want = torch.zeros_like(out)
     for hi in range(h):
         for i in range(l):
@@ -111,7 +112,7 @@ def test_transformer_xl_matches_its_formula():
     b, h, l, d, dim = 1, 2, 4, 3, 6
     enc = urpe.TransformerXLRelative(dim, h, d).double()
     q, k, v = (torch.randn(b, h, l, d, **F64) for _ in range(3))
-    out = enc.attend(q, k, v, scale=0.5, backend="reference")
+    out = enc.attend(q, k, v, positions=SEQ(l), scale=0.5, backend="reference")
     w_r = enc.project.weight.view(h, d, dim)
     u, vb = enc.content_bias[:, 0], enc.position_bias[:, 0]
     want = torch.zeros_like(out)
@@ -138,13 +139,13 @@ def test_sinusoid_values():
 
 def test_gate_defaults_to_ones_and_options_apply():
     gate = urpe.ToeplitzGate(num_heads=2, max_distance=3)
-    assert torch.equal(gate(4, 4).dense(4, 4), torch.ones(1, 2, 4, 4))
+    assert torch.equal(gate(SEQ(4)).dense(4, 4), torch.ones(1, 2, 4, 4))
     normal = urpe.ToeplitzGate(2, 3, init="normal", init_std=1.0)
     assert normal.table.std() > 0.3
     relu = urpe.ToeplitzGate(2, 3, init="normal", init_std=1.0, activation="relu")
-    assert (relu(4, 4).table >= 0).all() and (relu.table < 0).any()
+    assert (relu(SEQ(4)).table >= 0).all() and (relu.table < 0).any()
     bucketed = urpe.ToeplitzGate(2, num_buckets=8, bucket_max_distance=16)
-    assert bucketed.table.shape == (2, 8) and bucketed(5, 5).table.shape == (2, 9)
+    assert bucketed.table.shape == (2, 8) and bucketed(SEQ(5)).table.shape == (2, 9)
     with pytest.raises(ValueError, match="init must be"):
         urpe.ToeplitzGate(2, 3, init="zeros")
 
@@ -152,5 +153,5 @@ def test_gate_defaults_to_ones_and_options_apply():
 def test_gate_gradients_reach_the_table():
     gate = urpe.ToeplitzGate(2, 2, num_buckets=None).double()
     q, k, v = (torch.randn(1, 2, 5, 4, **F64) for _ in range(3))
-    urpe.attention(q, k, v, gate=gate(5, 5)).sum().backward()
+    urpe.attention(q, k, v, gate=gate(SEQ(5))).sum().backward()
     assert gate.table.grad is not None and gate.table.grad.abs().sum() > 0

@@ -6,31 +6,26 @@ import pytest
 import torch
 
 import urpe
+from urpe.encodings import ABSOLUTE_REGISTRY, GATE_REGISTRY, POSITION_REGISTRY
+
+SEQUENCE = {n: r for n, r in POSITION_REGISTRY.items() if not r.uses_relation}
+SEQUENCE_GATES = [n for n, r in GATE_REGISTRY.items() if not r.uses_relation]
 
 # Position enters only the logits before a softmax: rows sum to 1, so identical values give
-# identical outputs.
+# identical outputs. Read from the registry: every encoding that does not touch the values.
 INSIDE_SOFTMAX = {
-    "none": dict(position="none"),
-    "rpe": dict(position="rpe"),
-    "t5": dict(position="t5"),
-    "alibi": dict(position="alibi"),
-    "rope": dict(position="rope"),
-    "kerple-log": dict(position="kerple-log"),
-    "kerple-power": dict(position="kerple-power"),
-    "fire": dict(position="fire"),
-    "txl": dict(position="txl"),
-    "rpe-with-ones-gate": dict(position="rpe", gate="toeplitz"),  # C = 1: URPE at init is RPE
-}
+    **{n: dict(position=n) for n, r in SEQUENCE.items() if not r.cls.value_side},
+    **{f"rpe-with-ones-{g}-gate": dict(position="rpe", gate=g) for g in SEQUENCE_GATES},
+}  # a gate at its init (ones): URPE at init is RPE
 # Designs that break the row-sum constraint or give tokens positions of their own.
 POSITION_AWARE = {
-    "urpe": dict(position="rpe", gate="toeplitz"),
+    **{f"urpe-{g}": dict(position="rpe", gate=g) for g in SEQUENCE_GATES},
     "urpe-t5": dict(position="t5", gate="t5"),
     "exp": dict(position="rpe", normalization="exp"),
     "l2": dict(position="rpe", normalization="l2"),
     "relu2": dict(position="rpe", normalization="relu2"),
-    "shaw": dict(position="shaw"),
-    "ape": dict(absolute="learned"),
-    "sinusoidal": dict(absolute="sinusoidal"),
+    **{n: dict(position=n) for n, r in SEQUENCE.items() if r.cls.value_side},
+    **{f"absolute-{n}": dict(absolute=n) for n in ABSOLUTE_REGISTRY},
     "markers": dict(position="rpe", markers=True),
     "bilinear-mixer": dict(position="rpe", mixers={0: "bilinear"}),
 }
@@ -75,10 +70,12 @@ def test_row_sum_breaking_designs_tell_identical_tokens_apart(name, depth):
 
 
 # Purely relative designs: outputs depend on offsets, never on absolute positions. (FIRE is left
-# out: it normalises offsets by the query's position.)
+# out, by its `shift_invariant` flag: it normalises offsets by the query position.)
 SHIFT_INVARIANT = {
     name: overrides for name, overrides in {**INSIDE_SOFTMAX, **POSITION_AWARE}.items()
-    if name not in ("fire", "ape", "sinusoidal", "markers", "bilinear-mixer")
+    if POSITION_REGISTRY[overrides.get("position", "none")].cls.shift_invariant
+    and "absolute" not in overrides and not overrides.get("markers")
+    and not overrides.get("mixers")
 }  # fmt: skip
 
 

@@ -1,35 +1,82 @@
 """The one interface through which position information enters an attention layer.
 
 An encoding may rotate queries and keys (RoPE), return a term added to the logits (RPE, T5,
-ALiBi, KERPLE, FIRE), or take over the whole attention call when it also changes the values
-(Shaw) or the content term (Transformer-XL). The attention module never branches on which.
+ALiBi, KERPLE, FIRE, relation bias), or take over the whole attention call when it also changes
+the values (Shaw) or the content term (Transformer-XL). The attention module never branches on
+which. Every method reads where queries and keys sit from a `Positions` object.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..kernels import PositionTerm, attention
+from ..kernels import PositionTerm, Relation, Toeplitz, attention
+from .positions import Positions
+from .registry import register_position
 
 
 class RelativeEncoding(nn.Module):
-    """Base class, and by itself "no position information" (NoPE)."""
+    """Base class, and by itself "no position information" (NoPE).
+
+    Two class attributes state what an encoding is, for documentation and for tests that
+    enumerate the registry:
+        value_side: adds position information to the values as well (Shaw), so it can tell
+            identical tokens apart under softmax; False for encodings that only edit logits.
+        shift_invariant: depends on offsets key - query only, never on absolute positions
+            (False for FIRE, which normalises by the query position).
+    """
+
+    value_side: bool = False
+    shift_invariant: bool = True
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Applied to q and k as they are produced. x (B, H, L, D), positions (L,) absolute."""
+        """Applied to q and k as they are produced.
+
+        x: (B, H, L, D). positions: (L,) or (B, L) absolute positions of those L rows
+        (`Positions.query` for queries, the new keys' part of `Positions.key` for keys).
+        """
         return x
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> PositionTerm | None:
-        """The pre-normalisation term for queries q (B, H, Lq, D) against Lk keys.
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm | None:
+        """The pre-normalisation term for queries q (B, H, Lq, D) at `positions`.
 
-        Queries are the last Lq of the Lk positions (see `urpe.kernels.query_positions`).
+        Returns a `Toeplitz` table when the positions are aligned (see `Positions.is_aligned`),
+        else an exact `Relation` or dense (B or 1, H, Lq, Lk) term; None for no term.
         """
         return None
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float, **kwargs) -> Tensor:
-        """The attention call with this encoding; kwargs are `urpe.attention`'s (gate, masks...)."""
-        return attention(q, k, v, bias=self.bias(q, k.shape[-2], scale), scale=scale, **kwargs)
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        positions: Positions,
+        scale: float,
+        bias: PositionTerm | None = None,
+        **kwargs,
+    ) -> Tensor:
+        """The attention call with this encoding; kwargs are `urpe.attention`'s (gate, masks...).
+
+        bias: a precomputed term that replaces this encoding's own bias.
+        """
+        if bias is None:
+            bias = self.bias(q, positions, scale)
+        return attention(q, k, v, bias=bias, scale=scale, **kwargs)
 
 
+@register_position("none", lambda s: NoPosition())
 class NoPosition(RelativeEncoding):
     """NoPE: attention sees no position at all (causal masking may still leak some)."""
+
+
+def clipped_table_term(table: Tensor, positions: Positions) -> Toeplitz | Relation:
+    """A per-head table over clipped offsets, table (H, 2K+1) with column d + K for offset d.
+
+    Aligned positions keep the `Toeplitz` structure; otherwise the same lookup as an exact
+    `Relation` indexed by clamp(key - query, -K, K) + K.
+    """
+    if positions.is_aligned:
+        return Toeplitz(table)
+    k = (table.shape[-1] - 1) // 2
+    return Relation(table, positions.offsets().clamp(-k, k) + k)  # index (B or 1, Lq, Lk)

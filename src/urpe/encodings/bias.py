@@ -1,8 +1,9 @@
 """Encodings that only add a term to the logits, before normalisation.
 
 Under softmax none of these can tell identical tokens apart (rows of the attention matrix sum
-to 1, so identical values give identical outputs): they are the paper's "RPE" family. Each
-returns a `Toeplitz` table (or, for FIRE, a dense tensor) so fused kernels can read it per tile.
+to 1, so identical values give identical outputs): they are the paper's "RPE" family. On aligned
+positions each returns a `Toeplitz` table (FIRE: a dense tensor) so fused kernels can read it per
+tile; on arbitrary positions (per row, offset) an exact `Relation` or dense term.
 """
 
 from __future__ import annotations
@@ -13,17 +14,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import PositionTerm, Toeplitz, query_positions
-from .base import RelativeEncoding
+from ..kernels import PositionTerm, Relation, Toeplitz
+from .base import RelativeEncoding, clipped_table_term
 from .buckets import t5_buckets
+from .positions import Positions
+from .registry import register_position
 
 
 def all_offsets(lq: int, lk: int, device=None) -> Tensor:
     """Every offset j - pos(i) possible for Lq queries over Lk keys: -K..K, shape (2K+1,)."""
-    k = max(lq, lk) - 1
+    k = max(lq, lk, 1) - 1
     return torch.arange(-k, k + 1, device=device)
 
 
+def distances(positions: Positions) -> Tensor:
+    """|key - query| as a (B or 1, 1, Lq, Lk) tensor, for terms that are a function of it."""
+    return positions.offsets().abs()[:, None]
+
+
+@register_position("rpe", lambda s: RelativeBias(s.num_heads, s.max_distance))
 class RelativeBias(RelativeEncoding):
     """The paper's RPE ("unique" mode): one learned scalar per head per offset, b_ij = m(j - i).
 
@@ -37,10 +46,14 @@ class RelativeBias(RelativeEncoding):
             raise ValueError(f"max_distance must be >= 0, got {max_distance}")
         self.table = nn.Parameter(torch.randn(num_heads, 2 * max_distance + 1) * init_std)
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> PositionTerm:
-        return Toeplitz(self.table)
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
+        return clipped_table_term(self.table, positions)
 
 
+@register_position(
+    "t5",
+    lambda s: T5Bias(s.num_heads, s.num_buckets, s.bucket_max_distance, bidirectional=not s.causal),
+)
 class T5Bias(RelativeEncoding):
     """T5's relative bias: one learned scalar per head per log-spaced bucket of offsets."""
 
@@ -57,10 +70,22 @@ class T5Bias(RelativeEncoding):
         self.bidirectional = bidirectional
         self.table = nn.Parameter(torch.randn(num_heads, num_buckets) * init_std)
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> PositionTerm:
-        offsets = all_offsets(q.shape[-2], lk, q.device)
-        buckets = t5_buckets(offsets, self.num_buckets, self.max_distance, self.bidirectional)
-        return Toeplitz(self.table[:, buckets])  # (H, 2K+1)
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
+        return bucketed_term(
+            self.table, positions, self.num_buckets, self.max_distance, self.bidirectional
+        )
+
+
+def bucketed_term(
+    table: Tensor, positions: Positions, num_buckets: int, max_distance: int, bidirectional: bool
+) -> Toeplitz | Relation:
+    """A per-head table over T5 buckets, (H, num_buckets), as a term at these positions."""
+    if positions.is_aligned:
+        offsets = all_offsets(positions.query_length, positions.key_length, table.device)
+        buckets = t5_buckets(offsets, num_buckets, max_distance, bidirectional)
+        return Toeplitz(table[:, buckets])  # (H, 2K+1)
+    buckets = t5_buckets(positions.offsets(), num_buckets, max_distance, bidirectional)
+    return Relation(table, buckets)  # index (B or 1, Lq, Lk)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -77,6 +102,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(powers(lower) + powers(2 * lower)[0::2][: num_heads - lower])
 
 
+@register_position("alibi", lambda s: ALiBi(s.num_heads))
 class ALiBi(RelativeEncoding):
     """ALiBi: a fixed linear penalty b_ij = -m_h |j - i| (no parameters)."""
 
@@ -84,11 +110,18 @@ class ALiBi(RelativeEncoding):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> PositionTerm:
-        distance = all_offsets(q.shape[-2], lk, q.device).abs().to(self.slopes.dtype)
-        return Toeplitz((-self.slopes[:, None] * distance).to(q.dtype))  # (H, 2K+1)
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
+        slopes = self.slopes
+        if positions.is_aligned:
+            lq, lk = positions.query_length, positions.key_length
+            distance = all_offsets(lq, lk, q.device).abs().to(slopes.dtype)
+            return Toeplitz((-slopes[:, None] * distance).to(q.dtype))  # (H, 2K+1)
+        # Unbounded in the distance, so no finite table: dense (B or 1, H, Lq, Lk).
+        return (-slopes[:, None, None] * distances(positions).to(slopes.dtype)).to(q.dtype)
 
 
+@register_position("kerple-power", lambda s: KerpleBias(s.num_heads, "power"))
+@register_position("kerple-log", lambda s: KerpleBias(s.num_heads, "log"))
 class KerpleBias(RelativeEncoding):
     """KERPLE (Chi et al. 2022): conditionally positive definite kernels of the distance.
 
@@ -113,24 +146,33 @@ class KerpleBias(RelativeEncoding):
             r2 = 2.0 * torch.sigmoid(self.raw_r2) + self.eps  # (0, 2]
         return r1[:, None], r2[:, None]
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> PositionTerm:
-        r1, r2 = self._params()
-        distance = all_offsets(q.shape[-2], lk, q.device).abs().to(r1.dtype)
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
+        r1, r2 = self._params()  # (H, 1) each
+        if positions.is_aligned:
+            lq, lk = positions.query_length, positions.key_length
+            distance = all_offsets(lq, lk, q.device).abs().to(r1.dtype)  # (2K+1,)
+        else:  # dense (B or 1, H, Lq, Lk): the kernel is unbounded in the distance
+            distance = distances(positions).to(r1.dtype)
+            r1, r2 = r1[..., None], r2[..., None]  # (H, 1, 1)
         if self.kind == "log":
-            table = -r1 * torch.log1p(r2 * distance)
+            term = -r1 * torch.log1p(r2 * distance)
         else:
-            table = -r1 * distance.pow(r2)
-        return Toeplitz(table.to(q.dtype))  # (H, 2K+1)
+            term = -r1 * distance.pow(r2)
+        return Toeplitz(term.to(q.dtype)) if positions.is_aligned else term.to(q.dtype)
 
 
+@register_position("fire", lambda s: FireBias(s.num_heads, init_threshold=float(s.max_length)))
 class FireBias(RelativeEncoding):
     """FIRE (Li et al. 2024): b_ij = f(psi(|i - j|) / psi(max(pos_i, L))), psi(x) = log(c x + 1).
 
     f is a small MLP to one value per head; c and the threshold L are learned. The normalisation by
     the query position is what lets FIRE interpolate to longer inputs. A second input, the side of
     the key (before or after the query), makes it usable without a causal mask. Not Toeplitz: the
-    term depends on the query position, so it is returned dense, (1, H, Lq, Lk).
+    term depends on the query position (`Positions.query`, per row if given per row), so it is
+    returned dense, (B or 1, H, Lq, Lk).
     """
+
+    shift_invariant = False
 
     def __init__(self, num_heads: int, hidden: int = 32, init_threshold: float = 512.0):
         super().__init__()
@@ -138,16 +180,16 @@ class FireBias(RelativeEncoding):
         self.log_c = nn.Parameter(torch.zeros(()))
         self.threshold = nn.Parameter(torch.tensor(init_threshold))
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> PositionTerm:
-        lq = q.shape[-2]
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
         dtype = self.mlp[0].weight.dtype
-        qpos = query_positions(lq, lk, q.device).to(dtype)  # (Lq,)
-        offsets = torch.arange(lk, device=q.device).to(dtype)[None, :] - qpos[:, None]
+        query = positions.query if positions.query.dim() == 2 else positions.query[None]
+        qpos = query.to(dtype)  # (B or 1, Lq)
+        offsets = positions.offsets().to(dtype)  # (B or 1, Lq, Lk)
         c = self.log_c.exp()
 
         def psi(x: Tensor) -> Tensor:
             return torch.log1p(c * x)
 
-        scale_by = psi(torch.maximum(qpos, self.threshold.abs()))[:, None]  # (Lq, 1)
+        scale_by = psi(torch.maximum(qpos, self.threshold.abs()))[..., None]  # (B or 1, Lq, 1)
         features = torch.stack([psi(offsets.abs()) / scale_by, (offsets > 0).to(dtype)], -1)
-        return self.mlp(features).permute(2, 0, 1).unsqueeze(0).to(q.dtype)  # (1, H, Lq, Lk)
+        return self.mlp(features).permute(0, 3, 1, 2).to(q.dtype)  # (B or 1, H, Lq, Lk)

@@ -6,8 +6,10 @@ import torch
 from torch import Tensor
 
 from .base import RelativeEncoding
+from .registry import register_position
 
 
+@register_position("rope", lambda s: RotaryEncoding(s.head_dim))
 class RotaryEncoding(RelativeEncoding):
     """Rotates pairs of channels (first half, second half) by angle pos * base^(-2c/D)."""
 
@@ -19,8 +21,15 @@ class RotaryEncoding(RelativeEncoding):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        # x (B, H, L, D); angles (L, D/2)
-        angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
+        """x (B, H, L, D) rotated by positions (L,) shared by the batch, or (B, L) per row."""
+        if positions.shape[-1] != x.shape[-2] or positions.dim() not in (1, 2):
+            raise ValueError(
+                f"RoPE positions must be (L,) or (B, L) with L = {x.shape[-2]}, "
+                f"got {tuple(positions.shape)}"
+            )
+        angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (B?, L, D/2)
+        if angles.dim() == 3:
+            angles = angles[:, None]  # (B, 1, L, D/2): the same angle for every head
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

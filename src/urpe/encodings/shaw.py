@@ -11,11 +11,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..kernels import reference_weights, relative_offsets
+from ..kernels import PositionTerm, reference_weights
 from ..kernels.validation import check_attention_inputs
 from .base import RelativeEncoding
+from .positions import Positions
+from .registry import register_position
 
 
+@register_position("shaw", lambda s: ShawRelative(s.head_dim, s.max_distance))
 class ShawRelative(RelativeEncoding):
     """Relative key (and optionally value) embeddings, shared across heads as in the paper.
 
@@ -23,36 +26,57 @@ class ShawRelative(RelativeEncoding):
     the reference (materialising) kernel.
     """
 
+    value_side = True
+
     def __init__(self, head_dim: int, max_distance: int, values: bool = True, init_std=0.02):
         super().__init__()
+        if max_distance < 0:
+            raise ValueError(f"max_distance must be >= 0, got {max_distance}")
         self.max_distance = max_distance
         self.keys = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * init_std)
         self.values = (
             nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * init_std) if values else None
         )
 
-    def _index(self, lq: int, lk: int, device) -> Tensor:
+    def _index(self, positions: Positions) -> Tensor:
         k = self.max_distance
-        return relative_offsets(lq, lk, device).clamp(-k, k) + k  # (Lq, Lk)
+        return positions.offsets().clamp(-k, k) + k  # (B or 1, Lq, Lk)
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> Tensor:
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> Tensor:
         b, h, lq, _ = q.shape
-        index = self._index(lq, lk, q.device)
+        index = self._index(positions)[:, None].expand(b, h, lq, positions.key_length)
         per_offset = q @ self.keys.to(q.dtype).T  # (B, H, Lq, 2K+1)
-        return scale * per_offset.gather(-1, index.expand(b, h, lq, lk))  # (B, H, Lq, Lk)
+        return scale * per_offset.gather(-1, index)  # (B, H, Lq, Lk)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float, **kwargs) -> Tensor:
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        positions: Positions,
+        scale: float,
+        bias: PositionTerm | None = None,
+        **kwargs,
+    ) -> Tensor:
+        if bias is not None:
+            raise ValueError(
+                "ShawRelative computes its own key and value terms; a precomputed bias cannot "
+                "replace them (use an encoding that only adds a bias, or NoPosition)"
+            )
         kwargs.pop("backend", None)
+        if k.shape[-2] == 0:  # no keys: every row sees nothing and is 0, as in urpe.attention
+            return q.new_zeros(*q.shape[:-1], v.shape[-1])
         check_attention_inputs(
             q, k, v, None, kwargs.get("gate"), kwargs.get("key_padding_mask"),
             kwargs.get("normalization", "softmax"), kwargs.get("dropout_p", 0.0),
         )  # fmt: skip
-        lk = k.shape[-2]
-        weights = reference_weights(q, k, bias=self.bias(q, lk, scale), scale=scale, **kwargs)
+        bias = self.bias(q, positions, scale)  # (B, H, Lq, Lk)
+        weights = reference_weights(q, k, bias=bias, scale=scale, **kwargs)
         out = weights @ v.to(weights.dtype)  # (B, H, Lq, Dv)
         if self.values is not None:
-            b, h, lq, _ = weights.shape
-            index = self._index(lq, lk, q.device).expand(b, h, lq, lk)
+            b, h, lq, lk = weights.shape
+            index = self._index(positions)[:, None].expand(b, h, lq, lk)
             # Sum the weights that fall on each clipped offset, then mix the value embeddings.
             per_offset = weights.new_zeros(b, h, lq, self.values.shape[0])
             per_offset = per_offset.scatter_add(-1, index, weights)  # (B, H, Lq, 2K+1)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..kernels import attention, relative_offsets
-from .absolute import sinusoid
+from ..kernels import PositionTerm, attention
+from .absolute import sinusoid, sinusoid_frequencies
 from .base import RelativeEncoding
 from .bias import all_offsets
+from .positions import Positions
+from .registry import register_position
 
 
+@register_position("txl", lambda s: TransformerXLRelative(s.dim, s.num_heads, s.head_dim))
 class TransformerXLRelative(RelativeEncoding):
     def __init__(self, dim: int, num_heads: int, head_dim: int, init_std: float = 0.02):
         super().__init__()
@@ -25,16 +28,62 @@ class TransformerXLRelative(RelativeEncoding):
         self.content_bias = nn.Parameter(torch.randn(num_heads, 1, head_dim) * init_std)  # u
         self.position_bias = nn.Parameter(torch.randn(num_heads, 1, head_dim) * init_std)  # v
 
-    def bias(self, q: Tensor, lk: int, scale: float) -> Tensor:
+    def bias(self, q: Tensor, positions: Positions, scale: float) -> Tensor:
+        if not positions.is_aligned:
+            return scale * self._bias_at(q, positions)
         b, h, lq, d = q.shape
+        lk = positions.key_length
         offsets = all_offsets(lq, lk, q.device)  # (2K+1,) values j - i
-        r = self.project(sinusoid(-offsets, self.dim).to(self.project.weight.dtype))
+        r = self.project(sinusoid(-offsets, self.dim, dtype=self.project.weight.dtype))
         r = r.view(-1, h, d).transpose(0, 1).to(q.dtype)  # (H, 2K+1, D)
         per_offset = (q + self.position_bias.to(q.dtype)) @ r.transpose(-2, -1)  # (B,H,Lq,2K+1)
-        index = relative_offsets(lq, lk, q.device) + (offsets.numel() - 1) // 2  # (Lq, Lk)
+        k = (offsets.numel() - 1) // 2
+        index = positions.offsets()[0] + k  # (Lq, Lk): offsets j - i, within -K..K when aligned
         return scale * per_offset.gather(-1, index.expand(b, h, lq, lk))  # (B, H, Lq, Lk)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, scale: float, **kwargs) -> Tensor:
-        bias = self.bias(q, k.shape[-2], scale)
+    def _bias_at(self, q: Tensor, positions: Positions) -> Tensor:
+        """(q_i + v) . W_R r(p_i - p_j) for arbitrary positions, without an (Lq, Lk, dim) tensor.
+
+        With a = W_R^T (q + v) split into its sine and cosine halves (a_s, a_c), and
+        r(p_i - p_j) = [sin w(p_i - p_j) | cos w(p_i - p_j)], the angle-difference identities
+        give a_s.sin + a_c.cos = [a_s S_i + a_c C_i | a_c S_i - a_s C_i] . [C_j | S_j],
+        S = sin(w p), C = cos(w p): a matrix product. Angles in float64 keep it exact to
+        rounding for large positions.
+        """
+        b, h, lq, d = q.shape
+        weight = self.project.weight.view(h, d, self.dim).to(q.dtype)  # (H, D, dim)
+        a = (q + self.position_bias.to(q.dtype)) @ weight  # (B, H, Lq, dim)
+        half = self.dim // 2
+        a_sin, a_cos = a[..., :half], a[..., half : 2 * half]  # an odd dim's last channel is 0
+        freq = sinusoid_frequencies(self.dim, q.device)  # (dim/2,) float64 where supported
+
+        def angles(p: Tensor) -> tuple[Tensor, Tensor]:
+            p = p if p.dim() == 2 else p[None]  # (B or 1, L)
+            theta = p.to(freq.dtype)[..., None] * freq  # (B or 1, L, dim/2)
+            return theta.sin().to(q.dtype)[:, None], theta.cos().to(q.dtype)[:, None]
+
+        s_q, c_q = angles(positions.query)  # (B or 1, 1, Lq, dim/2)
+        s_k, c_k = angles(positions.key)  # (B or 1, 1, Lk, dim/2)
+        left = torch.cat([a_sin * s_q + a_cos * c_q, a_cos * s_q - a_sin * c_q], -1)
+        right = torch.cat([c_k, s_k], -1)  # (B or 1, 1, Lk, dim)
+        return left @ right.transpose(-2, -1)  # (B, H, Lq, Lk)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        positions: Positions,
+        scale: float,
+        bias: PositionTerm | None = None,
+        **kwargs,
+    ) -> Tensor:
+        if bias is not None:
+            raise ValueError(
+                "TransformerXLRelative computes its own position term; a precomputed bias "
+                "cannot replace it (use an encoding that only adds a bias, or NoPosition)"
+            )
         q_content = q + self.content_bias.to(q.dtype)
+        bias = self.bias(q, positions, scale)
         return attention(q_content, k, v, bias=bias, scale=scale, **kwargs)

@@ -1,69 +1,84 @@
-"""Turn config names into the modules they stand for. The only place that knows the names."""
+"""Turn config names into the modules they stand for, through the encodings' registries.
+
+The names themselves are declared beside their classes (`urpe.encodings.register_position`,
+`register_gate`, `register_absolute`); nothing here lists them.
+"""
 
 from __future__ import annotations
+
+import copy
 
 from torch import nn
 
 from ..encodings import (
-    ALiBi,
-    FireBias,
-    KerpleBias,
-    LearnedAbsolute,
-    NoPosition,
-    RelativeBias,
+    ABSOLUTE_REGISTRY,
+    GATE_REGISTRY,
+    POSITION_REGISTRY,
+    EncodingSettings,
     RelativeEncoding,
-    RotaryEncoding,
-    ShawRelative,
-    SinusoidalAbsolute,
-    T5Bias,
-    ToeplitzGate,
-    TransformerXLRelative,
 )
 from ..nn import BilinearMixer, MultiheadAttention, SeparableConvMixer, TransformerLayer
 from .config import TransformerConfig
 
 
+def encoding_settings(c: TransformerConfig, causal: bool, length: int) -> EncodingSettings:
+    """What the registered builders read. length: the longest sequence the model is built for
+    (max_len plus marker tokens)."""
+    return EncodingSettings(
+        num_heads=c.num_heads, head_dim=c.head_dim, dim=c.dim, max_length=length, causal=causal,
+        num_buckets=c.num_buckets, bucket_max_distance=c.bucket_max_distance,
+        num_relations=c.num_relations, gate_init=c.gate_init, gate_activation=c.gate_activation,
+    )  # fmt: skip
+
+
 def build_position(c: TransformerConfig, causal: bool, length: int) -> RelativeEncoding:
-    """length: the longest sequence the model sees (max_len plus marker tokens)."""
-    h, d, far = c.num_heads, c.head_dim, length - 1
-    builders = {
-        "none": lambda: NoPosition(),
-        "rpe": lambda: RelativeBias(h, far),
-        "t5": lambda: T5Bias(h, c.num_buckets, c.bucket_max_distance, bidirectional=not causal),
-        "alibi": lambda: ALiBi(h),
-        "rope": lambda: RotaryEncoding(d),
-        "kerple-log": lambda: KerpleBias(h, "log"),
-        "kerple-power": lambda: KerpleBias(h, "power"),
-        "fire": lambda: FireBias(h, init_threshold=float(length)),
-        "shaw": lambda: ShawRelative(d, far),
-        "txl": lambda: TransformerXLRelative(c.dim, h, d),
-    }
-    return builders[c.position]()
+    """The relative encoding named by `c.position`."""
+    return POSITION_REGISTRY[c.position].build(encoding_settings(c, causal, length))
 
 
-def build_gate(c: TransformerConfig, length: int) -> ToeplitzGate | None:
+def build_gate(c: TransformerConfig, length: int, causal: bool = False) -> nn.Module | None:
+    """The gate named by `c.gate`, or None."""
     if c.gate is None:
         return None
-    common = dict(init=c.gate_init, activation=c.gate_activation)
-    if c.gate == "t5":
-        return ToeplitzGate(
-            c.num_heads, num_buckets=c.num_buckets, bucket_max_distance=c.bucket_max_distance,
-            **common,
-        )  # fmt: skip
-    return ToeplitzGate(c.num_heads, length - 1, **common)
+    return GATE_REGISTRY[c.gate].build(encoding_settings(c, causal, length))
 
 
 def build_absolute(c: TransformerConfig, length: int) -> nn.Module | None:
-    if c.absolute == "learned":
-        return LearnedAbsolute(length, c.dim)
-    if c.absolute == "sinusoidal":
-        return SinusoidalAbsolute(c.dim)
-    return None
+    """The absolute encoding named by `c.absolute`, or None."""
+    if c.absolute is None:
+        return None
+    return ABSOLUTE_REGISTRY[c.absolute].build(encoding_settings(c, False, length))
+
+
+def uses_relation(c: TransformerConfig) -> bool:
+    """Whether the model's encoding or gate reads `Positions.relation` (graph relations)."""
+    return POSITION_REGISTRY[c.position].uses_relation or (
+        c.gate is not None and GATE_REGISTRY[c.gate].uses_relation
+    )
+
+
+def tied_copy(module: nn.Module | None) -> nn.Module | None:
+    """A copy of `module` that holds the very same Parameter objects (tied, like an LM's input
+    and output embeddings).
+
+    Layers share B and C by sharing parameters, not module objects: `torch.func.functional_call`
+    swaps a parameter once per module path, and one module object under several paths would be
+    restored wrongly (left holding the substituted tensors).
+    """
+    if module is None:
+        return None
+    clone = copy.deepcopy(module)
+    for name, param in module.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        setattr(clone.get_submodule(owner), leaf, param)
+    return clone
 
 
 def build_layers(c: TransformerConfig, causal: bool, length: int) -> nn.ModuleList:
-    """The layer stack. With share_position, every attention layer holds the same B and C."""
-    shared = (build_position(c, causal, length), build_gate(c, length))
+    """The layer stack. With share_position, every attention layer holds the same B and C
+    parameters (tied across the layers' encoding and gate modules)."""
+    shared = (build_position(c, causal, length), build_gate(c, length, causal))
+    first = True
     layers = []
     for index in range(c.num_layers):
         kind = c.mixers.get(index, "attention")
@@ -72,10 +87,13 @@ def build_layers(c: TransformerConfig, causal: bool, length: int) -> nn.ModuleLi
         elif kind == "conv":
             mixer = SeparableConvMixer(c.dim, c.conv_kernel_size)
         else:
-            position, gate = (
-                shared if c.share_position else (build_position(c, causal, length),
-                                                 build_gate(c, length))
-            )  # fmt: skip
+            if not c.share_position:
+                position, gate = build_position(c, causal, length), build_gate(c, length, causal)
+            elif first:
+                position, gate = shared
+            else:
+                position, gate = tied_copy(shared[0]), tied_copy(shared[1])
+            first = False
             mixer = MultiheadAttention(
                 c.dim, c.num_heads, position=position, gate=gate, normalization=c.normalization,
                 dropout=c.attention_dropout, backend=c.attention_backend,

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-POSITIONS = (
-    "none", "rpe", "t5", "alibi", "rope", "kerple-log", "kerple-power", "fire", "shaw", "txl",
-)  # fmt: skip
-ABSOLUTES = (None, "learned", "sinusoidal")
-GATES = (None, "toeplitz", "t5")
+from ..encodings import (
+    ABSOLUTE_REGISTRY,
+    GATE_REGISTRY,
+    POSITION_REGISTRY,
+    RegisteredNames,
+)
+
+# Live views of the registries: each name is declared beside its class (urpe.encodings.registry).
+POSITIONS = RegisteredNames(POSITION_REGISTRY)
+ABSOLUTES = RegisteredNames(ABSOLUTE_REGISTRY, leading=(None,))
+GATES = RegisteredNames(GATE_REGISTRY, leading=(None,))
 MIXERS = ("attention", "bilinear", "conv")
 
 
@@ -16,11 +22,14 @@ MIXERS = ("attention", "bilinear", "conv")
 class TransformerConfig:
     """A Transformer encoder or causal decoder.
 
-    position: the relative encoding inside attention (one of POSITIONS; "rpe" is the paper's
-        per-offset Toeplitz bias in "unique" mode, clipped beyond max_len).
+    position: the relative encoding inside attention (a name in POSITIONS, the registry of
+        `urpe.encodings`; "rpe" is the paper's per-offset Toeplitz bias in "unique" mode, clipped
+        beyond max_len; "relation" a bias indexed by `Positions.relation`).
     absolute: an absolute encoding added to the embeddings (None, "learned", "sinusoidal").
-    gate: URPE's post-normalisation Toeplitz gate C: None (plain RPE), "toeplitz" (per offset,
-        the paper's URPE) or "t5" (T5 buckets, "urpe-t5").
+    gate: URPE's post-normalisation gate C: None (plain RPE), "toeplitz" (per offset, the
+        paper's URPE), "t5" (T5 buckets, "urpe-t5") or "relation" (indexed by
+        `Positions.relation`, URPE on graphs).
+    num_relations: R for the relation-indexed bias and gate (indices 0..R-1).
     normalization: "softmax", "exp", "l2" or "relu2" (see `urpe.attention`).
     share_position: one B and one C for all layers (the paper's default) or one per layer.
     markers: learned [CLS] prepended and [SEP] appended (encoder; a decoder only prepends), part
@@ -48,6 +57,7 @@ class TransformerConfig:
     share_position: bool = True
     num_buckets: int = 32
     bucket_max_distance: int = 128
+    num_relations: int = 32
     markers: bool = False
     mixers: dict[int, str] = field(default_factory=dict)
     conv_kernel_size: int = 3
@@ -63,7 +73,7 @@ class TransformerConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        for name in ("vocab_size", "max_len", "num_layers", "dim", "num_heads"):
+        for name in ("vocab_size", "max_len", "num_layers", "dim", "num_heads", "num_relations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dim % self.num_heads:

@@ -1,32 +1,98 @@
-"""Transformer encoder and causal decoder assembled from a `TransformerConfig`."""
+"""Transformer encoder and causal decoder assembled from a `TransformerConfig`.
+
+Each forward pass builds one `urpe.Positions` (where queries and keys sit) and hands it to every
+layer; encodings and gates compute their terms from it. A KV cache, segment memory
+(Transformer-XL) and caller-given positions (per-row, offset, graph relations) all go through it.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from ..encodings import Positions
 from ..nn import KVCache
-from .builders import build_absolute, build_layers
+from .builders import build_absolute, build_layers, uses_relation
 from .config import TransformerConfig
 from .markers import MarkerTokens
 
 
-def check_tokens(tokens: Tensor, vocab_size: int, key_padding_mask: Tensor | None) -> None:
+def check_tokens(
+    tokens: Tensor, vocab_size: int, key_padding_mask: Tensor | None, memory: int = 0
+) -> None:
+    """ValueError for anything but integer (B, L) token ids in [0, vocab_size) and a matching
+    bool padding mask ((B, L), or (B, M + L) over `memory` earlier keys too). The range check
+    syncs in eager mode; under torch.compile it becomes an asynchronous device assertion, so the
+    compiled graph does not break."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
         raise ValueError("tokens must be an integer tensor of shape (B, L)")
+    b, length = tokens.shape
+    shapes = {(b, length), (b, memory + length)}
+    if key_padding_mask is not None and (
+        not isinstance(key_padding_mask, Tensor)
+        or key_padding_mask.dtype != torch.bool
+        or tuple(key_padding_mask.shape) not in shapes
+    ):
+        expected = " or ".join(str(s) for s in sorted(shapes))
+        raise ValueError(f"key_padding_mask must be bool of shape {expected} (True = padded)")
+    if torch.compiler.is_compiling():
+        inside = ((tokens >= 0) & (tokens < vocab_size)).all()
+        torch._assert_async(inside, f"token ids must lie in [0, {vocab_size})")
+        return
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ValueError(
             f"token ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}"
         )
-    if key_padding_mask is not None and (
-        key_padding_mask.dtype != torch.bool or key_padding_mask.shape != tokens.shape
-    ):
-        raise ValueError(
-            f"key_padding_mask must be bool of shape {tuple(tokens.shape)} (True = padded)"
-        )
 
 
-class _Transformer(nn.Module):
+class _LoadGuard:
+    """Mixin: refuse state dicts saved with the other `share_position` setting.
+
+    A shared model holds one B and C under every layer's keys; a per-layer state dict matches
+    all of those keys, and without a check only the last layer's tables would survive the load.
+    The setting travels in the state dict as `_extra_state` (a tensor, so safetensors can hold
+    it), and a shared model also refuses keys of one shared table that carry different values.
+    """
+
+    def get_extra_state(self) -> Tensor:
+        return torch.tensor(int(self.config.share_position))
+
+    def set_extra_state(self, state) -> None:
+        saved = bool(int(state)) if isinstance(state, (Tensor, int, bool)) else None
+        if saved is None:
+            raise ValueError(f"unrecognised extra state in the state dict: {state!r}")
+        if saved != self.config.share_position:
+            raise ValueError(
+                f"this state dict was saved with share_position={saved}, but the model has "
+                f"share_position={self.config.share_position}: its position and gate tables "
+                "would not load one to one; build the model with the saving config"
+            )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # Runs before this module's own tensors load, children after: check the recorded
+        # setting first (the clearest message), then the values of shared keys.
+        if prefix + "_extra_state" in state_dict:
+            self.set_extra_state(state_dict[prefix + "_extra_state"])
+        self._check_shared_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _check_shared_keys(self, state_dict, prefix: str) -> None:
+        aliases: dict[int, list[str]] = {}
+        for name, param in self.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(param), []).append(prefix + name)
+        for names in aliases.values():
+            present = [n for n in names if n in state_dict]
+            if len(present) > 1 and not all(
+                torch.equal(state_dict[present[0]], state_dict[n]) for n in present[1:]
+            ):
+                raise ValueError(
+                    f"the state dict holds different values under {present}, which this model "
+                    "shares as one parameter (share_position=True): it was saved from a model "
+                    "with one table per layer"
+                )
+
+
+class _Transformer(_LoadGuard, nn.Module):
     causal: bool = False
 
     def __init__(self, config: TransformerConfig):
@@ -42,42 +108,126 @@ class _Transformer(nn.Module):
         self.layers = build_layers(c, self.causal, length)
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
 
-    def _hidden(
-        self, tokens: Tensor, key_padding_mask: Tensor | None, cache: list[KVCache] | None
+    def _positions(
+        self, positions: Positions | None, length: int, past: int, batch: int, device
+    ) -> Positions:
+        """The one Positions object of this forward pass, for `length` queries after `past`."""
+        if positions is None:
+            if uses_relation(self.config):
+                raise ValueError(
+                    f"this model (position={self.config.position!r}, gate={self.config.gate!r}) "
+                    "reads a relation index: pass positions=urpe.Positions.graph(relation)"
+                )
+            return Positions.sequence(length, past=past, device=device)
+        if not isinstance(positions, Positions):
+            raise TypeError(f"positions must be a urpe.Positions, got {type(positions).__name__}")
+        positions.check_shape(length, past + length, batch, device=device)
+        return positions
+
+    def _run(
+        self,
+        tokens: Tensor,
+        key_padding_mask: Tensor | None,
+        *,
+        cache: list[KVCache] | None = None,
+        positions: Positions | None = None,
+        memory: list[Tensor] | None = None,
+        attn_mask: Tensor | None = None,
+        layer_inputs: list[Tensor] | None = None,
     ) -> Tensor:
-        """tokens (B, L) -> hidden states (B, L, E) of the real tokens."""
-        check_tokens(tokens, self.config.vocab_size, key_padding_mask)
-        offset = cache[0].length if cache else 0
+        """tokens (B, L) -> hidden states (B, L, E) of the input tokens.
+
+        layer_inputs: if a list, each layer's input (B, L', E) is appended to it (L' includes
+        marker tokens when they were added).
+        """
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+            raise ValueError("tokens must be an integer tensor of shape (B, L)")
+        b = tokens.shape[0]
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache must hold one KVCache per layer ({len(self.layers)})")
+        past = cache[0].length if cache else 0
+        if memory is not None:
+            if cache is not None:
+                raise ValueError("memory cannot be combined with a KVCache")
+            past = self._check_memory(memory, b)
+        check_tokens(tokens, self.config.vocab_size, key_padding_mask, past if memory else 0)
+        wrap = self.markers is not None and past == 0  # later chunks find it in cache or memory
+        if wrap and (positions is not None or attn_mask is not None):
+            raise ValueError(
+                "marker tokens place themselves around each row's real tokens; positions and "
+                "attn_mask cannot be given with markers=True"
+            )
         x = self.embed(tokens)  # (B, L, E)
-        wrap = self.markers is not None and offset == 0  # later chunks find it in the cache
+        slot = None
         if wrap:
-            x, key_padding_mask = self.markers.wrap(x, key_padding_mask)
+            x, key_padding_mask, slot = self.markers.wrap(x, key_padding_mask)
+        positions = self._positions(positions, x.shape[1], past, b, x.device)
         if self.absolute is not None:
-            x = self.absolute(x, offset)
+            start = positions.query_start  # a Python int when aligned: no gather, no sync
+            x = self.absolute(x, start if start is not None else positions.query)
         x = self.embed_dropout(self.embed_norm(x))
         for index, layer in enumerate(self.layers):
+            if layer_inputs is not None:
+                layer_inputs.append(x)
+            kwargs = {}
+            if cache is not None:
+                kwargs["cache"] = cache[index]
+            if memory is not None:
+                kwargs["memory"] = memory[index]
+            if attn_mask is not None:
+                kwargs["attn_mask"] = attn_mask
             x = layer(
                 x,
                 key_padding_mask=key_padding_mask,
                 is_causal=self.causal,
-                cache=None if cache is None else cache[index],
+                positions=positions,
+                **kwargs,
             )
         x = self.final_norm(x)
-        return self.markers.unwrap(x, tokens.shape[1]) if wrap else x
+        return self.markers.unwrap(x, slot) if wrap else x
+
+    def _check_memory(self, memory: list[Tensor], batch: int) -> int:
+        if not isinstance(memory, (list, tuple)) or len(memory) != len(self.layers):
+            raise ValueError(
+                f"memory must be a list of one (B, M, E) tensor per layer ({len(self.layers)})"
+            )
+        sizes = {tuple(m.shape) for m in memory}
+        if len(sizes) != 1:
+            raise ValueError(f"every layer's memory must have the same shape, got {sorted(sizes)}")
+        shape = sizes.pop()
+        if len(shape) != 3 or shape[0] != batch or shape[2] != self.config.dim:
+            raise ValueError(f"memory tensors must be (B, M, E) = ({batch}, M, {self.config.dim})")
+        return shape[1]
 
 
 class TransformerEncoder(_Transformer):
     """Bidirectional encoder: tokens (B, L) -> hidden states (B, L, E)."""
 
-    def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        return self._hidden(tokens, key_padding_mask, cache=None)
+    def forward(
+        self,
+        tokens: Tensor,
+        key_padding_mask: Tensor | None = None,
+        *,
+        positions: Positions | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """tokens (B, L) int; key_padding_mask (B, L) bool, True = padded.
+
+        positions: where the L tokens sit (default `Positions.sequence(L)`); e.g.
+            `Positions.from_padding(mask)` counts positions over real tokens, `Positions.graph`
+            carries a relation for relation-indexed encodings.
+        attn_mask: SDPA's meaning, broadcastable to (B, H, L, L), given to every layer.
+        """
+        return self._run(tokens, key_padding_mask, positions=positions, attn_mask=attn_mask)
 
 
 class TransformerDecoder(_Transformer):
     """Causal language model: tokens (B, L) -> next-token logits (B, L, V).
 
     Pass `cache=model.new_cache()` and feed tokens a chunk at a time to decode incrementally;
-    the result equals the full forward pass.
+    the result equals the full forward pass. Or pass `memory` (one (B, M, E) tensor per layer,
+    the layer inputs of M earlier positions, see `return_layer_inputs` and `next_memory`) to
+    attend to a previous segment without a cache, Transformer-XL style.
     """
 
     causal = True
@@ -96,5 +246,46 @@ class TransformerDecoder(_Transformer):
         tokens: Tensor,
         key_padding_mask: Tensor | None = None,
         cache: list[KVCache] | None = None,
-    ) -> Tensor:
-        return self.head(self._hidden(tokens, key_padding_mask, cache))
+        positions: Positions | None = None,
+        memory: list[Tensor] | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        return_layer_inputs: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """tokens (B, L) -> logits (B, L, V); with return_layer_inputs, (logits, layer_inputs).
+
+        key_padding_mask: (B, L) for the tokens of this call (with memory also (B, M + L)).
+        cache: one `KVCache` per layer, appended to in place.
+        positions: where the tokens (and the cached or memory keys) sit; default
+            `Positions.sequence(L, past=cache length or M)`.
+        memory: one (B, M, E) tensor per layer: that layer's inputs at M earlier positions.
+            Cannot be combined with a cache.
+        attn_mask: SDPA's meaning over all keys, given to every layer.
+        return_layer_inputs: also return each layer's input (B, L, E) (markers included when
+            they were added), from which `next_memory` forms the next segment's memory.
+        """
+        layer_inputs: list[Tensor] | None = [] if return_layer_inputs else None
+        hidden = self._run(
+            tokens, key_padding_mask, cache=cache, positions=positions, memory=memory,
+            attn_mask=attn_mask, layer_inputs=layer_inputs,
+        )  # fmt: skip
+        logits = self.head(hidden)
+        return (logits, layer_inputs) if return_layer_inputs else logits
+
+
+def next_memory(
+    memory: list[Tensor] | None, layer_inputs: list[Tensor], size: int, detach: bool = True
+) -> list[Tensor]:
+    """The memory for the next segment: per layer, the last `size` of [memory, layer inputs].
+
+    memory: this segment's memory (or None); layer_inputs: from `return_layer_inputs=True`.
+    detach (Transformer-XL's default) stops gradients flowing into earlier segments.
+    """
+    if size < 0:
+        raise ValueError(f"memory size must be >= 0, got {size}")
+    out = []
+    for index, h in enumerate(layer_inputs):
+        full = h if memory is None else torch.cat([memory[index], h], dim=1)  # (B, M + L, E)
+        kept = full[:, full.shape[1] - min(size, full.shape[1]) :]
+        out.append(kept.detach() if detach else kept)
+    return out

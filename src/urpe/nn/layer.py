@@ -38,8 +38,15 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, **mixer_kwargs) -> Tensor:
-        """x (B, L, E) -> (B, L, E); mixer_kwargs: key_padding_mask, is_causal, cache."""
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, **mixer_kwargs) -> Tensor:
+        """x (B, L, E) -> (B, L, E).
+
+        memory: (B, M, E) hidden states of earlier positions at this layer's input (what this
+            layer saw as x for them); they join the keys and values (pre-LN: normalised like x).
+        mixer_kwargs: key_padding_mask, attn_mask, is_causal, cache, positions, bias, gate.
+        """
+        if memory is not None:
+            mixer_kwargs["memory"] = self.norm_mixer(memory) if self.norm_first else memory
         if self.norm_first:
             x = x + self.dropout(self.mixer(self.norm_mixer(x), **mixer_kwargs))
             return x + self.dropout(self.ffn(self.norm_ffn(x)))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ...cli_types import int_list, non_negative_int, positive_float, positive_int
+from ...encodings import Positions
 from ...kernels import dense_term
 from ...models import TransformerConfig
 from ...tasks import TASKS, get_task
@@ -168,12 +169,12 @@ def learned_matrices(model, length: int) -> dict[str, torch.Tensor | None]:
         if position is not None:
             h, d = mixer.num_heads, mixer.head_dim
             q = torch.zeros(1, h, n, d)
-            term = dense_term(position.bias(q, n, d**-0.5), n, n)
+            term = dense_term(position.bias(q, Positions.sequence(n), d**-0.5), n, n)
             if term is not None:
                 out["B"] = term.expand(1, h, n, n)[0].detach().float().cpu().clone()
         gate = getattr(mixer, "gate", None)
         if gate is not None:
-            out["C"] = gate(n, n).dense(n, n)[0].detach().float().cpu().clone()
+            out["C"] = gate(Positions.sequence(n)).dense(n, n)[0].detach().float().cpu().clone()
     return out
 
 
