@@ -33,8 +33,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_hel
     files.add_argument("--resume", action="store_true",
                        help="skip runs whose record with exactly the same settings is in --out; "
                             "continue unfinished runs from their last checkpoint")  # fmt: skip
-    files.add_argument("--report-only", action="store_true",
-                       help="train nothing; rebuild the report from --out's records")
+    files.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing; rebuild the report from --out's records",
+    )
     files.add_argument("--checkpoint-every", type=non_negative_int, default=500, metavar="N",
                        help="save a checkpoint every N updates, and at the end "
                             "(0: only at the end; default: %(default)s)")  # fmt: skip
@@ -46,13 +49,21 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_hel
     run.add_argument("--threads", type=non_negative_int, default=0,
                      help="torch CPU threads per run (default 0: the cores divided between "
                           "the jobs)")  # fmt: skip
-    run.add_argument("--accelerator", default="auto", choices=ACCELERATORS,
-                     help="Lightning accelerator (default: %(default)s: a GPU if there is one)")
+    run.add_argument(
+        "--accelerator",
+        default="auto",
+        choices=ACCELERATORS,
+        help="Lightning accelerator (default: %(default)s: a GPU if there is one)",
+    )
     run.add_argument("--devices", default="auto",
                      help="devices per run: a count, or GPU ids like 0,1 (default: auto = one "
                           "per run; more than one trains each run with DDP/FSDP)")  # fmt: skip
-    run.add_argument("--num-nodes", type=positive_int, default=1,
-                     help="machines per run (launch with torchrun or srun; default: 1)")
+    run.add_argument(
+        "--num-nodes",
+        type=positive_int,
+        default=1,
+        help="machines per run (launch with torchrun or srun; default: 1)",
+    )
     run.add_argument("--strategy", default="auto", choices=STRATEGIES,
                      help="Lightning strategy: ddp (data parallel), fsdp (sharded, for large "
                           "models on GPUs; default: %(default)s)")  # fmt: skip

@@ -245,9 +245,15 @@ def _execution_record(execution: Execution) -> dict:
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__}  # fmt: skip
 
 
-def execute_run(run_one: Callable[[dict, RunContext], RunResult], spec: RunSpec,
-                store: RecordStore, execution: Execution, resume: bool,
-                on_step: Callable[[int], None], warn: Callable[[str], None]) -> dict | None:  # fmt: skip
+def execute_run(
+    run_one: Callable[[dict, RunContext], RunResult],
+    spec: RunSpec,
+    store: RecordStore,
+    execution: Execution,
+    resume: bool,
+    on_step: Callable[[int], None],
+    warn: Callable[[str], None],
+) -> dict | None:
     """Train one run and write its record (global rank 0 only); return the record."""
     run_dir = store.run_dir(spec)
     if not resume and run_dir.exists() and global_rank() == 0:
@@ -282,7 +288,7 @@ def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
             record = execute_run(
                 run_one, spec, store, execution, resume,
                 on_step=lambda step, index=index: events.put(("step", index, step)),
-                warn=lambda message: events.put(("warn", index, message)),
+                warn=lambda message, index=index: events.put(("warn", index, message)),
             )  # fmt: skip
             events.put(("done", index, record))
         except Exception as error:  # reported by the parent, which goes on with the others
@@ -444,7 +450,7 @@ def _parallel(run_one, todo, store, execution, resume, progress, describe, outco
         while len(finished) < len(todo):
             try:
                 event = events.get(timeout=1.0)
-            except queue.Empty:
+            except queue.Empty:  # no news for a second: check that the workers live
                 for slot, worker in enumerate(workers):
                     if not worker.is_alive() and slot in running:
                         index = running.pop(slot)
@@ -452,7 +458,7 @@ def _parallel(run_one, todo, store, execution, resume, progress, describe, outco
                         _failed(store, todo[index], f"worker died (exit code {worker.exitcode})",
                                 "", progress, index, outcome)  # fmt: skip
                 if not any(w.is_alive() for w in workers) and len(finished) < len(todo):
-                    raise RuntimeError("all workers stopped before the sweep finished")
+                    raise RuntimeError("all workers stopped before the sweep finished") from None
                 continue
             kind, index = event[0], event[1]
             if kind == "start":

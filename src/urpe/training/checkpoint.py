@@ -34,6 +34,7 @@ import pickle
 import random
 import re
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -71,13 +72,13 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
         if not isinstance(value, Tensor):
             raise TypeError(f"state_dict entry {name!r} is a {type(value).__name__}, not a tensor")
         value = value.detach()
-        identity = (value.untyped_storage().data_ptr(), value.storage_offset(),
-                    tuple(value.shape), tuple(value.stride()), value.dtype, value.device)  # fmt: skip
+        storage = value.untyped_storage().data_ptr()
+        identity = (storage, value.storage_offset(), tuple(value.shape), tuple(value.stride()),
+                    value.dtype, value.device)  # fmt: skip
         if value.numel() and identity in seen:
             aliases[name] = seen[identity]
             continue
         seen[identity] = name
-        storage = value.untyped_storage().data_ptr()
         copy = value.cpu()
         if storage in storages:
             copy = copy.clone()  # never hand safetensors two names on one storage
@@ -108,7 +109,9 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
     with `CheckpointError`; none of its code runs."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # its protocol notice would precede our error line
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         first = str(error).strip().splitlines()
         detail = next((line for line in first if "Unsupported" in line or "global" in line), "")
@@ -232,7 +235,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> nn.Modul
         model.load_state_dict(state, strict=True)
     except RuntimeError as error:
         message = str(error).splitlines()[0]
-        raise CheckpointError(directory / WEIGHTS, f"weights do not fit the model ({message})")
+        raise CheckpointError(
+            directory / WEIGHTS, f"weights do not fit the model ({message})"
+        ) from None
     return model.to(device).eval()
 
 

@@ -266,10 +266,15 @@ def build_trainer(config: TrainConfig, run_dir: str | Path,
     return L.Trainer(**kwargs)
 
 
-def fit(objective: L.LightningModule, data: L.LightningDataModule, config: TrainConfig,
-        run_dir: str | Path, resume: bool = True,
-        on_step: Callable[[int], None] | None = None,
-        on_resume_error: Callable[[CheckpointError], None] | None = None) -> dict[str, float]:  # fmt: skip
+def fit(
+    objective: L.LightningModule,
+    data: L.LightningDataModule,
+    config: TrainConfig,
+    run_dir: str | Path,
+    resume: bool = True,
+    on_step: Callable[[int], None] | None = None,
+    on_resume_error: Callable[[CheckpointError], None] | None = None,
+) -> dict[str, float]:
     """Train `objective` on `data`; return the final held-out metrics ({"val/acc": ...}).
 
     resume: continue from the newest checkpoint under `run_dir/checkpoints` (if any). A

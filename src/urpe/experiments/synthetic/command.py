@@ -50,8 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     option("--tasks", type=name_list,
            help=f"comma-separated from {','.join(TASKS)} ({both('tasks')})")  # fmt: skip
-    option("--variants", type=name_list,
-           help=f"comma-separated from {','.join(VARIANTS)}, or 'all' ({both('variants')})")
+    option(
+        "--variants",
+        type=name_list,
+        help=f"comma-separated from {','.join(VARIANTS)}, or 'all' ({both('variants')})",
+    )
     option("--seq-len", type=positive_int, help=f"sequence length ({both('seq_len')})")
     option("--vocab-size", type=positive_int_list, dest="vocab_sizes",
            help=f"vocabulary size(s), comma-separated ({both('vocab_sizes')})")  # fmt: skip
@@ -60,8 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     option("--batch-size", type=positive_int,
            help=f"sequences per update, over all devices ({both('batch_size')})")  # fmt: skip
     option("--lr", type=positive_float, help=f"peak learning rate ({both('lr')})")
-    option("--warmup", type=non_negative_int,
-           help=f"warm-up steps ({both('warmup')}; scaled with --steps when not given)")
+    option(
+        "--warmup",
+        type=non_negative_int,
+        help=f"warm-up steps ({both('warmup')}; scaled with --steps when not given)",
+    )
     option("--layers", type=positive_int, dest="num_layers",
            help=f"encoder layers ({both('num_layers')})")  # fmt: skip
     option("--dim", type=positive_int, help=f"model width ({both('dim')})")
@@ -83,8 +89,11 @@ def _names(values: tuple[str, ...], registry, argument: str, allow_all: bool) ->
     unknown = [v for v in values if v not in registry]
     if unknown:
         kind = argument.lstrip("-").rstrip("s")
-        raise UsageError(argument, f"unknown {kind} {', '.join(unknown)}; choose from "
-                                   f"{', '.join(registry)}" + (" or 'all'" if allow_all else ""))
+        raise UsageError(
+            argument,
+            f"unknown {kind} {', '.join(unknown)}; choose from "
+            f"{', '.join(registry)}" + (" or 'all'" if allow_all else ""),
+        )
     return values
 
 

@@ -57,8 +57,11 @@ def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
         },
         "optim": {**asdict(optim), "betas": list(optim.betas)},
         "train": {"steps": preset.steps, "batch_size": preset.batch_size, "precision": precision},
-        "data": {"stream": stream, "held_out": preset.eval_sequences,
-                 "held_out_seed_offset": HELD_OUT_OFFSET},  # fmt: skip
+        "data": {
+            "stream": stream,
+            "held_out": preset.eval_sequences,
+            "held_out_seed_offset": HELD_OUT_OFFSET,
+        },  # fmt: skip
     }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .variants import VARIANTS
+
 # The paper's accuracies (its bar charts, about ±0.01) at length 128: (task, variant, vocab).
 PAPER: dict[tuple[str, str, int], float] = {}
 for _vocab, _pi, _etp in ((10, (0.07, 0.13), (0.58,)), (1000, (0.06, 0.11), (0.54,)),
@@ -214,8 +215,15 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> str
     from ...training.files import atomic_write_json, atomic_write_text
 
     table = rows(records)
-    order = sorted(range(len(table)), key=lambda i: (table[i]["task"], table[i]["label"],
-                                                      table[i]["vocab_size"], table[i]["seed"]))
+    order = sorted(
+        range(len(table)),
+        key=lambda i: (
+            table[i]["task"],
+            table[i]["label"],
+            table[i]["vocab_size"],
+            table[i]["seed"],
+        ),
+    )
     atomic_write_json(out_dir / "results.json", [{**table[i], "record": records[i]}
                                                  for i in order])  # fmt: skip
     total = sum(r["seconds"] for r in table)
