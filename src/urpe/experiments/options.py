@@ -75,6 +75,18 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_hel
                           "memory; default: 1)")  # fmt: skip
 
 
+TRAIN_MODULES = ("lightning", "torchmetrics", "safetensors", "tqdm", "matplotlib")
+
+
+def require_training_extra() -> None:
+    """Import the `train` extra's modules now, so a missing one is reported (by `urpe.cli`, as
+    the pip command that installs it) before anything is created or trained."""
+    import importlib
+
+    for name in TRAIN_MODULES:
+        importlib.import_module(name)
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

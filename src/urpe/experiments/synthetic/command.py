@@ -25,7 +25,12 @@ from ...cli_types import (
     seed_list,
 )
 from ...tasks import TASKS
-from ..options import add_sweep_arguments, resolve_execution, resolve_precision
+from ..options import (
+    add_sweep_arguments,
+    require_training_extra,
+    resolve_execution,
+    resolve_precision,
+)
 from .presets import PRESETS, Preset
 from .variants import VARIANTS
 
@@ -166,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from .experiment import describe, plan, run_one
 
     preset = resolve(args)
+    require_training_extra()
     out: Path = args.out
     wall = time.perf_counter()
     warn = lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True)  # noqa: E731
