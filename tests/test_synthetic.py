@@ -90,3 +90,36 @@ def test_a_seed_fixes_the_run_exactly_on_cpu(tmp_path):
         return row["loss"], row["accuracy"]
 
     assert run(tmp_path / "a") == run(tmp_path / "b")
+
+
+def test_migrate_converts_an_old_record_and_checks_the_unrecorded_width(tmp_path):
+    from urpe.experiments.synthetic.migrate import migrate
+    from urpe.experiments.synthetic.report import rows
+    from urpe.training.models import EncoderTokenClassifier
+
+    config = variant_config(
+        "urpe",
+        TransformerConfig(vocab_size=10, max_len=8, num_layers=1, dim=16, num_heads=2, ffn_dim=64),
+    )
+    params = sum(p.numel() for p in EncoderTokenClassifier(config, 8).parameters())
+    old = dict(task="pi", variant="urpe", seed=1, vocab_size=10, seq_len=8, steps=50,
+               params=params, accuracy=0.75, loss=0.5, chance=0.125, seconds=3.0, batch_size=16,
+               lr=0.002, warmup=5, num_layers=1, dim=16, num_heads=2, eval_sequences=64,
+               threads=1, run="pi-urpe-V10-L8-S50-seed1")  # fmt: skip
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "pi-urpe-V10-L8-S50-seed1.json").write_text(json.dumps(old))
+    torch.save({"B": torch.ones(2, 8, 8), "C": torch.ones(2, 8, 8)},
+               records / "pi-urpe-V10-L8-S50-seed1.pt")  # fmt: skip
+    bad = {**old, "params": params + 1, "run": "pi-urpe-V10-L8-S50-seed2", "seed": 2}
+    (records / "pi-urpe-V10-L8-S50-seed2.json").write_text(json.dumps(bad))
+    converted, problems = migrate(tmp_path)
+    assert converted == 1 and len(problems) == 1 and "seed2.json: not converted" in problems[0]
+    (new,) = [json.loads(p.read_text()) for p in records.glob("*-*-*.json")
+              if "format" in json.loads(p.read_text())]  # fmt: skip
+    assert new["config"]["model"]["transformer"]["ffn_dim"] == 64  # recovered from the count
+    assert new["config"]["data"]["stream"] == "per-process/0"
+    assert (records / f"{new['id']}.safetensors").exists()
+    assert not (records / "pi-urpe-V10-L8-S50-seed1.pt").exists()
+    (row,) = rows([new])
+    assert (row["accuracy"], row["seed"], row["steps"]) == (0.75, 1, 50)
