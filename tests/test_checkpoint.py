@@ -137,3 +137,24 @@ def test_malicious_files_in_a_results_folder_are_named_and_never_run(tmp_path, c
     assert "training_state.pt: refused to load" in err and "starting the run again" in err
     assert "Traceback" not in err and not marker.exists()
     assert read_json(record)["result"]["accuracy"] >= 0  # trained again and rewritten
+
+
+def test_every_torch_load_in_the_package_passes_weights_only_true():
+    import ast
+    from pathlib import Path
+
+    import urpe
+
+    calls = []
+    for path in Path(urpe.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load"
+                and getattr(node.func.value, "id", "") == "torch"
+            ):
+                keywords = {k.arg: k.value for k in node.keywords}
+                flag = keywords.get("weights_only")
+                calls.append((path.name, isinstance(flag, ast.Constant) and flag.value is True))
+    assert calls and all(ok for _, ok in calls), calls
