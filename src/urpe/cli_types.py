@@ -1,10 +1,25 @@
-"""Argument types shared by the `urpe` subcommands: each turns bad input into one argparse
-error line naming the value."""
+"""Argument types and the usage error shared by the `urpe` subcommands.
+
+Each type turns bad input into one argparse error line naming the value; checks that need
+several arguments raise `UsageError(argument, message)`, which `urpe.cli.main` prints as one
+line (exit status 2, no traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """A bad command-line value found after parsing; `argument` is the flag to name."""
+
+    def __init__(self, argument: str, message: str):
+        self.argument, self.message = argument, message
+        super().__init__(f"argument {argument}: {message}")
 
 
 def positive_int(text: str) -> int:
@@ -37,12 +52,64 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _unique(values: tuple, text: str) -> tuple:
+    repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if repeated:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(str, repeated))} given more than once in {text!r}"
+        )
+    return values
+
+
 def int_list(text: str) -> tuple[int, ...]:
-    """Comma-separated integers: "10,1000" -> (10, 1000)."""
+    """Comma-separated distinct integers: "10,1000" -> (10, 1000)."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers, comma-separated: {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
+    return _unique(values, text)
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    values = int_list(text)
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"must be positive integers, got {bad[0]}")
     return values
+
+
+def seed_list(text: str) -> tuple[int, ...]:
+    """Comma-separated distinct seeds in [0, 2**32) (what every RNG in the stack accepts)."""
+    values = int_list(text)
+    bad = [v for v in values if not 0 <= v < 2**32]
+    if bad:
+        raise argparse.ArgumentTypeError(f"seeds must lie in [0, 2^32), got {bad[0]}")
+    return values
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """Comma-separated distinct names (checked against a registry by the command)."""
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one name")
+    return _unique(values, text)
+
+
+def check_writable_directory(path: Path, argument: str = "--out") -> None:
+    """Raise UsageError unless `path` is, or can be created as, a writable directory. Creates
+    nothing that stays: writability is tested with a temporary directory, removed at once."""
+    path = Path(path)
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise UsageError(argument, f"{path}: {existing} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".urpe-write-test-", dir=existing))
+    except OSError as error:
+        raise UsageError(argument, f"{path}: cannot write in {existing} "
+                                   f"({error.strerror or error})") from None  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from ..encodings import (
     ABSOLUTE_REGISTRY,
@@ -91,4 +91,26 @@ class TransformerConfig:
         return self.dim // self.num_heads
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field, JSON-ready: `mixers` keys (layer indices) become strings, as JSON object
+        keys must be. `from_dict(json.loads(json.dumps(c.to_dict()))) == c`."""
+        data = asdict(self)
+        data["mixers"] = {str(layer): kind for layer, kind in sorted(self.mixers.items())}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TransformerConfig:
+        """The inverse of `to_dict` (also accepts int mixer keys); unknown keys are an error, so
+        a config written by a newer urpe is not silently half-read."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a TransformerConfig needs a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig fields: {', '.join(map(str, unknown))}")
+        values = dict(data)
+        mixers = values.get("mixers") or {}
+        try:
+            values["mixers"] = {int(layer): kind for layer, kind in mixers.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise ValueError(f"mixers must map layer indices to kinds, got {mixers!r}") from None
+        return cls(**values)

@@ -1,22 +1,41 @@
-"""Training on PyTorch Lightning: a token classifier, generated data, the paper's schedule.
+"""Training on PyTorch Lightning: objectives that receive their model, data as a function of
+(seed, step), safe checkpoints, and `fit` (resumable, multi-device, multi-node).
 
-The core (`urpe.kernels` ... `urpe.models`) never imports this; it needs the `train` extra.
+The core (`urpe.kernels` ... `urpe.models`) never imports this; it needs the `train` extra
+(`pip install 'urpe[train]'`). Names are imported lazily, so `urpe.training.files` (atomic
+writes, standard library only) loads without Lightning.
 """
 
-from .data import GeneratedBatches, GeneratedDataModule
-from .module import TokenClassifier
-from .optim import OptimConfig, build_optimizer, warmup_polynomial_decay
-from .trainer import StepProgressBar, TrainConfig, build_trainer, quiet_lightning
+from __future__ import annotations
 
-__all__ = [
-    "GeneratedBatches",
-    "GeneratedDataModule",
-    "OptimConfig",
-    "StepProgressBar",
-    "TokenClassifier",
-    "TrainConfig",
-    "build_optimizer",
-    "build_trainer",
-    "quiet_lightning",
-    "warmup_polynomial_decay",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointError": "checkpoint",
+    "load_model": "checkpoint",
+    "read_checkpoint_config": "checkpoint",
+    "GeneratedStream": "data",
+    "IndexedStream": "data",
+    "StepBatches": "data",
+    "StepDataModule": "data",
+    "derive_seed": "data",
+    "EncoderTokenClassifier": "models",
+    "Objective": "objectives",
+    "TokenClassification": "objectives",
+    "OptimConfig": "optim",
+    "build_optimizer": "optim",
+    "warmup_polynomial_decay": "optim",
+    "TrainConfig": "trainer",
+    "build_trainer": "trainer",
+    "fit": "trainer",
+    "quiet_lightning": "trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

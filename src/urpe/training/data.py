@@ -1,84 +1,178 @@
-"""Batches generated on the fly, for Lightning.
+"""Training data as a function of (seed, step): exact resume and exact data parallelism.
 
-A sampler is any `sample(batch_size, generator) -> (inputs, targets)`; the synthetic tasks of
-`urpe.tasks` fit after binding length and vocabulary. Training draws an endless stream seeded by
-(seed, rank, worker), so every process sees different data and a run is reproducible. Evaluation
-uses a fixed held-out set drawn from a separate seed, map-style so Lightning shards it across
-devices.
+The global batch of optimiser step t (`batch_size` examples, the paper's "sequences per
+update") depends on (seed, t) alone. Each step's global batch is cut into
+`world_size * accumulate_grad_batches` equal parts; micro-batch m of rank r gets part
+`m * world_size + r`. Hence:
+
+- a resumed run continues at exactly the data an uninterrupted run would see next (the data
+  position is the step counter; nothing else needs saving);
+- N processes with DDP see, between them, exactly the batch one process would, so they end
+  with the same weights as a single-process run of the same global batch (up to float
+  rounding: the gradient is the mean of the parts' means, the global mean for equal parts);
+- gradient accumulation changes memory, not the optimisation.
+
+Two streams implement `StepStream.batch(step, part, parts)`:
+- `GeneratedStream(sample, batch_size, seed)`: draws the global batch from
+  `sample(batch_size, generator)` with a generator seeded by (seed, step) (the synthetic tasks);
+- `IndexedStream(size, batch_size, seed, collate)`: a dataset of `size` items, shuffled anew each
+  epoch (permutation seeded by (seed, epoch)); step t takes items [t*B, (t+1)*B) of the
+  concatenated epochs, and `collate(indices)` builds the part (graph and text datasets).
+
+Held-out evaluation data is a fixed map-style dataset; rank r evaluates items r, r + W, ...,
+so the accuracy covers every item exactly once (no sampler padding).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-Sampler = Callable[[int, torch.Generator], tuple[Tensor, Tensor]]
+Sampler = Callable[[int, torch.Generator], Any]
 
-# Keeps the held-out stream apart from any training stream (seed, rank, worker) of a sane size.
+# Keeps the held-out set's generator apart from the training stream.
 HELD_OUT_OFFSET = 1_000_003
 
 
-def _rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return 0
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from any tuple (seed, step, rank, ...), stable across processes and runs
+    (unlike Python's `hash`)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
-class GeneratedBatches(IterableDataset):
-    """An endless (or `num_batches`-long) stream of whole batches from `sample`."""
+def slice_batch(batch: Any, part: int, parts: int) -> Any:
+    """Part `part` of `parts` equal slices along dim 0 of every tensor in `batch` (a tensor, or a
+    tuple/list/dict of them)."""
+    if isinstance(batch, Tensor):
+        size = batch.shape[0]
+        if size % parts:
+            raise ValueError(f"a batch of {size} cannot be cut into {parts} equal parts")
+        width = size // parts
+        return batch[part * width : (part + 1) * width]
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(slice_batch(b, part, parts) for b in batch)
+    if isinstance(batch, dict):
+        return {k: slice_batch(v, part, parts) for k, v in batch.items()}
+    raise TypeError(f"cannot slice a {type(batch).__name__}; return tensors from the sampler")
 
-    def __init__(self, sample: Sampler, batch_size: int, seed: int, num_batches: int | None = None):
-        super().__init__()
+
+class StepStream(Protocol):
+    """What a training stream provides: part `part` of `parts` of step `step`'s global batch."""
+
+    batch_size: int
+
+    def batch(self, step: int, part: int, parts: int) -> Any: ...
+
+
+class GeneratedStream:
+    """Global batch of step t = `sample(batch_size, Generator(seed=derive_seed(seed, t)))`."""
+
+    def __init__(self, sample: Sampler, batch_size: int, seed: int):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sample, self.batch_size, self.seed, self.num_batches = (
-            sample, batch_size, seed, num_batches,
-        )  # fmt: skip
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        worker = get_worker_info()
-        workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
-        stream = (_rank() * workers + worker_id) * 7919
-        generator = torch.Generator().manual_seed(self.seed * 1_000_000 + stream)
-        count = 0
-        while self.num_batches is None or count < self.num_batches:
-            yield self.sample(self.batch_size, generator)
-            count += 1
-
-
-class GeneratedDataModule(L.LightningDataModule):
-    """Training: an endless seeded stream. Validation: `eval_batches` fixed held-out batches."""
-
-    def __init__(
-        self,
-        sample: Sampler,
-        batch_size: int,
-        seed: int = 0,
-        eval_batches: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-    ):
-        super().__init__()
         self.sample, self.batch_size, self.seed = sample, batch_size, seed
-        self.eval_batches = eval_batches
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self._held_out: TensorDataset | None = None
+        self._cached: tuple[int, Any] | None = None
 
-    def held_out(self) -> TensorDataset:
-        if self._held_out is None:
-            generator = torch.Generator().manual_seed(self.seed + HELD_OUT_OFFSET)
-            inputs, targets = self.sample(self.eval_batches * self.eval_batch_size, generator)
-            self._held_out = TensorDataset(inputs, targets)
-        return self._held_out
+    def global_batch(self, step: int) -> Any:
+        if self._cached is None or self._cached[0] != step:
+            generator = torch.Generator().manual_seed(derive_seed("data", self.seed, step))
+            self._cached = (step, self.sample(self.batch_size, generator))
+        return self._cached[1]
+
+    def batch(self, step: int, part: int, parts: int) -> Any:
+        return slice_batch(self.global_batch(step), part, parts)
+
+
+class IndexedStream:
+    """Epoch-shuffled items of a dataset; `collate(indices: Tensor) -> batch` builds a part."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, collate: Callable[[Tensor], Any]):
+        if size < 1 or batch_size < 1:
+            raise ValueError(f"need size >= 1 and batch_size >= 1, got {size}, {batch_size}")
+        self.size, self.batch_size, self.seed, self.collate = size, batch_size, seed, collate
+        self._permutation: tuple[int, Tensor] | None = None
+
+    def _epoch(self, epoch: int) -> Tensor:
+        if self._permutation is None or self._permutation[0] != epoch:
+            generator = torch.Generator().manual_seed(derive_seed("epoch", self.seed, epoch))
+            self._permutation = (epoch, torch.randperm(self.size, generator=generator))
+        return self._permutation[1]
+
+    def indices(self, step: int) -> Tensor:
+        """The global batch's item indices, (batch_size,)."""
+        positions = torch.arange(step * self.batch_size, (step + 1) * self.batch_size)
+        out = torch.empty(self.batch_size, dtype=torch.long)
+        for epoch in positions.div(self.size, rounding_mode="floor").unique().tolist():
+            chosen = positions.div(self.size, rounding_mode="floor") == epoch
+            out[chosen] = self._epoch(epoch)[positions[chosen] % self.size]
+        return out
+
+    def batch(self, step: int, part: int, parts: int) -> Any:
+        return self.collate(slice_batch(self.indices(step), part, parts))
+
+
+class StepBatches(IterableDataset):
+    """One rank's micro-batches from optimiser step `start` on (endless): for each step, its
+    `accumulate` micro-batches, in order."""
+
+    def __init__(self, stream: StepStream, start: int = 0, rank: int = 0, world_size: int = 1,
+                 accumulate: int = 1):  # fmt: skip
+        super().__init__()
+        if not 0 <= rank < world_size or accumulate < 1 or start < 0:
+            raise ValueError(f"bad layout: rank {rank}, world {world_size}, accumulate "
+                             f"{accumulate}, start {start}")  # fmt: skip
+        parts = world_size * accumulate
+        if stream.batch_size % parts:
+            raise ValueError(
+                f"the global batch of {stream.batch_size} cannot be split into {world_size} "
+                f"devices x {accumulate} accumulated micro-batches"
+            )
+        self.stream, self.start, self.rank = stream, start, rank
+        self.world_size, self.accumulate = world_size, accumulate
+
+    def __iter__(self) -> Iterator[Any]:
+        step = self.start
+        parts = self.world_size * self.accumulate
+        while True:
+            for micro in range(self.accumulate):
+                yield self.stream.batch(step, micro * self.world_size + self.rank, parts)
+            step += 1
+
+
+class StepDataModule(L.LightningDataModule):
+    """Training: `StepBatches` from the trainer's current step (so resuming needs no data
+    state). Validation: `held_out`, rank r taking items r, r + W, ...
+
+    train: the stream; held_out: a map-style dataset (e.g. a `TensorDataset`);
+    eval_batch_size: per device; collate: for the held-out items (None: default collation).
+    """
+
+    def __init__(self, train: StepStream, held_out: Dataset, eval_batch_size: int = 256,
+                 collate: Callable[[list], Any] | None = None):  # fmt: skip
+        super().__init__()
+        self.train, self.held_out = train, held_out
+        self.eval_batch_size, self.collate = eval_batch_size, collate
+
+    def _layout(self) -> tuple[int, int, int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 0, 1, 1
+        return trainer.global_step, trainer.global_rank, trainer.world_size, \
+            trainer.accumulate_grad_batches  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
-        stream = GeneratedBatches(self.sample, self.batch_size, self.seed)
-        return DataLoader(stream, batch_size=None, num_workers=self.num_workers)
+        start, rank, world, accumulate = self._layout()
+        return DataLoader(StepBatches(self.train, start, rank, world, accumulate), batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.held_out(), batch_size=self.eval_batch_size, shuffle=False)
+        _, rank, world, _ = self._layout()
+        indices: Sequence[int] = range(rank, len(self.held_out), world)  # type: ignore[arg-type]
+        return DataLoader(Subset(self.held_out, indices), batch_size=self.eval_batch_size,
+                          shuffle=False, collate_fn=self.collate)  # fmt: skip

@@ -12,7 +12,8 @@ from torch import nn
 @dataclass
 class OptimConfig:
     """lr: peak learning rate, reached after `warmup_steps`; then decays polynomially (`power`,
-    1 = linear) to `end_lr` at `total_steps`, and stays there."""
+    1 = linear) to `end_lr` at `total_steps`, and stays there. (Gradient clipping is the
+    Trainer's: `TrainConfig.gradient_clip_val`.)"""
 
     lr: float = 1e-3
     warmup_steps: int = 0
@@ -22,7 +23,6 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -1,0 +1,163 @@
+"""The synthetic experiment on the shared runner: its run configs and `run_one`.
+
+A run is (task, variant, vocabulary, seed) under a preset's settings; `run_config` resolves it to
+the full configuration that is its identity, and `run_one(config, context)` trains it and
+returns its record: held-out token accuracy and loss, chance level, parameter count, and the
+learned B and C of the first attention layer (as tensors, saved beside the record).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from ...encodings import Positions
+from ...kernels import dense_term
+from ...models import TransformerConfig
+from ...tasks import get_task
+from ...training.optim import OptimConfig
+from ..runner import RunContext, RunResult, RunSpec
+from .presets import Preset
+from .variants import variant_config
+
+# The training data of step t is drawn from (seed, t) (`urpe.training.data.GeneratedStream`).
+# Records written before this stream existed carry "per-process/0" (see migrate.py): they used
+# other batches, so they are never taken for a run of this stream.
+DATA_STREAM = "seed-step/1"
+# The held-out set: `eval_sequences` sequences from a generator seeded with seed + this offset.
+HELD_OUT_OFFSET = 1_000_003
+EVAL_BATCH = 256
+
+
+def run_name(task: str, variant: str, vocab: int, seed: int, preset: Preset) -> str:
+    return f"{task}-{variant}-V{vocab}-L{preset.seq_len}-S{preset.steps}-seed{seed}"
+
+
+def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
+               precision: str, stream: str = DATA_STREAM) -> dict[str, Any]:  # fmt: skip
+    """Everything that decides this run's result, JSON-ready."""
+    base = TransformerConfig(
+        vocab_size=vocab, max_len=preset.seq_len, num_layers=preset.num_layers, dim=preset.dim,
+        num_heads=preset.num_heads, ffn_dim=preset.ffn_dim, dropout=0.0, norm_first=False,
+    )  # fmt: skip
+    model = variant_config(variant, base)
+    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
+    return {
+        "experiment": "synthetic",
+        "task": task,
+        "variant": variant,
+        "vocab_size": vocab,
+        "seq_len": preset.seq_len,
+        "seed": seed,
+        "model": {
+            "transformer": model.to_dict(),
+            "num_classes": get_task(task).num_classes(preset.seq_len, vocab),
+        },
+        "optim": {**asdict(optim), "betas": list(optim.betas)},
+        "train": {"steps": preset.steps, "batch_size": preset.batch_size, "precision": precision},
+        "data": {
+            "stream": stream,
+            "held_out": preset.eval_sequences,
+            "held_out_seed_offset": HELD_OUT_OFFSET,
+        },  # fmt: skip
+    }
+
+
+def plan(preset: Preset, precision: str) -> list[RunSpec]:
+    """Every (task, variant, vocabulary, seed) of the preset, in that nesting order."""
+    return [
+        RunSpec(run_name(t, v, vocab, s, preset), run_config(t, v, vocab, s, preset, precision),
+                preset.steps)  # fmt: skip
+        for t in preset.tasks for v in preset.variants
+        for vocab in preset.vocab_sizes for s in preset.seeds
+    ]  # fmt: skip
+
+
+def _sample(task: str, length: int, vocab: int, batch_size: int, generator: torch.Generator):
+    return get_task(task)(batch_size, length, vocab, generator)
+
+
+def learned_matrices(model: torch.nn.Module, length: int) -> dict[str, torch.Tensor]:
+    """Dense B and C, (H, n, n), of the first attention layer (n: length plus markers); absent
+    keys for a variant without them."""
+    encoder = model.encoder
+    n = length + (encoder.markers.count if encoder.markers is not None else 0)
+    mixer = encoder.layers[0].mixer
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        position = getattr(mixer, "position", None)
+        if position is not None:
+            h, d = mixer.num_heads, mixer.head_dim
+            q = torch.zeros(1, h, n, d)
+            term = dense_term(position.bias(q, Positions.sequence(n), d**-0.5), n, n)
+            if term is not None:
+                out["B"] = term.expand(1, h, n, n)[0].detach().float().cpu().clone()
+        gate = getattr(mixer, "gate", None)
+        if gate is not None:
+            out["C"] = gate(Positions.sequence(n)).dense(n, n)[0].detach().float().cpu().clone()
+    return out
+
+
+def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
+    """Train one synthetic run and measure it on its held-out set."""
+    import lightning as L
+    from torch.utils.data import TensorDataset
+
+    from ...training import (
+        EncoderTokenClassifier,
+        GeneratedStream,
+        StepDataModule,
+        TokenClassification,
+        TrainConfig,
+        fit,
+        quiet_lightning,
+    )
+
+    quiet_lightning()
+    task, length, vocab, seed = (config["task"], config["seq_len"], config["vocab_size"],
+                                 config["seed"])  # fmt: skip
+    if config["data"]["stream"] != DATA_STREAM:
+        raise ValueError(f"this urpe trains data stream {DATA_STREAM}, not "
+                         f"{config['data']['stream']}")  # fmt: skip
+    L.seed_everything(seed, verbose=False)
+    model = EncoderTokenClassifier.from_model_config(config["model"])
+    optim = OptimConfig(**{**config["optim"], "betas": tuple(config["optim"]["betas"])})
+    num_classes = config["model"]["num_classes"]
+    objective = TokenClassification(model, num_classes, optim, run=config)
+    sample = functools.partial(_sample, task, length, vocab)
+    held_out_size = config["data"]["held_out"]
+    generator = torch.Generator().manual_seed(seed + config["data"]["held_out_seed_offset"])
+    held_out = TensorDataset(*sample(held_out_size, generator))
+    train = config["train"]
+    data = StepDataModule(GeneratedStream(sample, train["batch_size"], seed), held_out,
+                          eval_batch_size=min(held_out_size, EVAL_BATCH))  # fmt: skip
+    execution = context.execution
+    settings = TrainConfig(
+        max_steps=train["steps"], val_every=max(1, train["steps"] // 4),
+        checkpoint_every=execution.checkpoint_every, accelerator=execution.accelerator,
+        devices=execution.devices, num_nodes=execution.num_nodes, strategy=execution.strategy,
+        precision=train["precision"], accumulate_grad_batches=execution.accumulate_grad_batches,
+        seed=seed,
+    )  # fmt: skip
+    metrics = fit(
+        objective, data, settings, context.run_dir, resume=context.resume,
+        on_step=context.on_step,
+        on_resume_error=lambda error: context.warn(f"{error}; starting the run again"),
+    )  # fmt: skip
+    record = {
+        "accuracy": metrics["val/acc"],
+        "loss": metrics["val/loss"],
+        "chance": get_task(task).chance(length, vocab),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    return RunResult(record, learned_matrices(model.cpu(), length))
+
+
+def describe(record: dict) -> str:
+    """The line printed when a run finishes."""
+    r = record["result"]
+    return (f"accuracy {r['accuracy']:.3f} (chance {r['chance']:.3f}) in "
+            f"{record['seconds']:.0f} s")  # fmt: skip

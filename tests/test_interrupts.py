@@ -1,0 +1,85 @@
+"""Real child processes: SIGKILL mid-run, then --resume, ends exactly where an uninterrupted run
+ends; Ctrl-C (SIGINT) stops with one line and leaves a resumable state."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from urpe.cli import main
+from urpe.training.checkpoint import load_weights
+
+FLAGS = ["--tasks", "etp", "--variants", "urpe", "--seq-len", "8", "--steps", "250",
+         "--batch-size", "16", "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32",
+         "--eval-sequences", "64", "--no-progress", "--jobs", "1", "--threads", "1",
+         "--checkpoint-every", "10"]  # fmt: skip
+
+
+def _start(out: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "urpe", "reproduce", "synthetic", "--out", str(out), *FLAGS]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+
+
+def _wait_for_checkpoint(child: subprocess.Popen, out: Path, step: int) -> int:
+    """Poll until a checkpoint at `step` or later exists; return the newest step seen."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        steps = [int(p.name.split("-")[1]) for p in out.glob("runs/*/checkpoints/step-*")]
+        if steps and max(steps) >= step:
+            return max(steps)
+        if child.poll() is not None:
+            pytest.fail(f"child ended early: {child.communicate()[1][-2000:]}")
+        time.sleep(0.02)
+    child.kill()
+    pytest.fail("no checkpoint appeared in time")
+
+
+def _final(out: Path) -> tuple[dict, dict]:
+    (record,) = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
+    (weights,) = list(out.glob("runs/*/checkpoints/step-00000250/model.safetensors"))
+    return record["result"], load_weights(weights)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    assert main(["reproduce", "synthetic", "--out", str(out), *FLAGS]) == 0
+    return _final(out)
+
+
+def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted):
+    out = tmp_path / "killed"
+    child = _start(out)
+    seen = _wait_for_checkpoint(child, out, 30)
+    child.send_signal(signal.SIGKILL)
+    child.communicate()
+    assert child.returncode == -signal.SIGKILL
+    assert seen < 250 and not list(out.glob("records/*.json"))  # killed mid-run, really
+    assert main(["reproduce", "synthetic", "--out", str(out), *FLAGS, "--resume"]) == 0
+    result, weights = _final(out)
+    expected_result, expected_weights = uninterrupted
+    assert result == expected_result
+    assert weights.keys() == expected_weights.keys()
+    assert all(torch.equal(weights[k], expected_weights[k]) for k in weights)
+
+
+def test_ctrl_c_stops_with_one_line_and_resumes(tmp_path, uninterrupted):
+    out = tmp_path / "interrupted"
+    child = _start(out)
+    _wait_for_checkpoint(child, out, 20)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert "interrupted" in last and "--resume" in last
+    assert main(["reproduce", "synthetic", "--out", str(out), *FLAGS, "--resume"]) == 0
+    assert _final(out)[0] == uninterrupted[0]
