@@ -106,7 +106,19 @@ def fused_backward_op(
                  block_k)  # fmt: skip
     needs = (needs_bias, needs_gate, needs_mask)
     grads = blockwise_backward(call, grad_out, out, stat, needs)
-    return tuple(q.new_empty(0) if g is None else g for g in grads)
+    inputs = (q, k, v, bias, gate, attn_mask)
+    return tuple(
+        q.new_empty(0) if g is None else _strided_like(g, t)
+        for g, t in zip(grads, inputs, strict=True)
+    )
+
+
+def _strided_like(grad: Tensor, like: Tensor) -> Tensor:
+    """grad with the strides `empty_like(like)` has, as the fake implementation promises them
+    (compiled graphs view the gradients under those strides)."""
+    if grad.stride() == torch.empty_like(like, device="meta").stride():
+        return grad
+    return torch.empty_like(like).copy_(grad)
 
 
 @fused_backward_op.register_fake
