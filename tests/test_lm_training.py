@@ -160,3 +160,12 @@ def test_report_metric_and_evaluate_modes():
     assert full == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError):
         evaluate(model, tokens, 8, mode="sliding", use_memory=True)
+
+
+@pytest.mark.parametrize("argv", [["generate", "--help"], ["reproduce", "lm", "--help"]])
+def test_help_explains(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "--prompt" in text if argv[0] == "generate" else "--variants" in text
