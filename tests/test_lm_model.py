@@ -9,6 +9,17 @@ from urpe.models import TransformerConfig
 from urpe.models.lm import IncrementalState, LanguageModel
 
 VOCAB, L = 13, 5
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny tensors: a second thread only adds synchronisation, very slow on a loaded CPU.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 VARIANTS = [*DEFAULT_VARIANTS, "rope+urpe", "alibi+urpe", "t5+urpe", "ape+mem", "rpe+urpe+mem"]
 
 

@@ -16,6 +16,16 @@ from urpe.training.lm import CausalLM, SegmentStream, evaluate, held_out_segment
 
 pytest.importorskip("lightning")
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny tensors: a second thread only adds synchronisation, very slow on a loaded CPU.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 SMALL = ["--seeds", "0", "--steps", "40", "--layers", "1", "--dim", "32", "--heads", "2",
          "--ffn-dim", "64", "--segment-length", "32", "--memory-length", "16",
          "--batch-size", "8", "--eval-tokens", "1500", "--factors", "1,2", "--val-every", "20",
