@@ -17,11 +17,20 @@ def _pyplot():
     return plt
 
 
+def _colours(variants) -> dict[str, object]:
+    """One colour per variant, the same in every panel and figure."""
+    import matplotlib
+
+    cycle = matplotlib.colormaps["tab10"]
+    return {name: cycle(i % 10) for i, name in enumerate(sorted(set(variants)))}
+
+
 def curves_chart(records: list[dict], path: Path) -> None:
     """Training and validation loss against updates, per variant (mean over seeds)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     metric = records[0]["result"]["metric"]
+    colours = _colours(r["config"]["variant"] for r in records)
     for split, ax in zip(("train", "val"), axes, strict=True):
         series: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
         for record in records:
@@ -30,7 +39,8 @@ def curves_chart(records: list[dict], path: Path) -> None:
         for variant in sorted(series):
             steps = sorted(series[variant])
             values = [sum(series[variant][s]) / len(series[variant][s]) for s in steps]
-            ax.plot(steps, values, label=variant, linestyle="--" if "urpe" in variant else "-")
+            ax.plot(steps, values, label=variant, color=colours[variant],
+                    linestyle="--" if "urpe" in variant else "-")  # fmt: skip
         ax.set_xlabel("update")
         ax.set_ylabel(metric)
         ax.set_title(f"{split} ({'first 8k validation tokens' if split == 'val' else 'batches'})")
@@ -47,6 +57,7 @@ def extrapolation_chart(table: list[dict], path: Path) -> None:
     modes = [m for m in ("chunks", "sliding", "memory") if any(m in r["extrapolation"]
                                                                 for r in table)]  # fmt: skip
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4.5), squeeze=False)
+    colours = _colours(r["variant"] for r in table)
     for mode, ax in zip(modes, axes[0], strict=True):
         values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         for row in table:
@@ -55,14 +66,15 @@ def extrapolation_chart(table: list[dict], path: Path) -> None:
         for variant in sorted(values):
             factors = sorted(values[variant])
             means = [sum(values[variant][f]) / len(values[variant][f]) for f in factors]
-            ax.plot(factors, means, marker="o", label=variant,
+            ax.plot(factors, means, marker="o", label=variant, color=colours[variant],
                     linestyle="--" if "urpe" in variant else "-")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context / training length")
         ax.set_ylabel(table[0]["metric"])
-        ax.set_title(mode)
+        ax.set_title({"chunks": "full context, no memory", "sliding": "sliding window, no memory",
+                      "memory": "with memory"}[mode])  # fmt: skip
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8)  # the first panel shows every variant
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
