@@ -20,7 +20,8 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-VARIANTS = [*DEFAULT_VARIANTS, "rope+urpe", "alibi+urpe", "t5+urpe", "ape+mem", "rpe+urpe+mem"]
+VARIANTS = [*DEFAULT_VARIANTS, "rope+urpe", "alibi+urpe", "t5+urpe", "ape+mem", "rpe+urpe+mem",
+            "kerple+mem", "fire+urpe", "shaw+urpe+mem", "sinusoidal+urpe+mem"]  # fmt: skip
 
 
 def build(variant: str, memory: int | None = None, norm_first: bool = True) -> LanguageModel:
