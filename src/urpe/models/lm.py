@@ -120,7 +120,9 @@ class LanguageModel(nn.Module):
     ) -> Iterator[Tensor]:
         """Stream `max_new_tokens` tokens (each (B,) int64) continuing `prompt` (B, P).
 
-        Sampling as `urpe.models.sampling.sample` (temperature 0 = greedy). use_cache=False
+        Sampling as `urpe.models.sampling.sample` (temperature 0 = greedy). Runs without
+        gradients and in the model's current mode: call `model.eval()` first for dropout-free
+        sampling (`load_model` returns the model in eval mode). use_cache=False
         recomputes every step from the (memory, segment) without a KV cache (same numbers,
         slower; a reference for tests).
         """
