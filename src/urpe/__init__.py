@@ -23,7 +23,7 @@ from .encodings import (
     TransformerXLRelative,
 )
 from .kernels import Relation, Toeplitz, attention, reference_attention
-from .models import TransformerConfig, TransformerDecoder, TransformerEncoder
+from .models import LanguageModel, TransformerConfig, TransformerDecoder, TransformerEncoder
 from .nn import BilinearMixer, KVCache, MultiheadAttention, SeparableConvMixer
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "FireBias",
     "KVCache",
     "KerpleBias",
+    "LanguageModel",
     "LearnedAbsolute",
     "MultiheadAttention",
     "NoPosition",

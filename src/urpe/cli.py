@@ -24,9 +24,22 @@ COMMANDS = {
         "urpe.experiments.synthetic.command",
         "the paper's synthetic tasks (PI, ETP) and Su's probe, every encoding variant",
     ),
+    ("reproduce", "lm"): (
+        "urpe.experiments.lm.command",
+        "language modelling on real text: every encoding, Transformer-XL memory, URPE's gate, "
+        "length extrapolation",
+    ),
     ("bench", "attention"): (
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
+    ),
+}
+
+# Top-level commands: name -> (module, one-line help).
+SINGLE_COMMANDS = {
+    "generate": (
+        "urpe.experiments.lm.generate",
+        "sample text from a trained language model checkpoint, streamed token by token",
     ),
 }
 
@@ -62,6 +75,11 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     for group, help_text in GROUP_HELP.items():
         group_parser = groups.add_parser(group, help=help_text, description=help_text)
         subparsers[group] = group_parser.add_subparsers(dest="name", metavar="NAME", required=True)
+    for name, (module, help_text) in SINGLE_COMMANDS.items():
+        sub = groups.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(module=module, prog=sub.prog)
+        if argv[:1] == [name]:
+            importlib.import_module(module).add_arguments(sub)
     for (group, name), (module, help_text) in COMMANDS.items():
         sub = subparsers[group].add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(module=module, prog=sub.prog)
@@ -78,7 +96,10 @@ def _missing_extra(error: ModuleNotFoundError) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = "urpe " + " ".join(argv[:2]) if len(argv) >= 2 else "urpe"
+    if argv[:1] and argv[0] in SINGLE_COMMANDS:
+        prog = f"urpe {argv[0]}"
+    else:
+        prog = "urpe " + " ".join(argv[:2]) if len(argv) >= 2 else "urpe"
     try:
         args = build_parser(argv).parse_args(argv)
         prog = args.prog

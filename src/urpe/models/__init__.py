@@ -9,12 +9,14 @@ from .builders import (
     uses_relation,
 )
 from .config import ABSOLUTES, GATES, MIXERS, POSITIONS, TransformerConfig
+from .lm import LanguageModel
 from .markers import MarkerTokens
 from .transformer import TransformerDecoder, TransformerEncoder, check_tokens, next_memory
 
 __all__ = [
     "ABSOLUTES",
     "GATES",
+    "LanguageModel",
     "MIXERS",
     "POSITIONS",
     "MarkerTokens",

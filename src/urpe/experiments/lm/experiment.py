@@ -1,0 +1,205 @@
+"""The LM experiment on the shared runner: run configs and `run_one`.
+
+A run is (dataset, variant, seed) under a preset's settings. `run_one` trains a `LanguageModel`
+with `CausalLM` on contiguous segments of the training split, then measures, on the first
+`eval_tokens` tokens of the validation and test splits:
+
+- val/test loss at the training length (memory models with their memory, as trained);
+- the extrapolation table: the same weights at contexts of 1x, 2x, 4x, 8x the segment length,
+  "chunks" (consecutive chunks of that length, no memory: full context within a chunk),
+  "sliding" (windows of that length advancing by half of it, no memory) and, for memory models,
+  "memory" (chunks of that length with the trained memory length carried across);
+- throughput: median wall time of one update and training tokens per second.
+
+The tokenizer is saved in the run folder (`runs/<id>/tokenizer/`), beside the checkpoints, so
+`urpe generate runs/<id>` finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from ...models import TransformerConfig
+from ...training.optim import OptimConfig
+from ..runner import RunContext, RunResult, RunSpec
+from .presets import Preset
+from .variants import parse_variant
+
+DATA_STREAM = "contiguous-segments/1"
+EVAL_BATCH = 8
+CURVE_TOKENS = 8192  # validation during training (the learning curves) reads this many tokens
+
+
+def run_name(variant: str, seed: int, preset: Preset) -> str:
+    dataset = preset.dataset.split(":")[0]
+    return f"{dataset}-{variant}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
+
+
+def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_size: int,
+               metric: str) -> dict[str, Any]:  # fmt: skip
+    """Everything that decides this run's result, JSON-ready."""
+    v = parse_variant(variant)
+    base = TransformerConfig(
+        vocab_size=vocab_size, max_len=preset.segment_length, num_layers=preset.num_layers,
+        dim=preset.dim, num_heads=preset.num_heads, ffn_dim=preset.ffn_dim,
+        dropout=preset.dropout, norm_first=True, embedding_norm=False, tie_embeddings=True,
+    )  # fmt: skip
+    memory = preset.memory_length if v.memory else 0
+    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
+    return {
+        "experiment": "lm",
+        "dataset": preset.dataset,
+        "tokenizer": preset.tokenizer,
+        "tokenizer_vocab_size": preset.vocab_size,
+        "metric": metric,
+        "variant": variant,
+        "seed": seed,
+        "model": {
+            "transformer": v.config(base).to_dict(),
+            "segment_length": preset.segment_length,
+            "memory_length": memory,
+        },
+        "optim": {**asdict(optim), "betas": list(optim.betas)},
+        "train": {
+            "steps": preset.steps,
+            "batch_size": preset.batch_size,
+            "precision": precision,
+            "gradient_clip": preset.gradient_clip,
+            "stream": DATA_STREAM,
+        },  # fmt: skip
+        "eval": {
+            "tokens": preset.eval_tokens,
+            "factors": list(preset.factors),
+            "val_every": preset.val_every,
+            "curve_tokens": CURVE_TOKENS,
+            "batch_size": EVAL_BATCH,
+        },  # fmt: skip
+    }
+
+
+def plan(preset: Preset, precision: str, vocab_size: int, metric: str) -> list[RunSpec]:
+    return [
+        RunSpec(run_name(v, s, preset), run_config(v, s, preset, precision, vocab_size, metric),
+                preset.steps)  # fmt: skip
+        for v in preset.variants for s in preset.seeds
+    ]  # fmt: skip
+
+
+def load_run_corpus(config: dict[str, Any]):
+    from ...data.text import load_corpus
+
+    return load_corpus(config["dataset"], tokenizer=config["tokenizer"],
+                       vocab_size=config["tokenizer_vocab_size"], progress=False)  # fmt: skip
+
+
+def _head(tokens: torch.Tensor, count: int) -> torch.Tensor:
+    return tokens if count <= 0 else tokens[: count + 1]  # count targets need count + 1 tokens
+
+
+def extrapolation(model, tokens: torch.Tensor, factors: list[int]) -> dict[str, dict[str, float]]:
+    """{mode: {factor: loss in nats}} at contexts factor x segment_length (see the module doc).
+    A context the model cannot run (a learned absolute table too short) is left out."""
+    from ...training.lm import evaluate
+
+    out: dict[str, dict[str, float]] = {"chunks": {}, "sliding": {}}
+    if model.memory_length > 0:
+        out["memory"] = {}
+    for factor in factors:
+        context = factor * model.segment_length
+        for mode in out:
+            try:
+                result = evaluate(model, tokens, context, mode="sliding" if mode == "sliding"
+                                  else "chunks", use_memory=mode == "memory",
+                                  batch_size=EVAL_BATCH)  # fmt: skip
+            except ValueError as error:
+                if "absolute" not in str(error):
+                    raise
+                continue
+            out[mode][str(factor)] = result["loss"]
+    return out
+
+
+def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
+    """Train one LM run and evaluate it."""
+    import statistics
+
+    import lightning as L
+
+    from ...models.lm import LanguageModel
+    from ...training import StepDataModule, TrainConfig, fit, quiet_lightning
+    from ...training.lm import CausalLM, SegmentStream, evaluate, held_out_segments
+
+    quiet_lightning()
+    cpu_start, load_start = time.process_time(), os.getloadavg()[0]
+    if config["train"]["stream"] != DATA_STREAM:
+        raise ValueError(f"this urpe trains stream {DATA_STREAM}, not {config['train']['stream']}")
+    seed = config["seed"]
+    corpus = load_run_corpus(config)
+    corpus.tokenizer.save(context.run_dir / "tokenizer")
+    L.seed_everything(seed, verbose=False)
+    model = LanguageModel.from_model_config(config["model"])
+    optim = OptimConfig(**{**config["optim"], "betas": tuple(config["optim"]["betas"])})
+    objective = CausalLM(model, optim, metric=config["metric"], run=config)
+    train, ev = config["train"], config["eval"]
+    length = model.segment_length
+    curve_tokens = _head(corpus.valid, ev["curve_tokens"])
+    data = StepDataModule(
+        SegmentStream(corpus.train, train["batch_size"], length),
+        held_out_segments(curve_tokens, ev["batch_size"], length),
+        eval_batch_size=None,
+    )  # fmt: skip
+    execution = context.execution
+    settings = TrainConfig(
+        max_steps=train["steps"], val_every=ev["val_every"],
+        checkpoint_every=execution.checkpoint_every, accelerator=execution.accelerator,
+        devices=execution.devices, num_nodes=execution.num_nodes, strategy=execution.strategy,
+        precision=train["precision"], accumulate_grad_batches=execution.accumulate_grad_batches,
+        gradient_clip_val=train["gradient_clip"], seed=seed, log_every=10,
+    )  # fmt: skip
+    fit(
+        objective, data, settings, context.run_dir, resume=context.resume,
+        on_step=context.on_step,
+        on_resume_error=lambda error: context.warn(f"{error}; starting the run again"),
+    )  # fmt: skip
+    model = model.cpu().float().eval()
+    val_tokens, test_tokens = _head(corpus.valid, ev["tokens"]), _head(corpus.test, ev["tokens"])
+    recurrent = model.memory_length > 0
+    val = evaluate(model, val_tokens, length, use_memory=recurrent, batch_size=ev["batch_size"])
+    test = evaluate(model, test_tokens, length, use_memory=recurrent, batch_size=ev["batch_size"])
+    steps = objective.step_seconds
+    median = statistics.median(steps) if steps else float("nan")
+    tokens_per_step = train["batch_size"] * length
+    record = {
+        "metric": config["metric"],
+        "val_loss": val["loss"],
+        "test_loss": test["loss"],
+        "val_tokens": int(val["tokens"]),
+        "test_tokens": int(test["tokens"]),
+        "params": sum(p.numel() for p in model.parameters()),
+        "step_seconds_median": median,
+        "train_seconds": sum(steps),
+        "tokens_per_second": tokens_per_step / median if steps else None,
+        "tokens_per_second_mean": tokens_per_step * len(steps) / sum(steps) if steps else None,
+        "train_tokens": tokens_per_step * train["steps"],
+        "curve": objective.curve,
+        "extrapolation": extrapolation(model, val_tokens, ev["factors"]),
+    }
+    # What this process used, and how busy the machine was (other runs share its cores).
+    record["cpu_seconds"] = time.process_time() - cpu_start
+    record["load_average"] = [load_start, os.getloadavg()[0]]
+    return RunResult(record)
+
+
+def describe(record: dict) -> str:
+    from ...training.lm import report_metric
+
+    r = record["result"]
+    metric = r["metric"]
+    value = report_metric(r["val_loss"], metric)
+    return (f"val {metric} {value:.3f}, {r['tokens_per_second'] or 0:.0f} tokens/s, "
+            f"{record['seconds']:.0f} s")  # fmt: skip

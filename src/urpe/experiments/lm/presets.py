@@ -1,0 +1,91 @@
+"""Settings for `urpe reproduce lm`: a quick one for 2 CPU cores and Transformer-XL Base's.
+
+quick (sized by measurement, see results/lm/README.md): character-level Shakespeare, a 2-layer
+pre-LN decoder of width 64, segments of 64 characters (memory 64 for the recurrent variants),
+400 updates of 16 segments; validation, test and extrapolation on the first `eval_tokens` tokens
+of each split.
+
+paper: Transformer-XL Base on WikiText-103 (Dai et al. 2019; the URPE paper's LM host): 16
+layers, width 410, 10 heads, FFN 2100, dropout 0.1, segments of 150 with memory 150, 60 segments
+per update, 200k updates, Adam 2.5e-4. Needs `--dataset wikitext-103:DIR` and GPUs; the word
+vocabulary (~267k) uses a tied full softmax here, not Transformer-XL's adaptive softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from .variants import DEFAULT_VARIANTS
+
+
+@dataclass(frozen=True)
+class Preset:
+    dataset: str
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+    segment_length: int
+    memory_length: int
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int
+    num_layers: int
+    dim: int
+    num_heads: int
+    ffn_dim: int
+    dropout: float
+    eval_tokens: int  # 0: the whole split
+    val_every: int
+    factors: tuple[int, ...] = (1, 2, 4, 8)
+    precision: str = "32-true"
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    gradient_clip: float | None = 0.25
+
+    def override(self, **changes) -> Preset:
+        names = {f.name for f in fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise TypeError(f"unknown preset fields {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        dataset="shakespeare",
+        variants=DEFAULT_VARIANTS,
+        seeds=(0, 1),
+        segment_length=64,
+        memory_length=64,
+        steps=400,
+        batch_size=16,
+        lr=2e-3,
+        warmup=40,
+        num_layers=2,
+        dim=64,
+        num_heads=4,
+        ffn_dim=256,
+        dropout=0.0,
+        eval_tokens=16384,
+        val_every=50,
+    ),  # fmt: skip
+    "paper": Preset(
+        dataset="wikitext-103",
+        variants=("txl", "txl+urpe"),
+        seeds=(0,),
+        segment_length=150,
+        memory_length=150,
+        steps=200_000,
+        batch_size=60,
+        lr=2.5e-4,
+        warmup=0,
+        num_layers=16,
+        dim=410,
+        num_heads=10,
+        ffn_dim=2100,
+        dropout=0.1,
+        eval_tokens=0,
+        val_every=4000,
+        precision="16-mixed",
+    ),  # fmt: skip
+}

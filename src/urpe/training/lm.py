@@ -1,0 +1,219 @@
+"""The causal language-modelling objective, its data stream and its evaluations.
+
+- `SegmentStream`: Transformer-XL's contiguous batching as a step stream (`data.py`): the
+  global batch of step t is segment t of `ContiguousBatches(train, B, L)`, so a resumed run
+  continues at exactly the segment it would have seen, and row b of step t + 1 continues row b of
+  step t (part p of the batch always holds the same rows).
+- `CausalLM`: loss = mean cross-entropy (nats) over scored next-token targets; reports it as
+  bits per token (`loss / ln 2`: bits per character for character or byte tokens) or as
+  perplexity (`exp(loss)`, word or subword tokens). With a memory model it carries each part's
+  memory from step to step (dropped where the stream starts a new epoch) and saves it in every
+  checkpoint, so a resumed run continues with exactly the memory it had. It also records the
+  learning curve and the wall time of every update (throughput), in the checkpoint as well.
+- `evaluate`: a whole token stream scored exactly once, either in consecutive chunks of a given
+  context length (with or without carried memory) or in sliding windows.
+
+Under DDP each rank carries the memory of its own rows; checkpoints hold rank 0's, so an exact
+resume with memory is guaranteed for single-process runs (the default on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from ..data.text import IGNORE_INDEX, ContiguousBatches, SlidingWindows
+from ..models.lm import LanguageModel
+from .objectives import Objective
+from .optim import OptimConfig
+
+LN2 = math.log(2.0)
+
+
+def report_metric(loss_nats: float, metric: str) -> float:
+    """A mean loss in nats per token as `metric`: "bpc" (bits per token) or "perplexity"."""
+    if metric == "bpc":
+        return loss_nats / LN2
+    if metric == "perplexity":
+        return math.exp(min(loss_nats, 700.0))
+    raise ValueError(f"metric must be 'bpc' or 'perplexity', got {metric!r}")
+
+
+class SegmentStream:
+    """Step t's global batch = segment t of `ContiguousBatches(tokens, batch_size, L)` (endless,
+    epoch after epoch); part p of P holds rows [p B / P, (p + 1) B / P) of every segment."""
+
+    def __init__(self, tokens: Tensor, batch_size: int, segment_length: int):
+        self.tokens, self.batch_size, self.segment_length = tokens, batch_size, segment_length
+        self._batches: dict[int, dict[int, ContiguousBatches]] = {}
+        ContiguousBatches(tokens, batch_size, segment_length)  # checks the sizes now
+
+    def batch(self, step: int, part: int, parts: int) -> dict[str, Tensor]:
+        per_layout = self._batches.setdefault(parts, {})
+        if part not in per_layout:
+            per_layout[part] = ContiguousBatches(self.tokens, self.batch_size, self.segment_length,
+                                                 rank=part, world_size=parts)  # fmt: skip
+        segment = per_layout[part][step]
+        return segment_batch(segment.inputs, segment.targets, segment.reset_memory, part)
+
+
+def segment_batch(inputs: Tensor, targets: Tensor, reset: bool, part: int = 0) -> dict[str, Tensor]:
+    """The dict a `CausalLM` step takes: inputs, targets (B, L); reset and part as 0-d tensors."""
+    return {"inputs": inputs, "targets": targets, "reset": torch.tensor(bool(reset)),
+            "part": torch.tensor(int(part))}  # fmt: skip
+
+
+def held_out_segments(tokens: Tensor, batch_size: int, segment_length: int) -> list[dict]:
+    """A held-out stream as consecutive segments scoring every target once (validation)."""
+    batches = ContiguousBatches(tokens, batch_size, segment_length, cover_all=True)
+    return [segment_batch(s.inputs, s.targets, s.reset_memory) for s in batches]
+
+
+def token_losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(sum of cross-entropy in nats over scored targets, number scored). logits (B, L, V)."""
+    total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                            ignore_index=IGNORE_INDEX, reduction="sum")  # fmt: skip
+    return total, (targets != IGNORE_INDEX).sum()
+
+
+class CausalLM(Objective):
+    """Next-token cross-entropy for a `LanguageModel` on `SegmentStream` batches.
+
+    metric: "bpc" or "perplexity" (how losses are reported besides nats). Logs train/loss and
+    val/loss (nats per token) and val/<metric>.
+    """
+
+    def __init__(self, model: LanguageModel, optim: OptimConfig, metric: str = "bpc",
+                 run: dict | None = None):  # fmt: skip
+        super().__init__(model, optim, run)
+        report_metric(1.0, metric)  # checks the name
+        self.metric = metric
+        self.val_loss = MeanMetric()
+        self._memory: dict[int, list[Tensor]] = {}
+        self._val_memory: list[Tensor] | None = None
+        self.curve: dict[str, list[list[float]]] = {"train": [], "val": []}
+        self.step_seconds: list[float] = []
+        self._window: list[float] = []
+        self._started: float | None = None
+
+    def forward(self, tokens: Tensor, memory: list[Tensor] | None = None):
+        return self.model(tokens, memory)
+
+    def _step(self, batch: dict[str, Tensor], memory: list[Tensor] | None):
+        if bool(batch["reset"]):
+            memory = None
+        logits, memory = self.model(batch["inputs"], memory)
+        total, count = token_losses(logits, batch["targets"])
+        return total, count, memory
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        part = int(batch["part"])
+        total, count, memory = self._step(batch, self._memory.get(part))
+        if memory is not None:
+            self._memory[part] = memory
+        loss = total / count.clamp(min=1)
+        self.log("train/loss", loss, prog_bar=True)
+        self._window.append(float(loss.detach()))
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._started is not None:
+            self.step_seconds.append(time.perf_counter() - self._started)
+        step = self.trainer.global_step
+        log_every = self.trainer.log_every_n_steps or 1
+        if self._window and (step % log_every == 0 or step == self.trainer.max_steps):
+            self.curve["train"].append([float(step), sum(self._window) / len(self._window)])
+            self._window = []
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_memory = None
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        total, count, self._val_memory = self._step(batch, self._val_memory)
+        self.val_loss.update(total / count.clamp(min=1), weight=count)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or self.trainer.state.fn != "fit":
+            return
+        loss = float(self.val_loss.compute())
+        self.log(f"val/{self.metric}", report_metric(loss, self.metric))
+        self.curve["val"].append([float(self.trainer.global_step), loss])
+
+    # Memory, curves and step times travel in training_state.pt (plain tensors and lists).
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["lm_state"] = {
+            "memory": {str(p): [m.detach().cpu() for m in mem] for p, mem in self._memory.items()},
+            "curve": self.curve,
+            "step_seconds": list(self.step_seconds),
+            "window": list(self._window),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("lm_state") or {}
+        device = next(self.model.parameters()).device
+        self._memory = {int(p): [m.to(device) for m in mem]
+                        for p, mem in state.get("memory", {}).items()}  # fmt: skip
+        self.curve = {k: [list(v) for v in rows] for k, rows in state.get("curve", {}).items()}
+        self.curve.setdefault("train", [])
+        self.curve.setdefault("val", [])
+        self.step_seconds = list(state.get("step_seconds", []))
+        self._window = list(state.get("window", []))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "metric": self.metric}
+
+
+@torch.no_grad()
+def evaluate(
+    model: LanguageModel,
+    tokens: Tensor,
+    context: int,
+    *,
+    mode: str = "chunks",
+    use_memory: bool = False,
+    batch_size: int = 8,
+) -> dict[str, float]:
+    """Mean next-token loss (nats) over every target of the stream `tokens` (N,), each scored
+    once; returns {"loss", "tokens"}.
+
+    mode "chunks": consecutive chunks of `context` inputs (row b of chunk t + 1 continues row b of
+        chunk t); with `use_memory`, a memory model carries its M states from chunk to chunk
+        (Transformer-XL evaluation), otherwise each chunk starts from nothing (full context:
+        target i of a chunk sees the i earlier tokens of its chunk).
+    mode "sliding": windows of `context` inputs advancing by context // 2, each scoring its new
+        targets only (every target after the first window sees >= context / 2 earlier tokens).
+    """
+    if mode not in ("chunks", "sliding"):
+        raise ValueError(f"mode must be 'chunks' or 'sliding', got {mode!r}")
+    if use_memory and (mode != "chunks" or model.memory_length == 0):
+        raise ValueError("memory evaluation needs mode='chunks' and a model with memory_length > 0")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    if mode == "chunks":
+        rows = max(1, min(batch_size, (len(tokens) - 1) // context))
+        segments = ContiguousBatches(tokens, rows, context, cover_all=True)
+    else:
+        segments = SlidingWindows(tokens, context, batch_size=batch_size)
+    total, count = 0.0, 0
+    memory = None
+    for segment in segments:
+        if segment.reset_memory:
+            memory = None
+        inputs, targets = segment.inputs.to(device), segment.targets.to(device)
+        logits, memory = model(inputs, memory, use_memory=use_memory)
+        loss, scored = token_losses(logits, targets)
+        total, count = total + float(loss), count + int(scored)
+    model.train(was_training)
+    return {"loss": total / max(count, 1), "tokens": float(count)}
