@@ -43,17 +43,13 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "on", "yes")
 
 
-@torch.compiler.assume_constant_result
 def triton_missing() -> str | None:
-    """Why Triton cannot be imported, or None. (A constant to `torch.compile`, which evaluates
-    it once while tracing instead of tracing the import machinery.)"""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed (pip install triton)"
-    return None
+    """Why Triton cannot be imported, or None."""
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
+        return None
+    return "Triton is not installed (pip install triton)"
 
 
-# Read by torch.compile while tracing (once per graph), not traced: Triton's knobs go through C++.
-@torch.compiler.assume_constant_result
 def interpreter_state() -> str | None:
     """Why the Triton interpreter is not usable for CPU tensors, or None when it is."""
     missing = triton_missing()
@@ -62,9 +58,11 @@ def interpreter_state() -> str | None:
     module = sys.modules.get("triton")
     if module is not None:
         knobs = getattr(module, "knobs", None)  # Triton < 3.4 reads the environment only
+        # torch.compile cannot trace the knobs (they read the environment through C++): while
+        # tracing, read the variable they read
         on = (
             knobs.runtime.interpret
-            if knobs is not None
+            if knobs is not None and not torch.compiler.is_compiling()
             else _truthy(os.environ.get("TRITON_INTERPRET"))
         )
         if on:
