@@ -45,7 +45,7 @@ def _truthy(value: str | None) -> bool:
 
 def triton_missing() -> str | None:
     """Why Triton cannot be imported, or None."""
-    if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
+    if sys.modules.get("triton") is not None or importlib.util.find_spec("triton") is not None:
         return None
     return "Triton is not installed (pip install triton)"
 
