@@ -132,5 +132,82 @@ def test_flex_says_why_it_cannot():
     if DEVICE == "cpu":
         grad = q.clone().requires_grad_()
         assert "backward" in flex_unsupported(q=grad, k=q, v=q)
+        mask = torch.zeros(8, 8, requires_grad=True)  # a float mask that wants its gradient
+        assert "backward" in flex_unsupported(q=q, k=q, v=q, attn_mask=mask)
         with pytest.raises(ValueError, match="backend 'flex' cannot run this call"):
             attention(grad, q, q, backend="flex")
+
+
+# ---------------------------------------------------------------------------------------------
+# attn_mask: bool joins the BlockMask, float is added in score_mod
+
+
+def _attn_mask(kind: str, b: int, h: int, lq: int, lk: int, gen) -> torch.Tensor:
+    """bool (Lq, Lk), bool (B, H, Lq, Lk), float (B, 1, Lq, Lk) or float (1, H, 1, Lk). Query 2 of
+    the first batch entry and head sees nothing: hidden (bool) or only -inf logits (float)."""
+    shape = {"bool": (lq, lk), "bool per head": (b, h, lq, lk), "float": (b, 1, lq, lk),
+             "float per head": (1, h, 1, lk)}[kind]  # fmt: skip
+    row = (0,) * (len(shape) - 2) + (min(2, shape[-2] - 1),)
+    if kind.startswith("bool"):
+        mask = torch.rand(shape, generator=gen) < 0.7
+        mask[row] = False
+        return mask.to(DEVICE)
+    mask = torch.randn(shape, generator=gen, dtype=torch.float64)
+    mask[row] = float("-inf")
+    return mask.to(DEVICE)
+
+
+MASK_CASES = [
+    # (normalization, mask kind, (B, H, Hkv, Lq, Lk, D))
+    ("softmax", "bool", (2, 2, 2, 13, 17, 16)),
+    ("l2", "bool per head", (2, 4, 2, 15, 15, 16)),
+    ("exp", "float", (2, 2, 1, 11, 19, 16)),
+    ("softmax", "float per head", (1, 2, 2, 16, 12, 16)),
+]
+
+
+@pytest.mark.parametrize(("norm", "kind", "shape"), MASK_CASES)
+def test_attn_mask_through_the_backend_matches_the_reference(norm, kind, shape):
+    """Forward through `urpe.attention(..., backend="flex")` (eager FlexAttention on the CPU), with
+    causal masking, key padding, a Toeplitz bias and a signed gate beside the mask."""
+    b, h, hk, lq, lk, d = shape
+    gen = torch.Generator().manual_seed(MASK_CASES.index((norm, kind, shape)))
+    q, k, v = (t.detach() for t in _inputs(b, h, hk, lq, lk, d, gen))
+    gate, _ = _gate("signed", h, lq, lk, b, gen)
+    padding = (torch.rand(b, lk, generator=gen) < 0.2).to(DEVICE)
+    call = dict(
+        bias=Toeplitz(0.5 * torch.randn(h, 9, generator=gen).to(q)), gate=Toeplitz(gate.table),
+        attn_mask=_attn_mask(kind, b, h, lq, lk, gen), key_padding_mask=padding, is_causal=True,
+        normalization=norm, enable_gqa=hk != h,
+    )  # fmt: skip
+    with torch.no_grad():
+        out = attention(q, k, v, **call, backend="flex")
+        expected = attention(q, k, v, **call, backend="reference")
+    error = (out - expected).norm() / expected.norm()
+    assert error < 1e-13, f"relative error {error:.2e}"
+    assert torch.equal(out[0, 0, 2], torch.zeros_like(out[0, 0, 2]))
+
+
+@pytest.mark.parametrize("kind", ["bool per head", "float"])
+def test_attn_mask_gradients_come_from_flexattention_backward(flex, kind):
+    """Gradients of q, k, v, the tables and a float mask, from FlexAttention's own backward."""
+    b, h, lq, lk = 2, 2, 14, 18
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = _inputs(b, h, h, lq, lk, 16, gen)
+    bias_table = (0.5 * torch.randn(h, 11, generator=gen)).to(q).requires_grad_()
+    gate, gate_table = _gate("positive", h, lq, lk, b, gen)
+    mask = _attn_mask(kind, b, h, lq, lk, gen)
+    params = [q, k, v, bias_table, gate_table]
+    if kind == "float":
+        mask.requires_grad_()
+        params.append(mask)
+    call = dict(bias=Toeplitz(bias_table), gate=gate, attn_mask=mask, normalization="softmax")
+    out = flex_urpe_attention(q, k, v, **call, flex=flex)
+    expected = reference_attention(q, k, v, **call)
+    weight = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(DEVICE)
+    grads = torch.autograd.grad((out * weight).sum(), params)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), params)
+    for got, want in zip((out, *grads), (expected, *expected_grads), strict=True):
+        error = (got - want).norm() / want.norm().clamp_min(1e-300)
+        assert error < 1e-13, f"relative error {error:.2e}"
+    assert torch.all(grads[0][0, 0, 2] == 0)  # the query that sees nothing gets no gradient

@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 import triton
+from torch import Tensor
 
 from urpe.kernels import (
     NORMALIZATIONS,
@@ -33,7 +34,10 @@ from urpe.kernels.triton import (
     triton_unsupported,
 )
 
+from . import test_transforms as transforms
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NORMALIZATIONS_LIST = ("softmax", "exp", "l2", "relu2")
 MASKS = ("none", "causal", "padding", "causal+padding")
 TERM_KINDS = (
     (None, None),
@@ -269,23 +273,25 @@ def test_unsupported_calls_say_why():
         triton_attention(q[:, :2], k, k, bias=Relation(table, index))
 
 
-def test_raw_op_passes_torch_library_checks():
-    """Schema, fake (meta) implementation and autograd registration of the raw op."""
+def test_raw_ops_pass_torch_library_checks():
+    """Schema and fake (meta) implementations of both raw ops (the autograd lives in the
+    autograd.Function around them), with a Toeplitz bias, a dense gate and a boolean mask."""
     from urpe.kernels.triton import ops
 
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 18, 16, generator=gen, dtype=torch.float64).to(DEVICE)
-               for _ in range(3))  # fmt: skip
-    table = torch.randn(2, 9, generator=gen, dtype=torch.float64).to(DEVICE)
-    for t in (q, k, v, table):
-        t.requires_grad_()
-    args = (q, k, v, None, table, None, ops.K.TOEPLITZ, table.detach().abs().requires_grad_(),
-            None, ops.K.TOEPLITZ, True, ops.K.SOFTMAX, 0.25, 0.0, 0, 0, 0, 0)  # fmt: skip
-    torch.library.opcheck(
-        ops.attention_forward,
-        args,
-        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
-    )
+    f = dict(dtype=torch.float64, device=DEVICE)
+    q, k, v = (torch.randn(1, 2, 18, 16, generator=gen).to(**f) for _ in range(3))
+    table = torch.randn(2, 9, generator=gen).to(**f)
+    gate = torch.rand(1, 2, 18, 18, generator=gen).to(**f)
+    mask = (torch.rand(1, 1, 18, 18, generator=gen) < 0.8).to(DEVICE)
+    tensors = (q, k, v, table, None, gate, None, mask, None, None)
+    scalars = ("toeplitz", "dense", True, "softmax", 0.25, 0.0, 0, 0)
+    checks = ("test_schema", "test_faketensor")
+    torch.library.opcheck(ops.attention_forward, (*tensors, *scalars), test_utils=checks)
+    out, stat = ops.attention_forward(*tensors, *scalars)
+    grad_out = torch.randn(out.shape, generator=gen).to(**f)
+    args = (grad_out, out, stat, *tensors, *scalars, True, True, False)
+    torch.library.opcheck(ops.attention_backward, args, test_utils=checks)
 
 
 def test_scale_and_softmax_rows_sum_through_the_gate():
@@ -336,3 +342,156 @@ def test_strided_inputs_one_query_and_narrow_heads():
         _close(out, expected)
         for got, want in zip(grads, expected_grads, strict=True):
             _close(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# attn_mask: bool hides pairs (read by the kernel), float is added to the bias
+
+# mask forms and their shapes, broadcast forms included
+MASK_FORMS = {
+    "bool (Lq, Lk)": lambda b, h, lq, lk: (lq, lk),
+    "bool (B, H, Lq, Lk)": lambda b, h, lq, lk: (b, h, lq, lk),
+    "bool (1, H, 1, Lk)": lambda b, h, lq, lk: (1, h, 1, lk),
+    "float (B, 1, Lq, Lk)": lambda b, h, lq, lk: (b, 1, lq, lk),
+    "float (H, Lq, Lk)": lambda b, h, lq, lk: (h, lq, lk),
+}
+
+
+def _attn_mask(form: str, b: int, h: int, lq: int, lk: int, gen) -> Tensor:
+    """A mask of the given form. Bool: about a quarter of the pairs hidden, and query 3 of the
+    first batch entry and head sees nothing (with one query row: none of that head's queries
+    do). Float: N(0, 1), and that row all -inf."""
+    shape = MASK_FORMS[form](b, h, lq, lk)
+    row = (0,) * (len(shape) - 2) + (min(3, shape[-2] - 1),)
+    if form.startswith("bool"):
+        mask = torch.rand(shape, generator=gen) < 0.75
+        mask[row] = False
+        return mask.to(DEVICE)
+    mask = torch.randn(shape, generator=gen, dtype=torch.float64)
+    mask[row] = float("-inf")
+    return mask.to(DEVICE).requires_grad_()
+
+
+# (B, H, Hkv, Lq, Lk, D, Dv): two tiles each way, GQA in one, Lq != Lk in both
+MASK_SHAPES = ((2, 2, 1, 17, 20, 16, 16), (1, 2, 2, 18, 33, 16, 24))
+# each mask form meets two normalisations (each normalisation two or three forms); terms and
+# shapes rotate
+MASK_GRID = [
+    (form, NORMALIZATIONS_LIST[(i + j) % 4], TERM_KINDS[(i + j + 1) % len(TERM_KINDS)],
+     MASK_SHAPES[(i + j // 2) % 2])
+    for i, form in enumerate(MASK_FORMS)
+    for j in (0, 2)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("form", "norm", "terms", "shape"),
+    MASK_GRID,
+    ids=[f"{g[0].replace(' ', '')}-{g[1]}-{g[2][0]}-{g[2][1]}" for g in MASK_GRID],
+)
+def test_attn_mask_matches_the_reference_forward_and_gradients(form, norm, terms, shape):
+    qkv, params, call = _case(shape, "causal", *terms, seed=len(form))
+    b, h, _, lq, lk = shape[:5]
+    mask = _attn_mask(form, b, h, lq, lk, torch.Generator().manual_seed(7))
+    call.update(attn_mask=mask, normalization=norm, is_causal=False)
+    if mask.requires_grad:
+        params.append(mask)  # the float mask's own gradient
+    out, grads = _outputs_and_grads(triton_attention, qkv, params, call)
+    expected, expected_grads = _outputs_and_grads(_reference, qkv, params, call)
+    _close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        _close(got, want)
+    # query 3 of batch 0, head 0 sees nothing (bool) or only -inf logits (float): zeros
+    assert torch.equal(out[0, 0, 3], torch.zeros_like(out[0, 0, 3]))
+    assert torch.equal(grads[0][0, 0, 3], torch.zeros_like(grads[0][0, 0, 3]))
+
+
+def test_bool_mask_hides_pairs_whatever_the_gate_and_values_hold():
+    """Hidden pairs weigh exactly 0: a NaN gate entry or a NaN value row that the bool mask
+    hides never reaches an output (through urpe.attention's non-finite rule for v)."""
+    gen = torch.Generator().manual_seed(4)
+    f = dict(dtype=torch.float64, device=DEVICE)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=gen).to(**f) for _ in range(3))
+    mask = torch.ones(20, 20, dtype=torch.bool, device=DEVICE)
+    mask[:, 5] = False  # key 5 hidden from everyone
+    mask[7] = False  # query 7 sees nothing
+    gate = torch.ones(1, 2, 20, 20, **f)
+    gate[..., 5] = float("nan")
+    v[:, :, 5] = float("nan")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*leaves, attn_mask=mask, gate=gate, normalization="l2", backend="triton")
+    assert torch.isfinite(out).all() and torch.all(out[:, :, 7] == 0)
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.all(grads[0][:, :, 7] == 0) and torch.all(grads[1][:, :, 5] == 0)
+    clean_v = v.clone()
+    clean_v[:, :, 5] = 0.0
+    expected = reference_attention(q, k, clean_v, attn_mask=mask, gate=gate.nan_to_num(1.0),
+                                   normalization="l2")  # fmt: skip
+    _close(out, expected)
+
+
+def test_float_mask_with_a_relation_bias_in_half_precision():
+    """A float mask on a Relation bias: the two are summed in float32 for float16 inputs."""
+    qkv, params, call = _case((2, 2, 2, 19, 23, 32, 32), "padding", "relation", "toeplitz",
+                              dtype=torch.float16)  # fmt: skip
+    mask = (0.5 * torch.randn(2, 1, 19, 23)).to(DEVICE, torch.float16)
+    out = triton_attention(*qkv, **call, attn_mask=mask)
+    wide = [p.detach().double() for p in params]
+    wide_call = dict(call, bias=Relation(wide[3], call["bias"].index), gate=Toeplitz(wide[4]))
+    expected = _reference(*wide[:3], **wide_call, attn_mask=mask.double())
+    error = (out.double() - expected).norm() / expected.norm()
+    assert out.dtype == torch.float16 and error < 3e-3, f"relative error {error:.2e}"
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.func and torch.compile: the registry-wide transform tests, run on this backend
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        transforms.test_func_grad_equals_autograd,
+        transforms.test_vmap_equals_a_loop,
+        transforms.test_per_example_gradients_with_vmap_of_grad,
+        transforms.test_functional_call,
+        transforms.test_compile_fullgraph_matches_eager_with_dropout_and_checks,
+    ],
+    ids=lambda check: check.__name__.removeprefix("test_"),
+)
+def test_transforms_compose_with_the_kernel(check):
+    """tests/test_transforms.py's checks (grad, vmap, vmap of grad, functional_call, compile
+    with fullgraph=True) for backend "triton", which that file leaves out (a CUDA backend)."""
+    check("triton")
+
+
+def test_vmap_folds_masks_and_dense_terms_into_the_batch():
+    """vmap over q, a bool attn_mask and a float one, with a shared dense bias: the rule folds
+    the vmapped dim into the batch (one launch). Per-example gradients of the shared dense bias
+    go through the folded backward and are summed back to its broadcast shape."""
+    gen = torch.Generator().manual_seed(9)
+    f = dict(dtype=torch.float64, device=DEVICE)
+    n, b, h, l, d = 2, 2, 2, 12, 16
+    q = torch.randn(n, b, h, l, d, generator=gen).to(**f)
+    k, v = (torch.randn(b, 1, l, d, generator=gen).to(**f) for _ in range(2))  # GQA: one kv head
+    hide = (torch.rand(n, 1, 1, l, l, generator=gen) < 0.8).to(DEVICE)
+    add = torch.randn(n, b, 1, l, l, generator=gen).to(**f)
+    bias = (0.5 * torch.randn(1, h, l, l, generator=gen)).to(**f)
+    gate = Toeplitz((1 + 0.3 * torch.randn(h, 9, generator=gen)).to(**f))
+
+    def loss(q, hide, add, bias):
+        out = attention(q, k, v, attn_mask=hide, bias=bias + add, gate=gate, enable_gqa=True,
+                        is_causal=True, normalization="softmax", backend="triton")  # fmt: skip
+        return out.square().sum(), out
+
+    grad = torch.func.vmap(
+        torch.func.grad(loss, argnums=(0, 3), has_aux=True), in_dims=(0, 0, 0, None)
+    )
+    (got_q, got_bias), got_out = grad(q, hide, add, bias)
+    for i in range(n):
+        leaves = [q[i].clone().requires_grad_(), bias.clone().requires_grad_()]
+        value, out = loss(leaves[0], hide[i], add[i], leaves[1])
+        want_q, want_bias = torch.autograd.grad(value, leaves)
+        _close(got_out[i], out)
+        _close(got_q[i], want_q)
+        _close(got_bias[i], want_bias)

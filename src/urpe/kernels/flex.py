@@ -21,8 +21,9 @@ on it. The other exponential normalisations fit the same way, dividing by exp(h)
 h = lse(S + B) for softmax, 0 for "exp" and lse(2 (S + B)) / 2 for "l2" (a third call).
 
 Gradients of q, k, v and of the tables come from FlexAttention's own backward (captured tensors
-receive gradients). Key padding and causal masking become a `BlockMask`, so masked tiles are
-skipped. FlexAttention has no dropout, and relu2 is not an exponential, so neither is supported.
+receive gradients). Key padding, causal masking and a boolean attn_mask become a `BlockMask`, so
+masked tiles are skipped; a float attn_mask is added in score_mod, like the bias. FlexAttention
+has no dropout, and relu2 is not an exponential, so neither is supported.
 On CUDA the calls are compiled (`torch.compile(flex_attention)`); on the CPU FlexAttention runs
 eagerly and forward only (PyTorch has no CPU backward for it).
 """
@@ -36,6 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .spec import HALF
 from .tables import PositionTerm, Relation, Toeplitz
 
 
@@ -46,6 +48,7 @@ def flex_unsupported(
     v: Tensor,
     bias: PositionTerm | None = None,
     gate: PositionTerm | None = None,
+    attn_mask: Tensor | None = None,
     normalization: str = "softmax",
     dropout_p: float = 0.0,
     cpu_backward: bool = True,
@@ -60,7 +63,7 @@ def flex_unsupported(
     if q.device.type not in ("cuda", "cpu"):
         return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {q.device.type}"
     if cpu_backward and q.device.type == "cpu" and torch.is_grad_enabled():
-        tensors = [q, k, v, *_term_tensors(bias), *_term_tensors(gate)]
+        tensors = [q, k, v, *_term_tensors(bias), *_term_tensors(gate), *_term_tensors(attn_mask)]
         if any(t.requires_grad for t in tensors):
             return "FlexAttention has no backward on the CPU (PyTorch runs it forward-only there)"
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
@@ -122,35 +125,50 @@ def _gate_shift(gate: PositionTerm) -> Tensor:
     return torch.where(low > 0, torch.zeros_like(low), 1.0 - low)
 
 
-def _block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
-    """FlexAttention's BlockMask for urpe's causal rule (key j <= i + Lk - Lq) and key padding;
-    None when nothing is masked. A causal-only mask depends on the lengths alone: cached."""
-    if key_padding_mask is None and not is_causal:
+def _block_mask(key_padding_mask, attn_mask, is_causal, shape, device):
+    """FlexAttention's BlockMask for urpe's causal rule (key j <= i + Lk - Lq), key padding
+    (B|1, Lk) and a boolean attn_mask (B|1, H|1, Lq|1, Lk|1, True takes part); None when nothing
+    is masked. A causal-only mask depends on the lengths alone: cached."""
+    batch, heads, lq, lk = shape
+    if key_padding_mask is None and attn_mask is None and not is_causal:
         return None
-    if key_padding_mask is None:
+    if key_padding_mask is None and attn_mask is None:
         return _causal_block_mask(lq, lk, str(device))
-    return _make_block_mask(key_padding_mask, is_causal, batch, lq, lk, device)
+    # the mask varies over the batch / heads only where one of its inputs does (None: broadcast)
+    per_batch = (key_padding_mask is not None and key_padding_mask.shape[0] > 1) or (
+        attn_mask is not None and attn_mask.shape[0] > 1
+    )
+    per_head = attn_mask is not None and attn_mask.shape[1] > 1
+    return _make_block_mask(key_padding_mask, attn_mask, is_causal,
+                            batch if per_batch else None, heads if per_head else None, lq, lk,
+                            device)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=16)
 def _causal_block_mask(lq: int, lk: int, device: str):
-    return _make_block_mask(None, True, None, lq, lk, device)
+    return _make_block_mask(None, None, True, None, None, lq, lk, device)
 
 
-def _make_block_mask(key_padding_mask, is_causal, batch, lq, lk, device):
+def _make_block_mask(key_padding_mask, attn_mask, is_causal, batch, heads, lq, lk, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
     shift = lk - lq
+    if key_padding_mask is not None:  # (B|1, Lk) -> (B or 1, Lk), indexed by b (0 if shared)
+        key_padding_mask = key_padding_mask.expand(batch or 1, lk)
+    if attn_mask is not None:  # (B|1, H|1, Lq|1, Lk|1) -> (B or 1, H or 1, Lq, Lk), no copy
+        attn_mask = attn_mask.expand(batch or 1, heads or 1, lq, lk)
 
     def mask_mod(b, h, q_idx, kv_idx):
         keep = kv_idx >= 0
         if is_causal:
             keep = keep & (kv_idx <= q_idx + shift)
         if key_padding_mask is not None:
-            keep = keep & ~key_padding_mask[b, kv_idx]
+            keep = keep & ~key_padding_mask[b if batch else 0, kv_idx]
+        if attn_mask is not None:
+            keep = keep & attn_mask[b if batch else 0, h if heads else 0, q_idx, kv_idx]
         return keep
 
-    return create_block_mask(mask_mod, batch, None, lq, lk, device=device)
+    return create_block_mask(mask_mod, batch, heads, lq, lk, device=device)
 
 
 _compiled: dict[str, Callable] = {}
@@ -176,6 +194,7 @@ def flex_urpe_attention(
     *,
     bias: PositionTerm | None = None,
     gate: PositionTerm | None = None,
+    attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
     normalization: str = "softmax",
@@ -185,15 +204,18 @@ def flex_urpe_attention(
 ) -> Tensor:
     """URPE attention from FlexAttention calls; arguments and result as in `urpe.attention`.
 
-    q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), H a multiple of Hkv. `flex` replaces
-    `torch.nn.attention.flex_attention.flex_attention` (default: `default_flex()`).
+    q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), H a multiple of Hkv. attn_mask:
+    broadcastable to (B, H, Lq, Lk); bool (True takes part) joins the BlockMask, float is added
+    to the scores in score_mod (like the bias). key_padding_mask: (B|1, Lk) bool, True = padded.
+    `flex` replaces `torch.nn.attention.flex_attention.flex_attention` (default:
+    `default_flex()`).
     """
     from torch.nn.attention.flex_attention import AuxRequest
 
     # A caller's own `flex` may differentiate on the CPU (the float64 identity test does).
     reason = flex_unsupported(
-        q=q, k=k, v=v, bias=bias, gate=gate, normalization=normalization, dropout_p=dropout_p,
-        cpu_backward=flex is None,
+        q=q, k=k, v=v, bias=bias, gate=gate, attn_mask=attn_mask, normalization=normalization,
+        dropout_p=dropout_p, cpu_backward=flex is None,
     )  # fmt: skip
     if reason is not None:
         raise ValueError(f"backend 'flex' cannot run this call: {reason}")
@@ -202,22 +224,30 @@ def flex_urpe_attention(
     lk = k.shape[2]
     shape = (batch, heads, lq, lk)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    block_mask = _block_mask(key_padding_mask, is_causal, batch, lq, lk, q.device)
+    hiding, additive = None, None
+    if attn_mask is not None:
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        if attn_mask.dtype == torch.bool:
+            hiding = attn_mask
+        else:  # added in the dtype of the tables (float32 for half-precision inputs)
+            additive = attn_mask.to(torch.float32 if q.dtype in HALF else q.dtype)
+    block_mask = _block_mask(key_padding_mask, hiding, is_causal, shape, q.device)
     options = dict(
         block_mask=block_mask,
         scale=scale,
         enable_gqa=k.shape[1] != heads,
         return_aux=AuxRequest(lse=True),
     )
-    bias_at = None if bias is None else _lookup(bias, shape, lambda x: x)
+    # B and a float attn_mask, each read where the score is: never summed into an (L, L) tensor
+    added = [_lookup(t, shape, lambda x: x) for t in (bias, additive) if t is not None]
 
     def call(extra=None, double=False):
         """flex(S + B + extra), or flex(2 (S + B)) when double; (output, lse) in float32 or
         float64."""
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            if bias_at is not None:
-                score = score + bias_at(b, h, q_idx, kv_idx)
+            for term_at in added:
+                score = score + term_at(b, h, q_idx, kv_idx)
             if extra is not None:
                 score = score + extra(b, h, q_idx, kv_idx)
             # written as a sum: a Python float captured by score_mod becomes a symbolic float
@@ -256,20 +286,16 @@ def flex_backend():
     from .dispatch import Backend
 
     def unsupported(spec) -> str | None:
-        if spec.attn_mask is not None:
-            return "no attn_mask (pass key_padding_mask, is_causal, or a bias)"
         return flex_unsupported(
-            q=spec.q, k=spec.k, v=spec.v, bias=spec.bias, gate=spec.gate,
+            q=spec.q, k=spec.k, v=spec.v, bias=spec.bias, gate=spec.gate, attn_mask=spec.attn_mask,
             normalization=spec.normalization, dropout_p=spec.dropout_p,
         )  # fmt: skip
 
     def run(spec) -> Tensor:
-        padding = spec.key_padding_mask
-        if padding is not None:  # the block mask reads one (Lk,) row per batch entry
-            padding = padding.expand(spec.batch, spec.lk)
         return flex_urpe_attention(
-            spec.q, spec.k, spec.v, bias=spec.bias, gate=spec.gate, key_padding_mask=padding,
-            is_causal=spec.is_causal, normalization=spec.normalization, scale=spec.scale,
+            spec.q, spec.k, spec.v, bias=spec.bias, gate=spec.gate, attn_mask=spec.attn_mask,
+            key_padding_mask=spec.key_padding_mask, is_causal=spec.is_causal,
+            normalization=spec.normalization, scale=spec.scale,
         )  # fmt: skip
 
     return Backend("flex", run, unsupported, devices=("cuda",))

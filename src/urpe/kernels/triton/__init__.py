@@ -13,10 +13,14 @@ Where it runs:
 
 Supported: every normalisation ("softmax", "exp", "l2", "relu2"), bias and gate as `Toeplitz`,
 `Relation` or dense tensors (each with gradients), key padding, causal masking (tiles beyond the
-diagonal skipped), Lq != Lk, grouped-query attention (k and v with fewer heads), float16,
-bfloat16 (float32 accumulation), float32 and float64, head dims 1 to 256 (padded to a power of
-two >= 16; 16 to 128 is what it is tuned and tested for), dropout after the gate. See `ops.py`
-for the autotuning key and cache and for why table gradients use atomics.
+diagonal skipped), `attn_mask` (bool: read per tile, hidden pairs weigh exactly 0; float: added to
+the bias, which is then expanded to a dense (B, H, Lq, Lk) tensor, so prefer a bias table or a
+bool mask where memory matters), Lq != Lk, grouped-query attention (k and v with fewer heads),
+float16, bfloat16 (float32 accumulation), float32 and float64, head dims 1 to 256 (padded to a
+power of two >= 16; 16 to 128 is what it is tuned and tested for), dropout after the gate. It
+composes with `torch.func.grad`, `vmap` (per-example gradients included), `functional_call` and
+`torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache and for why table
+gradients use atomics.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..dispatch import Backend
-from ..spec import AttentionSpec, resolve
+from ..spec import AttentionSpec
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256
@@ -39,16 +43,26 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "on", "yes")
 
 
+def triton_missing() -> str | None:
+    """Why Triton cannot be imported, or None."""
+    if sys.modules.get("triton") is not None or importlib.util.find_spec("triton") is not None:
+        return None
+    return "Triton is not installed (pip install triton)"
+
+
 def interpreter_state() -> str | None:
     """Why the Triton interpreter is not usable for CPU tensors, or None when it is."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed (pip install triton)"
+    missing = triton_missing()
+    if missing is not None:
+        return missing
     module = sys.modules.get("triton")
     if module is not None:
         knobs = getattr(module, "knobs", None)  # Triton < 3.4 reads the environment only
+        # torch.compile cannot trace the knobs (they read the environment through C++): while
+        # tracing, read the variable they read
         on = (
             knobs.runtime.interpret
-            if knobs is not None
+            if knobs is not None and not torch.compiler.is_compiling()
             else _truthy(os.environ.get("TRITON_INTERPRET"))
         )
         if on:
@@ -73,8 +87,9 @@ def triton_unsupported(
     **_unused,
 ) -> str | None:
     """Why the Triton kernel cannot run this call, or None when it can."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed (pip install triton)"
+    missing = triton_missing()
+    if missing is not None:
+        return missing
     device = q.device.type
     if device == "cpu":
         reason = interpreter_state()
@@ -105,15 +120,6 @@ def triton_defers(*, q: Tensor, bias=None, gate=None, normalization="softmax", *
     return None
 
 
-def _validate(q, k, v, bias, gate, key_padding_mask, normalization, dropout_p) -> None:
-    """`urpe.attention`'s argument checks (k and v may have fewer heads: grouped queries), with
-    `Relation` indices range-checked."""
-    resolve(
-        q, k, v, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
-        normalization=normalization, dropout_p=dropout_p, enable_gqa=True,
-    )  # fmt: skip
-
-
 def triton_attention(
     q: Tensor,
     k: Tensor,
@@ -121,12 +127,13 @@ def triton_attention(
     *,
     bias=None,
     gate=None,
+    attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
     normalization: str = "softmax",
     scale: float | None = None,
     dropout_p: float = 0.0,
-    seed: int | None = None,
+    seed: int | Tensor | None = None,
     block_m: int = 0,
     block_n: int = 0,
 ) -> Tensor:
@@ -134,13 +141,12 @@ def triton_attention(
 
     k and v may have fewer heads than q (grouped-query attention).
     """
-    _validate(q, k, v, bias, gate, key_padding_mask, normalization, dropout_p)
     from .ops import triton_attention as run
 
     return run(
-        q, k, v, bias=bias, gate=gate, key_padding_mask=key_padding_mask, is_causal=is_causal,
-        normalization=normalization, scale=scale, dropout_p=dropout_p, seed=seed,
-        block_m=block_m, block_n=block_n,
+        q, k, v, bias=bias, gate=gate, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        is_causal=is_causal, normalization=normalization, scale=scale, dropout_p=dropout_p,
+        seed=seed, block_m=block_m, block_n=block_n,
     )  # fmt: skip
 
 
@@ -152,8 +158,6 @@ def dropout_keep_mask(batch, heads, lq, lk, dropout_p, seed, device="cpu") -> Te
 
 
 def _spec_unsupported(spec: AttentionSpec) -> str | None:
-    if spec.attn_mask is not None:
-        return "no attn_mask (pass key_padding_mask, is_causal, or a bias with -inf entries)"
     if spec.normalization not in ("softmax", "exp", "l2", "relu2"):
         return f"normalisation {spec.normalization!r} has no Triton kernel"
     return triton_unsupported(q=spec.q, k=spec.k, v=spec.v, dropout_p=spec.dropout_p)
@@ -164,17 +168,9 @@ def _spec_defers(spec: AttentionSpec) -> str | None:
 
 
 def _spec_run(spec: AttentionSpec) -> Tensor:
-    from .ops import triton_attention as run
+    from .ops import triton_run
 
-    padding = spec.key_padding_mask
-    if padding is not None:  # the kernels read one (Lk,) row per batch entry
-        padding = padding.expand(spec.batch, spec.lk)
-    seed = None if spec.dropout_seed is None else int(spec.dropout_seed)
-    return run(
-        spec.q, spec.k, spec.v, bias=spec.bias, gate=spec.gate, key_padding_mask=padding,
-        is_causal=spec.is_causal, normalization=spec.normalization, scale=spec.scale,
-        dropout_p=spec.dropout_p, seed=seed,
-    )  # fmt: skip
+    return triton_run(spec)
 
 
 def triton_backend() -> Backend:

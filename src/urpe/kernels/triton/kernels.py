@@ -26,8 +26,11 @@ combined across tiles with float32 atomic adds; a dense term's gradient is store
 written once. See `urpe.kernels.triton` for why atomics (not deterministic).
 
 Causal masking follows urpe's rule, query i sees key j <= i + Lk - Lq; tiles that no query of a
-block can see are never visited. Dropout regenerates its keep mask from a counter-based Philox
-stream: counter (i Lk + j, batch*heads index, offset), key = seed. Nothing here allocates memory.
+block can see are never visited. Key padding (one byte per key) and a boolean attn_mask (one byte
+per pair, read through its strides, 0 where it broadcasts) hide pairs the same way: a hidden pair
+has weight exactly 0 under every normalisation, and a row that sees nothing gives 0.
+Dropout regenerates its keep mask from a counter-based Philox stream: counter (i Lk + j,
+batch*heads index, offset), key = seed. Nothing here allocates memory.
 """
 
 from __future__ import annotations
@@ -52,15 +55,21 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _visible(
-    offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr
-):
-    """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal)."""
+    offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+    CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
+    allowed by the boolean attn_mask, read through its strides: 0 where it broadcasts)."""
     keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
     if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
         keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
     if HAS_PAD:
         padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
         keep = keep & (padded == 0)[None, :]
+    if HAS_MASK:
+        off = b * M_sb + h * M_sh + offs_m[:, None].to(tl.int64) * M_si + offs_n[None, :] * M_sj
+        allowed = tl.load(mask_ptr + off, mask=keep, other=0)
+        keep = keep & (allowed != 0)
     return keep
 
 
@@ -170,15 +179,15 @@ def _weights(s, keep, stat, NORM: tl.constexpr):
 
 @triton.jit
 def attention_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_PAD: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_M queries of one (batch, head) against all keys they may see."""
@@ -212,7 +221,10 @@ def attention_fwd_kernel(
         )  # (BLOCK_D, BLOCK_N)
         s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
         inside = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
-        keep = _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL, HAS_PAD)
+        keep = _visible(
+            offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, CAUSAL,
+            HAS_PAD, HAS_MASK,
+        )  # fmt: skip
         if B_KIND != NO_TERM:
             s += _term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, shift,
@@ -274,15 +286,16 @@ def attention_fwd_kernel(
 
 @triton.jit
 def attention_bwd_kv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dk_ptr, dv_ptr, pad_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dk_ptr, dv_ptr,
+    pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr, dB_sh,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, dC_ptr, dC_sh,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_PAD: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B_GRAD: tl.constexpr, C_GRAD: tl.constexpr,
     WIDTH: tl.constexpr,
 ):  # fmt: skip
@@ -331,7 +344,10 @@ def attention_bwd_kv_kernel(
             stat = tl.load(stat_ptr + bh * lq + offs_m, mask=row_ok, other=1.0)
             s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
             inside = row_ok[:, None] & (offs_n[None, :] < lk)
-            keep = _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL, HAS_PAD)
+            keep = _visible(
+                offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+                CAUSAL, HAS_PAD, HAS_MASK,
+            )  # fmt: skip
             if B_KIND != NO_TERM:
                 s += _term_tile(
                     B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n,
@@ -393,15 +409,16 @@ def attention_bwd_kv_kernel(
 
 @triton.jit
 def attention_bwd_q_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dq_ptr, pad_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dq_ptr,
+    pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_PAD: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One program: dQ for BLOCK_M queries of one (batch, head), recomputing each tile."""
@@ -449,7 +466,10 @@ def attention_bwd_q_kernel(
         )  # (BLOCK_DV, BLOCK_N)
         s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
         inside = row_ok[:, None] & col_ok[None, :]
-        keep = _visible(offs_m, offs_n, b, lq, lk, shift, pad_ptr, CAUSAL, HAS_PAD)
+        keep = _visible(
+            offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, CAUSAL,
+            HAS_PAD, HAS_MASK,
+        )  # fmt: skip
         if B_KIND != NO_TERM:
             s += _term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, shift,

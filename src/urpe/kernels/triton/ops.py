@@ -2,13 +2,19 @@
 
 1. Raw ops `urpe::triton_attention_forward` / `urpe::triton_attention_backward`
    (`torch.library.custom_op`, with fake implementations so `torch.compile` traces through them):
-   tensors and scalars only. A bias or gate arrives as (tensor, index, kind), kind one of
-   `kernels.NO_TERM, TOEPLITZ, RELATION, DENSE`.
-2. Autograd: `torch.library.register_autograd` with a `setup_context`, so `torch.func` works.
-3. `triton_attention`: the documented function, with `urpe.attention`'s arguments.
+   tensors and scalars only, in the fused backend's signature. A bias or gate arrives as
+   (tensor, index, kind), kind one of "none", "toeplitz", "relation", "dense"; the attn_mask is
+   boolean (a float one is added to the bias first, in layer 3). Their vmap rules fold a vmapped
+   dim into the batch, or loop where folding would be wrong (`urpe.kernels.composable`).
+2. Autograd: `TritonAttention`, the autograd.Function with `setup_context` shared with the fused
+   backend, so `torch.func.grad`, `vmap`, `functional_call` and `torch.compile(fullgraph=True)`
+   compose with the kernel.
+3. `triton_run(spec)`, the backend, and `triton_attention`, the documented function with
+   `urpe.attention`'s arguments.
 
 Block sizes. On CUDA the launches are autotuned (`triton.autotune`). The tuning key is
-(next power of two of Lq, of Lk, head dim, value dim, normalisation, causal, padding, dropout,
+(next power of two of Lq, of Lk, head dim, value dim, normalisation, causal, padding, a boolean
+attn_mask, dropout,
 the kinds of bias and gate and whether they need gradients) plus the dtype of every tensor
 argument (Triton adds those itself): a new length bucket, head size, dtype or variant is tuned
 once, on its first call, and every later call with the same key reuses the winner from the
@@ -30,13 +36,16 @@ dQ, dK, dV and dense-term gradients are written once per entry and are determini
 from __future__ import annotations
 
 import inspect
-import math
 import os
 
 import torch
 import triton
 from torch import Tensor
 
+from ..composable import attention_function, register_vmap_rules, strided_like, term_arguments
+from ..reference import draw_seed
+from ..spec import AttentionSpec, resolve
+from ..tables import dense_term
 from . import kernels as K
 
 NORMALIZATION_CODES = {"softmax": K.SOFTMAX, "exp": K.EXP, "l2": K.L2, "relu2": K.RELU2}
@@ -88,11 +97,26 @@ def _dummy(q: Tensor, dtype=None) -> Tensor:
     return torch.empty(1, device=q.device, dtype=q.dtype if dtype is None else dtype)
 
 
-def _pad_bytes(q: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-    """The padding mask as contiguous (B, Lk) bytes (the kernels index it as b * Lk + j)."""
+def _pad_bytes(q: Tensor, k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """The padding mask (B|1, Lk) as contiguous (B, Lk) bytes (the kernels index b * Lk + j)."""
     if key_padding_mask is None:
         return _dummy(q, torch.uint8)
-    return key_padding_mask.contiguous().view(torch.uint8)
+    return key_padding_mask.expand(q.shape[0], k.shape[2]).contiguous().view(torch.uint8)
+
+
+def _mask_args(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> tuple:
+    """Kernel arguments (ptr, s_b, s_h, s_i, s_j) of a boolean attn_mask (B|1, H|1, Lq|1, Lk|1),
+    read as bytes through its strides (stride 0 where it broadcasts: nothing is copied)."""
+    if attn_mask is None:
+        return (_dummy(q, torch.uint8), 0, 0, 0, 0)
+    if attn_mask.dtype != torch.bool:
+        raise ValueError(
+            "the Triton ops take a boolean attn_mask only; a float one is added to the bias "
+            "before them (see `triton_run`)"
+        )
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    mask = mask.expand(*q.shape[:3], k.shape[2]).view(torch.uint8)  # (B, H, Lq, Lk) view
+    return (mask, *mask.stride())
 
 
 def _term_args(q: Tensor, k: Tensor, term: Tensor | None, index: Tensor | None, kind: int):
@@ -125,7 +149,7 @@ def _buckets(q: Tensor, k: Tensor) -> tuple[int, int]:
 
 
 _TUNING_KEY = ["lq_bucket", "lk_bucket", "BLOCK_D", "BLOCK_DV", "B_KIND", "C_KIND", "NORM",
-               "CAUSAL", "HAS_PAD", "DROPOUT"]  # fmt: skip
+               "CAUSAL", "HAS_PAD", "HAS_MASK", "DROPOUT"]  # fmt: skip
 _autotuned: dict[str, object] = {}
 
 
@@ -175,7 +199,30 @@ def _fixed_blocks(block_m: int, block_n: int) -> tuple[int, int] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Layer 1: raw ops
+# Layer 1: raw ops. Their signature is the fused backend's (see `urpe.kernels.composable`), so
+# the two share the autograd Function and the vmap rules.
+
+KIND_CODES = {"none": K.NO_TERM, "toeplitz": K.TOEPLITZ, "relation": K.RELATION, "dense": K.DENSE}
+
+
+def _launch_meta(q: Tensor, v: Tensor, kinds, normalization, is_causal, padding, mask, dropout_p):
+    """The constexpr arguments shared by the three kernels."""
+    return dict(
+        B_KIND=kinds[0],
+        C_KIND=kinds[1],
+        NORM=NORMALIZATION_CODES[normalization],
+        CAUSAL=is_causal,
+        HAS_PAD=padding is not None,
+        HAS_MASK=mask is not None,
+        DROPOUT=dropout_p > 0.0,
+        BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])),
+        **_compile_flags(q),
+    )
+
+
+def _seed_value(seed: Tensor | None) -> int:
+    # the op bodies run eagerly, so reading the seed tensor here costs no graph break
+    return 0 if seed is None else int(seed)
 
 
 @torch.library.custom_op("urpe::triton_attention_forward", mutates_args=())
@@ -183,47 +230,43 @@ def attention_forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    key_padding_mask: Tensor | None,
     bias: Tensor | None,
     bias_index: Tensor | None,
-    bias_kind: int,
     gate: Tensor | None,
     gate_index: Tensor | None,
-    gate_kind: int,
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    seed: Tensor | None,
+    bias_kind: str,
+    gate_kind: str,
     is_causal: bool,
-    normalization: int,
+    normalization: str,
     scale: float,
     dropout_p: float,
-    seed: int,
-    rng_offset: int,
     block_m: int,
     block_n: int,
 ) -> tuple[Tensor, Tensor]:
     """Output (B, H, Lq, Dv) in q's dtype and the row statistic (B, H, Lq) the backward needs
-    (softmax: log-sum-exp; l2: m + log(sum e^2(s-m))/2; relu2: visible key count)."""
+    (softmax: log-sum-exp; l2: m + log(sum e^2(s-m))/2; relu2: visible key count).
+
+    bias, gate: a dense (B|1, H|1, Lq|1, Lk|1) tensor, a Toeplitz table (H|1, 2K+1) or a Relation
+    table (H|1, R) with its (B|1, Lq, Lk) index, per `bias_kind`/`gate_kind`. attn_mask: None or
+    bool (B|1, H|1, Lq|1, Lk|1), True takes part. key_padding_mask: (B|1, Lk) bool, True = padded.
+    seed: int64 scalar tensor (dropout) or None.
+    """
     b, h, lq, _ = q.shape
     dv = v.shape[-1]
     out = torch.empty(b, h, lq, dv, device=q.device, dtype=q.dtype)
     stat = torch.empty(b, h, lq, device=q.device, dtype=_acc_dtype(q.dtype))
-    pad = _pad_bytes(q, key_padding_mask)
-    flags = _compile_flags(q)
-    lq_bucket, lk_bucket = _buckets(q, k)
+    kinds = (KIND_CODES[bias_kind], KIND_CODES[gate_kind])
     args = (
-        q, k, v, out, stat, pad,
-        *_term_args(q, k, bias, bias_index, bias_kind),
-        *_term_args(q, k, gate, gate_index, gate_kind),
-        *_common_args(q, k, v), scale, dropout_p, seed, rng_offset, lq_bucket, lk_bucket,
+        q, k, v, out, stat, _pad_bytes(q, k, key_padding_mask), *_mask_args(q, k, attn_mask),
+        *_term_args(q, k, bias, bias_index, kinds[0]),
+        *_term_args(q, k, gate, gate_index, kinds[1]),
+        *_common_args(q, k, v), scale, dropout_p, _seed_value(seed), 0, *_buckets(q, k),
     )  # fmt: skip
-    meta = dict(
-        B_KIND=bias_kind,
-        C_KIND=gate_kind,
-        NORM=normalization,
-        CAUSAL=is_causal,
-        HAS_PAD=key_padding_mask is not None,
-        DROPOUT=dropout_p > 0.0,
-        BLOCK_DV=max(16, triton.next_power_of_2(dv)),
-        **flags,
-    )
+    meta = _launch_meta(q, v, kinds, normalization, is_causal, key_padding_mask, attn_mask,
+                        dropout_p)  # fmt: skip
     blocks = _fixed_blocks(block_m, block_n)
     if blocks is None:
         grid = lambda cfg: (triton.cdiv(lq, cfg["BLOCK_M"]), b * h)  # noqa: E731
@@ -235,8 +278,7 @@ def attention_forward(
 
 
 @attention_forward.register_fake
-def _(q, k, v, key_padding_mask, bias, bias_index, bias_kind, gate, gate_index, gate_kind,
-      is_causal, normalization, scale, dropout_p, seed, rng_offset, block_m, block_n):  # fmt: skip
+def _(q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask, seed, *scalars):
     b, h, lq, _ = q.shape
     out = q.new_empty(b, h, lq, v.shape[-1])
     return out, q.new_empty(b, h, lq, dtype=_acc_dtype(q.dtype))
@@ -254,76 +296,73 @@ def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, kind: int, need
     return grad, (0 if term.shape[0] == 1 else grad.stride(0))
 
 
-def _term_grad_result(buffer: Tensor, term: Tensor | None, kind: int, needed: bool) -> Tensor:
+def _term_grad_result(q: Tensor, buffer: Tensor, term, kind: int, needed: bool) -> Tensor:
     if not needed or kind == K.NO_TERM:
-        return buffer.new_empty(0)
+        return q.new_empty(0)
     if kind == K.DENSE:
         buffer = buffer.sum_to_size(term.shape)
-    return buffer.to(term.dtype)
+    return strided_like(buffer.to(term.dtype), term)
 
 
 @torch.library.custom_op("urpe::triton_attention_backward", mutates_args=())
 def attention_backward(
     grad_out: Tensor,
+    out: Tensor,
+    stat: Tensor,
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    out: Tensor,
-    stat: Tensor,
-    key_padding_mask: Tensor | None,
     bias: Tensor | None,
     bias_index: Tensor | None,
-    bias_kind: int,
     gate: Tensor | None,
     gate_index: Tensor | None,
-    gate_kind: int,
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    seed: Tensor | None,
+    bias_kind: str,
+    gate_kind: str,
     is_causal: bool,
-    normalization: int,
+    normalization: str,
     scale: float,
     dropout_p: float,
-    seed: int,
-    rng_offset: int,
-    bias_grad: bool,
-    gate_grad: bool,
     block_m: int,
     block_n: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dq, dk, dv, d bias, d gate); a term's gradient has the term tensor's shape
-    (empty when not asked for)."""
+    needs_bias: bool,
+    needs_gate: bool,
+    needs_mask: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv, d bias, d gate, d attn_mask); a term's gradient has the term
+    tensor's shape, one not asked for is empty (0,). The attn_mask is boolean here (a float one
+    was added to the bias), so its gradient is always empty."""
     b, h, lq, d = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     acc = _acc_dtype(q.dtype)
+    kinds = (KIND_CODES[bias_kind], KIND_CODES[gate_kind])
+    bias_grad = needs_bias and kinds[0] != K.NO_TERM
+    gate_grad = needs_gate and kinds[1] != K.NO_TERM
     grad_out = grad_out.contiguous()
-    if normalization in (K.SOFTMAX, K.L2):  # delta_i = dO_i . O_i
+    norm = NORMALIZATION_CODES[normalization]
+    if norm in (K.SOFTMAX, K.L2):  # delta_i = dO_i . O_i
         delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
     else:
         delta = _dummy(q, acc)
     dq = torch.empty(b, h, lq, d, device=q.device, dtype=q.dtype)
     dk = torch.empty(b, hk, lk, d, device=q.device, dtype=k.dtype)
     dv_ = torch.empty(b, hk, lk, dv, device=q.device, dtype=v.dtype)
-    pad = _pad_bytes(q, key_padding_mask)
-    bias_args = _term_args(q, k, bias, bias_index, bias_kind)
-    gate_args = _term_args(q, k, gate, gate_index, gate_kind)
-    d_bias, d_bias_sh = _term_grad_buffer(q, k, bias, bias_kind, bias_grad)
-    d_gate, d_gate_sh = _term_grad_buffer(q, k, gate, gate_kind, gate_grad)
-    common = (*_common_args(q, k, v), scale, dropout_p, seed, rng_offset, *_buckets(q, k))
-    meta = dict(
-        B_KIND=bias_kind,
-        C_KIND=gate_kind,
-        NORM=normalization,
-        CAUSAL=is_causal,
-        HAS_PAD=key_padding_mask is not None,
-        DROPOUT=dropout_p > 0.0,
-        BLOCK_DV=max(16, triton.next_power_of_2(dv)),
-        **_compile_flags(q),
-    )
+    masks = (_pad_bytes(q, k, key_padding_mask), *_mask_args(q, k, attn_mask))
+    bias_args = _term_args(q, k, bias, bias_index, kinds[0])
+    gate_args = _term_args(q, k, gate, gate_index, kinds[1])
+    d_bias, d_bias_sh = _term_grad_buffer(q, k, bias, kinds[0], bias_grad)
+    d_gate, d_gate_sh = _term_grad_buffer(q, k, gate, kinds[1], gate_grad)
+    common = (*_common_args(q, k, v), scale, dropout_p, _seed_value(seed), 0, *_buckets(q, k))
+    meta = _launch_meta(q, v, kinds, normalization, is_causal, key_padding_mask, attn_mask,
+                        dropout_p)  # fmt: skip
     kv_args = (
-        q, k, v, grad_out, stat, delta, dk, dv_, pad,
+        q, k, v, grad_out, stat, delta, dk, dv_, *masks,
         *bias_args, d_bias, d_bias_sh, *gate_args, d_gate, d_gate_sh, *common,
     )  # fmt: skip
-    kv_meta = dict(meta, B_GRAD=bias_grad and bias_kind != K.NO_TERM,
-                   C_GRAD=gate_grad and gate_kind != K.NO_TERM)  # fmt: skip
-    q_args = (q, k, v, grad_out, stat, delta, dq, pad, *bias_args, *gate_args, *common)
+    kv_meta = dict(meta, B_GRAD=bias_grad, C_GRAD=gate_grad)
+    q_args = (q, k, v, grad_out, stat, delta, dq, *masks, *bias_args, *gate_args, *common)
     blocks = _fixed_blocks(block_m, block_n)
     if blocks is None:
         kv_grid = lambda cfg: (triton.cdiv(lk, cfg["BLOCK_N"]), b * hk)  # noqa: E731
@@ -339,83 +378,77 @@ def attention_backward(
             *q_args, **meta, BLOCK_M=bm, BLOCK_N=bn
         )
     return (
-        dq,
-        dk,
-        dv_,
-        _term_grad_result(d_bias, bias, bias_kind, bias_grad),
-        _term_grad_result(d_gate, gate, gate_kind, gate_grad),
+        strided_like(dq, q),
+        strided_like(dk, k),
+        strided_like(dv_, v),
+        _term_grad_result(q, d_bias, bias, kinds[0], bias_grad),
+        _term_grad_result(q, d_gate, gate, kinds[1], gate_grad),
+        q.new_empty(0),
     )
 
 
 @attention_backward.register_fake
-def _(grad_out, q, k, v, out, stat, key_padding_mask, bias, bias_index, bias_kind, gate,
-      gate_index, gate_kind, is_causal, normalization, scale, dropout_p, seed, rng_offset,
-      bias_grad, gate_grad, block_m, block_n):  # fmt: skip
+def _(grad_out, out, stat, q, k, v, bias, bias_index, gate, gate_index, attn_mask,
+      key_padding_mask, seed, bias_kind, gate_kind, *scalars):  # fmt: skip
+    needs_bias, needs_gate = scalars[-3:-1]
+
     def term(t, kind, needed):
-        return t.new_empty(t.shape) if needed and kind != K.NO_TERM else q.new_empty(0)
+        return torch.empty_like(t) if needed and kind != "none" else q.new_empty(0)
 
     return (
         torch.empty_like(q),
         torch.empty_like(k),
         torch.empty_like(v),
-        term(bias, bias_kind, bias_grad),
-        term(gate, gate_kind, gate_grad),
+        term(bias, bias_kind, needs_bias),
+        term(gate, gate_kind, needs_gate),
+        q.new_empty(0),
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Layer 2: autograd
-
-_SCALARS = ("bias_kind", "gate_kind", "is_causal", "normalization", "scale", "dropout_p", "seed",
-            "rng_offset", "block_m", "block_n")  # fmt: skip
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, key_padding_mask, bias, bias_index, _, gate, gate_index = inputs[:9]
-    out, stat = output
-    ctx.save_for_backward(q, k, v, out, stat, key_padding_mask, bias, bias_index, gate, gate_index)
-    # the scalar inputs, by name: bias_kind at 6, gate_kind at 9, is_causal ... block_n after
-    ctx.scalars = dict(zip(_SCALARS, (inputs[6], *inputs[9:]), strict=True))
-
-
-def _backward(ctx, grad_out: Tensor, _grad_stat: Tensor):
-    q, k, v, out, stat, key_padding_mask, bias, bias_index, gate, gate_index = ctx.saved_tensors
-    s = ctx.scalars
-    needs = ctx.needs_input_grad
-    bias_grad = bool(needs[4]) and s["bias_kind"] != K.NO_TERM
-    gate_grad = bool(needs[7]) and s["gate_kind"] != K.NO_TERM
-    dq, dk, dv, d_bias, d_gate = attention_backward(
-        grad_out, q, k, v, out, stat, key_padding_mask, bias, bias_index, s["bias_kind"], gate,
-        gate_index, s["gate_kind"], s["is_causal"], s["normalization"], s["scale"],
-        s["dropout_p"], s["seed"], s["rng_offset"], bias_grad, gate_grad, s["block_m"],
-        s["block_n"],
-    )  # fmt: skip
-    return (
-        dq, dk, dv, None, d_bias if bias_grad else None, None, None,
-        d_gate if gate_grad else None, None, *([None] * 10),
-    )  # fmt: skip
-
-
-torch.library.register_autograd(
-    "urpe::triton_attention_forward", _backward, setup_context=_setup_context
-)
+register_vmap_rules(attention_forward, attention_backward)
 
 
 # --------------------------------------------------------------------------------------------
-# Layer 3: the public function
+# Layer 2: autograd (shared with the fused backend)
+
+TritonAttention = attention_function(attention_forward, attention_backward, "TritonAttention")
 
 
-def split_term(term) -> tuple[Tensor | None, Tensor | None, int]:
-    """A bias or gate as the raw op's (tensor, index, kind)."""
-    from ..tables import Relation, Toeplitz
+# --------------------------------------------------------------------------------------------
+# Layer 3: the backend and the public function
 
-    if term is None:
-        return None, None, K.NO_TERM
-    if isinstance(term, Toeplitz):
-        return term.table, None, K.TOEPLITZ
-    if isinstance(term, Relation):
-        return term.table, term.index, K.RELATION
-    return term, None, K.DENSE
+
+def _bias_with_float_mask(spec: AttentionSpec):
+    """(bias, attn_mask) as the ops take them: a float attn_mask is added to the bias, which is
+    then dense (a Toeplitz or Relation bias is expanded, only in this case); a bool one stays a
+    mask. Summed in the compute dtype, as the reference adds the two."""
+    mask = spec.attn_mask
+    if mask is None or mask.dtype == torch.bool:
+        return spec.bias, mask
+    dtype = spec.compute_dtype
+    bias = dense_term(spec.bias, spec.lq, spec.lk)  # None or (B|1, H|1, Lq|1, Lk|1)
+    mask = mask.to(dtype)
+    return (mask if bias is None else bias.to(dtype) + mask), None
+
+
+def triton_run(spec: AttentionSpec, block_m: int = 0, block_n: int = 0) -> Tensor:
+    """The Triton backend on a resolved call: (B, H, Lq, Dv) in q's dtype.
+
+    block_m, block_n: fixed tile sizes (powers of two >= 16); 0 autotunes on CUDA (and uses 16
+    under the interpreter).
+    """
+    bias, attn_mask = _bias_with_float_mask(spec)
+    bias, bias_index, bias_kind = term_arguments(bias)
+    gate, gate_index, gate_kind = term_arguments(spec.gate)
+    seed = spec.dropout_seed
+    if spec.dropout_p > 0.0 and seed is None:
+        seed = draw_seed(spec.q.device)  # a tensor: no .item() on the traced side
+    out, _ = TritonAttention.apply(
+        spec.q, spec.k, spec.v, bias, bias_index, gate, gate_index, attn_mask,
+        spec.key_padding_mask, seed, bias_kind, gate_kind, spec.is_causal, spec.normalization,
+        spec.scale, spec.dropout_p, int(block_m), int(block_n),
+    )  # fmt: skip
+    return out
 
 
 def triton_attention(
@@ -425,70 +458,55 @@ def triton_attention(
     *,
     bias=None,
     gate=None,
+    attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     is_causal: bool = False,
     normalization: str = "softmax",
     scale: float | None = None,
     dropout_p: float = 0.0,
-    seed: int | None = None,
+    seed: int | Tensor | None = None,
     block_m: int = 0,
     block_n: int = 0,
 ) -> Tensor:
-    """URPE attention on the Triton kernel: out = dropout(normalize(scale q k^T + B) * C) @ v.
+    """URPE attention on the Triton kernel: out = dropout(normalize(scale q k^T + B + M) * C) @ v.
+
+    The kernel alone: unlike `urpe.attention(..., backend="triton")` it does not apply the
+    non-finite rule or the `exp` overflow check around the call (what the GPU benchmark times).
 
     Args:
-        q: (B, H, Lq, D). k: (B, Hkv, Lk, D), v: (B, Hkv, Lk, Dv), with H a multiple of Hkv
+        q: (..., H, Lq, D). k: (..., Hkv, Lk, D), v: (..., Hkv, Lk, Dv), with H a multiple of Hkv
             (grouped-query attention: query head h reads key/value head h // (H / Hkv)).
         bias, gate: B and C as in `urpe.attention` (dense tensor, `Toeplitz` or `Relation`).
-        key_padding_mask: (B, Lk) bool, True marks a padded key.
+        attn_mask: as in `urpe.attention`: bool (True takes part; read by the kernel per tile)
+            or float (M, added to the bias, which is then expanded to a dense tensor).
+        key_padding_mask: (..., Lk) bool, True marks a padded key.
         is_causal: query i sees keys j <= i + Lk - Lq.
         normalization: "softmax", "exp", "l2" or "relu2".
         scale: logit scale, default 1 / sqrt(D).
         dropout_p: dropout on the gated weights; the mask comes from Philox(seed) and is
             regenerated in the backward pass, never stored.
-        seed: dropout seed (default: drawn from torch's global CPU generator, so
-            `torch.manual_seed` reproduces the masks).
+        seed: dropout seed, an int or an int64 scalar tensor (default: drawn from torch's
+            generator on q's device, so `torch.manual_seed` reproduces the masks).
         block_m, block_n: fixed tile sizes (powers of two >= 16); 0 autotunes on CUDA.
 
     Returns:
-        (B, H, Lq, Dv) in q's dtype. Half-precision inputs accumulate in float32.
+        (..., H, Lq, Dv) in q's dtype. Half-precision inputs accumulate in float32.
     """
-    from . import triton_unsupported
+    from . import _spec_unsupported
 
-    reason = triton_unsupported(
-        q=q, k=k, v=v, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
-        normalization=normalization, dropout_p=dropout_p,
+    spec = resolve(
+        q, k, v, bias=bias, gate=gate, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        is_causal=is_causal, normalization=normalization, scale=scale, dropout_p=dropout_p,
+        dropout_seed=seed, enable_gqa=True,
     )  # fmt: skip
+    reason = _spec_unsupported(spec)
     if reason is not None:
         raise ValueError(f"backend 'triton' cannot run this call: {reason}")
     for name, size in (("block_m", block_m), ("block_n", block_n)):
         if size and (size < 16 or size & (size - 1)):
             raise ValueError(f"{name} must be 0 (autotune) or a power of two >= 16, got {size}")
-    if dropout_p > 0.0 and seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item())
-    bias_tensor, bias_index, bias_kind = split_term(bias)
-    gate_tensor, gate_index, gate_kind = split_term(gate)
-    out, _ = attention_forward(
-        q,
-        k,
-        v,
-        key_padding_mask,
-        bias_tensor,
-        bias_index,
-        bias_kind,
-        gate_tensor,
-        gate_index,
-        gate_kind,
-        bool(is_causal),
-        NORMALIZATION_CODES[normalization],
-        1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
-        float(dropout_p),
-        0 if seed is None else int(seed),
-        0,
-        int(block_m),
-        int(block_n),
-    )
-    return out
+    out = triton_run(spec, block_m, block_n)
+    return out.reshape(*spec.batch_shape, spec.heads, spec.lq, spec.value_dim)
 
 
 def dropout_keep_mask(
