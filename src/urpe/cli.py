@@ -24,6 +24,10 @@ COMMANDS = {
         "urpe.experiments.synthetic.command",
         "the paper's synthetic tasks (PI, ETP) and Su's probe, every encoding variant",
     ),
+    ("reproduce", "graph"): (
+        "urpe.experiments.graph.command",
+        "Graphormer vs Graphormer + URPE on real molecules (MOSES, QM9, or your ZINC files)",
+    ),
     ("bench", "attention"): (
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
@@ -39,7 +43,7 @@ GROUP_HELP = {
 EXTRAS = {
     "lightning": "train", "pytorch_lightning": "train", "torchmetrics": "train",
     "safetensors": "train", "tqdm": "train", "matplotlib": "train", "tensorboard": "train",
-    "x_transformers": "bench",
+    "x_transformers": "bench", "torch_geometric": "graph", "rdkit": "graph", "scipy": "graph",
 }  # fmt: skip
 
 
