@@ -178,6 +178,8 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         accumulate_grad_batches=execution.accumulate_grad_batches,
         seed=seed,
     )
+    # The untrained model's validation MAE: the curve's first point (predicting about the mean).
+    initial_val_mae = mean_absolute_error(model, DataLoader(data.val, batch_size=EVAL_BATCH))
     metrics = fit(
         objective,
         module,
@@ -196,7 +198,8 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "unit": data.unit,
         "sizes": [len(data.train), len(data.val), len(data.test)],
         "target_std": {"train": float(train_y.std()), "test": float(data.test._data.y.std())},
-        "curve": read_curve(context.run_dir),
+        "initial_val_mae": initial_val_mae,
+        "curve": [[0, initial_val_mae], *read_curve(context.run_dir)],
     }
     gates = model.gate_tables()
     tensors = {"C": torch.stack(gates).detach().clone()} if gates else None  # (layers, H, R)
