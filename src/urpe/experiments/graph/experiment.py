@@ -128,7 +128,11 @@ class _Collate:
 
 
 def read_curve(run_dir: Path) -> list[list[float]]:
-    """[[step, val MAE], ...] from the run's Lightning CSV log (the last value per step)."""
+    """[[logged step, val MAE], ...] from the run's Lightning CSV log (the last value per step).
+
+    Lightning logs a validation inside training at (updates done - 1) and the final
+    `trainer.validate` at (updates done); `report.curve_points` turns both into updates done.
+    """
     path = run_dir / "logs" / "metrics.csv"
     if not path.exists():
         return []
@@ -199,7 +203,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "sizes": [len(data.train), len(data.val), len(data.test)],
         "target_std": {"train": float(train_y.std()), "test": float(data.test._data.y.std())},
         "initial_val_mae": initial_val_mae,
-        "curve": [[0, initial_val_mae], *read_curve(context.run_dir)],
+        "curve": read_curve(context.run_dir),  # as logged; see report.curve_points
     }
     gates = model.gate_tables()
     tensors = {"C": torch.stack(gates).detach().clone()} if gates else None  # (layers, H, R)

@@ -40,7 +40,6 @@ def curves_chart(table: list[dict], path: Path) -> None:
         ax.set_title(f"{dataset}")
         ax.set_xlabel("updates")
         ax.set_ylabel(f"validation MAE ({unit})")
-        ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

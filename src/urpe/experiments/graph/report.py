@@ -18,6 +18,20 @@ PAPER_PARAMS = {"graphormer": 489_321, "graphormer-urpe": 491_737}
 VARIANT_ORDER = ("graphormer", "graphormer-urpe")
 
 
+def curve_points(record: dict) -> list[list[float]]:
+    """[[updates done, val MAE], ...]: the untrained model at 0 (when recorded), then every
+    validation. Validations run every `eval_every` updates and at the end, so a logged step s
+    (see `experiment.read_curve`) is the next such point at or after s + 1."""
+    steps, every = record["config"]["train"]["steps"], record["config"]["train"]["eval_every"]
+    r = record["result"]
+    points: dict[int, float] = {}
+    if r.get("initial_val_mae") is not None:
+        points[0] = r["initial_val_mae"]
+    for logged, value in r.get("curve", []):
+        points[min(steps, -(-(int(logged) + 1) // every) * every)] = value
+    return [[step, points[step]] for step in sorted(points)]
+
+
 def rows(records: list[dict]) -> list[dict]:
     """One flat row per record."""
     out = []
@@ -37,7 +51,7 @@ def rows(records: list[dict]) -> list[dict]:
                 "val_mae": r["val_mae"],
                 "test_mae": r["test_mae"],
                 "params": r["params"],
-                "curve": r.get("curve", []),
+                "curve": curve_points(record),
                 "seconds": record.get("seconds"),
             }
         )
