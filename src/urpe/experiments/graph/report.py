@@ -111,8 +111,10 @@ def _fmt(mean: float, sd: float | None) -> str:
     return f"{mean:.4f}" if sd is None else f"{mean:.4f} ± {sd:.4f}"
 
 
-def _comparisons(groups: list[dict]) -> list[dict]:
-    """URPE minus plain, per setting that has both."""
+def _comparisons(groups: list[dict], table: list[dict]) -> list[dict]:
+    """URPE minus plain, per setting that has both: the difference of the means, and the
+    per-seed (paired: same split, same seed) test MAE differences, their mean ± sd and how many
+    seeds URPE won."""
     by_setting: dict[tuple, dict[str, dict]] = {}
     for g in groups:
         setting = (g["dataset"], g["target"], g["steps"], tuple(g["model"].values()))
@@ -122,10 +124,22 @@ def _comparisons(groups: list[dict]) -> list[dict]:
         plain, urpe = variants.get("graphormer"), variants.get("graphormer-urpe")
         if plain is None or urpe is None:
             continue
+        per_seed = {
+            (row["variant"], row["seed"]): row["test_mae"]
+            for row in table
+            if _group_key(row)[:4] == setting
+        }
+        seeds = sorted(set(plain["seeds"]) & set(urpe["seeds"]))
+        paired = [per_seed[("graphormer-urpe", s)] - per_seed[("graphormer", s)] for s in seeds]
+        paired_mean, paired_sd = _mean_sd(paired) if paired else (None, None)
         out.append(
             {
                 "dataset": setting[0],
                 "target": setting[1],
+                "paired_seeds": seeds,
+                "paired_test_mae_change": paired_mean,
+                "paired_test_mae_change_sd": paired_sd,
+                "urpe_better_seeds": sum(d < 0 for d in paired),
                 "test_mae_change": urpe["test_mae"] - plain["test_mae"],
                 "relative_change": (urpe["test_mae"] - plain["test_mae"]) / plain["test_mae"],
                 "extra_params": urpe["params"] - plain["params"],
@@ -153,17 +167,27 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
             f"{_fmt(g['test_mae'], g['test_mae_sd'])} | {g['params']:,} | "
             f"{_fmt(*paper) if paper else '-'} |"
         )
-    comparisons = _comparisons(groups)
+    comparisons = _comparisons(groups, table)
     if comparisons:
         lines += [
             "",
-            "| dataset | URPE - plain test MAE | relative | extra parameters (paper: +2,416) |",
-            "|---|---|---|---|",
+            "| dataset | URPE - plain test MAE | relative | per seed (paired) | URPE better "
+            "| extra parameters (paper: +2,416) |",
+            "|---|---|---|---|---|---|",
         ]
         for c in comparisons:
+            paired = (
+                "-"
+                if c["paired_test_mae_change"] is None
+                else f"{c['paired_test_mae_change']:+.4f}"
+                + ("" if c["paired_test_mae_change_sd"] is None
+                   else f" ± {c['paired_test_mae_change_sd']:.4f}")
+            )  # fmt: skip
             lines.append(
                 f"| {c['dataset']} | {c['test_mae_change']:+.4f} | "
-                f"{100 * c['relative_change']:+.1f}% | +{c['extra_params']:,} |"
+                f"{100 * c['relative_change']:+.1f}% | {paired} | "
+                f"{c['urpe_better_seeds']} of {len(c['paired_seeds'])} seeds | "
+                f"+{c['extra_params']:,} |"
             )
     lines += [
         "",
@@ -193,7 +217,7 @@ def write_report(records: list[dict], out: Path, wall: float) -> str:
     groups = summary(table)
     payload: dict[str, Any] = {
         "summary": groups,
-        "comparisons": _comparisons(groups),
+        "comparisons": _comparisons(groups, table),
         "runs": table,
         "paper": {"test_mae": PAPER, "params": PAPER_PARAMS},
     }
