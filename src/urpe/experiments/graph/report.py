@@ -207,7 +207,9 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
         f"Paper (Graphormer / + URPE): {PAPER_PARAMS['graphormer']:,} / "
         f"{PAPER_PARAMS['graphormer-urpe']:,} parameters; ZINC-subset test MAE "
         "0.122 ± 0.006 / 0.086 ± 0.007, ZINC-full 0.052 ± 0.005 / 0.028 ± 0.002.",
-        f"Report built in {wall:.0f} s on {platform.machine()} ({platform.system()}).",
+        "Run times are in each record (`seconds`) and in the Per run table; "
+        f"{'' if wall < 1 else f'this command ran {wall:.0f} s; '}"
+        f"built on {platform.machine()} ({platform.system()}).",
     ]
     return "\n".join(lines) + "\n"
 
