@@ -29,6 +29,10 @@ COMMANDS = {
         "language modelling on real text: every encoding, Transformer-XL memory, URPE's gate, "
         "length extrapolation",
     ),
+    ("reproduce", "graph"): (
+        "urpe.experiments.graph.command",
+        "Graphormer vs Graphormer + URPE on real molecules (MOSES, QM9, or your ZINC files)",
+    ),
     ("bench", "attention"): (
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
@@ -52,7 +56,7 @@ GROUP_HELP = {
 EXTRAS = {
     "lightning": "train", "pytorch_lightning": "train", "torchmetrics": "train",
     "safetensors": "train", "tqdm": "train", "matplotlib": "train", "tensorboard": "train",
-    "x_transformers": "bench",
+    "x_transformers": "bench", "torch_geometric": "graph", "rdkit": "graph", "scipy": "graph",
 }  # fmt: skip
 
 

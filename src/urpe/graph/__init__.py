@@ -1,6 +1,8 @@
 """Graph Transformers (Graphormer) with URPE on graphs.
 
-Torch-only parts (importable without PyTorch Geometric): `GraphEncodingConfig`,
+Torch-only parts (importable without PyTorch Geometric): `Graphormer`, `GraphormerConfig`
+(presets in `GRAPHORMER_PRESETS`: "slim", Graphormer's ZINC model, and "tiny"),
+`GraphEncodingConfig`,
 `GraphormerEncodings` and its pieces, `DenseGraphBatch`, `relation_index`.
 Parts that need PyTorch Geometric and SciPy (the `graph` extra), loaded on first use:
 `ShortestPaths` (a PyG transform), `shortest_paths`, `to_dense_graph_batch`.
@@ -28,6 +30,7 @@ from .encodings import (
     SpatialBias,
     relation_index,
 )
+from .model import GRAPHORMER_PRESETS, READOUTS, Graphormer, GraphormerConfig
 
 # Names that need torch_geometric / scipy: imported when first asked for.
 _LAZY = {
@@ -52,6 +55,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "FAR",
+    "GRAPHORMER_PRESETS",
+    "READOUTS",
+    "Graphormer",
+    "GraphormerConfig",
     "NO_EDGE",
     "UNREACHABLE",
     "DegreeEncoding",

@@ -23,6 +23,8 @@ _EXPORTS = {
     "EncoderTokenClassifier": "models",
     "Objective": "objectives",
     "TokenClassification": "objectives",
+    "GraphRegression": "regression",
+    "mean_absolute_error": "regression",
     "OptimConfig": "optim",
     "build_optimizer": "optim",
     "warmup_polynomial_decay": "optim",

@@ -1,0 +1,216 @@
+"""The graph experiment on the shared runner: its run configs and `run_one`.
+
+A run is (dataset, variant, seed) under a preset's settings: Graphormer with or without URPE's
+gate, trained with the L1 loss on one molecule dataset. The data split is fixed (split seed 0)
+for every run; the run's seed sets the initialisation, the batch order and dropout. The record
+holds validation and test MAE, the parameter count, the validation curve, and the learned
+gates C (layers, H, R) as tensors beside it.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...graph.model import GraphormerConfig
+from ...training.optim import OptimConfig
+from ..runner import RunContext, RunResult, RunSpec
+from .presets import Preset
+
+SPLIT_SEED = 0  # the same train/val/test molecules for every run
+FEATURES = "zinc"  # atom type and bond type, as ZINC
+EVAL_BATCH = 256
+
+
+def run_name(dataset: str, variant: str, seed: int, preset: Preset) -> str:
+    return f"{dataset}-{variant}-S{preset.steps}-seed{seed}"
+
+
+def model_config(variant: str, preset: Preset) -> dict[str, Any]:
+    from ...data.molecules.featurize import FEATURIZATIONS
+
+    spec = FEATURIZATIONS[FEATURES]
+    graphormer = GraphormerConfig.preset(preset.model, urpe=variant == "graphormer-urpe")
+    return {
+        "graphormer": graphormer.to_dict(),
+        "node_cardinalities": list(spec.node_cardinalities),
+        "node_features": None,
+        "edge_cardinalities": list(spec.edge_cardinalities),
+        "edge_features": None,
+        "directed": False,
+    }
+
+
+def run_config(
+    dataset: str, target: str | None, variant: str, seed: int, preset: Preset, precision: str
+) -> dict[str, Any]:
+    """Everything that decides this run's result, JSON-ready."""
+    from ...data.molecules import MOLECULE_DATASETS
+
+    if target is None:
+        target = MOLECULE_DATASETS[dataset].default_target
+    sizes = preset.sizes.get(dataset)
+    optim = OptimConfig(
+        lr=preset.lr,
+        warmup_steps=preset.warmup,
+        total_steps=preset.steps,
+        end_lr=preset.end_lr,
+        weight_decay=preset.weight_decay,
+    )
+    return {
+        "experiment": "graph",
+        "dataset": dataset,
+        "target": target,
+        "variant": variant,
+        "seed": seed,
+        "data": {
+            "sizes": list(sizes) if sizes is not None else None,
+            "split_seed": SPLIT_SEED,
+            "features": FEATURES,
+        },
+        "model": model_config(variant, preset),
+        "optim": {**asdict(optim), "betas": list(optim.betas)},
+        "train": {
+            "steps": preset.steps,
+            "batch_size": preset.batch_size,
+            "precision": precision,
+            "eval_every": preset.eval_every,
+        },
+    }
+
+
+def plan(
+    dataset: str, target: str | None, preset: Preset, precision: str, variants: tuple[str, ...]
+) -> list[RunSpec]:
+    """Every (variant, seed), seeds outermost so that both models of a seed finish together."""
+    return [
+        RunSpec(
+            run_name(dataset, v, s, preset),
+            run_config(dataset, target, v, s, preset, precision),
+            preset.steps,
+        )
+        for s in preset.seeds
+        for v in variants
+    ]
+
+
+def load_data(config: dict[str, Any], progress: bool = False):
+    """The run's molecules (from the cache after the first call; built by the command first)."""
+    from ...data.molecules import load_molecules
+
+    sizes = config["data"]["sizes"]
+    return load_molecules(
+        config["dataset"],
+        target=config["target"],
+        sizes=None if sizes is None else tuple(sizes),
+        seed=config["data"]["split_seed"],
+        features=config["data"]["features"],
+        progress=progress,
+    )
+
+
+class _Collate:
+    """Item indices (or a list of items) -> one `torch_geometric` Batch (picklable)."""
+
+    def __init__(self, split) -> None:
+        self.split = split
+
+    def __call__(self, items) -> Any:
+        from torch_geometric.data import Batch
+
+        if isinstance(items, torch.Tensor):
+            items = [self.split[int(i)] for i in items]
+        return Batch.from_data_list(list(items))
+
+
+def read_curve(run_dir: Path) -> list[list[float]]:
+    """[[logged step, val MAE], ...] from the run's Lightning CSV log (the last value per step).
+
+    Lightning logs a validation inside training at (updates done - 1) and the final
+    `trainer.validate` at (updates done); `report.curve_points` turns both into updates done.
+    """
+    path = run_dir / "logs" / "metrics.csv"
+    if not path.exists():
+        return []
+    by_step: dict[int, float] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            value = row.get("val/mae")
+            if value not in (None, ""):
+                by_step[int(row["step"])] = float(value)
+    return [[step, by_step[step]] for step in sorted(by_step)]
+
+
+def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
+    """Train one Graphormer run; measure validation and test MAE."""
+    import lightning as L
+    from torch_geometric.loader import DataLoader
+
+    from ...graph import Graphormer
+    from ...training import IndexedStream, StepDataModule, TrainConfig, fit, quiet_lightning
+    from ...training.regression import GraphRegression, mean_absolute_error
+
+    quiet_lightning()
+    seed = config["seed"]
+    data = load_data(config)
+    L.seed_everything(seed, verbose=False)
+    model = Graphormer.from_model_config(config["model"])
+    train_y = data.train._data.y.double()
+    # The head learns standardised targets; predictions come out in the data's units.
+    model.set_target_statistics(float(train_y.mean()), float(train_y.std().clamp(min=1e-8)))
+    optim = OptimConfig(**{**config["optim"], "betas": tuple(config["optim"]["betas"])})
+    objective = GraphRegression(model, optim, run=config)
+    train = config["train"]
+    stream = IndexedStream(len(data.train), train["batch_size"], seed, _Collate(data.train))
+    module = StepDataModule(
+        stream, data.val, eval_batch_size=EVAL_BATCH, collate=_Collate(data.val)
+    )
+    execution = context.execution
+    settings = TrainConfig(
+        max_steps=train["steps"],
+        val_every=train["eval_every"],
+        checkpoint_every=execution.checkpoint_every,
+        accelerator=execution.accelerator,
+        devices=execution.devices,
+        num_nodes=execution.num_nodes,
+        strategy=execution.strategy,
+        precision=train["precision"],
+        accumulate_grad_batches=execution.accumulate_grad_batches,
+        seed=seed,
+    )
+    # The untrained model's validation MAE: the curve's first point (predicting about the mean).
+    initial_val_mae = mean_absolute_error(model, DataLoader(data.val, batch_size=EVAL_BATCH))
+    metrics = fit(
+        objective,
+        module,
+        settings,
+        context.run_dir,
+        resume=context.resume,
+        on_step=context.on_step,
+        on_resume_error=lambda error: context.warn(f"{error}; starting the run again"),
+    )
+    model = model.cpu().float()
+    test = DataLoader(data.test, batch_size=EVAL_BATCH, shuffle=False)
+    record = {
+        "val_mae": metrics["val/mae"],
+        "test_mae": mean_absolute_error(model, test),
+        "params": sum(p.numel() for p in model.parameters()),
+        "unit": data.unit,
+        "sizes": [len(data.train), len(data.val), len(data.test)],
+        "target_std": {"train": float(train_y.std()), "test": float(data.test._data.y.std())},
+        "initial_val_mae": initial_val_mae,
+        "curve": read_curve(context.run_dir),  # as logged; see report.curve_points
+    }
+    gates = model.gate_tables()
+    tensors = {"C": torch.stack(gates).detach().clone()} if gates else None  # (layers, H, R)
+    return RunResult(record, tensors)
+
+
+def describe(record: dict) -> str:
+    """The line printed when a run finishes."""
+    r = record["result"]
+    return f"test MAE {r['test_mae']:.4f}, val MAE {r['val_mae']:.4f} in {record['seconds']:.0f} s"
