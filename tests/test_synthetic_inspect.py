@@ -66,8 +66,11 @@ def test_position_probe_tells_a_position_code_from_noise():
     scalar = scalar + 0.01 * torch.randn(40, n, 3)
     noise = torch.randn(40, n, 16)
     assert position_probe(one_hot)["r2"] > 0.95 and position_probe(one_hot)["exact"] == 1.0
-    # A monotone scalar code: linearly readable as an index, not as one direction per position.
-    assert position_probe(scalar)["r2"] > 0.99 and position_probe(scalar)["exact"] < 0.5
+    # A clean monotone scalar code is read exactly; a noisy one (spread over about 3 positions) is
+    # still linear in the index but no longer tells neighbours apart.
+    assert position_probe(scalar) == {"r2": pytest.approx(1, abs=0.01), "exact": 1.0}
+    blurred = scalar + 1.5 * torch.randn(40, n, 1)
+    assert position_probe(blurred)["r2"] > 0.7 and position_probe(blurred)["exact"] < 0.5
     assert position_probe(noise)["r2"] < 0.1 and position_probe(noise)["exact"] < 0.3
     with pytest.raises(ValueError, match="at least 2"):
         position_probe(noise[:1])

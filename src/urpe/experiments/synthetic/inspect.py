@@ -97,31 +97,39 @@ def hidden_states(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
 
 
 def position_probe(states: Tensor, ridge: float = 1e-2) -> dict[str, float]:
-    """How well a linear map reads position from the states (B, n, E), fitted by ridge
-    regression on the first half of the sequences and scored on the second half:
+    """How well position can be read from the states (B, n, E) by a linear map, fitted on the
+    first half of the sequences and scored on the second half:
 
-    - "r2": R^2 of the regressed position index i (1: a linear read-out recovers i exactly;
-      0 or below: no linearly readable position; a monotone scalar code such as URPE's row sums
-      already scores high here);
-    - "exact": argmax accuracy of the regression onto one-hot positions (1/n: none; needs each
-      position in its own direction, what a classifier head over positions reads).
+    - "r2": R^2 of a ridge regression onto the position index i (1: a linear read-out recovers i
+      exactly; 0 or below: no linearly readable position). A monotone but curved scalar code
+      scores below 1 without noise.
+    - "exact": accuracy of a linear classifier over the n positions (linear discriminant
+      analysis: class means, one shared within-position covariance, ridge-regularised); 1/n when
+      the states carry no position, 1 when every position is told apart from every other,
+      whether the code is one direction per position or a clean scalar. This is the precision
+      a head must have to read key 2k + 1 and not its neighbours.
     """
     b, n, e = states.shape
     if b < 2:
         raise ValueError("the probe needs at least 2 sequences (one to fit, one to score)")
-    # (B, n, E + 1): the constant column is the intercept
-    x = torch.cat([states, torch.ones(b, n, 1, dtype=states.dtype)], dim=-1).double()
+    x = states.double()
+    fit, score = x[: b // 2], x[b // 2 :]
     index = torch.arange(n, dtype=torch.float64)
-    targets = torch.cat([torch.eye(n, dtype=torch.float64), index[:, None]], dim=-1)  # (n, n + 1)
-    targets = targets.expand(b, n, n + 1)
-    fit, score = slice(0, b // 2), slice(b // 2, b)
-    xf, yf = x[fit].reshape(-1, e + 1), targets[fit].reshape(-1, n + 1)
-    gram = xf.T @ xf + ridge * xf.shape[0] * torch.eye(e + 1, dtype=torch.float64)
-    weights = torch.linalg.solve(gram, xf.T @ yf)  # (E + 1, n + 1)
-    predicted = x[score] @ weights  # (B/2, n, n + 1)
-    exact = (predicted[..., :n].argmax(-1) == torch.arange(n)).double().mean().item()
-    residual = ((predicted[..., n] - index) ** 2).mean()
-    r2 = 1.0 - (residual / index.var(unbiased=False)).item()
+    # R^2 of the position index. (B/2 * n, E + 1): the constant column is the intercept.
+    design = torch.cat([fit.reshape(-1, e), torch.ones(fit.shape[0] * n, 1).double()], dim=-1)
+    gram = design.T @ design + ridge * design.shape[0] * torch.eye(e + 1, dtype=torch.float64)
+    coef = torch.linalg.solve(gram, design.T @ index.repeat(fit.shape[0]))  # (E + 1,)
+    predicted = score @ coef[:e] + coef[e]  # (B/2, n)
+    r2 = 1.0 - (((predicted - index) ** 2).mean() / index.var(unbiased=False)).item()
+    # Linear discriminant analysis over positions.
+    means = fit.mean(0)  # (n, E): one mean state per position
+    centred = (fit - means).reshape(-1, e)
+    covariance = centred.T @ centred / centred.shape[0]  # (E, E) shared within positions
+    scale = covariance.diagonal().mean().clamp_min(1e-12)
+    covariance = covariance + ridge * scale * torch.eye(e, dtype=torch.float64)
+    projected = torch.linalg.solve(covariance, means.T)  # (E, n): Sigma^-1 mu_i
+    logits = score @ projected - 0.5 * (means * projected.T).sum(-1)  # (B/2, n, n)
+    exact = (logits.argmax(-1) == torch.arange(n)).double().mean().item()
     return {"r2": round(r2, 3), "exact": round(exact, 3)}
 
 
@@ -178,7 +186,7 @@ def _print(result: dict[str, Any]) -> None:
     for inputs in ("random", "repeated"):
         probes = result[f"position_probe_{inputs}"]
         print(f"  position after each layer ({inputs} tokens): R^2 "
-              + " / ".join(f"{p['r2']:.2f}" for p in probes) + ", one-hot read-out "
+              + " / ".join(f"{p['r2']:.2f}" for p in probes) + ", linear classifier "
               + " / ".join(f"{p['exact']:.2f}" for p in probes))  # fmt: skip
     for layer in result["layers"]:
         for h, head in enumerate(layer["heads"]):
