@@ -99,3 +99,31 @@ def test_vocab_preset_covers_the_papers_vocabularies():
     assert len(specs) == 3 * 4 * 3 * 3
     assert {s.config["vocab_size"] for s in specs} == {10, 1000, 10000}
     assert {s.config["model"]["transformer"]["vocab_size"] for s in specs} == {10, 1000, 10000}
+
+
+@pytest.mark.parametrize("variant", ["rpe", "urpe"])
+def test_repeated_tokens_carry_position_only_when_the_row_sum_is_broken(variant, monkeypatch):
+    """Su's probe input through an untrained model: rpe gives every position the same state (up
+    to float rounding, which the probe must not count), urpe's gate makes position readable."""
+    from urpe.experiments.synthetic import inspect as inspect_module
+
+    torch.manual_seed(0)
+    config = variant_config(variant, TransformerConfig(vocab_size=50, max_len=16, num_layers=2,
+                                                       dim=32, num_heads=4))  # fmt: skip
+    model = EncoderTokenClassifier(config, 16)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "table"):
+                module.table.normal_(1.0, 0.5)
+        # A value component shared by all tokens: URPE's row sums scale it, so position becomes
+        # linearly readable across tokens (trained PI models learn such a component).
+        for layer in model.encoder.layers:
+            layer.mixer.v_proj.bias.normal_(0.0, 10.0)
+    tokens = torch.randint(0, 50, (200, 16))
+    repeated = tokens[:, :1].expand_as(tokens).contiguous()
+    last = inspect_module.hidden_states(model, repeated)[-1]
+    probe = position_probe(last)
+    if variant == "rpe":
+        assert probe["exact"] < 0.2 and probe["r2"] < 0.1
+    else:
+        assert probe["exact"] > 0.5

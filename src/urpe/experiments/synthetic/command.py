@@ -162,7 +162,10 @@ def _figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
             if matrices.get("C") is None:
                 continue
             r = runs[0]
-            title = (f"learned B (before softmax) and C (after softmax), shared by all layers: "
+            config = next(rec["config"] for rec in records if rec["id"] == r["id"])
+            shared = config["model"]["transformer"].get("share_position", True)
+            where = "shared by all layers" if shared else "of the first layer (one pair per layer)"
+            title = (f"learned B (before softmax) and C (after softmax), {where}: "
                      f"{task}, {variant}, V={r['vocab_size']}, L={r['seq_len']}, seed {r['seed']}, "
                      f"accuracy {r['accuracy']:.3f}")  # fmt: skip
             written.append(out / f"learned_BC_{task}.png")

@@ -10,7 +10,7 @@ per layer:
   row-sum signal is how URPE's C writes position into the output), and for `etp` the mean weight
   that query k < L/2 puts on the key it must copy, 2k + 1;
 - how well position can be read from the hidden states after the layer (`position_probe`), with
-  random tokens and with one token repeated (Su's probe input).
+  random tokens and with each sequence's first token repeated (Su's probe input).
 
 With --curves PNG it only plots the runs' learning curves from their logs.
 
@@ -167,7 +167,10 @@ def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[
     tokens, targets = get_task(task)(sequences, length, vocab, generator)
     with torch.no_grad():
         accuracy = (model(tokens).argmax(-1) == targets).double().mean().item()
-    repeated = torch.full_like(tokens, int(tokens[0, 0]))
+    # Su's probe input: each sequence repeats its own first token. One token for all sequences
+    # would make every sequence the same, so that float rounding differences between positions
+    # (which RPE has, at 1e-7) would be told apart perfectly by the linear classifier.
+    repeated = tokens[:, :1].expand_as(tokens).contiguous()  # (B, L)
     return {
         "run": run_dir.name,
         "task": task,
