@@ -82,3 +82,44 @@ def learned_matrices_chart(matrices: dict[str, torch.Tensor], title: str, path: 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def read_curve(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """A run's learning curve from its Lightning log (`run_dir/logs/metrics.csv`):
+    {"train/acc": [(step, acc)], "val/acc": [...], "train/loss": [...], "val/loss": [...]}."""
+    import csv
+
+    curve: dict[str, list[tuple[int, float]]] = {}
+    with open(run_dir / "logs" / "metrics.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            for key in ("train/acc", "val/acc", "train/loss", "val/loss"):
+                if row.get(key):
+                    curve.setdefault(key, []).append((int(row["step"]), float(row[key])))
+    return curve
+
+
+def learning_curves_chart(run_dirs: list[Path], path: Path, title: str = "") -> None:
+    """Training accuracy (lines; each point is one logged batch) and held-out accuracy (dots)
+    against the update step, one colour per run, labelled with the run's folder name."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    colours = plt.get_cmap("tab10").colors
+    for i, run_dir in enumerate(run_dirs):
+        curve = read_curve(run_dir)
+        label = run_dir.name.rsplit("-", 1)[0]  # the run name without its config digest
+        colour = colours[i % 10]
+        if curve.get("train/acc"):
+            steps, values = zip(*curve["train/acc"], strict=True)
+            ax.plot(steps, values, color=colour, linewidth=1, label=label)
+        if curve.get("val/acc"):
+            steps, values = zip(*curve["val/acc"], strict=True)
+            ax.plot(steps, values, "o", color=colour, markersize=4)
+    ax.set_xlabel("update")
+    ax.set_ylabel("accuracy (line: training batch; dots: held-out)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -55,6 +55,25 @@ PRESETS: dict[str, Preset] = {
         ffn_dim=256,
         eval_sequences=1024,
     ),
+    # The paper's three vocabularies on the quick model, at length 32 (issue 12): 108 runs, a
+    # few hours on 2 CPU cores. 3,000 steps because ape's etp plateaus at 0.5 for ~1,400
+    # steps at V=1,000 before it jumps to 1.0 (results/synthetic/vocab/README.md).
+    "vocab": Preset(
+        tasks=("pi", "etp", "probe"),
+        variants=("nope", "ape", "rpe", "urpe"),
+        seq_len=32,
+        vocab_sizes=(10, 1000, 10000),
+        steps=3000,
+        seeds=(0, 1, 2),
+        batch_size=64,
+        lr=2e-3,
+        warmup=300,
+        num_layers=3,
+        dim=64,
+        num_heads=4,
+        ffn_dim=256,
+        eval_sequences=1024,
+    ),
     # The paper: 3 layers, 768 wide, 12 heads, FFN 3072, length 128, Adam 7e-5, 6k warm-up,
     # polynomial (linear) decay, 40k updates of 128 sequences, fp16 (on a GPU).
     "paper": Preset(

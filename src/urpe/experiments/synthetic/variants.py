@@ -48,6 +48,12 @@ VARIANTS: dict[str, Variant] = _variants(
         True,
     ),  # fmt: skip
     Variant(
+        "urpe-per-layer",
+        "urpe with its own B and C in every layer (the paper shares one pair)",
+        {"position": "rpe", "gate": "toeplitz", "gate_init": "ones", "share_position": False},
+        True,
+    ),  # fmt: skip
+    Variant(
         "urpe-t5",
         "T5 bucketed B and bucketed C",
         {"position": "t5", "gate": "t5", "gate_init": "ones"},

@@ -1,0 +1,129 @@
+"""The inspection tools of the synthetic experiment and the vocab preset."""
+
+import math
+
+import pytest
+import torch
+
+from urpe.cli import main
+from urpe.experiments.synthetic.experiment import plan
+from urpe.experiments.synthetic.inspect import attention_weights, position_probe
+from urpe.experiments.synthetic.inspect import main as inspect_main
+from urpe.experiments.synthetic.presets import PRESETS
+from urpe.experiments.synthetic.variants import variant_config
+from urpe.models import TransformerConfig
+from urpe.training import EncoderTokenClassifier
+
+
+def _written_out_weights(mixer, x: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + b(j - i)) * c(j - i) from the layer's parameters, by hand."""
+    b, n, _ = x.shape
+    h, d = mixer.num_heads, mixer.head_dim
+    q = (x @ mixer.q_proj.weight.T + mixer.q_proj.bias).view(b, n, h, d).transpose(1, 2)
+    k = (x @ mixer.k_proj.weight.T + mixer.k_proj.bias).view(b, n, h, d).transpose(1, 2)
+    bias_table, gate_table = mixer.position.table, mixer.gate.table  # (H, 2K + 1)
+    K = (bias_table.shape[1] - 1) // 2
+    out = torch.empty(b, h, n, n, dtype=x.dtype)
+    for i in range(n):
+        for j in range(n):
+            offset = max(-K, min(K, j - i)) + K
+            out[:, :, i, j] = (q[:, :, i] * k[:, :, j]).sum(-1) / math.sqrt(d) + bias_table[
+                :, offset
+            ]
+    out = out.softmax(-1)
+    for i in range(n):
+        for j in range(n):
+            out[:, :, i, j] *= gate_table[:, max(-K, min(K, j - i)) + K]
+    return out
+
+
+@pytest.mark.parametrize("length", [5, 8])
+def test_attention_weights_are_the_urpe_formula(length):
+    torch.manual_seed(0)
+    config = variant_config("urpe", TransformerConfig(vocab_size=7, max_len=8, num_layers=2,
+                                                      dim=16, num_heads=2))  # fmt: skip
+    model = EncoderTokenClassifier(config, 5).double()
+    with torch.no_grad():  # a trained-looking B and C, not the initial ones
+        model.encoder.layers[0].mixer.position.table.normal_(0, 1.0)
+        model.encoder.layers[0].mixer.gate.table.uniform_(0.3, 1.7)
+    inputs = []
+    model.encoder.layers[1].mixer.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+    tokens = torch.randint(0, 7, (3, length))
+    weights = attention_weights(model, tokens)
+    assert len(weights) == 2 and weights[1].shape == (3, 2, length, length)
+    # B and C are shared by the layers: layer 1 reads the tables set through layer 0.
+    expected = _written_out_weights(model.encoder.layers[1].mixer, inputs[0])
+    torch.testing.assert_close(weights[1], expected)
+    # Rows no longer sum to 1 once C is not all ones.
+    assert (weights[1].sum(-1) - 1).abs().max() > 0.05
+
+
+def test_position_probe_tells_a_position_code_from_noise():
+    torch.manual_seed(0)
+    n = 12
+    one_hot = torch.eye(n).expand(40, n, n) + 0.05 * torch.randn(40, n, n)
+    scalar = torch.arange(n, dtype=torch.float64)[None, :, None].expand(40, n, 3)
+    scalar = scalar + 0.01 * torch.randn(40, n, 3)
+    noise = torch.randn(40, n, 16)
+    assert position_probe(one_hot)["r2"] > 0.95 and position_probe(one_hot)["exact"] == 1.0
+    # A clean monotone scalar code is read exactly; a noisy one (spread over about 3 positions) is
+    # still linear in the index but no longer tells neighbours apart.
+    assert position_probe(scalar) == {"r2": pytest.approx(1, abs=0.01), "exact": 1.0}
+    blurred = scalar + 1.5 * torch.randn(40, n, 1)
+    assert position_probe(blurred)["r2"] > 0.7 and position_probe(blurred)["exact"] < 0.5
+    assert position_probe(noise)["r2"] < 0.1 and position_probe(noise)["exact"] < 0.3
+    with pytest.raises(ValueError, match="at least 2"):
+        position_probe(noise[:1])
+
+
+def test_inspect_command_reports_a_trained_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", "synthetic", "--tasks", "etp", "--variants", "urpe",
+                 "--seq-len", "6", "--steps", "4", "--batch-size", "8", "--layers", "1",
+                 "--dim", "8", "--heads", "2", "--ffn-dim", "16", "--eval-sequences", "8",
+                 "--no-progress", "--jobs", "1", "--threads", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
+    run_dir = next((out / "runs").iterdir())
+    assert inspect_main([str(run_dir), "--sequences", "4", "--json", str(tmp_path / "i.json")]) == 0
+    text = capsys.readouterr().out
+    assert "weight on 2k+1" in text and "R^2" in text
+    assert (tmp_path / "i.json").exists()
+    assert inspect_main([str(tmp_path / "nowhere")]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_vocab_preset_covers_the_papers_vocabularies():
+    preset = PRESETS["vocab"]
+    assert preset.vocab_sizes == (10, 1000, 10000) and preset.seq_len >= 32
+    specs = plan(preset, "32-true")
+    assert len(specs) == 3 * 4 * 3 * 3
+    assert {s.config["vocab_size"] for s in specs} == {10, 1000, 10000}
+    assert {s.config["model"]["transformer"]["vocab_size"] for s in specs} == {10, 1000, 10000}
+
+
+@pytest.mark.parametrize("variant", ["rpe", "urpe"])
+def test_repeated_tokens_carry_position_only_when_the_row_sum_is_broken(variant, monkeypatch):
+    """Su's probe input through an untrained model: rpe gives every position the same state (up
+    to float rounding, which the probe must not count), urpe's gate makes position readable."""
+    from urpe.experiments.synthetic import inspect as inspect_module
+
+    torch.manual_seed(0)
+    config = variant_config(variant, TransformerConfig(vocab_size=50, max_len=16, num_layers=2,
+                                                       dim=32, num_heads=4))  # fmt: skip
+    model = EncoderTokenClassifier(config, 16)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "table"):
+                module.table.normal_(1.0, 0.5)
+        # A value component shared by all tokens: URPE's row sums scale it, so position becomes
+        # linearly readable across tokens (trained PI models learn such a component).
+        for layer in model.encoder.layers:
+            layer.mixer.v_proj.bias.normal_(0.0, 10.0)
+    tokens = torch.randint(0, 50, (200, 16))
+    repeated = tokens[:, :1].expand_as(tokens).contiguous()
+    last = inspect_module.hidden_states(model, repeated)[-1]
+    probe = position_probe(last)
+    if variant == "rpe":
+        assert probe["exact"] < 0.2 and probe["r2"] < 0.1
+    else:
+        assert probe["exact"] > 0.5
