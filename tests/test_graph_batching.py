@@ -2,18 +2,16 @@
 padding; paths unroll to the stored shortest paths; degrees match RDKit."""
 
 import pytest
+import rdkit  # noqa: F401  (an extra `make test` installs: missing, it fails here)
 import torch
+import torch_geometric  # noqa: F401  (an extra `make test` installs: missing, it fails here)
+from torch_geometric.data import Batch, Data
+from torch_geometric.loader import DataLoader
 
-pytest.importorskip("torch_geometric")
-pytest.importorskip("rdkit")
+from urpe.data.molecules import smiles_to_graph
+from urpe.graph import NO_EDGE, UNREACHABLE, ShortestPaths, to_dense_graph_batch
 
-from torch_geometric.data import Batch, Data  # noqa: E402
-from torch_geometric.loader import DataLoader  # noqa: E402
-
-from urpe.data.molecules import smiles_to_graph  # noqa: E402
-from urpe.graph import NO_EDGE, UNREACHABLE, ShortestPaths, to_dense_graph_batch  # noqa: E402
-
-from .graph_reference import SMILES  # noqa: E402
+from .graph_reference import SMILES
 
 
 def graphs(features="rdkit"):

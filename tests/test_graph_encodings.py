@@ -2,16 +2,14 @@
 equivariance, batch independence, the relation index, and URPE's gate through urpe.attention."""
 
 import pytest
+import rdkit  # noqa: F401  (an extra `make test` installs: missing, it fails here)
 import torch
+import torch_geometric  # noqa: F401  (an extra `make test` installs: missing, it fails here)
+from torch_geometric.data import Batch, Data
 
-pytest.importorskip("torch_geometric")
-pytest.importorskip("rdkit")
-
-from torch_geometric.data import Batch, Data  # noqa: E402
-
-import urpe  # noqa: E402
-from urpe.data.molecules import FEATURIZATIONS, smiles_to_graph  # noqa: E402
-from urpe.graph import (  # noqa: E402
+import urpe
+from urpe.data.molecules import FEATURIZATIONS, smiles_to_graph
+from urpe.graph import (
     FAR,
     UNREACHABLE,
     FeatureEncoder,
@@ -22,7 +20,7 @@ from urpe.graph import (  # noqa: E402
     to_dense_graph_batch,
 )
 
-from .graph_reference import SMILES, graphormer_bias_by_hand, to_networkx  # noqa: E402
+from .graph_reference import SMILES, graphormer_bias_by_hand, to_networkx
 
 SPEC = FEATURIZATIONS["rdkit"]
 

@@ -9,16 +9,14 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
+import torch_geometric  # noqa: F401  (an extra `make test` installs: missing, it fails here)
+from rdkit import Chem
+from torch_geometric.data import Data
 
-pytest.importorskip("torch_geometric")
-Chem = pytest.importorskip("rdkit.Chem")
+from urpe.data.molecules import smiles_to_graph
+from urpe.graph import FAR, UNREACHABLE, ShortestPaths, shortest_paths
 
-from torch_geometric.data import Data  # noqa: E402
-
-from urpe.data.molecules import smiles_to_graph  # noqa: E402
-from urpe.graph import FAR, UNREACHABLE, ShortestPaths, shortest_paths  # noqa: E402
-
-from .graph_reference import SMILES, lexmin_feature_path, to_networkx  # noqa: E402
+from .graph_reference import SMILES, lexmin_feature_path, to_networkx
 
 
 def moses_sample(count: int, seed: int = 1) -> list[str]:

@@ -5,6 +5,7 @@ segment memory is exact, and bad input is one line."""
 import json
 import math
 
+import lightning  # noqa: F401  (an extra `make test` installs: missing, it fails here)
 import pytest
 import torch
 
@@ -13,8 +14,6 @@ from urpe.data.text import load_corpus
 from urpe.models import TransformerConfig
 from urpe.models.lm import LanguageModel
 from urpe.training.lm import CausalLM, SegmentStream, evaluate, held_out_segments
-
-pytest.importorskip("lightning")
 
 
 @pytest.fixture(autouse=True)

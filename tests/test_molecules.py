@@ -8,21 +8,19 @@ import sys
 
 import pytest
 import torch
+import torch_geometric  # noqa: F401  (an extra `make test` installs: missing, it fails here)
+from rdkit import Chem
+from torch_geometric.data import Batch
 
-pytest.importorskip("torch_geometric")
-Chem = pytest.importorskip("rdkit.Chem")
-
-from torch_geometric.data import Batch  # noqa: E402
-
-from urpe.data.molecules import (  # noqa: E402
+from urpe.data.molecules import (
     MOLECULE_DATASETS,
     OTHER_ATOM,
     ZINC_ATOM_TYPES,
     load_molecules,
     smiles_to_graph,
 )
-from urpe.data.molecules.targets import ring_penalty  # noqa: E402
-from urpe.graph import to_dense_graph_batch  # noqa: E402
+from urpe.data.molecules.targets import ring_penalty
+from urpe.graph import to_dense_graph_batch
 
 
 def atom_names(smiles):

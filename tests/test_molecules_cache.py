@@ -6,13 +6,12 @@ import json
 import pathlib
 
 import pytest
+import rdkit  # noqa: F401  (an extra `make test` installs: missing, it fails here)
 import torch
+import torch_geometric  # noqa: F401  (an extra `make test` installs: missing, it fails here)
 
-pytest.importorskip("torch_geometric")
-pytest.importorskip("rdkit")
-
-from urpe.data.molecules import MOLECULE_DATASETS, cache_root, load_molecules  # noqa: E402
-from urpe.data.molecules.cache import DATA_FILE, MANIFEST, _sha256  # noqa: E402
+from urpe.data.molecules import MOLECULE_DATASETS, cache_root, load_molecules
+from urpe.data.molecules.cache import DATA_FILE, MANIFEST, _sha256
 
 SIZES = (30, 5, 5)
 
