@@ -120,34 +120,16 @@ def triton_defers(*, q: Tensor, bias=None, gate=None, normalization="softmax", *
     return None
 
 
-def triton_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    bias=None,
-    gate=None,
-    attn_mask: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    normalization: str = "softmax",
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | Tensor | None = None,
-    block_m: int = 0,
-    block_n: int = 0,
-) -> Tensor:
-    """URPE attention on the Triton kernel; see `ops.triton_attention` for the arguments.
+def triton_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """URPE attention on the Triton kernel; the arguments are `ops.triton_attention`'s (bias,
+    gate, attn_mask, key_padding_mask, is_causal, normalization, scale, dropout_p, seed,
+    block_m, block_n). A forwarder, so that importing this package does not import Triton.
 
     k and v may have fewer heads than q (grouped-query attention).
     """
     from .ops import triton_attention as run
 
-    return run(
-        q, k, v, bias=bias, gate=gate, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        is_causal=is_causal, normalization=normalization, scale=scale, dropout_p=dropout_p,
-        seed=seed, block_m=block_m, block_n=block_n,
-    )  # fmt: skip
+    return run(q, k, v, **kwargs)
 
 
 def dropout_keep_mask(batch, heads, lq, lk, dropout_p, seed, device="cpu") -> Tensor:
