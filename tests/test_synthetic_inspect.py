@@ -7,7 +7,11 @@ import torch
 
 from urpe.cli import main
 from urpe.experiments.synthetic.experiment import plan
-from urpe.experiments.synthetic.inspect import attention_weights, position_probe
+from urpe.experiments.synthetic.inspect import (
+    attention_weights,
+    position_probe,
+    value_agreement,
+)
 from urpe.experiments.synthetic.inspect import main as inspect_main
 from urpe.experiments.synthetic.presets import PRESETS
 from urpe.experiments.synthetic.variants import variant_config
@@ -127,3 +131,46 @@ def test_repeated_tokens_carry_position_only_when_the_row_sum_is_broken(variant,
         assert probe["exact"] < 0.2 and probe["r2"] < 0.1
     else:
         assert probe["exact"] > 0.5
+
+
+def _agreement_by_hand(model, tokens: torch.Tensor, ridge: float = 1e-6) -> list[float]:
+    """m^T (S + ridge tr(S)/d I)^-1 m per head, from the embedding table and W_v, in NumPy."""
+    import numpy as np
+
+    encoder, mixer = model.encoder, model.encoder.layers[0].mixer
+    with torch.no_grad():
+        table = encoder.embed_norm(encoder.embed.weight)  # (V, E): post-LN, no absolute term
+        values = table[tokens.flatten()] @ mixer.v_proj.weight.T + mixer.v_proj.bias
+    values = values.double().numpy()  # (N, E)
+    out = []
+    for h in range(mixer.num_heads):
+        v = values[:, h * mixer.head_dim : (h + 1) * mixer.head_dim]
+        m = v.mean(0)
+        s = np.cov(v, rowvar=False, bias=True)
+        s = s + ridge * np.trace(s) / len(m) * np.eye(len(m))
+        out.append(float(m @ np.linalg.solve(s, m)))
+    return out
+
+
+def test_value_agreement_is_the_shared_value_component():
+    torch.manual_seed(0)
+    config = variant_config("urpe", TransformerConfig(vocab_size=300, max_len=12, num_layers=2,
+                                                      dim=16, num_heads=2))  # fmt: skip
+    model = EncoderTokenClassifier(config, 5)
+    tokens = torch.randint(0, 300, (64, 12))
+    expected = _agreement_by_hand(model, tokens)
+    assert value_agreement(model, tokens) == pytest.approx(expected, rel=1e-3)
+    # Many tokens filling the head share little; a shared value bias is what position rides on.
+    assert max(expected) < 10
+    with torch.no_grad():
+        model.encoder.layers[0].mixer.v_proj.bias.mul_(100)
+    assert min(value_agreement(model, tokens)) > 100 * max(expected)
+
+
+def test_value_agreement_is_huge_when_few_tokens_leave_a_direction_free():
+    torch.manual_seed(0)
+    config = variant_config("urpe", TransformerConfig(vocab_size=4, max_len=12, num_layers=1,
+                                                      dim=32, num_heads=2))  # fmt: skip
+    model = EncoderTokenClassifier(config, 5)
+    # 4 tokens: their centred values span 3 of a head's 16 dimensions.
+    assert min(value_agreement(model, torch.randint(0, 4, (64, 12)))) > 1e4

@@ -10,7 +10,10 @@ per layer:
   row-sum signal is how URPE's C writes position into the output), and for `etp` the mean weight
   that query k < L/2 puts on the key it must copy, 2k + 1;
 - how well position can be read from the hidden states after the layer (`position_probe`), with
-  random tokens and with each sequence's first token repeated (Su's probe input).
+  random tokens and with each sequence's first token repeated (Su's probe input);
+- for the first layer, per head, how much the value vectors of all tokens share
+  (`value_agreement`): the only way URPE's gate writes position is the row sum r_i times the
+  value vector all tokens have in common, so that is the strength of its position code.
 
 With --curves PNG it only plots the runs' learning curves from their logs.
 
@@ -133,6 +136,46 @@ def position_probe(states: Tensor, ridge: float = 1e-2) -> dict[str, float]:
     return {"r2": round(r2, 3), "exact": round(exact, 3)}
 
 
+@torch.no_grad()
+def value_agreement(model: torch.nn.Module, tokens: Tensor, ridge: float = 1e-6) -> list[float]:
+    """Per head of the first attention layer: m^T (S + ridge * tr(S)/d * I)^-1 m, where m is the
+    mean value vector over the tokens' occurrences in `tokens` (B, L) and S their covariance.
+
+    With gated, near-uniform attention the head's output at query i is about r_i m plus a
+    token mixture of covariance ~S / L (r_i: the row sum of the gated weights). Along the best
+    direction u the position part (u.m)^2 stands this many times above the token spread u^T S u,
+    so this is the square of the best signal-to-noise ratio of the row-sum code before any
+    training of later layers. It is very large when the centred values leave a direction free
+    (at most V - 1 of them: small vocabularies), and small when the tokens' values fill the head
+    and barely share a component.
+    """
+    from ...nn import MultiheadAttention
+
+    first = next(layer.mixer for layer in model.encoder.layers
+                 if isinstance(layer.mixer, MultiheadAttention))  # fmt: skip
+    inputs: list[Tensor] = []
+    handle = first.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+    was_training = model.training
+    model.eval()
+    try:
+        model(tokens)
+    finally:
+        handle.remove()
+        model.train(was_training)
+    values = first._heads(first.v_proj(inputs[0])).double()  # (B, H, n, hd)
+    values = values.transpose(0, 1).flatten(1, 2)  # (H, B * n, hd): one row per occurrence
+    mean = values.mean(1, keepdim=True)  # (H, 1, hd)
+    centred = values - mean
+    covariance = centred.transpose(1, 2) @ centred / values.shape[1]  # (H, hd, hd)
+    d = covariance.shape[-1]
+    scale = covariance.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-30)  # (H,)
+    eye = torch.eye(d, dtype=torch.float64, device=values.device)
+    regularised = covariance + ridge * scale[:, None, None] * eye
+    solved = torch.linalg.solve(regularised, mean.transpose(1, 2))  # (H, hd, 1)
+    agreement = (mean @ solved).flatten()  # (H,)
+    return [float(f"{a:.3g}") for a in agreement.tolist()]
+
+
 def summarise(weights: list[Tensor], task: str, length: int) -> list[dict[str, Any]]:
     """Per layer, per head: sharpness, row-sum range and (etp) the weight on key 2k + 1."""
     layers = []
@@ -155,13 +198,15 @@ def summarise(weights: list[Tensor], task: str, length: int) -> list[dict[str, A
 
 
 def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[str, Any]:
-    """Load `run_dir`'s final checkpoint and measure its attention and position probes."""
+    """Load the checkpoint at `run_dir` (a run folder: its latest; or one `step-N` folder) and
+    measure its attention, position probes and the shared value component."""
     from ...tasks import get_task
-    from ...training.checkpoint import load_model, read_checkpoint_config
+    from ...training.checkpoint import load_model, read_checkpoint_config, resolve_checkpoint
 
-    config = read_checkpoint_config(run_dir / "checkpoints")
+    directory = resolve_checkpoint(run_dir)
+    config = read_checkpoint_config(directory)
     run = config.get("run") or {}
-    model = load_model(run_dir / "checkpoints")
+    model = load_model(directory)
     task, length, vocab = run["task"], run["seq_len"], run["vocab_size"]
     generator = torch.Generator().manual_seed(seed)
     tokens, targets = get_task(task)(sequences, length, vocab, generator)
@@ -180,6 +225,7 @@ def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[
         "accuracy": round(accuracy, 4),
         "position_probe_random": [position_probe(s) for s in hidden_states(model, tokens)],
         "position_probe_repeated": [position_probe(s) for s in hidden_states(model, repeated)],
+        "value_agreement": value_agreement(model, tokens),
         "layers": summarise(attention_weights(model, tokens), task, length),
     }
 
@@ -191,6 +237,8 @@ def _print(result: dict[str, Any]) -> None:
         print(f"  position after each layer ({inputs} tokens): R^2 "
               + " / ".join(f"{p['r2']:.2f}" for p in probes) + ", linear classifier "
               + " / ".join(f"{p['exact']:.2f}" for p in probes))  # fmt: skip
+    print("  shared value component of the first layer's heads (signal/noise squared): "
+          + ", ".join(f"{a:.3g}" for a in result["value_agreement"]))  # fmt: skip
     for layer in result["layers"]:
         for h, head in enumerate(layer["heads"]):
             extra = (f", weight on 2k+1 {head['weight_on_2k+1']:.2f}"
@@ -207,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         description="attention weights and position probes of trained synthetic runs "
         "(OUT/runs/<run id> folders of `urpe reproduce synthetic`)",
     )
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders holding checkpoints/")
+    parser.add_argument("runs", nargs="+", type=Path,
+                        help="run folders holding checkpoints/ (the latest is read), or "
+                        "checkpoint folders (checkpoints/step-N)")  # fmt: skip
     parser.add_argument(
         "--sequences",
         type=int,
