@@ -68,3 +68,15 @@ def test_a_corrupt_record_is_named_and_its_run_trained_again(tmp_path, capsys, d
     err = capsys.readouterr().err
     assert str(path) in err and "training probe-urpe" in err and "Traceback" not in err
     assert again[record["id"]]["result"] == record["result"]
+
+
+def test_a_sequential_sweep_gives_back_the_callers_thread_count(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _sweep(tmp_path / "out", "--jobs", "1", "--variants", "urpe", "--tasks", "probe")
+        assert torch.get_num_threads() == 2  # the sweep ran with --threads 1
+    finally:
+        torch.set_num_threads(before)

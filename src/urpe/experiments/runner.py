@@ -395,8 +395,16 @@ def sweep(run_one: Callable[[dict, RunContext], RunResult], specs: Sequence[RunS
 def _sequential(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
     import torch
 
+    threads = torch.get_num_threads()
     if execution.threads:
         torch.set_num_threads(execution.threads)
+    try:
+        _run_in_turn(run_one, todo, store, execution, resume, progress, describe, outcome)
+    finally:  # the caller's own setting, also after Ctrl-C (this may run inside a notebook)
+        torch.set_num_threads(threads)
+
+
+def _run_in_turn(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
     for index, spec in enumerate(todo):
         try:
             record = execute_run(run_one, spec, store, execution, resume,
