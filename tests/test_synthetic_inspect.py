@@ -174,3 +174,19 @@ def test_value_agreement_is_huge_when_few_tokens_leave_a_direction_free():
     model = EncoderTokenClassifier(config, 5)
     # 4 tokens: their centred values span 3 of a head's 16 dimensions.
     assert min(value_agreement(model, torch.randint(0, 4, (64, 12)))) > 1e4
+
+
+def test_without_the_embedding_norm_all_tokens_start_with_one_shared_value():
+    """Issue 12's mechanism: with LayerNorm'd embeddings a large vocabulary's values share
+    little at initialisation; without it (urpe-raw-embed) the tokens start small and every
+    value is mostly the projection bias, so the row-sum position code starts clean."""
+    tokens = torch.randint(0, 1000, (64, 16), generator=torch.Generator().manual_seed(1))
+    agreement = {}
+    for name in ("urpe", "urpe-raw-embed"):
+        torch.manual_seed(0)
+        base = TransformerConfig(vocab_size=1000, max_len=16, num_layers=1, dim=32, num_heads=2)
+        config = variant_config(name, base)
+        model = EncoderTokenClassifier(config, 5)
+        assert isinstance(model.encoder.embed_norm, torch.nn.Identity) == (name != "urpe")
+        agreement[name] = value_agreement(model, tokens)
+    assert max(agreement["urpe"]) < 5 and min(agreement["urpe-raw-embed"]) > 100

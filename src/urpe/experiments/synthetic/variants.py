@@ -54,6 +54,13 @@ VARIANTS: dict[str, Variant] = _variants(
         True,
     ),  # fmt: skip
     Variant(
+        "urpe-raw-embed",
+        "urpe without the LayerNorm on the token embeddings (issue 12): tokens start small, so "
+        "every token's value starts as the shared projection bias",
+        {"position": "rpe", "gate": "toeplitz", "gate_init": "ones", "embedding_norm": False},
+        True,
+    ),  # fmt: skip
+    Variant(
         "urpe-t5",
         "T5 bucketed B and bucketed C",
         {"position": "t5", "gate": "t5", "gate_init": "ones"},
