@@ -123,3 +123,20 @@ def test_migrate_converts_an_old_record_and_checks_the_unrecorded_width(tmp_path
     assert not (records / "pi-urpe-V10-L8-S50-seed1.pt").exists()
     (row,) = rows([new])
     assert (row["accuracy"], row["seed"], row["steps"]) == (0.75, 1, 50)
+
+
+def test_a_record_of_a_variant_this_urpe_does_not_know_is_still_reported(probe_run, tmp_path,
+                                                                          capsys):  # fmt: skip
+    # Sweeps may share an OUT: a newer urpe can leave a record of a variant added since.
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(probe_run / "records", out / "records")
+    for path in (out / "records").glob("*urpe*.json"):
+        record = json.loads(path.read_text())
+        record["config"]["variant"] = "urpe-from-the-future"
+        path.write_text(json.dumps(record))
+    assert main(["reproduce", "synthetic", "--out", str(out), "--report-only"]) == 0
+    text = (out / "results.md").read_text()
+    assert "| urpe-from-the-future | ? |" in text and "| rpe | no |" in text
+    assert "Traceback" not in capsys.readouterr().err

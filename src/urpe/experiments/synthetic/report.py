@@ -183,7 +183,9 @@ def markdown_table(records: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in _variants(summary):
         variant = next(s["variant"] for k, s in summary.items() if k[0] == label)
-        row = [label, "yes" if VARIANTS[variant].breaks_row_sum else "no"]
+        known = VARIANTS.get(variant)  # a record from another urpe may name an unknown one
+        theory = "?" if known is None else "yes" if known.breaks_row_sum else "no"
+        row = [label, theory]
         for task, vocab, length, steps in columns:
             key = (label, task, vocab, length, steps)
             row.append(_cell(summary.get(key), PAPER.get((task, variant, vocab)), key in failed))
