@@ -54,6 +54,12 @@ VARIANTS: dict[str, Variant] = _variants(
         True,
     ),  # fmt: skip
     Variant(
+        "urpe-gate-normal",
+        "urpe with C drawn from N(0, 0.02^2) instead of ones (issue 12: the gate's initialisation)",
+        {"position": "rpe", "gate": "toeplitz", "gate_init": "normal"},
+        True,
+    ),  # fmt: skip
+    Variant(
         "urpe-raw-embed",
         "urpe without the LayerNorm on the token embeddings (issue 12): tokens start small, so "
         "every token's value starts as the shared projection bias",
