@@ -1,5 +1,6 @@
 """The inspection tools of the synthetic experiment and the vocab preset."""
 
+import json
 import math
 
 import pytest
@@ -92,6 +93,17 @@ def test_inspect_command_reports_a_trained_run(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "weight on 2k+1" in text and "R^2" in text
     assert (tmp_path / "i.json").exists()
+    assert "shared value component" in text
+    assert len(json.loads((tmp_path / "i.json").read_text())[0]["value_agreement"]) == 2
+    # One step-N checkpoint folder is read as well as the run folder.
+    (step,) = (run_dir / "checkpoints").iterdir()
+    assert inspect_main([str(step), "--sequences", "4"]) == 0
+    png = tmp_path / "curves.png"
+    assert inspect_main([str(run_dir), "--curves", str(png), "--labels", "width 8"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert inspect_main([str(run_dir), "--curves", str(png), "--labels", "a,b"]) == 2
+    assert "2 labels for 1 runs" in capsys.readouterr().err
     assert inspect_main([str(tmp_path / "nowhere")]) == 2
     assert "error" in capsys.readouterr().err
 

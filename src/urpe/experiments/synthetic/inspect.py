@@ -272,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only plot the runs' learning curves (from their logs) to this file",
     )
     parser.add_argument("--title", default="", help="title of the --curves plot")
+    parser.add_argument(
+        "--labels",
+        help="comma-separated legend labels of the --curves plot, one per run "
+        "(default: the run names, which do not show width or learning rate)",
+    )
     args = parser.parse_args(argv)
     from ...training.checkpoint import CheckpointError
 
@@ -282,8 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"{PROG}: error: no logs/metrics.csv in {', '.join(missing)}", file=sys.stderr)
             return 2
+        labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
+        if labels is not None and len(labels) != len(args.runs):
+            print(f"{PROG}: error: --labels has {len(labels)} labels for {len(args.runs)} runs",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         args.curves.parent.mkdir(parents=True, exist_ok=True)
-        learning_curves_chart(args.runs, args.curves, args.title)
+        learning_curves_chart(args.runs, args.curves, args.title, labels)
         print(f"wrote {args.curves}")
         return 0
     if args.sequences < 2:

@@ -98,14 +98,18 @@ def read_curve(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return curve
 
 
-def learning_curves_chart(run_dirs: list[Path], path: Path, title: str = "") -> None:
+def learning_curves_chart(run_dirs: list[Path], path: Path, title: str = "",
+                          labels: list[str] | None = None) -> None:  # fmt: skip
     """Training accuracy (lines; each point is one logged batch) and held-out accuracy (dots)
-    against the update step, one colour per run, labelled with the run's folder name."""
+    against the update step, one colour per run, labelled with `labels` or else the run's
+    folder name without its config digest."""
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs")
     fig, ax = plt.subplots(figsize=(8, 4.2))
     colours = plt.get_cmap("tab10").colors
     for i, run_dir in enumerate(run_dirs):
         curve = read_curve(run_dir)
-        label = run_dir.name.rsplit("-", 1)[0]  # the run name without its config digest
+        label = labels[i] if labels is not None else run_dir.name.rsplit("-", 1)[0]
         colour = colours[i % 10]
         if curve.get("train/acc"):
             steps, values = zip(*curve["train/acc"], strict=True)
@@ -117,7 +121,8 @@ def learning_curves_chart(run_dirs: list[Path], path: Path, title: str = "") -> 
     ax.set_ylabel("accuracy (line: training batch; dots: held-out)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:  # runs shorter than one log interval have no line
+        ax.legend(fontsize=7, loc="lower right")
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
