@@ -202,3 +202,19 @@ def test_without_the_embedding_norm_all_tokens_start_with_one_shared_value():
         assert isinstance(model.encoder.embed_norm, torch.nn.Identity) == (name != "urpe")
         agreement[name] = value_agreement(model, tokens)
     assert max(agreement["urpe"]) < 5 and min(agreement["urpe-raw-embed"]) > 100
+
+
+def test_a_probe_run_is_measured_on_random_tokens(tmp_path):
+    # The probe's own input repeats one token: its values would share everything trivially.
+    out = tmp_path / "out"
+    assert main(["reproduce", "synthetic", "--tasks", "probe", "--variants", "urpe",
+                 "--seq-len", "6", "--steps", "4", "--batch-size", "8", "--layers", "1",
+                 "--dim", "8", "--heads", "2", "--ffn-dim", "16", "--eval-sequences", "8",
+                 "--vocab-size", "50", "--no-progress", "--jobs", "1", "--threads", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
+    run_dir = next((out / "runs").iterdir())
+    assert (
+        inspect_main([str(run_dir), "--sequences", "64", "--json", str(tmp_path / "i.json")]) == 0
+    )
+    (result,) = json.loads((tmp_path / "i.json").read_text())
+    assert result["task"] == "probe" and max(result["value_agreement"]) < 100

@@ -212,10 +212,13 @@ def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[
     tokens, targets = get_task(task)(sequences, length, vocab, generator)
     with torch.no_grad():
         accuracy = (model(tokens).argmax(-1) == targets).double().mean().item()
+    # Uniform random tokens (the input of pi and etp, whatever the run's task; the probe task's
+    # own input is one token repeated, which would make the value statistics degenerate).
+    random = torch.randint(0, vocab, (sequences, length), generator=generator)  # (B, L)
     # Su's probe input: each sequence repeats its own first token. One token for all sequences
     # would make every sequence the same, so that float rounding differences between positions
     # (which RPE has, at 1e-7) would be told apart perfectly by the linear classifier.
-    repeated = tokens[:, :1].expand_as(tokens).contiguous()  # (B, L)
+    repeated = random[:, :1].expand_as(random).contiguous()  # (B, L)
     return {
         "run": run_dir.name,
         "task": task,
@@ -223,9 +226,9 @@ def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[
         "vocab_size": vocab,
         "seq_len": length,
         "accuracy": round(accuracy, 4),
-        "position_probe_random": [position_probe(s) for s in hidden_states(model, tokens)],
+        "position_probe_random": [position_probe(s) for s in hidden_states(model, random)],
         "position_probe_repeated": [position_probe(s) for s in hidden_states(model, repeated)],
-        "value_agreement": value_agreement(model, tokens),
+        "value_agreement": value_agreement(model, random),
         "layers": summarise(attention_weights(model, tokens), task, length),
     }
 
