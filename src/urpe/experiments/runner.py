@@ -392,6 +392,31 @@ def sweep(run_one: Callable[[dict, RunContext], RunResult], specs: Sequence[RunS
     return outcome
 
 
+def sweep_command(
+    prog: str, run_one: Callable[[dict, RunContext], RunResult], specs: Sequence[RunSpec],
+    out: Path, execution: Execution, resume: bool, describe: Callable[[dict], str],
+    warn: Callable[[str], None],
+) -> SweepOutcome | int:  # fmt: skip
+    """`sweep` as a `urpe reproduce ...` command runs it: Ctrl-C becomes one line and exit
+    code 130, skipped and failed runs are summed up in a line each. Returns the exit code when
+    this process is done (interrupted: 130; a rank other than 0: 0), else the outcome, for the
+    command to write its report from."""
+    try:
+        outcome = sweep(run_one, specs, out, execution, resume, describe, warn)
+    except SweepInterrupted:
+        print(f"{prog}: interrupted; finished runs and checkpoints are kept in {out}: run "
+              "the same command with --resume to continue", file=sys.stderr)  # fmt: skip
+        return 130
+    if global_rank() != 0:
+        return 0
+    if outcome.skipped:
+        warn(f"{outcome.skipped} of {len(specs)} runs already recorded in {out} (--resume)")
+    if outcome.failed:
+        warn(f"{len(outcome.failed)} of {len(specs)} runs failed: "
+             + ", ".join(spec.name for spec, _ in outcome.failed))  # fmt: skip
+    return outcome
+
+
 def _sequential(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
     import torch
 

@@ -203,7 +203,7 @@ def _figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runner import RecordStore, SweepInterrupted, global_rank, sweep
+    from ..runner import RecordStore, sweep_command
     from .experiment import describe, plan, run_one
 
     preset, variants = resolve(args)
@@ -221,24 +221,10 @@ def run(args: argparse.Namespace) -> int:
         check_writable_directory(out)
         specs = plan(args.dataset, getattr(args, "target", None), preset, precision, variants)
         _prepare_data(args, specs[0].config)
-        try:
-            outcome = sweep(run_one, specs, out, execution, args.resume, describe, warn)
-        except SweepInterrupted:
-            print(
-                f"{PROG}: interrupted; finished runs and checkpoints are kept in {out}: run "
-                "the same command with --resume to continue",
-                file=sys.stderr,
-            )
-            return 130
-        if global_rank() != 0:
-            return 0
-        if outcome.skipped:
-            warn(f"{outcome.skipped} of {len(specs)} runs already recorded in {out} (--resume)")
-        if outcome.failed:
-            warn(
-                f"{len(outcome.failed)} of {len(specs)} runs failed: "
-                + ", ".join(spec.name for spec, _ in outcome.failed)
-            )
+        outcome = sweep_command(PROG, run_one, specs, out, execution, args.resume, describe,
+                                warn)  # fmt: skip
+        if isinstance(outcome, int):
+            return outcome
     from .report import rows, write_report
 
     records = RecordStore(out).load_all(warn)

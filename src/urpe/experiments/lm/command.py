@@ -135,7 +135,7 @@ def _corpus(preset: Preset):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runner import RecordStore, SweepInterrupted, global_rank, sweep
+    from ..runner import RecordStore, sweep_command
     from .experiment import describe, plan
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are spawned after it
@@ -161,19 +161,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--dataset", f"the training split has {len(corpus.train)} tokens, "
                                           f"fewer than one update needs ({needed})")  # fmt: skip
         specs = plan(preset, precision, corpus.vocab_size, corpus.metric)
-        try:
-            outcome = sweep(run_one, specs, out, execution, args.resume, describe, warn)
-        except SweepInterrupted:
-            print(f"{PROG}: interrupted; finished runs and checkpoints are kept in {out}: run "
-                  "the same command with --resume to continue", file=sys.stderr)  # fmt: skip
-            return 130
-        if global_rank() != 0:
-            return 0
-        if outcome.skipped:
-            warn(f"{outcome.skipped} of {len(specs)} runs already recorded in {out} (--resume)")
-        if outcome.failed:
-            warn(f"{len(outcome.failed)} of {len(specs)} runs failed: "
-                 + ", ".join(spec.name for spec, _ in outcome.failed))  # fmt: skip
+        outcome = sweep_command(PROG, run_one, specs, out, execution, args.resume, describe,
+                                warn)  # fmt: skip
+        if isinstance(outcome, int):
+            return outcome
     from .report import write_report
 
     records = [r for r in RecordStore(out).load_all(warn) if r["config"].get("experiment") == "lm"]

@@ -175,7 +175,7 @@ def _figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runner import RecordStore, SweepInterrupted, global_rank, sweep
+    from ..runner import RecordStore, sweep_command
     from .experiment import describe, plan, run_one
 
     preset = resolve(args)
@@ -193,19 +193,10 @@ def run(args: argparse.Namespace) -> int:
         precision = resolve_precision(args.precision, preset.precision, execution.accelerator)
         check_writable_directory(out)
         specs = plan(preset, precision)
-        try:
-            outcome = sweep(run_one, specs, out, execution, args.resume, describe, warn)
-        except SweepInterrupted:
-            print(f"{PROG}: interrupted; finished runs and checkpoints are kept in {out}: run "
-                  "the same command with --resume to continue", file=sys.stderr)  # fmt: skip
-            return 130
-        if global_rank() != 0:
-            return 0
-        if outcome.skipped:
-            warn(f"{outcome.skipped} of {len(specs)} runs already recorded in {out} (--resume)")
-        if outcome.failed:
-            warn(f"{len(outcome.failed)} of {len(specs)} runs failed: "
-                 + ", ".join(spec.name for spec, _ in outcome.failed))  # fmt: skip
+        outcome = sweep_command(PROG, run_one, specs, out, execution, args.resume, describe,
+                                warn)  # fmt: skip
+        if isinstance(outcome, int):
+            return outcome
     from .report import rows, write_report
 
     records = RecordStore(out).load_all(warn)
