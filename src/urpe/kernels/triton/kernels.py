@@ -38,10 +38,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Kinds of a bias or gate term (constexpr: each combination compiles its own program).
-NO_TERM, TOEPLITZ, RELATION, DENSE = 0, 1, 2, 3
-# Normalisations.
-SOFTMAX, EXP, L2, RELU2 = 0, 1, 2, 3
+# Kinds of a bias or gate term, and normalisations (each combination compiles its own program).
+# They must be `tl.constexpr` objects: a compiled kernel may read no other module global (the CPU
+# interpreter allows plain ints, which is how a plain int here once broke every GPU launch).
+# The launcher takes their plain values (`.value`).
+NO_TERM, TOEPLITZ, RELATION, DENSE = (tl.constexpr(code) for code in range(4))
+SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
 
 
 @triton.jit

@@ -48,7 +48,8 @@ from ..spec import AttentionSpec, resolve
 from ..tables import dense_term
 from . import kernels as K
 
-NORMALIZATION_CODES = {"softmax": K.SOFTMAX, "exp": K.EXP, "l2": K.L2, "relu2": K.RELU2}
+NORMALIZATION_CODES = {"softmax": K.SOFTMAX.value, "exp": K.EXP.value, "l2": K.L2.value,
+                       "relu2": K.RELU2.value}  # fmt: skip
 # Under the interpreter: small tiles, so that tests at small lengths cross several of them.
 INTERPRETER_BLOCK = 16
 
@@ -123,13 +124,13 @@ def _term_args(q: Tensor, k: Tensor, term: Tensor | None, index: Tensor | None, 
     """Kernel arguments (ptr, idx, s_b, s_h, s_i, s_j, K) of a bias or gate."""
     b, h, lq = q.shape[:3]
     lk = k.shape[2]
-    if kind == K.NO_TERM:
+    if kind == K.NO_TERM.value:
         return (_dummy(q), _dummy(q, torch.int32), 0, 0, 0, 0, 0)
-    if kind == K.TOEPLITZ:
+    if kind == K.TOEPLITZ.value:
         table = term.contiguous()
         s_h = 0 if table.shape[0] == 1 else table.stride(0)
         return (table, _dummy(q, torch.int32), 0, s_h, 0, 0, (table.shape[1] - 1) // 2)
-    if kind == K.RELATION:
+    if kind == K.RELATION.value:
         table = term.contiguous()
         s_h = 0 if table.shape[0] == 1 else table.stride(0)
         idx = index.expand(b, lq, lk)  # stride 0 where one index serves the whole batch
@@ -202,7 +203,8 @@ def _fixed_blocks(block_m: int, block_n: int) -> tuple[int, int] | None:
 # Layer 1: raw ops. Their signature is the fused backend's (see `urpe.kernels.composable`), so
 # the two share the autograd Function and the vmap rules.
 
-KIND_CODES = {"none": K.NO_TERM, "toeplitz": K.TOEPLITZ, "relation": K.RELATION, "dense": K.DENSE}
+KIND_CODES = {"none": K.NO_TERM.value, "toeplitz": K.TOEPLITZ.value, "relation": K.RELATION.value,
+              "dense": K.DENSE.value}  # fmt: skip
 
 
 def _launch_meta(q: Tensor, v: Tensor, kinds, normalization, is_causal, padding, mask, dropout_p):
@@ -287,9 +289,9 @@ def _(q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask, 
 def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, kind: int, needed: bool):
     """(buffer, head stride) that the dK/dV kernel accumulates a term's gradient into."""
     acc = _acc_dtype(q.dtype)
-    if not needed or kind == K.NO_TERM:
+    if not needed or kind == K.NO_TERM.value:
         return _dummy(q, acc), 0
-    if kind == K.DENSE:  # full (B, H, Lq, Lk); summed to the term's shape afterwards
+    if kind == K.DENSE.value:  # full (B, H, Lq, Lk); summed to the term's shape afterwards
         b, h, lq = q.shape[:3]
         return torch.zeros(b, h, lq, k.shape[2], device=q.device, dtype=acc), h
     grad = torch.zeros(term.shape, device=q.device, dtype=acc)
@@ -297,9 +299,9 @@ def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, kind: int, need
 
 
 def _term_grad_result(q: Tensor, buffer: Tensor, term, kind: int, needed: bool) -> Tensor:
-    if not needed or kind == K.NO_TERM:
+    if not needed or kind == K.NO_TERM.value:
         return q.new_empty(0)
-    if kind == K.DENSE:
+    if kind == K.DENSE.value:
         buffer = buffer.sum_to_size(term.shape)
     return strided_like(buffer.to(term.dtype), term)
 
@@ -338,11 +340,11 @@ def attention_backward(
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     acc = _acc_dtype(q.dtype)
     kinds = (KIND_CODES[bias_kind], KIND_CODES[gate_kind])
-    bias_grad = needs_bias and kinds[0] != K.NO_TERM
-    gate_grad = needs_gate and kinds[1] != K.NO_TERM
+    bias_grad = needs_bias and kinds[0] != K.NO_TERM.value
+    gate_grad = needs_gate and kinds[1] != K.NO_TERM.value
     grad_out = grad_out.contiguous()
     norm = NORMALIZATION_CODES[normalization]
-    if norm in (K.SOFTMAX, K.L2):  # delta_i = dO_i . O_i
+    if norm in (K.SOFTMAX.value, K.L2.value):  # delta_i = dO_i . O_i
         delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
     else:
         delta = _dummy(q, acc)
