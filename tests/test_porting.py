@@ -222,3 +222,37 @@ def test_transformer_xl_from_official_gives_the_official_attention():
         porting.transformer_xl_from_official(
             {**w, "r_w_bias": torch.zeros(heads, d_head + 1)}, heads
         )
+
+
+# ---------------------------------------------------------------------------------- Graphormer
+def test_graphormer_spatial_and_hop_tables_convert():
+    from torch_geometric.data import Batch
+
+    from urpe.data.molecules import smiles_to_graph
+    from urpe.graph import ShortestPaths, SpatialBias, relation_index, to_dense_graph_batch
+
+    from .graph_reference import SMILES
+
+    heads, max_distance = 3, 12  # 12 >= every distance in these molecules
+    spatial_pos = torch.randn(512, heads, **F64)  # nn.Embedding(num_spatial, H, padding_idx=0)
+    virtual = torch.randn(1, heads, **F64)
+    spatial = SpatialBias(heads, max_distance + 4).double()
+    with torch.no_grad():
+        spatial.table.copy_(porting.graphormer_spatial_table(spatial_pos, virtual, max_distance))
+    graphs = [ShortestPaths()(smiles_to_graph(s, "rdkit")[0]) for s in SMILES]
+    batch = to_dense_graph_batch(Batch.from_data_list(graphs))
+    got = spatial(relation_index(batch.spd, max_distance))  # (B, H, N+1, N+1)
+    for b, data in enumerate(graphs):
+        n = data.num_nodes
+        spd = batch.spd[b, :n, :n]
+        index = torch.where(spd < 0, 510, spd) + 1  # Graphormer: unreachable 510, then + 1
+        want = torch.empty(heads, n + 1, n + 1, **F64)
+        want[:, 1:, 1:] = spatial_pos[index].permute(2, 0, 1)
+        want[:, 0, :] = want[:, :, 0] = virtual[0][:, None]
+        assert torch.equal(got[b, :, : n + 1, : n + 1], want)
+    edge_dis = torch.randn(128 * heads * heads, 1, **F64)
+    hops = porting.graphormer_hop_weights(edge_dis, heads, 5)
+    bmm_view = edge_dis.reshape(-1, heads, heads)[:5]  # Graphormer's own reshape for its bmm
+    assert torch.equal(hops, bmm_view)
+    with pytest.raises(ValueError, match="reads rows up to"):
+        porting.graphormer_spatial_table(spatial_pos[:10], virtual, max_distance)

@@ -178,3 +178,36 @@ def transformer_xl_from_official(
         "position.content_bias": u.reshape(num_heads, 1, -1),
         "position.position_bias": v.reshape(num_heads, 1, -1),
     }  # fmt: skip
+
+
+def graphormer_spatial_table(
+    spatial_pos_weight: Tensor, virtual_distance_weight: Tensor, max_distance: int
+) -> Tensor:
+    """`urpe.graph.SpatialBias.table` (H, D + 4) from Graphormer's `spatial_pos_encoder.weight`
+    (num_spatial, H; row d + 1 for distance d, row 0 padding, row 511 unreachable) and
+    `graph_token_virtual_distance.weight` (1, H), for `GraphEncodingConfig(max_distance=D)`.
+
+    Columns: d = 0..D, then "farther than D" (takes Graphormer's row for D + 1, so choose D at
+    least the largest distance in your graphs minus one for exact outputs; Graphormer instead
+    masks pairs beyond its `spatial_pos_max`), unreachable, and the graph token's distance.
+    """
+    weight = spatial_pos_weight.detach()
+    if weight.shape[0] < max_distance + 3:
+        raise ValueError(
+            f"spatial_pos_encoder has {weight.shape[0]} rows; max_distance={max_distance} "
+            f"reads rows up to {max_distance + 2}"
+        )
+    unreachable = weight[min(511, weight.shape[0] - 1)]
+    virtual = virtual_distance_weight.detach().reshape(-1)
+    rows = [weight[1 : max_distance + 3], unreachable[None], virtual[None]]
+    return torch.cat(rows).t().contiguous()  # (H, D + 4)
+
+
+def graphormer_hop_weights(edge_dis_weight: Tensor, num_heads: int, max_hops: int) -> Tensor:
+    """`urpe.graph.EdgePathBias.hop_weights` (K, H, H) from Graphormer's
+    `edge_dis_encoder.weight` (128 H H, 1), of which Graphormer reads the first K matrices
+    (K = its `multi_hop_max_dist`)."""
+    matrices = edge_dis_weight.detach().reshape(-1, num_heads, num_heads)
+    if matrices.shape[0] < max_hops:
+        raise ValueError(f"edge_dis_encoder holds {matrices.shape[0]} hops, not {max_hops}")
+    return matrices[:max_hops].clone()
