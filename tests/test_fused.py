@@ -126,7 +126,7 @@ def test_gradcheck_tiny():
         terms = dict(bias=Toeplitz(tb), gate=Relation(tc, call["gate"].index))
         rest = {k: v for k, v in call.items() if k not in ("bias", "gate")}
         tiles = dict(block_q=2, block_k=3)
-        return fused_attention(q, k, v, **terms, **rest, **tiles, dropout_p=0.3, seed=7)
+        return fused_attention(q, k, v, **terms, **rest, **tiles, dropout_p=0.3, dropout_seed=7)
 
     assert torch.autograd.gradcheck(fn, (*qkv, table_b, table_c))
 
@@ -139,7 +139,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
     q, k, v = qkv
     eye = torch.eye(40, dtype=torch.float64).expand(2, 2, 40, 40)
     with torch.no_grad():
-        dropped = fused_attention(q, k, eye, **call, dropout_p=p, seed=3, **TILES)
+        dropped = fused_attention(q, k, eye, **call, dropout_p=p, dropout_seed=3, **TILES)
         weights = reference_attention(q, k, eye, **call)
     kept = dropped != 0
     torch.testing.assert_close(dropped, weights * kept / (1 - p))
@@ -152,7 +152,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
         return (w * kept / (1 - p)) @ v
 
     def fused_seeded(q, k, v, **c):
-        return fused_attention(q, k, v, **c, dropout_p=p, seed=3, **TILES)
+        return fused_attention(q, k, v, **c, dropout_p=p, dropout_seed=3, **TILES)
 
     _assert_close(
         _outputs_and_grads(fused_seeded, qkv, params, call),
@@ -160,7 +160,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
     )
     # a different seed draws a different mask; the default seed follows torch.manual_seed
     with torch.no_grad():
-        other = fused_attention(q, k, v, **call, dropout_p=p, seed=4, **TILES)
+        other = fused_attention(q, k, v, **call, dropout_p=p, dropout_seed=4, **TILES)
         torch.manual_seed(0)
         first = fused_attention(q, k, v, **call, dropout_p=p, **TILES)
         torch.manual_seed(0)

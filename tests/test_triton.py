@@ -144,12 +144,12 @@ def test_forward_and_every_gradient_match_the_reference(norm, mask, terms, shape
         _close(got, want)
 
 
-@pytest.mark.parametrize(("block_m", "block_n"), [(16, 32), (32, 16)])
-def test_unequal_tiles(block_m, block_n):
+@pytest.mark.parametrize(("block_q", "block_k"), [(16, 32), (32, 16)])
+def test_unequal_tiles(block_q, block_k):
     """Tiles that are not square: the Toeplitz tile's diagonal count is bm + bn - 1."""
     qkv, params, call = _case((1, 2, 2, 45, 50, 16, 16), "causal", "toeplitz", "toeplitz")
     out, grads = _outputs_and_grads(
-        lambda *a, **c: triton_attention(*a, **c, block_m=block_m, block_n=block_n),
+        lambda *a, **c: triton_attention(*a, **c, block_q=block_q, block_k=block_k),
         qkv,
         params,
         call,
@@ -222,7 +222,7 @@ def test_lower_precision_accumulates_in_float32(dtype):
 def test_dropout_applies_the_regenerated_mask_after_the_gate():
     p, seed = 0.3, 1234
     qkv, params, call = _case((2, 2, 2, 21, 37, 16, 16), "causal+padding", "toeplitz", "toeplitz")
-    fn = lambda *a, **c: triton_attention(*a, **c, dropout_p=p, seed=seed)  # noqa: E731
+    fn = lambda *a, **c: triton_attention(*a, **c, dropout_p=p, dropout_seed=seed)  # noqa: E731
     out, grads = _outputs_and_grads(fn, qkv, params, call)
     keep = dropout_keep_mask(2, 2, 21, 37, p, seed, DEVICE)
 
@@ -234,8 +234,8 @@ def test_dropout_applies_the_regenerated_mask_after_the_gate():
     _close(out, expected)
     for got, want in zip(grads, expected_grads, strict=True):
         _close(got, want)
-    again = triton_attention(*qkv, **call, dropout_p=p, seed=seed)
-    other = triton_attention(*qkv, **call, dropout_p=p, seed=seed + 1)
+    again = triton_attention(*qkv, **call, dropout_p=p, dropout_seed=seed)
+    other = triton_attention(*qkv, **call, dropout_p=p, dropout_seed=seed + 1)
     assert torch.equal(again, out) and not torch.allclose(other[1], out[1])
 
 
@@ -287,11 +287,11 @@ def test_raw_ops_pass_torch_library_checks():
     tensors = (q, k, v, table, None, gate, None, mask, None, None)
     scalars = ("toeplitz", "dense", True, "softmax", 0.25, 0.0, 0, 0)
     checks = ("test_schema", "test_faketensor")
-    torch.library.opcheck(ops.attention_forward, (*tensors, *scalars), test_utils=checks)
-    out, stat = ops.attention_forward(*tensors, *scalars)
+    torch.library.opcheck(ops.TRITON.forward_op, (*tensors, *scalars), test_utils=checks)
+    out, stat = ops.TRITON.forward_op(*tensors, *scalars)
     grad_out = torch.randn(out.shape, generator=gen).to(**f)
     args = (grad_out, out, stat, *tensors, *scalars, True, True, False)
-    torch.library.opcheck(ops.attention_backward, args, test_utils=checks)
+    torch.library.opcheck(ops.TRITON.backward_op, args, test_utils=checks)
 
 
 def test_scale_and_softmax_rows_sum_through_the_gate():
@@ -495,3 +495,13 @@ def test_vmap_folds_masks_and_dense_terms_into_the_batch():
         _close(got_out[i], out)
         _close(got_q[i], want_q)
         _close(got_bias[i], want_bias)
+
+
+def test_the_old_argument_names_still_work_with_a_warning():
+    qkv, _, call = _case((1, 2, 2, 17, 19, 16, 16), "causal", "toeplitz", "toeplitz")
+    new = triton_attention(*qkv, **call, block_q=16, block_k=32, dropout_p=0.2, dropout_seed=3)
+    with pytest.warns(DeprecationWarning, match="block_q"):
+        old = triton_attention(*qkv, **call, block_m=16, block_n=32, dropout_p=0.2, seed=3)
+    assert torch.equal(old, new)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'block_x'"):
+        triton_attention(*qkv, **call, block_x=16)

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .dtypes import compute_dtype
 from .fused_terms import DenseTile, RelationTile, ToeplitzTile, hankel_view
+from .layout import BackwardArgs, ForwardArgs
 from .masks import visible_key_counts
 from .normalization import NORMALIZATIONS, Normalization
 
@@ -302,30 +304,6 @@ def _accumulate_keys(target: Tensor, c0: int, c1: int, a: Tensor, b: Tensor, wor
 # Entry points on tensors and scalars (the bodies of the custom ops)
 
 
-@dataclass
-class _Call:
-    """The op's arguments, as read by both passes."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    bias: Tensor | None
-    bias_index: Tensor | None
-    bias_kind: str
-    gate: Tensor | None
-    gate_index: Tensor | None
-    gate_kind: str
-    attn_mask: Tensor | None
-    key_padding_mask: Tensor | None
-    is_causal: bool
-    normalization: str
-    scale: float
-    dropout_p: float
-    seed: Tensor | None
-    block_q: int
-    block_k: int
-
-
 def _reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader | None:
     if kind == "none":
         return None
@@ -336,7 +314,7 @@ def _reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader |
     return DenseTile(term, lk, dtype, needs_grad)
 
 
-def _may_hold_neg_inf(call: _Call, dtype: torch.dtype) -> bool:
+def _may_hold_neg_inf(call: ForwardArgs, dtype: torch.dtype) -> bool:
     """Whether a row's logits could all be -inf without a mask hiding them: an additive term
     holding -inf, or scale q.k overflowing. The one-shot softmax would turn such a row into NaN;
     the online recurrence gives 0, as the reference does."""
@@ -354,10 +332,10 @@ def _may_hold_neg_inf(call: _Call, dtype: torch.dtype) -> bool:
     return bool(torch.stack(flags).any()) if flags else False
 
 
-def _plan(call: _Call) -> tuple[_Plan, dict]:
+def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
     b, h, lq, _ = call.q.shape
     lk = call.k.shape[-2]
-    dtype = torch.float32 if call.q.dtype in (torch.float16, torch.bfloat16) else call.q.dtype
+    dtype = compute_dtype(call.q.dtype)
     norm = NORMALIZATIONS[call.normalization]
     mask_r = padded_prefix = None
     if call.key_padding_mask is not None:
@@ -381,9 +359,9 @@ def _plan(call: _Call) -> tuple[_Plan, dict]:
         padded_prefix=padded_prefix,
         keep=keep,
         dropout_p=float(call.dropout_p),
-        seed=0 if call.seed is None else int(call.seed),
-        block_q=max(1, int(call.block_q)),
-        block_k=max(1, int(call.block_k)),
+        seed=0 if call.dropout_seed is None else int(call.dropout_seed),
+        block_q=int(call.block_q) or BLOCK_Q,  # 0: the default tiles
+        block_k=int(call.block_k) or BLOCK_K,
         one_shot=norm.one_shot is not None and not _may_hold_neg_inf(call, dtype),
         compute_dtype=dtype,
         device=call.q.device,
@@ -392,7 +370,7 @@ def _plan(call: _Call) -> tuple[_Plan, dict]:
     return plan, dict(groups=groups)
 
 
-def _operands(call: _Call, plan: _Plan, groups: int):
+def _operands(call: ForwardArgs, plan: _Plan, groups: int):
     """(B*H, L, D) in the compute dtype; keys and values reversed (column c = key Lk-1-c) and
     repeated over query groups."""
     b, h, lq, d = call.q.shape
@@ -406,15 +384,15 @@ def _operands(call: _Call, plan: _Plan, groups: int):
     return q_s, k_r, v_r
 
 
-def _empty(call: _Call) -> bool:
+def _empty(call: ForwardArgs) -> bool:
     b, h, lq, _ = call.q.shape
     return b * h * lq * call.v.shape[-1] == 0 or call.k.shape[-2] == 0
 
 
-def blockwise_forward(call: _Call) -> tuple[Tensor, Tensor]:
+def blockwise_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     """(out (B, H, Lq, Dv) in the compute dtype, row statistic (B, H, Lq, 1))."""
     b, h, lq, _ = call.q.shape
-    dtype = torch.float32 if call.q.dtype in (torch.float16, torch.bfloat16) else call.q.dtype
+    dtype = compute_dtype(call.q.dtype)
     if _empty(call):
         out = call.q.new_zeros(b, h, lq, call.v.shape[-1], dtype=dtype)
         return out, call.q.new_zeros(b, h, lq, 1, dtype=dtype)
@@ -433,10 +411,11 @@ def blockwise_forward(call: _Call) -> tuple[Tensor, Tensor]:
 
 
 def blockwise_backward(
-    call: _Call, grad_out: Tensor, out: Tensor, stat: Tensor, needs: tuple[bool, bool, bool]
+    args: BackwardArgs,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
-    """Gradients (dq, dk, dv, d bias tensor, d gate tensor, d float attn_mask); needs says which
-    of the last three are wanted (None otherwise)."""
+    """Gradients (dq, dk, dv, d bias tensor, d gate tensor, d float attn_mask); `args.needs` says
+    which of the last three are wanted (None otherwise)."""
+    call, grad_out, out, stat, needs = args.forward, args.grad_out, args.out, args.stat, args.needs
     b, h, lq, d = call.q.shape
     if _empty(call):
         grads = [torch.zeros_like(t) for t in (call.q, call.k, call.v)]

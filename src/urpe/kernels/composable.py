@@ -1,55 +1,45 @@
-"""What makes a kernel behind a pair of custom ops compose with torch.func and torch.compile.
+"""A kernel behind a pair of custom ops that composes with torch.func and torch.compile.
 
 The fused (blockwise) and the Triton backends wrap their kernels in flash-attention's three
-layers: raw ops on tensors and scalars, an `autograd.Function` around them, the public call. Both
-pairs of raw ops share one signature, so the two middle pieces live here once:
+layers: raw ops on tensors and scalars, an `autograd.Function` around them, the public call.
+`define_attention_ops(name, forward, backward, forward_fake)` builds the first two from a
+kernel's two functions, on the argument layout of `layout` (`ForwardArgs`, `BackwardArgs`):
 
-    forward_op(q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask, seed,
-               bias_kind, gate_kind, is_causal, normalization, scale, dropout_p, block_a, block_b)
-        -> (out (B, H, Lq, Dv), row statistic (B, H, Lq, ...))
-    backward_op(grad_out, out, stat, <the forward's ten tensors>, <its eight scalars>,
-                needs_bias, needs_gate, needs_mask)
-        -> (dq, dk, dv, d bias, d gate, d attn_mask); a gradient not asked for is empty (0,)
+- the raw ops `urpe::{name}_forward` and `urpe::{name}_backward` (`torch.library.custom_op`
+  with the layout's schemas), their fake implementations (the backward's is shared; the
+  forward's statistic differs per kernel) and their vmap rules: vmap folds the vmapped dim into
+  the batch dim (one launch), and loops over it where folding would be wrong (batched tables,
+  per-example table gradients, dropout: the masks of a folded batch differ from those of its
+  examples);
+- the `autograd.Function` with `setup_context` whose backward calls the backward op.
+  `torch.func.grad`, `vmap` and `functional_call` compose with it; a `register_autograd`
+  formula on the op alone is not enough (torch.func refuses the autograd.Function it generates).
 
-Every tensor argument except a table (bias or gate of kind "toeplitz" or "relation") and the
-seed has the batch as dim 0, B or 1 (broadcast). Kinds are "none", "dense", "toeplitz" and
-"relation"; the seed is None or an int64 scalar tensor (a tensor: no host sync where it is made).
-
-- `register_vmap_rules(forward_op, backward_op)`: vmap folds the vmapped dim into the batch dim
-  (one launch), and loops over it where folding would be wrong: batched tables, per-example table
-  gradients, and dropout (the masks of a folded batch differ from those of its examples).
-- `attention_function(forward_op, backward_op, name)`: the `autograd.Function` with
-  `setup_context` whose backward calls the backward op. `torch.func.grad`, `vmap` and
-  `functional_call` compose with it; a `register_autograd` formula on the op alone is not enough
-  (torch.func refuses the autograd.Function that it generates).
-
+A kernel's backward returns None for a gradient it was not asked for; the op turns that into an
+empty (0,) tensor and gives every gradient the strides its fake implementation promises.
 Higher-order gradients are not implemented: differentiating the backward raises.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from .tables import PositionTerm, Relation, Toeplitz
+from .layout import (
+    BACKWARD_SCHEMA,
+    FORWARD_SCHEMA,
+    GRADIENT_INPUTS,
+    N_TENSORS,
+    TABLE_KINDS,
+    BackwardArgs,
+    ForwardArgs,
+)
 
-TABLE_KINDS = ("toeplitz", "relation")
-# positions of the tensor arguments of the forward op whose dim 0 is the batch (B, or 1)
-FORWARD_TENSORS = ("q", "k", "v", "bias", "bias_index", "gate", "gate_index", "attn_mask",
-                   "key_padding_mask")  # fmt: skip
-_SEED = 9  # the forward op's seed position; its ten tensors come first, then eight scalars
-_N_TENSORS, _N_SCALARS = 10, 8
-
-
-def term_arguments(term: PositionTerm | None) -> tuple[Tensor | None, Tensor | None, str]:
-    """A bias or gate as the raw ops' (tensor, index, kind)."""
-    if term is None:
-        return None, None, "none"
-    if isinstance(term, Toeplitz):
-        return term.table, None, "toeplitz"
-    if isinstance(term, Relation):
-        return term.table, term.index, "relation"
-    return term, None, "dense"
+_FIELDS = ForwardArgs._fields
+_AT = {name: i for i, name in enumerate(_FIELDS)}  # positions in the forward op's arguments
 
 
 def strided_like(grad: Tensor, like: Tensor) -> Tensor:
@@ -87,160 +77,204 @@ def _fold(t: Tensor | None, dim: int | None, size: int, batch: int, full: bool) 
 
 
 def _slice(t, dim, i):
-    # (zip(tensors, in_dims) stops at the tensors: in_dims also covers the scalars)
     return t if t is None or dim is None else t.select(dim, i)
 
 
-def _must_loop(in_dims, kinds: tuple[str, str], at: tuple[int, int, int], dropout_p) -> bool:
-    """Folding is wrong for per-example tables and for dropout (the masks of a folded batch
-    differ from those of its examples); loop then. at: positions of bias, gate and seed."""
-    bias_at, gate_at, seed_at = at
-    if dropout_p > 0.0 or in_dims[seed_at] is not None:
-        return True
-    return (kinds[0] in TABLE_KINDS and in_dims[bias_at] is not None) or (
-        kinds[1] in TABLE_KINDS and in_dims[gate_at] is not None
-    )
-
-
-def _loop(op, size: int, tensors, in_dims, scalars):
-    """op once per vmapped example; outputs stacked at dim 0."""
+def _loop(op, size: int, args: tuple, in_dims: tuple):
+    """op once per vmapped example; outputs stacked at dim 0. (Scalars have in_dim None.)"""
     results = [
-        op(*(_slice(t, d, i) for t, d in zip(tensors, in_dims, strict=False)), *scalars)
-        for i in range(size)
+        op(*(_slice(t, d, i) for t, d in zip(args, in_dims, strict=True))) for i in range(size)
     ]
     return tuple(torch.stack(outputs) for outputs in zip(*results, strict=True))
 
 
-def register_vmap_rules(forward_op, backward_op) -> None:
-    """vmap rules for a pair of raw ops with the signature in the module docstring."""
+def _must_loop(args: ForwardArgs, dims: ForwardArgs) -> bool:
+    """Folding is wrong for per-example tables and for dropout (the masks of a folded batch
+    differ from those of its examples); loop then."""
+    if args.dropout_p > 0.0 or dims.dropout_seed is not None:
+        return True
+    return any(
+        args.kind(t) in TABLE_KINDS and getattr(dims, t) is not None for t in ("bias", "gate")
+    )
 
+
+def _folded(args: ForwardArgs, dims: ForwardArgs, size: int, batch: int, full: set[str]) -> list:
+    """The forward arguments with the vmapped dim folded into the batch (tables stay as they
+    are; `full`: the names that must get one row per example even where they broadcast)."""
+    folded = list(args)
+    for name in _FIELDS[:N_TENSORS]:
+        if name in ("bias", "gate") and args.kind(name) in TABLE_KINDS:
+            continue
+        at = _AT[name]
+        folded[at] = _fold(args[at], dims[at], size, batch, full=name in full)
+    return folded
+
+
+def _register_vmap_rules(forward_op, backward_op) -> None:
     @forward_op.register_vmap
-    def _(info, in_dims, *args):
-        size = info.batch_size
-        tensors, scalars = args[:_N_TENSORS], args[_N_TENSORS:]
-        bias_kind, gate_kind, dropout_p = scalars[0], scalars[1], scalars[5]
-        if _must_loop(in_dims, (bias_kind, gate_kind), (3, 5, _SEED), dropout_p):
-            return _loop(forward_op, size, tensors, in_dims, scalars), (0, 0)
-        batch = _moved(args[0], in_dims[0]).shape[-4]
-        folded = list(tensors)
-        for pos, name in enumerate(FORWARD_TENSORS):
-            kind = {"bias": bias_kind, "gate": gate_kind}.get(name)
-            if kind not in TABLE_KINDS:
-                folded[pos] = _fold(tensors[pos], in_dims[pos], size, batch, full=pos < 3)
-        out, stat = forward_op(*folded, *scalars)
-        return (
-            out.view(size, batch, *out.shape[1:]),
-            stat.view(size, batch, *stat.shape[1:]),
-        ), (0, 0)
+    def _(info, in_dims, *flat):
+        size, args, dims = info.batch_size, ForwardArgs(*flat), ForwardArgs(*in_dims)
+        if _must_loop(args, dims):
+            return _loop(forward_op, size, flat, in_dims), (0, 0)
+        batch = _moved(args.q, dims.q).shape[-4]
+        out, stat = forward_op(*_folded(args, dims, size, batch, {"q", "k", "v"}))
+        return (out.view(size, batch, *out.shape[1:]), stat.view(size, batch, *stat.shape[1:])), (
+            0,
+            0,
+        )
 
     @backward_op.register_vmap
-    def _(info, in_dims, *args):
+    def _(info, in_dims, *flat):
         size = info.batch_size
-        n = _N_TENSORS + 3  # grad_out, out, stat, then the forward's tensors shifted by 3
-        tensors, scalars = args[:n], args[n:]
-        bias_kind, gate_kind, dropout_p = scalars[0], scalars[1], scalars[5]
-        needs = scalars[_N_SCALARS:]
-        table_grads = (bias_kind in TABLE_KINDS and needs[0]) or (
-            gate_kind in TABLE_KINDS and needs[1]
+        args, dims = BackwardArgs.from_flat(flat), BackwardArgs.from_flat(in_dims)
+        fwd, fwd_dims = args.forward, dims.forward
+        table_grads = any(
+            fwd.kind(t) in TABLE_KINDS and needed
+            for t, needed in zip(("bias", "gate"), args.needs[:2], strict=True)
         )
-        loop = table_grads or _must_loop(
-            in_dims, (bias_kind, gate_kind), (6, 8, _SEED + 3), dropout_p
-        )
-        if loop:  # per-example table gradients cannot be folded into one launch
-            return _loop(backward_op, size, tensors, in_dims, scalars), (0,) * 6
-        batch = _moved(args[3], in_dims[3]).shape[-4]
-        folded = list(tensors)
-        for pos, name in enumerate(("grad_out", "out", "stat", *FORWARD_TENSORS)):
-            kind = {"bias": bias_kind, "gate": gate_kind}.get(name)
-            if kind in TABLE_KINDS:
-                continue
-            # a dense term whose gradient is wanted gets one gradient per example: fold it in full
-            wants_grad = (
-                (name == "bias" and needs[0])
-                or (name == "gate" and needs[1])
-                or (name == "attn_mask" and needs[2])
-            )
-            folded[pos] = _fold(tensors[pos], in_dims[pos], size, batch, full=pos < 6 or wants_grad)
-        grads = backward_op(*folded, *scalars)
-        out, dims = [], []
-        for i, g in enumerate(grads):
-            if i >= 3 and g.numel() == 0 and not needs[i - 3]:
-                out.append(g)
-                dims.append(None)
+        if table_grads or _must_loop(fwd, fwd_dims):  # per-example table gradients: no folding
+            return _loop(backward_op, size, flat, in_dims), (0,) * 6
+        batch = _moved(fwd.q, fwd_dims.q).shape[-4]
+        # a dense term whose gradient is wanted gets one gradient per example: fold it in full
+        wanted = {t for t, w in zip(("bias", "gate", "attn_mask"), args.needs, strict=True) if w}
+        folded_fwd = _folded(fwd, fwd_dims, size, batch, {"q", "k", "v", *wanted})
+        head = [
+            _fold(t, d, size, batch, full=True) for t, d in zip(args[:3], dims[:3], strict=True)
+        ]
+        grads = backward_op(*head, *folded_fwd, *args.needs)
+        out, out_dims = [], []
+        for name, g in zip(GRADIENT_INPUTS, grads, strict=True):
+            if name in ("bias", "gate", "attn_mask") and g.numel() == 0:
+                out.append(g)  # not asked for
+                out_dims.append(None)
                 continue
             g = g.view(size, batch, *g.shape[1:])
-            if i >= 3:  # back to the term's own leading size (1 if it broadcast over the batch)
-                at = (6, 8, 10)[i - 3]
-                term, dim = tensors[at], in_dims[at]
+            if name in ("bias", "gate", "attn_mask"):  # back to the term's own leading size
+                term, dim = getattr(fwd, name), getattr(fwd_dims, name)
                 lead = term.shape[0] if dim is None else term.movedim(dim, 0).shape[1]
                 if lead == 1 and batch != 1:
                     g = g.sum(1, keepdim=True)
             out.append(g)
-            dims.append(0)
-        return tuple(out), tuple(dims)
+            out_dims.append(0)
+        return tuple(out), tuple(out_dims)
 
 
 # ---------------------------------------------------------------------------------------------
-# Autograd
+# The ops and the autograd Function
 
 
-def _overload(op) -> torch._ops.OpOverload:
-    """The default OpOverload of a `torch.library.custom_op` ("namespace::name")."""
-    return op._opoverload
+def _backward_fake(*flat):
+    args = BackwardArgs.from_flat(flat)
+    fwd = args.forward
+    terms = (fwd.bias, fwd.gate, fwd.attn_mask)
+    extra = (
+        torch.empty_like(t) if needed and t is not None else fwd.q.new_empty(0)
+        for t, needed in zip(terms, args.needs, strict=True)
+    )
+    return (torch.empty_like(fwd.q), torch.empty_like(fwd.k), torch.empty_like(fwd.v), *extra)
 
 
-def attention_function(forward_op, backward_op, name: str) -> type[torch.autograd.Function]:
-    """The autograd.Function around a pair of raw ops (signature in the module docstring).
+def _as_op_outputs(grads, args: ForwardArgs) -> tuple[Tensor, ...]:
+    """A kernel's gradients as the op returns them: None -> empty (0,), each strided like its
+    input (what the fake implementation promises)."""
+    return tuple(
+        args.q.new_empty(0) if g is None else strided_like(g, getattr(args, name))
+        for name, g in zip(GRADIENT_INPUTS, grads, strict=True)
+    )
 
-    Differentiable in q, k, v, the bias and gate tensors (dense or table) and a float attn_mask;
-    the forward's second output (the row statistic) is not differentiable.
+
+@dataclass(frozen=True)
+class AttentionOps:
+    """A kernel's raw ops and the autograd Function around them."""
+
+    forward_op: Callable
+    backward_op: Callable
+    function: type[torch.autograd.Function]
+
+    def __call__(self, args: ForwardArgs) -> Tensor:
+        """The differentiable output (B, H, Lq, Dv) for these arguments."""
+        out, _stat = self.function.apply(*args)
+        return out
+
+
+def define_attention_ops(
+    name: str,
+    forward: Callable[[ForwardArgs], tuple[Tensor, Tensor]],
+    backward: Callable[[BackwardArgs], tuple],
+    forward_fake: Callable[[ForwardArgs], tuple[Tensor, Tensor]],
+) -> AttentionOps:
+    """Register `urpe::{name}_forward` / `_backward` around a kernel's two functions.
+
+    forward(args) -> (out, row statistic); backward(args) -> (dq, dk, dv, d bias, d gate,
+    d attn_mask) with None for a term gradient not asked for; forward_fake(args) -> empty
+    tensors of the forward's output shapes and dtypes.
     """
+    forward_op = torch.library.custom_op(
+        f"urpe::{name}_forward",
+        lambda *flat: forward(ForwardArgs(*flat)),
+        mutates_args=(),
+        schema=FORWARD_SCHEMA,
+    )
+    forward_op.register_fake(lambda *flat: forward_fake(ForwardArgs(*flat)))
 
+    def run_backward(*flat):
+        args = BackwardArgs.from_flat(flat)
+        return _as_op_outputs(backward(args), args.forward)
+
+    backward_op = torch.library.custom_op(
+        f"urpe::{name}_backward", run_backward, mutates_args=(), schema=BACKWARD_SCHEMA
+    )
+    backward_op.register_fake(_backward_fake)
+    _register_vmap_rules(forward_op, backward_op)
+    return AttentionOps(forward_op, backward_op, _autograd_function(forward_op, backward_op, name))
+
+
+def _with_explicit_parameters(call: Callable) -> Callable:
+    """`lambda q, k, ..., block_k: call(q, k, ..., block_k)` over `ForwardArgs`' fields.
+
+    torch.compile recognises an autograd.Function's setup_context form by the explicit
+    parameters of its forward (with `*args` it traces the function as the old ctx form and
+    fails), so the parameter list is generated from the layout rather than written again.
+    """
+    names = ", ".join(_FIELDS)
+    namespace = {"call": call}
+    exec(f"def forward({names}):\n    return call({names})\n", namespace)  # noqa: S102
+    return namespace["forward"]
+
+
+def _autograd_function(forward_op, backward_op, name: str) -> type[torch.autograd.Function]:
+    """Differentiable in q, k, v, the bias and gate tensors (dense or table) and a float
+    attn_mask; the forward's second output (the row statistic) is not differentiable."""
     # torch.compile traces forward and backward without a source for the closure, where it
     # cannot wrap a CustomOpDef; the OpOverload under torch.ops it can.
-    forward_overload = _overload(forward_op)
-    backward_overload = _overload(backward_op)
+    forward_overload = forward_op._opoverload
+    backward_overload = backward_op._opoverload
 
     class AttentionFunction(torch.autograd.Function):
         generate_vmap_rule = True
 
-        @staticmethod
-        def forward(q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask,
-                    seed, bias_kind, gate_kind, is_causal, normalization, scale, dropout_p,
-                    block_a, block_b):  # fmt: skip
-            # explicit parameters (no *args): torch.compile recognises the setup_context form
-            # by them
-            return forward_overload(q, k, v, bias, bias_index, gate, gate_index, attn_mask,
-                                    key_padding_mask, seed, bias_kind, gate_kind, is_causal,
-                                    normalization, scale, dropout_p, block_a,
-                                    block_b)  # fmt: skip
+        forward = staticmethod(_with_explicit_parameters(forward_overload))
 
         @staticmethod
         def setup_context(ctx, inputs, output) -> None:
             out, stat = output
             ctx.mark_non_differentiable(stat)
-            ctx.save_for_backward(out, stat, *inputs[:_N_TENSORS])
-            ctx.scalars = inputs[_N_TENSORS:]
+            ctx.save_for_backward(out, stat, *inputs[:N_TENSORS])
+            ctx.scalars = inputs[N_TENSORS:]
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_out, _grad_stat):
-            out, stat, q, k, v, bias, bias_index, gate, gate_index, attn_mask, padding, seed = (
-                ctx.saved_tensors
+            out, stat, *tensors = ctx.saved_tensors
+            needs = ForwardArgs(*ctx.needs_input_grad)
+            wanted = (needs.bias, needs.gate, needs.attn_mask)
+            grads = backward_overload(grad_out.contiguous(), out, stat, *tensors, *ctx.scalars,
+                                      *wanted)  # fmt: skip
+            per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
+            return tuple(
+                per_input[name] if name in per_input and getattr(needs, name) else None
+                for name in _FIELDS
             )
-            needs = ctx.needs_input_grad
-            grads = backward_overload(
-                grad_out.contiguous(), out, stat, q, k, v, bias, bias_index, gate, gate_index,
-                attn_mask, padding, seed, *ctx.scalars, needs[3], needs[5], needs[7],
-            )  # fmt: skip
-            dq, dk, dv, dbias, dgate, dmask = grads
-            return (
-                dq, dk, dv,
-                dbias if needs[3] else None, None,
-                dgate if needs[5] else None, None,
-                dmask if needs[7] else None, None, None,
-                *(None for _ in ctx.scalars),
-            )  # fmt: skip
 
     AttentionFunction.__name__ = AttentionFunction.__qualname__ = name
     return AttentionFunction

@@ -37,40 +37,41 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .spec import HALF
+from .dtypes import compute_dtype
+from .spec import AttentionSpec, resolve
 from .tables import PositionTerm, Relation, Toeplitz
 
 
-def flex_unsupported(
-    *,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: PositionTerm | None = None,
-    gate: PositionTerm | None = None,
-    attn_mask: Tensor | None = None,
-    normalization: str = "softmax",
-    dropout_p: float = 0.0,
-    cpu_backward: bool = True,
-    **_unused,
-) -> str | None:
-    """Why the FlexAttention route cannot run this call, or None when it can (cpu_backward:
-    refuse CPU calls that need gradients, which PyTorch's FlexAttention cannot give)."""
-    if normalization not in ("softmax", "exp", "l2"):
-        return f"FlexAttention computes exponential weights; {normalization!r} is not one"
-    if dropout_p > 0.0:
+def flex_spec_unsupported(spec: AttentionSpec, cpu_backward: bool = True) -> str | None:
+    """Why the FlexAttention route cannot run this resolved call, or None when it can
+    (cpu_backward: refuse CPU calls that need gradients, which PyTorch's FlexAttention cannot
+    give)."""
+    q = spec.q
+    if spec.normalization not in ("softmax", "exp", "l2"):
+        return f"FlexAttention computes exponential weights; {spec.normalization!r} is not one"
+    if spec.dropout_p > 0.0:
         return "FlexAttention has no dropout"
     if q.device.type not in ("cuda", "cpu"):
         return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {q.device.type}"
     if cpu_backward and q.device.type == "cpu" and torch.is_grad_enabled():
-        tensors = [q, k, v, *_term_tensors(bias), *_term_tensors(gate), *_term_tensors(attn_mask)]
+        tensors = [q, spec.k, spec.v]
+        for term in (spec.bias, spec.gate, spec.attn_mask):
+            tensors += _term_tensors(term)
         if any(t.requires_grad for t in tensors):
             return "FlexAttention has no backward on the CPU (PyTorch runs it forward-only there)"
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        return f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}"
-    if min(q.shape) == 0 or min(k.shape) == 0:
+    if spec.is_empty or spec.head_dim == 0:
         return "an empty dimension"
     return None
+
+
+def flex_unsupported(q: Tensor, k: Tensor, v: Tensor, cpu_backward: bool = True, **kwargs):
+    """Why the FlexAttention route cannot run `urpe.attention(q, k, v, **kwargs)`, or None when
+    it can (k and v may have fewer heads than q)."""
+    try:
+        spec = resolve(q, k, v, enable_gqa=True, **kwargs)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return flex_spec_unsupported(spec, cpu_backward)
 
 
 def _term_tensors(term: PositionTerm | None) -> list[Tensor]:
@@ -188,54 +189,44 @@ def default_flex() -> Callable:
 
 
 def flex_urpe_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    bias: PositionTerm | None = None,
-    gate: PositionTerm | None = None,
-    attn_mask: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    is_causal: bool = False,
-    normalization: str = "softmax",
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    flex: Callable | None = None,
+    q: Tensor, k: Tensor, v: Tensor, *, flex: Callable | None = None, **kwargs
 ) -> Tensor:
-    """URPE attention from FlexAttention calls; arguments and result as in `urpe.attention`.
+    """URPE attention from FlexAttention calls; arguments (bias, gate, attn_mask,
+    key_padding_mask, is_causal, normalization, scale) and result as in `urpe.attention`.
 
-    q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), H a multiple of Hkv. attn_mask:
-    broadcastable to (B, H, Lq, Lk); bool (True takes part) joins the BlockMask, float is added
-    to the scores in score_mod (like the bias). key_padding_mask: (B|1, Lk) bool, True = padded.
-    `flex` replaces `torch.nn.attention.flex_attention.flex_attention` (default:
-    `default_flex()`).
+    k, v may have fewer heads than q. A bool attn_mask joins the BlockMask, a float one is added
+    to the scores in score_mod (like the bias). `flex` replaces
+    `torch.nn.attention.flex_attention.flex_attention` (default: `default_flex()`).
     """
-    from torch.nn.attention.flex_attention import AuxRequest
-
+    spec = resolve(q, k, v, enable_gqa=True, **kwargs)
     # A caller's own `flex` may differentiate on the CPU (the float64 identity test does).
-    reason = flex_unsupported(
-        q=q, k=k, v=v, bias=bias, gate=gate, attn_mask=attn_mask, normalization=normalization,
-        dropout_p=dropout_p, cpu_backward=flex is None,
-    )  # fmt: skip
+    reason = flex_spec_unsupported(spec, cpu_backward=flex is None)
     if reason is not None:
         raise ValueError(f"backend 'flex' cannot run this call: {reason}")
+    out = flex_run(spec, flex)
+    return out.reshape(*spec.batch_shape, spec.heads, spec.lq, spec.value_dim)
+
+
+def flex_run(spec: AttentionSpec, flex: Callable | None = None) -> Tensor:
+    """The FlexAttention route on a resolved call: (B, H, Lq, Dv) in q's dtype."""
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    q, k, v, bias, gate = spec.q, spec.k, spec.v, spec.bias, spec.gate
+    attn_mask, normalization = spec.attn_mask, spec.normalization
     flex = default_flex() if flex is None else flex
-    batch, heads, lq, d = q.shape
-    lk = k.shape[2]
-    shape = (batch, heads, lq, lk)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    shape = (spec.batch, spec.heads, spec.lq, spec.lk)
     hiding, additive = None, None
     if attn_mask is not None:
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
         if attn_mask.dtype == torch.bool:
             hiding = attn_mask
         else:  # added in the dtype of the tables (float32 for half-precision inputs)
-            additive = attn_mask.to(torch.float32 if q.dtype in HALF else q.dtype)
-    block_mask = _block_mask(key_padding_mask, hiding, is_causal, shape, q.device)
+            additive = attn_mask.to(compute_dtype(q.dtype))
+    block_mask = _block_mask(spec.key_padding_mask, hiding, spec.is_causal, shape, q.device)
     options = dict(
         block_mask=block_mask,
-        scale=scale,
-        enable_gqa=k.shape[1] != heads,
+        scale=spec.scale,
+        enable_gqa=spec.groups > 1,
         return_aux=AuxRequest(lse=True),
     )
     # B and a float attn_mask, each read where the score is: never summed into an (L, L) tensor
@@ -285,17 +276,4 @@ def flex_backend():
     """The registry's entry: by name only (never chosen by "auto")."""
     from .dispatch import Backend
 
-    def unsupported(spec) -> str | None:
-        return flex_unsupported(
-            q=spec.q, k=spec.k, v=spec.v, bias=spec.bias, gate=spec.gate, attn_mask=spec.attn_mask,
-            normalization=spec.normalization, dropout_p=spec.dropout_p,
-        )  # fmt: skip
-
-    def run(spec) -> Tensor:
-        return flex_urpe_attention(
-            spec.q, spec.k, spec.v, bias=spec.bias, gate=spec.gate, attn_mask=spec.attn_mask,
-            key_padding_mask=spec.key_padding_mask, is_causal=spec.is_causal,
-            normalization=spec.normalization, scale=spec.scale,
-        )  # fmt: skip
-
-    return Backend("flex", run, unsupported, devices=("cuda",))
+    return Backend("flex", flex_run, flex_spec_unsupported, devices=("cuda",))

@@ -28,8 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dtypes import HALF
 from .masks import visible_key_counts
-from .spec import HALF, AttentionSpec
+from .spec import AttentionSpec
 
 
 def all_finite_now(*tensors: Tensor) -> bool | None:

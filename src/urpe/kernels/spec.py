@@ -14,11 +14,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from .dtypes import HALF, compute_dtype
 from .normalization import NORMALIZATIONS, Normalization
 from .ops import checked_relation_index
 from .tables import PositionTerm, Relation, Toeplitz
-
-HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -49,17 +48,14 @@ class AttentionSpec:
     dropout_seed: Tensor | None = None
     batch_shape: tuple[int, ...] = ()
 
-    @property
-    def batch(self) -> int:
-        return self.q.shape[0]
-
-    @property
-    def heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def kv_heads(self) -> int:
-        return self.k.shape[1]
+    # Sizes read off the tensors: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv).
+    batch = property(lambda self: self.q.shape[0])
+    heads = property(lambda self: self.q.shape[1])
+    kv_heads = property(lambda self: self.k.shape[1])
+    lq = property(lambda self: self.q.shape[2])
+    lk = property(lambda self: self.k.shape[2])
+    head_dim = property(lambda self: self.q.shape[3])
+    value_dim = property(lambda self: self.v.shape[3])
 
     @property
     def groups(self) -> int:
@@ -67,25 +63,8 @@ class AttentionSpec:
         return self.heads // max(self.kv_heads, 1)
 
     @property
-    def lq(self) -> int:
-        return self.q.shape[2]
-
-    @property
-    def lk(self) -> int:
-        return self.k.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.q.shape[3]
-
-    @property
-    def value_dim(self) -> int:
-        return self.v.shape[3]
-
-    @property
     def compute_dtype(self) -> torch.dtype:
-        # Half precision is computed in float32: the paper's code also runs the softmax there.
-        return torch.float32 if self.q.dtype in HALF else self.q.dtype
+        return compute_dtype(self.q.dtype)
 
     @property
     def norm(self) -> Normalization:
@@ -124,8 +103,6 @@ def _check_qkv(q, k, v, enable_gqa: bool) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     h, hkv = q.shape[-3], k.shape[-3]
-    if v.shape[-3] != hkv:
-        raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
     if hkv != h:
         if not enable_gqa:
             raise ValueError(
@@ -136,6 +113,8 @@ def _check_qkv(q, k, v, enable_gqa: bool) -> None:
             raise ValueError(
                 f"enable_gqa needs q's heads ({h}) to be a multiple of k's and v's ({hkv})"
             )
+    if v.shape[-3] != hkv:
+        raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"k head dim {k.shape[-1]} does not match q head dim {q.shape[-1]}")
     if v.shape[-2] != k.shape[-2]:
@@ -220,21 +199,12 @@ def _flatten_term(name: str, term, batch_shape: tuple[int, ...]):
 
 
 def resolve(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    bias: PositionTerm | None = None,
-    gate: PositionTerm | None = None,
-    key_padding_mask: Tensor | None = None,
-    normalization: str = "softmax",
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
+    bias: PositionTerm | None = None, gate: PositionTerm | None = None,
+    key_padding_mask: Tensor | None = None, normalization: str = "softmax",
     dropout_seed: int | Tensor | None = None,
-) -> AttentionSpec:
+) -> AttentionSpec:  # fmt: skip
     """Check `urpe.attention`'s arguments and build the spec (see `urpe.attention`)."""
     _check_qkv(q, k, v, enable_gqa)
     *batch, h, lq, d = q.shape

@@ -28,6 +28,16 @@ def relative_offsets(lq: int, lk: int, device: torch.device | None = None) -> Te
     return keys[None, :] - query_positions(lq, lk, device)[:, None]
 
 
+def _check_table(kind: str, table, shape: str) -> None:
+    """A per-head table is a 2-D floating-point tensor (H or 1 rows); else one clear error."""
+    if not isinstance(table, Tensor):
+        raise TypeError(f"{kind} table must be a Tensor, got {type(table).__name__}")
+    if table.dim() != 2:
+        raise ValueError(f"{kind} table must have shape {shape}, got {tuple(table.shape)}")
+    if not table.is_floating_point():
+        raise TypeError(f"{kind} table must be floating point, got {table.dtype}")
+
+
 @dataclass(frozen=True)
 class Toeplitz:
     """A per-head Toeplitz term: value(i, j) = table[:, clamp(j - pos(i), -K, K) + K].
@@ -39,22 +49,13 @@ class Toeplitz:
     table: Tensor
 
     def __post_init__(self) -> None:
-        if not isinstance(self.table, Tensor):
-            raise TypeError(f"Toeplitz table must be a Tensor, got {type(self.table).__name__}")
-        if self.table.dim() != 2:
-            raise ValueError(
-                f"Toeplitz table must have shape (H, 2K+1), got {tuple(self.table.shape)}"
-            )
+        _check_table("Toeplitz", self.table, "(H, 2K+1)")
         if self.table.shape[1] % 2 == 0:
             raise ValueError(
                 f"Toeplitz table width must be odd (2K+1 offsets -K..K), got {self.table.shape[1]}"
             )
-        if not self.table.is_floating_point():
-            raise TypeError(f"Toeplitz table must be floating point, got {self.table.dtype}")
 
-    @property
-    def num_heads(self) -> int:
-        return self.table.shape[0]
+    num_heads = property(lambda self: self.table.shape[0])
 
     @property
     def max_offset(self) -> int:
@@ -85,14 +86,9 @@ class Relation:
     index: Tensor
 
     def __post_init__(self) -> None:
-        if not isinstance(self.table, Tensor) or not isinstance(self.index, Tensor):
-            raise TypeError("Relation table and index must be Tensors")
-        if self.table.dim() != 2:
-            raise ValueError(
-                f"Relation table must have shape (H, R), got {tuple(self.table.shape)}"
-            )
-        if not self.table.is_floating_point():
-            raise TypeError(f"Relation table must be floating point, got {self.table.dtype}")
+        _check_table("Relation", self.table, "(H, R)")
+        if not isinstance(self.index, Tensor):
+            raise TypeError(f"Relation index must be a Tensor, got {type(self.index).__name__}")
         if self.index.dim() < 2:
             raise ValueError(
                 f"Relation index must have shape (..., Lq, Lk), got {tuple(self.index.shape)}"
@@ -100,9 +96,7 @@ class Relation:
         if self.index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"Relation index must be an integer tensor, got {self.index.dtype}")
 
-    @property
-    def num_heads(self) -> int:
-        return self.table.shape[0]
+    num_heads = property(lambda self: self.table.shape[0])
 
     @property
     def num_relations(self) -> int:

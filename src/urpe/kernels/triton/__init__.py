@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from ..dispatch import Backend
-from ..spec import AttentionSpec
+from ..dtypes import FLOATING
+from ..spec import AttentionSpec, resolve
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256
 
 
@@ -77,19 +77,12 @@ def interpreter_state() -> str | None:
     )
 
 
-def triton_unsupported(
-    *,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    key_padding_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    **_unused,
-) -> str | None:
-    """Why the Triton kernel cannot run this call, or None when it can."""
+def spec_unsupported(spec: AttentionSpec) -> str | None:
+    """Why the Triton kernel cannot run this resolved call, or None when it can."""
     missing = triton_missing()
     if missing is not None:
         return missing
+    q, k, v = spec.q, spec.k, spec.v
     device = q.device.type
     if device == "cpu":
         reason = interpreter_state()
@@ -97,33 +90,52 @@ def triton_unsupported(
             return reason
     elif device != "cuda":
         return f"Triton kernels run on CUDA devices, not {device}"
-    if q.dtype not in SUPPORTED_DTYPES:
+    if spec.normalization not in ("softmax", "exp", "l2", "relu2"):
+        return f"normalisation {spec.normalization!r} has no Triton kernel"
+    if q.dtype not in FLOATING:
         return f"dtype {q.dtype} is not one of float16, bfloat16, float32, float64"
-    d, dv = q.shape[-1], v.shape[-1]
-    if max(d, dv) > MAX_HEAD_DIM:
-        return f"head dims up to {MAX_HEAD_DIM}, got D={d}, Dv={dv}"
+    if max(spec.head_dim, spec.value_dim) > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM}, got D={spec.head_dim}, Dv={spec.value_dim}"
     if min(q.shape) == 0 or min(k.shape) == 0 or v.shape[-1] == 0:
         return "an empty dimension (nothing to launch)"
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        return f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}"
-    if dropout_p > 0.0 and q.shape[-2] * k.shape[-2] >= 2**32:
+    if spec.dropout_p > 0.0 and spec.lq * spec.lk >= 2**32:
         return "dropout's Philox counter covers Lq * Lk < 2^32 entries per head"
     return None
 
 
-def triton_defers(*, q: Tensor, bias=None, gate=None, normalization="softmax", **_unused):
+def spec_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should leave a call the Triton kernel could run to another backend."""
-    if q.device.type == "cpu":
+    if spec.q.device.type == "cpu":
         return "Triton's CPU interpreter is for testing; the fused kernel is faster"
-    if gate is None and bias is None and normalization == "softmax":
+    if spec.gate is None and spec.bias is None and spec.normalization == "softmax":
         return "plain softmax attention: SDPA (FlashAttention) is faster"
     return None
 
 
+def _resolved_or_reason(q: Tensor, k: Tensor, v: Tensor, kwargs: dict):
+    try:
+        return resolve(q, k, v, enable_gqa=True, **kwargs), None
+    except (TypeError, ValueError) as error:
+        return None, str(error)
+
+
+def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str | None:
+    """Why the Triton kernel cannot run `urpe.attention(q, k, v, **kwargs)`, or None when it can
+    (k and v may have fewer heads than q)."""
+    spec, reason = _resolved_or_reason(q, k, v, kwargs)
+    return reason if spec is None else spec_unsupported(spec)
+
+
+def triton_defers(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str | None:
+    """Why "auto" would leave `urpe.attention(q, k, v, **kwargs)` to another backend."""
+    spec, reason = _resolved_or_reason(q, k, v, kwargs)
+    return reason if spec is None else spec_defers(spec)
+
+
 def triton_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     """URPE attention on the Triton kernel; the arguments are `ops.triton_attention`'s (bias,
-    gate, attn_mask, key_padding_mask, is_causal, normalization, scale, dropout_p, seed,
-    block_m, block_n). A forwarder, so that importing this package does not import Triton.
+    gate, attn_mask, key_padding_mask, is_causal, normalization, scale, dropout_p, dropout_seed,
+    block_q, block_k). A forwarder, so that importing this package does not import Triton.
 
     k and v may have fewer heads than q (grouped-query attention).
     """
@@ -139,16 +151,6 @@ def dropout_keep_mask(batch, heads, lq, lk, dropout_p, seed, device="cpu") -> Te
     return make(batch, heads, lq, lk, dropout_p, seed, device)
 
 
-def _spec_unsupported(spec: AttentionSpec) -> str | None:
-    if spec.normalization not in ("softmax", "exp", "l2", "relu2"):
-        return f"normalisation {spec.normalization!r} has no Triton kernel"
-    return triton_unsupported(q=spec.q, k=spec.k, v=spec.v, dropout_p=spec.dropout_p)
-
-
-def _spec_defers(spec: AttentionSpec) -> str | None:
-    return triton_defers(q=spec.q, bias=spec.bias, gate=spec.gate, normalization=spec.normalization)
-
-
 def _spec_run(spec: AttentionSpec) -> Tensor:
     from .ops import triton_run
 
@@ -159,12 +161,14 @@ def triton_backend() -> Backend:
     """The registry's entry: "auto" puts it before the fused kernel, and it defers CPU calls
     and plain softmax (see `triton_defers`)."""
     return Backend(
-        "triton", _spec_run, _spec_unsupported, priority=40, defers=_spec_defers, devices=("cuda",)
+        "triton", _spec_run, spec_unsupported, priority=40, defers=spec_defers, devices=("cuda",)
     )
 
 
 __all__ = [
     "dropout_keep_mask",
+    "spec_defers",
+    "spec_unsupported",
     "interpreter_state",
     "triton_attention",
     "triton_backend",

@@ -37,12 +37,15 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 
 import torch
 import triton
 from torch import Tensor
 
-from ..composable import attention_function, register_vmap_rules, strided_like, term_arguments
+from ..composable import define_attention_ops
+from ..dtypes import compute_dtype
+from ..layout import BackwardArgs, ForwardArgs
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
 from ..tables import dense_term
@@ -71,10 +74,6 @@ def _autotune(configs, **options):
 
 # --------------------------------------------------------------------------------------------
 # Launch helpers
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _compile_flags(q: Tensor) -> dict:
@@ -190,35 +189,36 @@ def _tuned(name: str):
     return _autotuned[name]
 
 
-def _fixed_blocks(block_m: int, block_n: int) -> tuple[int, int] | None:
-    """The one configuration to run, or None to autotune."""
-    if block_m > 0 and block_n > 0:
-        return block_m, block_n
+def _fixed_blocks(block_q: int, block_k: int) -> tuple[int, int] | None:
+    """The one configuration (BLOCK_M queries x BLOCK_N keys) to run, or None to autotune."""
+    if block_q > 0 and block_k > 0:
+        return block_q, block_k
     if interpreting():
         return INTERPRETER_BLOCK, INTERPRETER_BLOCK
     return None
 
 
 # --------------------------------------------------------------------------------------------
-# Layer 1: raw ops. Their signature is the fused backend's (see `urpe.kernels.composable`), so
-# the two share the autograd Function and the vmap rules.
+# Layer 1: the raw ops' bodies, on the argument layout every such kernel shares
+# (`urpe.kernels.layout`): `define_attention_ops` registers them with the vmap rules and the
+# autograd Function of the fused backend.
 
 KIND_CODES = {"none": K.NO_TERM.value, "toeplitz": K.TOEPLITZ.value, "relation": K.RELATION.value,
               "dense": K.DENSE.value}  # fmt: skip
 
 
-def _launch_meta(q: Tensor, v: Tensor, kinds, normalization, is_causal, padding, mask, dropout_p):
+def _launch_meta(args: ForwardArgs, kinds: tuple[int, int]) -> dict:
     """The constexpr arguments shared by the three kernels."""
     return dict(
         B_KIND=kinds[0],
         C_KIND=kinds[1],
-        NORM=NORMALIZATION_CODES[normalization],
-        CAUSAL=is_causal,
-        HAS_PAD=padding is not None,
-        HAS_MASK=mask is not None,
-        DROPOUT=dropout_p > 0.0,
-        BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])),
-        **_compile_flags(q),
+        NORM=NORMALIZATION_CODES[args.normalization],
+        CAUSAL=args.is_causal,
+        HAS_PAD=args.key_padding_mask is not None,
+        HAS_MASK=args.attn_mask is not None,
+        DROPOUT=args.dropout_p > 0.0,
+        BLOCK_DV=max(16, triton.next_power_of_2(args.v.shape[-1])),
+        **_compile_flags(args.q),
     )
 
 
@@ -227,68 +227,45 @@ def _seed_value(seed: Tensor | None) -> int:
     return 0 if seed is None else int(seed)
 
 
-@torch.library.custom_op("urpe::triton_attention_forward", mutates_args=())
-def attention_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    bias_index: Tensor | None,
-    gate: Tensor | None,
-    gate_index: Tensor | None,
-    attn_mask: Tensor | None,
-    key_padding_mask: Tensor | None,
-    seed: Tensor | None,
-    bias_kind: str,
-    gate_kind: str,
-    is_causal: bool,
-    normalization: str,
-    scale: float,
-    dropout_p: float,
-    block_m: int,
-    block_n: int,
-) -> tuple[Tensor, Tensor]:
+def _forward(args: ForwardArgs) -> tuple[Tensor, Tensor]:
     """Output (B, H, Lq, Dv) in q's dtype and the row statistic (B, H, Lq) the backward needs
     (softmax: log-sum-exp; l2: m + log(sum e^2(s-m))/2; relu2: visible key count).
 
-    bias, gate: a dense (B|1, H|1, Lq|1, Lk|1) tensor, a Toeplitz table (H|1, 2K+1) or a Relation
-    table (H|1, R) with its (B|1, Lq, Lk) index, per `bias_kind`/`gate_kind`. attn_mask: None or
-    bool (B|1, H|1, Lq|1, Lk|1), True takes part. key_padding_mask: (B|1, Lk) bool, True = padded.
-    seed: int64 scalar tensor (dropout) or None.
+    The attn_mask is None or boolean here (a float one is added to the bias in layer 3).
     """
+    q, k, v = args.q, args.k, args.v
     b, h, lq, _ = q.shape
-    dv = v.shape[-1]
-    out = torch.empty(b, h, lq, dv, device=q.device, dtype=q.dtype)
-    stat = torch.empty(b, h, lq, device=q.device, dtype=_acc_dtype(q.dtype))
-    kinds = (KIND_CODES[bias_kind], KIND_CODES[gate_kind])
-    args = (
-        q, k, v, out, stat, _pad_bytes(q, k, key_padding_mask), *_mask_args(q, k, attn_mask),
-        *_term_args(q, k, bias, bias_index, kinds[0]),
-        *_term_args(q, k, gate, gate_index, kinds[1]),
-        *_common_args(q, k, v), scale, dropout_p, _seed_value(seed), 0, *_buckets(q, k),
+    out = torch.empty(b, h, lq, v.shape[-1], device=q.device, dtype=q.dtype)
+    stat = torch.empty(b, h, lq, device=q.device, dtype=compute_dtype(q.dtype))
+    kinds = (KIND_CODES[args.bias_kind], KIND_CODES[args.gate_kind])
+    launch = (
+        q, k, v, out, stat, _pad_bytes(q, k, args.key_padding_mask),
+        *_mask_args(q, k, args.attn_mask),
+        *_term_args(q, k, args.bias, args.bias_index, kinds[0]),
+        *_term_args(q, k, args.gate, args.gate_index, kinds[1]),
+        *_common_args(q, k, v), args.scale, args.dropout_p, _seed_value(args.dropout_seed), 0,
+        *_buckets(q, k),
     )  # fmt: skip
-    meta = _launch_meta(q, v, kinds, normalization, is_causal, key_padding_mask, attn_mask,
-                        dropout_p)  # fmt: skip
-    blocks = _fixed_blocks(block_m, block_n)
+    meta = _launch_meta(args, kinds)
+    blocks = _fixed_blocks(args.block_q, args.block_k)
     if blocks is None:
         grid = lambda cfg: (triton.cdiv(lq, cfg["BLOCK_M"]), b * h)  # noqa: E731
-        _tuned("forward")[grid](*args, **meta)
+        _tuned("forward")[grid](*launch, **meta)
     else:
         grid = (triton.cdiv(lq, blocks[0]), b * h)
-        K.attention_fwd_kernel[grid](*args, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
+        K.attention_fwd_kernel[grid](*launch, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
     return out, stat
 
 
-@attention_forward.register_fake
-def _(q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask, seed, *scalars):
-    b, h, lq, _ = q.shape
-    out = q.new_empty(b, h, lq, v.shape[-1])
-    return out, q.new_empty(b, h, lq, dtype=_acc_dtype(q.dtype))
+def _forward_fake(args: ForwardArgs):
+    b, h, lq, _ = args.q.shape
+    out = args.q.new_empty(b, h, lq, args.v.shape[-1])
+    return out, args.q.new_empty(b, h, lq, dtype=compute_dtype(args.q.dtype))
 
 
 def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, kind: int, needed: bool):
     """(buffer, head stride) that the dK/dV kernel accumulates a term's gradient into."""
-    acc = _acc_dtype(q.dtype)
+    acc = compute_dtype(q.dtype)
     if not needed or kind == K.NO_TERM.value:
         return _dummy(q, acc), 0
     if kind == K.DENSE.value:  # full (B, H, Lq, Lk); summed to the term's shape afterwards
@@ -298,74 +275,49 @@ def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, kind: int, need
     return grad, (0 if term.shape[0] == 1 else grad.stride(0))
 
 
-def _term_grad_result(q: Tensor, buffer: Tensor, term, kind: int, needed: bool) -> Tensor:
+def _term_grad_result(buffer: Tensor, term, kind: int, needed: bool) -> Tensor | None:
     if not needed or kind == K.NO_TERM.value:
-        return q.new_empty(0)
+        return None
     if kind == K.DENSE.value:
         buffer = buffer.sum_to_size(term.shape)
-    return strided_like(buffer.to(term.dtype), term)
+    return buffer.to(term.dtype)
 
 
-@torch.library.custom_op("urpe::triton_attention_backward", mutates_args=())
-def attention_backward(
-    grad_out: Tensor,
-    out: Tensor,
-    stat: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    bias_index: Tensor | None,
-    gate: Tensor | None,
-    gate_index: Tensor | None,
-    attn_mask: Tensor | None,
-    key_padding_mask: Tensor | None,
-    seed: Tensor | None,
-    bias_kind: str,
-    gate_kind: str,
-    is_causal: bool,
-    normalization: str,
-    scale: float,
-    dropout_p: float,
-    block_m: int,
-    block_n: int,
-    needs_bias: bool,
-    needs_gate: bool,
-    needs_mask: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dq, dk, dv, d bias, d gate, d attn_mask); a term's gradient has the term
-    tensor's shape, one not asked for is empty (0,). The attn_mask is boolean here (a float one
-    was added to the bias), so its gradient is always empty."""
+def _backward(grads: BackwardArgs) -> tuple:
+    """Gradients (dq, dk, dv, d bias, d gate, None): a term's gradient has the term tensor's
+    shape, None where not asked for. The attn_mask is boolean here (a float one was added to the
+    bias), so it has no gradient."""
+    args = grads.forward
+    q, k, v = args.q, args.k, args.v
     b, h, lq, d = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    acc = _acc_dtype(q.dtype)
-    kinds = (KIND_CODES[bias_kind], KIND_CODES[gate_kind])
-    bias_grad = needs_bias and kinds[0] != K.NO_TERM.value
-    gate_grad = needs_gate and kinds[1] != K.NO_TERM.value
-    grad_out = grad_out.contiguous()
-    norm = NORMALIZATION_CODES[normalization]
-    if norm in (K.SOFTMAX.value, K.L2.value):  # delta_i = dO_i . O_i
-        delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
+    acc = compute_dtype(q.dtype)
+    kinds = (KIND_CODES[args.bias_kind], KIND_CODES[args.gate_kind])
+    bias_grad = grads.needs_bias and kinds[0] != K.NO_TERM.value
+    gate_grad = grads.needs_gate and kinds[1] != K.NO_TERM.value
+    grad_out = grads.grad_out.contiguous()
+    if NORMALIZATION_CODES[args.normalization] in (K.SOFTMAX.value, K.L2.value):
+        delta = (grad_out.to(acc) * grads.out.to(acc)).sum(-1)  # delta_i = dO_i . O_i
     else:
         delta = _dummy(q, acc)
     dq = torch.empty(b, h, lq, d, device=q.device, dtype=q.dtype)
     dk = torch.empty(b, hk, lk, d, device=q.device, dtype=k.dtype)
     dv_ = torch.empty(b, hk, lk, dv, device=q.device, dtype=v.dtype)
-    masks = (_pad_bytes(q, k, key_padding_mask), *_mask_args(q, k, attn_mask))
-    bias_args = _term_args(q, k, bias, bias_index, kinds[0])
-    gate_args = _term_args(q, k, gate, gate_index, kinds[1])
-    d_bias, d_bias_sh = _term_grad_buffer(q, k, bias, kinds[0], bias_grad)
-    d_gate, d_gate_sh = _term_grad_buffer(q, k, gate, kinds[1], gate_grad)
-    common = (*_common_args(q, k, v), scale, dropout_p, _seed_value(seed), 0, *_buckets(q, k))
-    meta = _launch_meta(q, v, kinds, normalization, is_causal, key_padding_mask, attn_mask,
-                        dropout_p)  # fmt: skip
+    masks = (_pad_bytes(q, k, args.key_padding_mask), *_mask_args(q, k, args.attn_mask))
+    bias_args = _term_args(q, k, args.bias, args.bias_index, kinds[0])
+    gate_args = _term_args(q, k, args.gate, args.gate_index, kinds[1])
+    d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, kinds[0], bias_grad)
+    d_gate, d_gate_sh = _term_grad_buffer(q, k, args.gate, kinds[1], gate_grad)
+    common = (*_common_args(q, k, v), args.scale, args.dropout_p,
+              _seed_value(args.dropout_seed), 0, *_buckets(q, k))  # fmt: skip
+    meta = _launch_meta(args, kinds)
     kv_args = (
-        q, k, v, grad_out, stat, delta, dk, dv_, *masks,
+        q, k, v, grad_out, grads.stat, delta, dk, dv_, *masks,
         *bias_args, d_bias, d_bias_sh, *gate_args, d_gate, d_gate_sh, *common,
     )  # fmt: skip
     kv_meta = dict(meta, B_GRAD=bias_grad, C_GRAD=gate_grad)
-    q_args = (q, k, v, grad_out, stat, delta, dq, *masks, *bias_args, *gate_args, *common)
-    blocks = _fixed_blocks(block_m, block_n)
+    q_args = (q, k, v, grad_out, grads.stat, delta, dq, *masks, *bias_args, *gate_args, *common)
+    blocks = _fixed_blocks(args.block_q, args.block_k)
     if blocks is None:
         kv_grid = lambda cfg: (triton.cdiv(lk, cfg["BLOCK_N"]), b * hk)  # noqa: E731
         _tuned("backward_kv")[kv_grid](*kv_args, **kv_meta)
@@ -380,40 +332,20 @@ def attention_backward(
             *q_args, **meta, BLOCK_M=bm, BLOCK_N=bn
         )
     return (
-        strided_like(dq, q),
-        strided_like(dk, k),
-        strided_like(dv_, v),
-        _term_grad_result(q, d_bias, bias, kinds[0], bias_grad),
-        _term_grad_result(q, d_gate, gate, kinds[1], gate_grad),
-        q.new_empty(0),
+        dq,
+        dk,
+        dv_,
+        _term_grad_result(d_bias, args.bias, kinds[0], bias_grad),
+        _term_grad_result(d_gate, args.gate, kinds[1], gate_grad),
+        None,
     )
-
-
-@attention_backward.register_fake
-def _(grad_out, out, stat, q, k, v, bias, bias_index, gate, gate_index, attn_mask,
-      key_padding_mask, seed, bias_kind, gate_kind, *scalars):  # fmt: skip
-    needs_bias, needs_gate = scalars[-3:-1]
-
-    def term(t, kind, needed):
-        return torch.empty_like(t) if needed and kind != "none" else q.new_empty(0)
-
-    return (
-        torch.empty_like(q),
-        torch.empty_like(k),
-        torch.empty_like(v),
-        term(bias, bias_kind, needs_bias),
-        term(gate, gate_kind, needs_gate),
-        q.new_empty(0),
-    )
-
-
-register_vmap_rules(attention_forward, attention_backward)
 
 
 # --------------------------------------------------------------------------------------------
 # Layer 2: autograd (shared with the fused backend)
 
-TritonAttention = attention_function(attention_forward, attention_backward, "TritonAttention")
+TRITON = define_attention_ops("triton_attention", _forward, _backward, _forward_fake)
+TritonAttention = TRITON.function
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,24 +365,20 @@ def _bias_with_float_mask(spec: AttentionSpec):
     return (mask if bias is None else bias.to(dtype) + mask), None
 
 
-def triton_run(spec: AttentionSpec, block_m: int = 0, block_n: int = 0) -> Tensor:
+def triton_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
     """The Triton backend on a resolved call: (B, H, Lq, Dv) in q's dtype.
 
-    block_m, block_n: fixed tile sizes (powers of two >= 16); 0 autotunes on CUDA (and uses 16
+    block_q, block_k: fixed tile sizes (powers of two >= 16); 0 autotunes on CUDA (and uses 16
     under the interpreter).
     """
     bias, attn_mask = _bias_with_float_mask(spec)
-    bias, bias_index, bias_kind = term_arguments(bias)
-    gate, gate_index, gate_kind = term_arguments(spec.gate)
-    seed = spec.dropout_seed
-    if spec.dropout_p > 0.0 and seed is None:
-        seed = draw_seed(spec.q.device)  # a tensor: no .item() on the traced side
-    out, _ = TritonAttention.apply(
-        spec.q, spec.k, spec.v, bias, bias_index, gate, gate_index, attn_mask,
-        spec.key_padding_mask, seed, bias_kind, gate_kind, spec.is_causal, spec.normalization,
-        spec.scale, spec.dropout_p, int(block_m), int(block_n),
-    )  # fmt: skip
-    return out
+    spec = spec.replace(bias=bias, attn_mask=attn_mask)
+    if spec.dropout_p > 0.0 and spec.dropout_seed is None:
+        spec = spec.replace(dropout_seed=draw_seed(spec.q.device))  # a tensor: no .item()
+    return TRITON(ForwardArgs.from_spec(spec, block_q, block_k))
+
+
+_RENAMED = {"seed": "dropout_seed", "block_m": "block_q", "block_n": "block_k"}
 
 
 def triton_attention(
@@ -466,9 +394,10 @@ def triton_attention(
     normalization: str = "softmax",
     scale: float | None = None,
     dropout_p: float = 0.0,
-    seed: int | Tensor | None = None,
-    block_m: int = 0,
-    block_n: int = 0,
+    dropout_seed: int | Tensor | None = None,
+    block_q: int = 0,
+    block_k: int = 0,
+    **renamed,
 ) -> Tensor:
     """URPE attention on the Triton kernel: out = dropout(normalize(scale q k^T + B + M) * C) @ v.
 
@@ -485,29 +414,41 @@ def triton_attention(
         is_causal: query i sees keys j <= i + Lk - Lq.
         normalization: "softmax", "exp", "l2" or "relu2".
         scale: logit scale, default 1 / sqrt(D).
-        dropout_p: dropout on the gated weights; the mask comes from Philox(seed) and is
+        dropout_p: dropout on the gated weights; the mask comes from Philox(dropout_seed) and is
             regenerated in the backward pass, never stored.
-        seed: dropout seed, an int or an int64 scalar tensor (default: drawn from torch's
-            generator on q's device, so `torch.manual_seed` reproduces the masks).
-        block_m, block_n: fixed tile sizes (powers of two >= 16); 0 autotunes on CUDA.
+        dropout_seed: an int or an int64 scalar tensor (default: drawn from torch's generator on
+            q's device, so `torch.manual_seed` reproduces the masks).
+        block_q, block_k: fixed tile sizes (powers of two >= 16); 0 autotunes on CUDA.
+        The old names seed, block_m and block_n still work (deprecated).
 
     Returns:
         (..., H, Lq, Dv) in q's dtype. Half-precision inputs accumulate in float32.
     """
-    from . import _spec_unsupported
+    from . import spec_unsupported
 
+    given = dict(dropout_seed=dropout_seed, block_q=block_q, block_k=block_k)
+    for old, value in renamed.items():
+        if old not in _RENAMED:
+            raise TypeError(f"triton_attention() got an unexpected keyword argument {old!r}")
+        warnings.warn(
+            f"triton_attention({old}=...) is deprecated; pass {_RENAMED[old]}=...",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        given[_RENAMED[old]] = value
     spec = resolve(
         q, k, v, bias=bias, gate=gate, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
         is_causal=is_causal, normalization=normalization, scale=scale, dropout_p=dropout_p,
-        dropout_seed=seed, enable_gqa=True,
+        dropout_seed=given["dropout_seed"], enable_gqa=True,
     )  # fmt: skip
-    reason = _spec_unsupported(spec)
+    reason = spec_unsupported(spec)
     if reason is not None:
         raise ValueError(f"backend 'triton' cannot run this call: {reason}")
-    for name, size in (("block_m", block_m), ("block_n", block_n)):
+    for name in ("block_q", "block_k"):
+        size = given[name]
         if size and (size < 16 or size & (size - 1)):
             raise ValueError(f"{name} must be 0 (autotune) or a power of two >= 16, got {size}")
-    out = triton_run(spec, block_m, block_n)
+    out = triton_run(spec, given["block_q"], given["block_k"])
     return out.reshape(*spec.batch_shape, spec.heads, spec.lq, spec.value_dim)
 
 

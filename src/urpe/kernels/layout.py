@@ -1,0 +1,138 @@
+"""The raw attention ops' arguments, declared once.
+
+Every kernel that sits behind a pair of custom ops (the blockwise "fused" kernel, the Triton
+kernel) takes the same arguments, in flash-attention's raw-op style: tensors and scalars only, so
+that `torch.library` can register them and `torch.compile` can trace through them.
+`ForwardArgs` declares them (name, type, order, meaning) and `BackwardArgs` adds what the
+backward pass needs; the ops' schemas, the vmap rules' positional indices, the fake
+implementations and the kernels' own reads all come from these two declarations
+(`composable.define_attention_ops`).
+
+    forward(ForwardArgs)   -> (out (B, H, Lq, Dv), row statistic (B, H, Lq, ...))
+    backward(BackwardArgs) -> (dq, dk, dv, d bias, d gate, d attn_mask)
+
+A bias or gate travels as (tensor, index, kind): kind "none", "dense" (a (B|1, H|1, Lq|1, Lk|1)
+tensor), "toeplitz" (a table (H|1, 2K+1) over clamped offsets) or "relation" (a table (H|1, R)
+with a range-checked (B|1, Lq, Lk) int64 index). Every tensor except a table and the seed has
+the batch as dim 0, B or 1 (broadcast).
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import NamedTuple
+
+from torch import Tensor
+
+from .spec import AttentionSpec
+from .tables import PositionTerm, Relation, Toeplitz
+
+TABLE_KINDS = ("toeplitz", "relation")
+
+
+def term_arguments(term: PositionTerm | None) -> tuple[Tensor | None, Tensor | None, str]:
+    """A bias or gate as the raw ops' (tensor, index, kind)."""
+    if term is None:
+        return None, None, "none"
+    if isinstance(term, Toeplitz):
+        return term.table, None, "toeplitz"
+    if isinstance(term, Relation):
+        return term.table, term.index, "relation"
+    return term, None, "dense"
+
+
+class ForwardArgs(NamedTuple):
+    """The forward op's arguments, in order (shapes as in `AttentionSpec`)."""
+
+    q: Tensor  # (B, H, Lq, D)
+    k: Tensor  # (B, Hkv, Lk, D)
+    v: Tensor  # (B, Hkv, Lk, Dv)
+    bias: Tensor | None  # per bias_kind (module docstring)
+    bias_index: Tensor | None  # (B|1, Lq, Lk) int64 for a "relation" bias
+    gate: Tensor | None
+    gate_index: Tensor | None
+    attn_mask: Tensor | None  # (B|1, H|1, Lq|1, Lk|1): bool (True takes part) or float (added)
+    key_padding_mask: Tensor | None  # (B|1, Lk) bool, True = padded
+    dropout_seed: Tensor | None  # int64 scalar tensor (no host sync where it is made)
+    bias_kind: str
+    gate_kind: str
+    is_causal: bool
+    normalization: str
+    scale: float
+    dropout_p: float
+    block_q: int  # tile sizes (queries x keys); 0: the kernel's own choice
+    block_k: int
+
+    @classmethod
+    def from_spec(cls, spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> ForwardArgs:
+        """The op's arguments for a resolved call (the seed as the spec holds it)."""
+        bias, bias_index, bias_kind = term_arguments(spec.bias)
+        gate, gate_index, gate_kind = term_arguments(spec.gate)
+        return cls(
+            spec.q, spec.k, spec.v, bias, bias_index, gate, gate_index, spec.attn_mask,
+            spec.key_padding_mask, spec.dropout_seed, bias_kind, gate_kind, spec.is_causal,
+            spec.normalization, spec.scale, spec.dropout_p, int(block_q), int(block_k),
+        )  # fmt: skip
+
+    def kind(self, term: str) -> str:
+        """The kind of "bias" or "gate"."""
+        return self.bias_kind if term == "bias" else self.gate_kind
+
+    @property
+    def tensors(self) -> tuple:
+        return self[:N_TENSORS]
+
+    @property
+    def scalars(self) -> tuple:
+        return self[N_TENSORS:]
+
+
+N_TENSORS = ForwardArgs._fields.index("bias_kind")  # the tensors come first, then the scalars
+GRADIENT_INPUTS = ("q", "k", "v", "bias", "gate", "attn_mask")  # what the backward returns for
+
+
+class BackwardArgs(NamedTuple):
+    """The backward op's arguments: the forward's outputs and incoming gradient, the forward's
+    arguments unchanged, and which term gradients are wanted (the others come back empty)."""
+
+    grad_out: Tensor  # (B, H, Lq, Dv)
+    out: Tensor  # the forward's output
+    stat: Tensor  # the forward's row statistic
+    forward: ForwardArgs
+    needs_bias: bool
+    needs_gate: bool
+    needs_mask: bool
+
+    @classmethod
+    def from_flat(cls, args: tuple) -> BackwardArgs:
+        n = 3 + len(ForwardArgs._fields)
+        return cls(*args[:3], ForwardArgs(*args[3:n]), *args[n:])
+
+    def flat(self) -> tuple:
+        return (*self[:3], *self.forward, *self[4:])
+
+    @property
+    def needs(self) -> tuple[bool, bool, bool]:
+        return self.needs_bias, self.needs_gate, self.needs_mask
+
+
+def _schema_type(hint) -> str:
+    if hint is Tensor:
+        return "Tensor"
+    if typing.get_args(hint) and set(typing.get_args(hint)) == {Tensor, type(None)}:
+        return "Tensor?"
+    return {str: "str", bool: "bool", float: "float", int: "int"}[hint]
+
+
+def _arguments(fields: type) -> list[str]:
+    hints = typing.get_type_hints(fields)
+    return [f"{_schema_type(hints[name])} {name}" for name in fields._fields]
+
+
+FORWARD_SCHEMA = f"({', '.join(_arguments(ForwardArgs))}) -> (Tensor, Tensor)"
+_needs = [f"bool {name}" for name in BackwardArgs._fields[4:]]
+_head = [f"Tensor {name}" for name in BackwardArgs._fields[:3]]
+BACKWARD_SCHEMA = (
+    f"({', '.join([*_head, *_arguments(ForwardArgs), *_needs])}) -> "
+    "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
