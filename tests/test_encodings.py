@@ -46,21 +46,54 @@ def test_alibi_slopes_match_the_paper():
     assert torch.isclose(b[2, 1, 4], torch.tensor(-3 * 2.0**-3))
 
 
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
 @pytest.mark.parametrize("kind", ["log", "power"])
 def test_kerple_formulas(kind):
-    enc = urpe.KerpleBias(num_heads=2, kind=kind)
+    enc = urpe.KerpleBias(num_heads=2, kind=kind).double()
+    raw1, raw2 = [0.3, -0.2], [0.1, 0.5]
     with torch.no_grad():
-        enc.raw_r1.copy_(torch.tensor([0.3, -0.2]))
-        enc.raw_r2.copy_(torch.tensor([0.1, 0.5]))
-    b = dense(enc.bias(torch.zeros(1, 2, 6, 4), SEQ(6), 1.0), 6, 6)[0]
-    r1, r2 = enc._params()
-    r1, r2 = r1[:, 0], r2[:, 0]
-    dist = torch.tensor(4.0)
-    want = -r1 * torch.log1p(r2 * dist) if kind == "log" else -r1 * dist**r2
-    torch.testing.assert_close(b[:, 5, 1], want)
+        enc.raw_r1.copy_(torch.tensor(raw1, **F64))
+        enc.raw_r2.copy_(torch.tensor(raw2, **F64))
+    b = dense(enc.bias(torch.zeros(1, 2, 6, 4, **F64), SEQ(6), 1.0), 6, 6)[0]
+    # The documented parameterisation, written out here (not read from the module).
+    for h in range(2):
+        r1 = 0.01 + softplus(raw1[h])
+        if kind == "log":
+            r2 = 0.01 + softplus(raw2[h])
+            want = -r1 * math.log1p(r2 * 4)
+        else:
+            r2 = 2 - (2 - 0.01) * sigmoid(-raw2[h])
+            want = -r1 * 4.0**r2
+        assert b[h, 5, 1].item() == pytest.approx(want, rel=1e-12)
+        assert b[h, 1, 5].item() == pytest.approx(want, rel=1e-12)
     assert (b <= 0).all() and (b[:, 3, 3] == 0).all()
-    if kind == "power":
-        assert ((r2 > 0) & (r2 <= 2.0 + 1e-2)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kerple_power_exponent_never_exceeds_two(dtype):
+    """Above 2, |j - i|^r2 is no longer conditionally positive definite: the bound is exact."""
+    enc = urpe.KerpleBias(num_heads=5, kind="power").to(dtype)
+    with torch.no_grad():
+        enc.raw_r1.zero_()
+        enc.raw_r2.copy_(torch.tensor([-60.0, 0.0, 5.0, 30.0, 200.0]))
+    length = 40
+    b = dense(enc.bias(torch.zeros(1, 5, length, 4, dtype=dtype), SEQ(length), 1.0), length, length)
+    b = b[0, :, length - 1].double()  # (H, L): distances 39..0 from the last query
+    r1 = -b[:, length - 2]  # distance 1: -r1 * 1^r2
+    exponent = torch.log(b[:, 0] / b[:, length - 2]) / math.log(length - 1)  # from d = 39 vs 1
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+    assert (exponent <= 2 + tolerance).all() and (exponent > 0).all()
+    # A saturated exponent is the official clamp at 2: -r1 d^2 (today's 2.01 was off by 57).
+    distance = torch.arange(length - 1, -1, -1, dtype=torch.float64)
+    for h in (3, 4):
+        torch.testing.assert_close(b[h], -r1[h] * distance**2, rtol=tolerance, atol=0)
 
 
 def test_fire_depends_on_query_position_and_extrapolates():
@@ -71,6 +104,27 @@ def test_fire_depends_on_query_position_and_extrapolates():
     assert not torch.allclose(b[0, :, 6, 4], b[0, :, 9, 7])
     # Below the threshold the normaliser is constant, so the bias is Toeplitz there.
     torch.testing.assert_close(b[0, :, 2, 0], b[0, :, 3, 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threshold", [0.0, -0.0, 1e-30])
+def test_fire_stays_finite_when_its_threshold_reaches_zero(dtype, threshold):
+    """The query at position 0 divides by psi(max(0, L)); the paper adds eps = 1e-6 there."""
+    enc = urpe.FireBias(num_heads=2, init_threshold=4.0).to(dtype)
+    with torch.no_grad():
+        enc.threshold.fill_(threshold)
+    for positions in (SEQ(6), urpe.Positions(torch.tensor([[0, 3]]), torch.tensor([[0, 2, 5]]))):
+        b = enc.bias(torch.zeros(1, 2, positions.query_length, 4, dtype=dtype), positions, 1.0)
+        assert torch.isfinite(b).all()
+        enc.zero_grad()
+        b.sum().backward()
+        for name, p in enc.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    # Query 0 against key 2: psi(2) / (psi(0) + eps) = log(1 + 2c) / 1e-6, by hand.
+    b = enc.bias(torch.zeros(1, 2, 3, 4, dtype=dtype), SEQ(3), 1.0)
+    c = math.exp(enc.log_c.item())
+    feature = torch.tensor([math.log1p(2 * c) / 1e-6, 1.0], dtype=dtype)
+    torch.testing.assert_close(b[0, :, 0, 2], enc.mlp(feature), rtol=1e-5, atol=1e-3)
 
 
 def test_rope_scores_depend_on_offset_only():

@@ -217,7 +217,8 @@ def test_fire_reads_the_given_query_positions():
         for j, pk in enumerate([1, 9]):
             d = pk - pq
             feature = torch.stack([
-                torch.log1p(c * abs(d)) / torch.log1p(c * max(pq, fire.threshold.abs().item())),
+                torch.log1p(c * abs(d))
+                / (torch.log1p(c * max(pq, fire.threshold.abs().item())) + 1e-6),
                 torch.tensor(float(d > 0), **F64),
             ])  # fmt: skip
             torch.testing.assert_close(term[0, :, i, j], fire.mlp(feature))

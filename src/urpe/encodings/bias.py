@@ -125,25 +125,58 @@ class ALiBi(RelativeEncoding):
 class KerpleBias(RelativeEncoding):
     """KERPLE (Chi et al. 2022): conditionally positive definite kernels of the distance.
 
-    kind="log":   b = -r1 * log(1 + r2 |j - i|)      r1, r2 > 0
-    kind="power": b = -r1 * |j - i|^r2               r1 > 0, 0 < r2 <= 2
+    kind="log":   b = -r1 * log(1 + r2 |j - i|)      r1, r2 > eps
+    kind="power": b = -r1 * |j - i|^r2               r1 > eps, eps < r2 <= 2
+
+    Parameterisation (the official code instead clamps plain parameters in place each step):
+        r = eps + softplus(raw)                      every positive parameter
+        r2 = 2 - (2 - eps) * sigmoid(-raw_r2)        the power kernel's exponent
+    so the constraints hold at every step, gradients never vanish at a bound, and r2 <= 2
+    exactly in any float format (above 2 the kernel is no longer conditionally positive
+    definite, which is what KERPLE's guarantee rests on). r2 = 2 itself needs raw = +inf; the
+    converter in `urpe.encodings.porting` maps an official exponent of 2 to a raw value whose r2
+    rounds to 2.
+
+    Initialisation, as the official code: random per head, log: r1 ~ U(0, 2), r2 ~ U(0, 1);
+    power: r1 ~ U(0, 1), r2 ~ U(0, 2). Draws closer than `eps` to a bound are moved to `eps`
+    from it (the official code clamps them onto the bound, where a raw parameter would sit at
+    infinity). Different heads thus start with different decay rates, as ALiBi's slopes do.
     """
 
     def __init__(self, num_heads: int, kind: str = "log", eps: float = 1e-2):
         super().__init__()
         if kind not in ("log", "power"):
             raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
+        if not 0 < eps < 1:
+            raise ValueError(f"eps must be in (0, 1), got {eps}")
         self.kind, self.eps = kind, eps
-        # Raw parameters; constrained in `_params`. Initial r1 = 1, r2 = 1 (log) or 1 (power).
-        self.raw_r1 = nn.Parameter(torch.full((num_heads,), math.log(math.e - 1)))
-        self.raw_r2 = nn.Parameter(torch.zeros(num_heads))
+        scale_r1, scale_r2 = (2.0, 1.0) if kind == "log" else (1.0, 2.0)
+        r1 = torch.rand(num_heads, dtype=torch.float64) * scale_r1
+        r2 = torch.rand(num_heads, dtype=torch.float64) * scale_r2
+        upper = 2.0 - 2 * eps if kind == "power" else math.inf
+        self.raw_r1 = nn.Parameter(self.raw_from(r1.clamp_min(2 * eps), "r1").float())
+        self.raw_r2 = nn.Parameter(self.raw_from(r2.clamp(2 * eps, upper), "r2").float())
+
+    def raw_from(self, value: Tensor, name: str, tiny: float = 1e-14) -> Tensor:
+        """The raw parameter that gives `value` for r1 or r2 (inverse of `_params`).
+
+        Values at (or past) a bound are first clamped onto it, as the official code does, then
+        moved about `tiny` inside it so the raw value is finite; computed in float64.
+        """
+        value = value.double().clamp_min(self.eps)
+        if name == "r2" and self.kind == "power":
+            value = value.clamp_max(2.0)
+            below_two = ((2.0 - value) / (2.0 - self.eps)).clamp(tiny, 1.0 - tiny)  # sigmoid(-raw)
+            return -torch.logit(below_two)
+        excess = (value - self.eps).clamp_min(tiny)  # softplus(raw)
+        return excess + torch.log(-torch.expm1(-excess))  # softplus^-1, stable for large values
 
     def _params(self) -> tuple[Tensor, Tensor]:
         r1 = F.softplus(self.raw_r1) + self.eps
         if self.kind == "log":
             r2 = F.softplus(self.raw_r2) + self.eps
         else:
-            r2 = 2.0 * torch.sigmoid(self.raw_r2) + self.eps  # (0, 2]
+            r2 = 2.0 - (2.0 - self.eps) * torch.sigmoid(-self.raw_r2)  # (eps, 2]
         return r1[:, None], r2[:, None]
 
     def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
@@ -163,22 +196,42 @@ class KerpleBias(RelativeEncoding):
 
 @register_position("fire", lambda s: FireBias(s.num_heads, init_threshold=float(s.max_length)))
 class FireBias(RelativeEncoding):
-    """FIRE (Li et al. 2024): b_ij = f(psi(|i - j|) / psi(max(pos_i, L))), psi(x) = log(c x + 1).
+    """FIRE (Li et al. 2024): a learned function of the distance, normalised by the query position.
+
+        b_ij = f(psi(|i - j|) / (psi(max(pos_i, L)) + eps)),      psi(x) = log(c x + 1)
 
     f is a small MLP to one value per head; c and the threshold L are learned. The normalisation by
-    the query position is what lets FIRE interpolate to longer inputs. A second input, the side of
+    the query position is what lets FIRE interpolate to longer inputs; eps (the paper's 1e-6) keeps
+    the ratio finite when L reaches 0 at the query in position 0. A second input, the side of
     the key (before or after the query), makes it usable without a causal mask. Not Toeplitz: the
     term depends on the query position (`Positions.query`, per row if given per row), so it is
     returned dense, (B or 1, H, Lq, Lk).
+
+    Parameters and initialisation against the paper's code: c is stored as log c (the paper
+    stores c and uses |c|), initialised to the paper's 0.1; the threshold L is learned directly,
+    initialised to `init_threshold` (the paper learns a multiplier of a fixed L0 = 512, so under
+    Adam its L moves L0 times faster); the MLP is the paper's (hidden 32, ReLU) with the extra
+    side input, which a causal model never sees set. `urpe.encodings.porting.fire_from_paper`
+    converts the paper's parameters.
     """
 
     shift_invariant = False
 
-    def __init__(self, num_heads: int, hidden: int = 32, init_threshold: float = 512.0):
+    def __init__(
+        self,
+        num_heads: int,
+        hidden: int = 32,
+        init_threshold: float = 512.0,
+        init_c: float = 0.1,
+        eps: float = 1e-6,
+    ):
         super().__init__()
+        if not init_c > 0:
+            raise ValueError(f"init_c must be > 0, got {init_c}")
+        self.eps = eps
         self.mlp = nn.Sequential(nn.Linear(2, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
-        self.log_c = nn.Parameter(torch.zeros(()))
-        self.threshold = nn.Parameter(torch.tensor(init_threshold))
+        self.log_c = nn.Parameter(torch.tensor(math.log(init_c)))
+        self.threshold = nn.Parameter(torch.tensor(float(init_threshold)))
 
     def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
         dtype = self.mlp[0].weight.dtype
@@ -190,6 +243,8 @@ class FireBias(RelativeEncoding):
         def psi(x: Tensor) -> Tensor:
             return torch.log1p(c * x)
 
-        scale_by = psi(torch.maximum(qpos, self.threshold.abs()))[..., None]  # (B or 1, Lq, 1)
-        features = torch.stack([psi(offsets.abs()) / scale_by, (offsets > 0).to(dtype)], -1)
+        normaliser = psi(torch.maximum(qpos, self.threshold.abs())) + self.eps  # (B or 1, Lq)
+        features = torch.stack(
+            [psi(offsets.abs()) / normaliser[..., None], (offsets > 0).to(dtype)], -1
+        )  # (B or 1, Lq, Lk, 2)
         return self.mlp(features).permute(0, 3, 1, 2).to(q.dtype)  # (B or 1, H, Lq, Lk)
