@@ -21,8 +21,6 @@ from urpe.graph import EdgePathBias, ShortestPaths, to_dense_graph_batch
 from .graph_reference import SMILES, to_networkx
 from .test_graph_paths import moses_sample
 
-transformers = pytest.importorskip("transformers")  # the dev extra installs it
-
 F64 = dict(dtype=torch.float64)
 SEQ = urpe.Positions.sequence
 
