@@ -165,8 +165,13 @@ def test_alibi_and_kerple_off_the_grid_are_dense_functions_of_distance():
     torch.testing.assert_close(alibi[0, :, 1, 1], -urpe.encodings.alibi_slopes(4) * 43)
     kerple = urpe.KerpleBias(4, "log")
     term = kerple.bias(torch.zeros(1, 4, 2, D), positions, 1.0)
-    r1, r2 = kerple._params()
-    torch.testing.assert_close(term[0, :, 0, 2], (-r1 * torch.log1p(r2 * 50))[:, 0])
+    # KERPLE's log kernel from its raw parameters: r = softplus(raw) + eps (the paper's form)
+    r1 = torch.nn.functional.softplus(kerple.raw_r1) + kerple.eps
+    r2 = torch.nn.functional.softplus(kerple.raw_r2) + kerple.eps
+    torch.testing.assert_close(term[0, :, 0, 2], -r1 * torch.log1p(r2 * 50))
+    # off the grid the same distance gives the same value as on it (pair 0 -> 50 vs 7 -> 57)
+    grid = kerple.bias(torch.zeros(1, 4, 1, D), urpe.Positions.sequence(1, past=50), 1.0)
+    torch.testing.assert_close(grid.dense(1, 51)[0, :, 0, 0], term[0, :, 1, 0])
 
 
 # -------------------------------------------------------------------------------------- RoPE
