@@ -24,10 +24,14 @@ class RelativeEncoding(nn.Module):
             identical tokens apart under softmax; False for encodings that only edit logits.
         shift_invariant: depends on offsets key - query only, never on absolute positions
             (False for FIRE, which normalises by the query position).
+        query_independent: `bias` reads the queries' dtype and device only, not their values,
+            so one term serves every layer that shares this encoding's parameters in a forward
+            pass (`urpe.nn.AttentionContext.term`). Opt-in: False unless a class says so.
     """
 
     value_side: bool = False
     shift_invariant: bool = True
+    query_independent: bool = False
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Applied to q and k as they are produced.
