@@ -109,22 +109,21 @@ class _Transformer(_LoadGuard, nn.Module):
         self.layers = build_layers(c, self.causal, length)
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
 
-    def _positions(
-        self, positions: Positions | None, length: int, past: int, batch: int, device
-    ) -> Positions:
-        """The one Positions object of this forward pass, for `length` queries after `past`,
-        shape-checked here once for every layer."""
+    def _context(
+        self, positions: Positions | None, length: int, past: int, batch: int, device, **masks
+    ) -> AttentionContext:
+        """The one context of this forward pass, for `length` queries after `past` keys; its
+        positions are shape-checked here, once for every layer."""
         if positions is None:
             if uses_relation(self.config):
                 raise ValueError(
                     f"this model (position={self.config.position!r}, gate={self.config.gate!r}) "
                     "reads a relation index: pass positions=urpe.Positions.graph(relation)"
                 )
-            return Positions.sequence(length, past=past, device=device)
-        if not isinstance(positions, Positions):
-            raise TypeError(f"positions must be a urpe.Positions, got {type(positions).__name__}")
-        positions.check_shape(length, past + length, batch, device=device)
-        return positions
+            positions = Positions.sequence(length, past=past, device=device)
+        context = AttentionContext(positions=positions, is_causal=self.causal, **masks)
+        context.positions_for(length, past + length, batch, device)
+        return context
 
     def _run(
         self,
@@ -163,16 +162,16 @@ class _Transformer(_LoadGuard, nn.Module):
         slot = None
         if wrap:
             x, key_padding_mask, slot = self.markers.wrap(x, key_padding_mask)
-        positions = self._positions(positions, x.shape[1], past, b, x.device)
         memory_padding = None
         if memory is not None:
             memory_padding, key_padding_mask = split_memory_padding(
                 key_padding_mask, past, x.shape[1]
             )
-        context = AttentionContext(
-            positions=positions, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-            is_causal=self.causal,
+        context = self._context(
+            positions, x.shape[1], past, b, x.device, key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
         )  # fmt: skip
+        positions = context.positions
         if self.absolute is not None:
             start = positions.query_start  # a Python int when aligned: no gather, no sync
             x = self.absolute(x, start if start is not None else positions.query)
