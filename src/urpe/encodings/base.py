@@ -74,6 +74,16 @@ class NoPosition(RelativeEncoding):
     """NoPE: attention sees no position at all (causal masking may still leak some)."""
 
 
+def refuse_precomputed_bias(encoding: RelativeEncoding, bias: PositionTerm | None) -> None:
+    """For encodings that compute their own position term inside `attend` (Shaw, Transformer-XL):
+    a precomputed bias could not replace it, so it is an error rather than ignored."""
+    if bias is not None:
+        raise ValueError(
+            f"{type(encoding).__name__} computes its own position term; a precomputed bias "
+            "cannot replace it (use an encoding that only adds a bias, or NoPosition)"
+        )
+
+
 def clipped_table_term(table: Tensor, positions: Positions) -> Toeplitz | Relation:
     """A per-head table over clipped offsets, table (H, 2K+1) with column d + K for offset d.
 

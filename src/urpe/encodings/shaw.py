@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..kernels import PositionTerm, choose_backend, reference_weights, resolve
+from ..kernels import choose_backend, reference_weights, resolve
 from ..kernels.validation import check_attention_inputs
-from .base import RelativeEncoding
+from .base import RelativeEncoding, refuse_precomputed_bias
 from .positions import Positions
 from .registry import register_position
 
@@ -49,22 +49,9 @@ class ShawRelative(RelativeEncoding):
         per_offset = q @ self.keys.to(q.dtype).T  # (B, H, Lq, 2K+1)
         return scale * per_offset.gather(-1, index)  # (B, H, Lq, Lk)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        positions: Positions,
-        scale: float,
-        bias: PositionTerm | None = None,
-        **kwargs,
-    ) -> Tensor:
-        if bias is not None:
-            raise ValueError(
-                "ShawRelative computes its own key and value terms; a precomputed bias cannot "
-                "replace them (use an encoding that only adds a bias, or NoPosition)"
-            )
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float,
+               **kwargs) -> Tensor:  # fmt: skip
+        refuse_precomputed_bias(self, kwargs.pop("bias", None))
         _check_backend(kwargs.pop("backend", "auto"), q, k, v, kwargs)
         if k.shape[-2] == 0:  # no keys: every row sees nothing and is 0, as in urpe.attention
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
