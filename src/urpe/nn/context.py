@@ -29,7 +29,7 @@ CONTEXT_KEYWORDS = ("key_padding_mask", "attn_mask", "is_causal", "positions", "
 PAST_KEYWORDS = ("cache", "memory")
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: it holds tensors and a per-pass memo
 class AttentionContext:
     """Shared by the attention layers of one forward pass.
 
@@ -48,8 +48,8 @@ class AttentionContext:
     is_causal: bool = False
     bias: PositionTerm | None = None
     gate: PositionTerm | None = None
-    _checked: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _terms: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _checked: dict = field(default_factory=dict, init=False, repr=False)
+    _terms: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.positions is not None and not isinstance(self.positions, Positions):
