@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, resolve
-from urpe.kernels.composable import define_attention_ops
+from urpe.kernels.composable import define_attention_ops, strided_like
 from urpe.kernels.dtypes import compute_dtype
 from urpe.kernels.fused import FUSED, fused_attention
 from urpe.kernels.layout import BACKWARD_SCHEMA, FORWARD_SCHEMA, ForwardArgs, term_arguments
@@ -180,3 +180,78 @@ def test_the_old_argument_names_still_work_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fused_attention(q, k, v, **call, dropout_seed=11)  # the new name warns nothing
+
+
+# ---------------------------------------------------------------------------------- vmap rules
+def test_vmap_over_per_example_tables_loops_and_equals_a_loop():
+    """A batched Toeplitz table cannot be folded into the batch dim (one table per example):
+    the rule loops, forward and gradients."""
+    q, k, v, bias, gate = _inputs()
+    tables = torch.stack([bias, 2 * bias, -bias])  # (3, H, 7)
+
+    def out(table):
+        return TOY(_args(q, k, v, table, gate))
+
+    mapped = torch.vmap(out)(tables)
+    torch.testing.assert_close(mapped, torch.stack([out(t) for t in tables]))
+    per_example = torch.vmap(torch.func.grad(lambda t: out(t).square().sum()))(tables)
+    for table, got in zip(tables, per_example, strict=True):
+        want = torch.func.grad(lambda t: out(t).square().sum())(table)
+        torch.testing.assert_close(got, want)
+
+
+def test_vmap_with_dropout_gives_each_example_its_own_masks():
+    """Folding would draw the masks of a bigger batch; the loop gives each example the masks it
+    gets alone (a fixed seed makes that comparable)."""
+    q, k, v, bias, gate = _inputs()
+    seed = torch.tensor(5, dtype=torch.int64)
+
+    def out(x):
+        return FUSED(_args(x, k, v, bias, gate, dropout_p=0.5, dropout_seed=seed))
+
+    stacked = torch.stack([q, q + 1])
+    torch.testing.assert_close(torch.vmap(out)(stacked), torch.stack([out(x) for x in stacked]))
+
+
+def test_vmap_of_a_broadcast_dense_gate_gradient_sums_back_to_its_shape():
+    q, k, v, bias, gate = _inputs()  # gate (1, H, Lq, Lk) broadcasts over the batch
+
+    def loss(x, g):
+        return TOY(_args(x, k, v, bias, g)).square().sum()
+
+    stacked = torch.stack([q, 0.5 * q])
+    grads = torch.vmap(torch.func.grad(loss, argnums=1), in_dims=(0, None))(stacked, gate)
+    assert grads.shape == (2, *gate.shape)
+    for x, got in zip(stacked, grads, strict=True):
+        torch.testing.assert_close(got, torch.func.grad(loss, argnums=1)(x, gate))
+
+
+# ------------------------------------------------------------------------- ops and autograd
+def test_gradients_not_asked_for_come_back_empty():
+    q, k, v, bias, gate = _inputs()
+    args = _args(q, k, v, bias, gate)
+    out, stat = FUSED.forward_op(*args)
+    grads = FUSED.backward_op(torch.ones_like(out), out, stat, *args, False, True, False)
+    assert grads[3].numel() == 0 and grads[5].numel() == 0  # bias, attn_mask: not wanted
+    assert grads[4].shape == gate.shape and grads[0].shape == q.shape
+    # only the leaves that need a gradient are asked for
+    leaf = gate.clone().requires_grad_()
+    (g,) = torch.autograd.grad(FUSED(_args(q, k, v, bias, leaf)).sum(), leaf)
+    torch.testing.assert_close(g, grads[4].to(g.dtype), rtol=1e-6, atol=1e-9)
+
+
+def test_gradients_get_the_strides_the_fake_promises():
+    like = torch.empty(2, 3, 4)
+    contiguous = torch.randn(2, 3, 4)
+    assert strided_like(contiguous, like) is contiguous
+    transposed = torch.randn(4, 3, 2).transpose(0, 2)  # same shape, other strides
+    fixed = strided_like(transposed, like)
+    assert fixed.stride() == like.stride() and torch.equal(fixed, transposed)
+
+
+def test_higher_order_gradients_raise():
+    """Not implemented: a second derivative is an error, never a silent zero."""
+    q, k, v, bias, gate = (t.requires_grad_() for t in _inputs())
+    (gq,) = torch.autograd.grad(TOY(_args(q, k, v, bias, gate)).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice|does not require grad"):
+        torch.autograd.grad(gq.sum(), q)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
+import urpe
 import urpe.graph
 from urpe.data.molecules import FEATURIZATIONS, smiles_to_graph
 from urpe.graph import (
@@ -26,10 +27,10 @@ def molecules(smiles=SMILES):
 
 
 def model(urpe=False, seed=0, **changes):
-    config = GraphormerConfig(
-        num_layers=2, dim=16, ffn_dim=24, num_heads=4, attention_dropout=0.0,
-        max_distance=3, max_hops=3, urpe=urpe, **changes,
-    )  # fmt: skip
+    config = GraphormerConfig(**{
+        "num_layers": 2, "dim": 16, "ffn_dim": 24, "num_heads": 4, "attention_dropout": 0.0,
+        "max_distance": 3, "max_hops": 3, "urpe": urpe, **changes,
+    })  # fmt: skip
     torch.manual_seed(seed)
     net = Graphormer(
         config,
@@ -175,18 +176,44 @@ def test_targets_statistics_scale_the_output_and_survive_a_checkpoint_round_trip
         net.set_target_statistics(0.0, 0.0)
 
 
-def test_urpe_adds_heads_times_relations_per_layer():
-    def count(config):
-        net = Graphormer(config, node_cardinalities=(28,), edge_cardinalities=(4,))
+def test_urpe_adds_one_gate_entry_per_head_for_every_relation_the_data_can_hold():
+    """R is read off the data: a batch with every kind of pair (distances 0..D, farther than D,
+    unreachable, padding, the graph token) holds exactly the relations 0..R-1 that the gate has
+    columns for, and URPE adds layers x heads x R parameters, no more."""
+    from urpe.graph import relation_index
+
+    def count(net):
         return sum(p.numel() for p in net.parameters())
 
-    for name in GRAPHORMER_PRESETS:
-        config = GRAPHORMER_PRESETS[name]
-        relations = config.max_distance + 4  # distances 0..D, far, unreachable, graph token
-        extra = count(GraphormerConfig.preset(name, urpe=True)) - count(config)
-        assert extra == config.num_layers * config.num_heads * relations
-    slim = GraphormerConfig.preset("slim")
-    assert (slim.num_layers, slim.dim, slim.ffn_dim, slim.num_heads) == (12, 80, 80, 8)
+    max_distance = 1  # molecules have longer paths: "farther than D" occurs
+    graphs = molecules([*SMILES[:3], "C.C"])  # "C.C": two atoms, no path between them
+    dense = to_dense_graph_batch(Batch.from_data_list(graphs), max_hops=3)
+    seen = relation_index(dense.spd, max_distance).unique().tolist()
+    gated, plain = model(urpe=True, max_distance=max_distance), model(max_distance=max_distance)
+    width = gated.gate_tables()[0].shape[1]
+    assert seen == list(range(width))
+    assert count(gated) - count(plain) == 2 * 4 * len(seen)  # 2 layers, 4 heads
+    assert gated(dense).shape == (4,)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHORMER_PRESETS))
+def test_every_preset_builds_and_predicts(name):
+    net = Graphormer(
+        GraphormerConfig.preset(name, num_layers=1, urpe=True),
+        node_cardinalities=SPEC.node_cardinalities,
+        edge_cardinalities=SPEC.edge_cardinalities,
+    ).eval()
+    out = net(Batch.from_data_list(molecules(SMILES[:2])))
+    assert out.shape == (2,) and torch.isfinite(out).all()
+
+
+def test_spatial_bias_is_a_relation_bias_under_the_old_state_dict_key():
+    net = model()
+    assert isinstance(net.encodings.spatial, urpe.RelationBias)
+    assert "encodings.spatial.table" in net.state_dict()
+    relation = torch.randint(0, 7, (2, 5, 5))
+    table = net.encodings.spatial.table
+    torch.testing.assert_close(net.encodings.spatial(relation), table[:, relation].movedim(0, 1))
 
 
 def test_dense_batch_and_pyg_batch_give_the_same_predictions():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from urpe import Positions, TransformerConfig, TransformerEncoder
 from urpe.kernels import (
     AUTO_ORDER,
     BACKENDS,
@@ -119,8 +120,66 @@ def test_a_registered_backend_is_used_by_auto_by_name_and_skipped_where_it_canno
     assert len(extra_backend) == 2
 
 
-def test_auto_order_follows_priority():
-    ranked = [BACKENDS[n].priority for n in AUTO_ORDER]
-    assert ranked == sorted(ranked, reverse=True)
-    assert AUTO_ORDER[-1] == "reference"  # it runs everything, so it is the last resort
-    assert set(AUTO_ORDER) <= set(BACKENDS)
+def test_auto_order_follows_priority_and_skips_unranked_backends():
+    """A backend joins "auto" at the place its priority gives, and one without a priority only
+    runs by name: checked by which backend actually receives the call."""
+    received = []
+
+    def recording(name):
+        def run(spec):
+            received.append(name)
+            return reference_run(spec)
+
+        return run
+
+    def only_with_bias(spec):
+        return None if spec.bias is not None else "no bias"
+
+    register_backend(Backend("by-name", recording("by-name"), priority=None))
+    register_backend(Backend("above-fused", recording("above-fused"), only_with_bias, priority=35))
+    try:
+        assert "by-name" not in AUTO_ORDER
+        assert AUTO_ORDER.index("above-fused") == AUTO_ORDER.index("fused") - 1
+        q, k, v = (torch.randn(1, 2, 4, 3, **F64) for _ in range(3))
+        attention(q, k, v, bias=torch.zeros(4, 4, **F64))  # above-fused outranks fused
+        attention(q, k, v, gate=torch.ones(4, 4, **F64))  # it declines: fused takes it
+        attention(q, k, v, backend="by-name")
+        assert received == ["above-fused", "by-name"]
+        assert select_backend("auto", q, k, v, gate=torch.ones(4, 4, **F64)).name == "fused"
+    finally:
+        del BACKENDS["by-name"], BACKENDS["above-fused"]
+        register_backend(BACKENDS["reference"])  # rebuilds AUTO_ORDER without them
+    assert "above-fused" not in AUTO_ORDER and AUTO_ORDER[-1] == "reference"
+
+
+def test_a_registered_normalization_builds_and_trains_a_model(sigmoid):
+    """Registered once, a normalisation is a valid TransformerConfig choice: no other edit."""
+    config = TransformerConfig(
+        vocab_size=7, max_len=6, num_layers=2, dim=8, num_heads=2, position="rpe",
+        gate="toeplitz", normalization="sigmoid",
+    )  # fmt: skip
+    model = TransformerEncoder(config).double()
+    tokens = torch.randint(0, 7, (2, 6))
+    out = model(tokens)
+    out.square().sum().backward()
+    assert out.shape == (2, 6, 8) and torch.isfinite(out).all()
+    # The layers really ran sigmoid attention: compare one layer against the formula.
+    mha = model.layers[0].mixer
+    x = torch.randn(2, 6, 8, **F64)
+    heads = [p(x).view(2, 6, 2, 4).transpose(1, 2) for p in (mha.q_proj, mha.k_proj, mha.v_proj)]
+    positions = Positions.sequence(6)
+    bias = mha.position.bias(heads[0], positions, 0.5).dense(6, 6)
+    gate = mha.gate(positions).dense(6, 6)
+    weights = torch.sigmoid(heads[0] @ heads[1].transpose(-1, -2) * 0.5 + bias) * gate
+    want = mha.out_proj((weights @ heads[2]).transpose(1, 2).reshape(2, 6, 8))
+    torch.testing.assert_close(mha(x), want)
+    del NORMALIZATIONS["sigmoid"]
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        TransformerConfig(vocab_size=7, normalization="sigmoid")
+    register_normalization(SIGMOID)  # the fixture removes it again
+
+
+def test_config_backends_come_from_the_registry(extra_backend):
+    TransformerConfig(vocab_size=7, attention_backend="recording")
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        TransformerConfig(vocab_size=7, attention_backend="no-such")

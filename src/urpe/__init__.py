@@ -24,10 +24,11 @@ from .encodings import (
 )
 from .kernels import Relation, Toeplitz, attention, reference_attention
 from .models import LanguageModel, TransformerConfig, TransformerDecoder, TransformerEncoder
-from .nn import BilinearMixer, KVCache, MultiheadAttention, SeparableConvMixer
+from .nn import AttentionContext, BilinearMixer, KVCache, MultiheadAttention, SeparableConvMixer
 
 __all__ = [
     "ALiBi",
+    "AttentionContext",
     "BilinearMixer",
     "FireBias",
     "KVCache",

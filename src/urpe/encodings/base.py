@@ -24,10 +24,14 @@ class RelativeEncoding(nn.Module):
             identical tokens apart under softmax; False for encodings that only edit logits.
         shift_invariant: depends on offsets key - query only, never on absolute positions
             (False for FIRE, which normalises by the query position).
+        query_independent: `bias` reads the queries' dtype and device only, not their values,
+            so one term serves every layer that shares this encoding's parameters in a forward
+            pass (`urpe.nn.AttentionContext.term`). Opt-in: False unless a class says so.
     """
 
     value_side: bool = False
     shift_invariant: bool = True
+    query_independent: bool = False
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Applied to q and k as they are produced.
@@ -68,6 +72,16 @@ class RelativeEncoding(nn.Module):
 @register_position("none", lambda s: NoPosition())
 class NoPosition(RelativeEncoding):
     """NoPE: attention sees no position at all (causal masking may still leak some)."""
+
+
+def refuse_precomputed_bias(encoding: RelativeEncoding, bias: PositionTerm | None) -> None:
+    """For encodings that compute their own position term inside `attend` (Shaw, Transformer-XL):
+    a precomputed bias could not replace it, so it is an error rather than ignored."""
+    if bias is not None:
+        raise ValueError(
+            f"{type(encoding).__name__} computes its own position term; a precomputed bias "
+            "cannot replace it (use an encoding that only adds a bias, or NoPosition)"
+        )
 
 
 def clipped_table_term(table: Tensor, positions: Positions) -> Toeplitz | Relation:

@@ -40,6 +40,8 @@ class RelativeBias(RelativeEncoding):
     Initialised N(0, init_std) as in the official code.
     """
 
+    query_independent = True
+
     def __init__(self, num_heads: int, max_distance: int, init_std: float = 0.02):
         super().__init__()
         if max_distance < 0:
@@ -56,6 +58,8 @@ class RelativeBias(RelativeEncoding):
 )
 class T5Bias(RelativeEncoding):
     """T5's relative bias: one learned scalar per head per log-spaced bucket of offsets."""
+
+    query_independent = True
 
     def __init__(
         self,
@@ -106,6 +110,8 @@ def alibi_slopes(num_heads: int) -> Tensor:
 class ALiBi(RelativeEncoding):
     """ALiBi: a fixed linear penalty b_ij = -m_h |j - i| (no parameters)."""
 
+    query_independent = True
+
     def __init__(self, num_heads: int):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
@@ -142,6 +148,8 @@ class KerpleBias(RelativeEncoding):
     from it (the official code clamps them onto the bound, where a raw parameter would sit at
     infinity). Different heads thus start with different decay rates, as ALiBi's slopes do.
     """
+
+    query_independent = True
 
     def __init__(self, num_heads: int, kind: str = "log", eps: float = 1e-2):
         super().__init__()
@@ -215,6 +223,7 @@ class FireBias(RelativeEncoding):
     converts the paper's parameters.
     """
 
+    query_independent = True
     shift_invariant = False
 
     def __init__(

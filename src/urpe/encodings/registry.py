@@ -5,13 +5,18 @@
 
 `TransformerConfig` accepts exactly the registered names and the model builders look them up
 here, so a new encoding needs no edit of the config, the builders or the tests that enumerate
-the registry.
+the registry. An encoding's own options are declared beside it too, with their defaults:
+
+    @register_position("window", lambda s: Window(s.num_heads, s.window), options={"window": 16})
+
+`TransformerConfig(position="window", encoding_options={"window": 32})` then sets it, and the
+builder reads it as `s.window`: one edit adds an option.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from torch import nn
@@ -35,10 +40,18 @@ class EncodingSettings:
     num_relations: int = 32
     gate_init: str = "ones"
     gate_activation: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def max_distance(self) -> int:
         return max(self.max_length - 1, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        # Options declared beside an encoding (`register_position(..., options=...)`).
+        options = self.__dict__.get("options", {})
+        if name in options:
+            return options[name]
+        raise AttributeError(f"EncodingSettings has no field or declared option {name!r}")
 
 
 @dataclass(frozen=True)
@@ -47,12 +60,15 @@ class Registered:
 
     uses_relation: the module reads `positions.relation` (graph relations); models built from
     sequence lengths alone cannot run it.
+    options: the encoding's own options and their defaults, read by `build` as `s.<name>` and
+    set through `TransformerConfig.encoding_options`.
     """
 
     name: str
     cls: type
     build: Callable[[EncodingSettings], nn.Module]
     uses_relation: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 POSITION_REGISTRY: dict[str, Registered] = {}
@@ -64,7 +80,11 @@ T = TypeVar("T", bound=type)
 
 def _register(registry: dict[str, Registered], kind: str):
     def register(
-        name: str, build: Callable[[EncodingSettings], nn.Module], *, uses_relation: bool = False
+        name: str,
+        build: Callable[[EncodingSettings], nn.Module],
+        *,
+        uses_relation: bool = False,
+        options: Mapping[str, Any] | None = None,
     ) -> Callable[[T], T]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {kind} name must be a non-empty string, got {name!r}")
@@ -73,7 +93,7 @@ def _register(registry: dict[str, Registered], kind: str):
             existing = registry.get(name)
             if existing is not None and existing.cls.__qualname__ != cls.__qualname__:
                 raise ValueError(f"{kind} name {name!r} is already taken by {existing.cls}")
-            registry[name] = Registered(name, cls, build, uses_relation)
+            registry[name] = Registered(name, cls, build, uses_relation, dict(options or {}))
             return cls
 
         return decorate

@@ -25,6 +25,8 @@ class RelationBias(RelativeEncoding):
         num_heads: H. num_relations: R; `positions.relation` must hold indices in [0, R).
     """
 
+    query_independent = True
+
     def __init__(self, num_heads: int, num_relations: int, init_std: float = 0.02):
         super().__init__()
         if num_relations < 1:
@@ -34,4 +36,9 @@ class RelationBias(RelativeEncoding):
 
     def bias(self, q: Tensor, positions: Positions, scale: float) -> Relation:
         positions.check_relation_range(self.num_relations, "RelationBias")
-        return Relation(self.table, positions.relation)
+        return self.term(positions.relation)
+
+    def term(self, relation: Tensor) -> Relation:
+        """The bias for a relation index (B, Lq, Lk) as a structured term (kernels read it tile
+        by tile; `urpe.attention` checks the range)."""
+        return Relation(self.table, relation)

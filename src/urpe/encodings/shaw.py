@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..kernels import PositionTerm, reference_weights
+from ..kernels import choose_backend, reference_weights, resolve
 from ..kernels.validation import check_attention_inputs
-from .base import RelativeEncoding
+from .base import RelativeEncoding, refuse_precomputed_bias
 from .positions import Positions
 from .registry import register_position
 
@@ -22,8 +22,9 @@ from .registry import register_position
 class ShawRelative(RelativeEncoding):
     """Relative key (and optionally value) embeddings, shared across heads as in the paper.
 
-    The value-side term needs the attention weights themselves, so this encoding always runs
-    the reference (materialising) kernel.
+    The value-side term needs the attention weights themselves, so this encoding runs the
+    reference (materialising) kernel: backend "auto" or "reference"; another registered name
+    is refused with the reason, an unknown one as `urpe.attention` refuses it.
     """
 
     value_side = True
@@ -48,23 +49,10 @@ class ShawRelative(RelativeEncoding):
         per_offset = q @ self.keys.to(q.dtype).T  # (B, H, Lq, 2K+1)
         return scale * per_offset.gather(-1, index)  # (B, H, Lq, Lk)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        positions: Positions,
-        scale: float,
-        bias: PositionTerm | None = None,
-        **kwargs,
-    ) -> Tensor:
-        if bias is not None:
-            raise ValueError(
-                "ShawRelative computes its own key and value terms; a precomputed bias cannot "
-                "replace them (use an encoding that only adds a bias, or NoPosition)"
-            )
-        kwargs.pop("backend", None)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float,
+               **kwargs) -> Tensor:  # fmt: skip
+        refuse_precomputed_bias(self, kwargs.pop("bias", None))
+        _check_backend(kwargs.pop("backend", "auto"), q, k, v, kwargs)
         if k.shape[-2] == 0:  # no keys: every row sees nothing and is 0, as in urpe.attention
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
         check_attention_inputs(
@@ -82,3 +70,18 @@ class ShawRelative(RelativeEncoding):
             per_offset = per_offset.scatter_add(-1, index, weights)  # (B, H, Lq, 2K+1)
             out = out + per_offset @ self.values.to(weights.dtype)
         return out.to(q.dtype)
+
+
+def _check_backend(backend: str, q: Tensor, k: Tensor, v: Tensor, kwargs: dict) -> None:
+    """ValueError unless `backend` is "auto" or "reference" (through dispatch, so an unknown or
+    unsuitable name gets dispatch's own message)."""
+    if backend == "auto":
+        return
+    call = {name: kwargs[name] for name in ("attn_mask", "is_causal", "key_padding_mask",
+            "gate", "normalization", "dropout_p") if name in kwargs}  # fmt: skip
+    chosen = choose_backend(backend, resolve(q, k, v, **call))
+    if chosen.name != "reference":
+        raise ValueError(
+            f"ShawRelative needs the attention weights for its value-side term and runs on the "
+            f"reference kernel only: backend must be 'auto' or 'reference', got {backend!r}"
+        )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..kernels import PositionTerm, attention
+from ..kernels import attention
 from .absolute import sinusoid, sinusoid_frequencies
-from .base import RelativeEncoding
+from .base import RelativeEncoding, refuse_precomputed_bias
 from .bias import all_offsets
 from .positions import Positions
 from .registry import register_position
@@ -68,22 +68,9 @@ class TransformerXLRelative(RelativeEncoding):
         right = torch.cat([c_k, s_k], -1)  # (B or 1, 1, Lk, dim)
         return left @ right.transpose(-2, -1)  # (B, H, Lq, Lk)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        positions: Positions,
-        scale: float,
-        bias: PositionTerm | None = None,
-        **kwargs,
-    ) -> Tensor:
-        if bias is not None:
-            raise ValueError(
-                "TransformerXLRelative computes its own position term; a precomputed bias "
-                "cannot replace it (use an encoding that only adds a bias, or NoPosition)"
-            )
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float,
+               **kwargs) -> Tensor:  # fmt: skip
+        refuse_precomputed_bias(self, kwargs.pop("bias", None))
         q_content = q + self.content_bias.to(q.dtype)
         bias = self.bias(q, positions, scale)
         return attention(q_content, k, v, bias=bias, scale=scale, **kwargs)

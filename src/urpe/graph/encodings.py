@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import Relation
+from ..encodings import RelationBias
 from .config import GraphEncodingConfig
 from .dense import FAR, UNREACHABLE, DenseGraphBatch
 
@@ -163,18 +163,10 @@ class DegreeEncoding(nn.Module):
         return out
 
 
-class SpatialBias(nn.Module):
-    """Graphormer's spatial encoding: a learned bias per head and relation (shortest-path
-    distance, far, unreachable, the graph token's virtual distance): b_ij = table[h, rel(i, j)].
-    """
-
-    def __init__(self, num_heads: int, num_relations: int, init_std: float = 0.02):
-        super().__init__()
-        self.table = nn.Parameter(torch.randn(num_heads, num_relations) * init_std)  # (H, R)
-
-    def term(self, relation: Tensor) -> Relation:
-        """The bias as a structured term for `urpe.attention` (kernels read it tile by tile)."""
-        return Relation(self.table, relation)
+class SpatialBias(RelationBias):
+    """Graphormer's spatial encoding, b_ij = table[h, rel(i, j)] over shortest-path distance, far,
+    unreachable and the graph token's virtual distance: a `RelationBias` (same `table`, same
+    state-dict key) called on the relation index alone."""
 
     def forward(self, relation: Tensor) -> Tensor:
         """relation: (B, L, L) long -> dense bias (B, H, L, L)."""

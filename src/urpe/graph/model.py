@@ -32,8 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings import Positions, RelationGate
-from ..nn.attention import MultiheadAttention
-from ..nn.layer import TransformerLayer
+from ..kernels import BACKENDS
+from ..nn import AttentionContext, MultiheadAttention, TransformerLayer
 from .config import GraphEncodingConfig
 from .dense import DenseGraphBatch
 from .encodings import GraphormerEncodings
@@ -87,6 +87,10 @@ class GraphormerConfig:
         for name in ("max_distance", "max_hops", "max_degree"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.backend != "auto" and self.backend not in BACKENDS:
+            raise ValueError(
+                f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {self.backend!r}"
+            )
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
 
@@ -217,15 +221,14 @@ class Graphormer(nn.Module):
         """Final hidden states (B, L, dim) over [graph token, nodes], and the (B, L) padding
         mask (True = padded node; never the graph token)."""
         inputs = self.encodings(self.dense(batch))
-        positions = Positions.graph(inputs.relation)  # the gates read relation (B, L, L)
+        context = AttentionContext(
+            positions=Positions.graph(inputs.relation),  # the gates read relation (B, L, L)
+            key_padding_mask=inputs.padding_mask,
+            bias=inputs.bias,  # (B, H, L, L), computed once, the same for every layer
+        )
         x = self.input_dropout(inputs.x)  # (B, L, dim)
         for layer in self.layers:
-            x = layer(
-                x,
-                key_padding_mask=inputs.padding_mask,
-                positions=positions,
-                bias=inputs.bias,  # (B, H, L, L), the same for every layer
-            )
+            x = layer(x, context)
         return self.final_norm(x), inputs.padding_mask
 
     def forward(self, batch: Any) -> Tensor:

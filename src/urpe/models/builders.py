@@ -1,12 +1,13 @@
 """Turn config names into the modules they stand for, through the encodings' registries.
 
 The names themselves are declared beside their classes (`urpe.encodings.register_position`,
-`register_gate`, `register_absolute`); nothing here lists them.
+`register_gate`, `register_absolute`, `urpe.nn.register_mixer`); nothing here lists them.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import fields
 
 from torch import nn
 
@@ -17,17 +18,22 @@ from ..encodings import (
     EncodingSettings,
     RelativeEncoding,
 )
-from ..nn import BilinearMixer, MultiheadAttention, SeparableConvMixer, TransformerLayer
+from ..nn import MIXER_REGISTRY, MixerSettings, MultiheadAttention, TransformerLayer
 from .config import TransformerConfig
+
+# The sizes the builders derive; every other EncodingSettings field is the config's own.
+_DERIVED = {"num_heads", "head_dim", "dim", "max_length", "causal", "options"}
+_COPIED = tuple(f.name for f in fields(EncodingSettings) if f.name not in _DERIVED)
 
 
 def encoding_settings(c: TransformerConfig, causal: bool, length: int) -> EncodingSettings:
     """What the registered builders read. length: the longest sequence the model is built for
-    (max_len plus marker tokens)."""
+    (max_len plus marker tokens). Options declared beside the chosen encodings come with their
+    defaults, overridden by `c.encoding_options`."""
     return EncodingSettings(
         num_heads=c.num_heads, head_dim=c.head_dim, dim=c.dim, max_length=length, causal=causal,
-        num_buckets=c.num_buckets, bucket_max_distance=c.bucket_max_distance,
-        num_relations=c.num_relations, gate_init=c.gate_init, gate_activation=c.gate_activation,
+        options={**c.declared_options(), **c.encoding_options},
+        **{name: getattr(c, name) for name in _COPIED},
     )  # fmt: skip
 
 
@@ -59,7 +65,8 @@ def uses_relation(c: TransformerConfig) -> bool:
 
 def tied_copy(module: nn.Module | None) -> nn.Module | None:
     """A copy of `module` that holds the very same Parameter objects (tied, like an LM's input
-    and output embeddings).
+    and output embeddings), and its `term_key`, so that an `AttentionContext` computes their
+    term once per forward pass.
 
     Layers share B and C by sharing parameters, not module objects: `torch.func.functional_call`
     swaps a parameter once per module path, and one module object under several paths would be
@@ -67,11 +74,18 @@ def tied_copy(module: nn.Module | None) -> nn.Module | None:
     """
     if module is None:
         return None
+    if getattr(module, "term_key", None) is None:
+        module.term_key = f"tied-{id(module)}"
     clone = copy.deepcopy(module)
     for name, param in module.named_parameters():
         owner, _, leaf = name.rpartition(".")
         setattr(clone.get_submodule(owner), leaf, param)
     return clone
+
+
+def build_mixer(c: TransformerConfig, kind: str, length: int) -> nn.Module:
+    """The token mixer named `kind` in `urpe.nn.MIXER_REGISTRY`."""
+    return MIXER_REGISTRY[kind].build(MixerSettings(c.dim, length, c.conv_kernel_size))
 
 
 def build_layers(c: TransformerConfig, causal: bool, length: int) -> nn.ModuleList:
@@ -82,10 +96,8 @@ def build_layers(c: TransformerConfig, causal: bool, length: int) -> nn.ModuleLi
     layers = []
     for index in range(c.num_layers):
         kind = c.mixers.get(index, "attention")
-        if kind == "bilinear":
-            mixer = BilinearMixer(c.dim, length)
-        elif kind == "conv":
-            mixer = SeparableConvMixer(c.dim, c.conv_kernel_size)
+        if kind != "attention":
+            mixer = build_mixer(c, kind, length)
         else:
             if not c.share_position:
                 position, gate = build_position(c, causal, length), build_gate(c, length, causal)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from ..encodings import (
     ABSOLUTE_REGISTRY,
@@ -10,12 +11,18 @@ from ..encodings import (
     POSITION_REGISTRY,
     RegisteredNames,
 )
+from ..kernels import BACKENDS, NORMALIZATIONS
+from ..nn import MIXER_REGISTRY
 
-# Live views of the registries: each name is declared beside its class (urpe.encodings.registry).
+# Live views of the registries: each name is declared beside its class (urpe.encodings.registry,
+# urpe.kernels.register_normalization / register_backend, urpe.nn.register_mixer), so a name
+# registered after import is accepted here with no other edit.
 POSITIONS = RegisteredNames(POSITION_REGISTRY)
 ABSOLUTES = RegisteredNames(ABSOLUTE_REGISTRY, leading=(None,))
 GATES = RegisteredNames(GATE_REGISTRY, leading=(None,))
-MIXERS = ("attention", "bilinear", "conv")
+NORMALIZATION_NAMES = RegisteredNames(NORMALIZATIONS)
+BACKEND_NAMES = RegisteredNames(BACKENDS, leading=("auto",))
+MIXERS = RegisteredNames(MIXER_REGISTRY, leading=("attention",))
 
 
 @dataclass
@@ -30,11 +37,16 @@ class TransformerConfig:
         paper's URPE), "t5" (T5 buckets, "urpe-t5") or "relation" (indexed by
         `Positions.relation`, URPE on graphs).
     num_relations: R for the relation-indexed bias and gate (indices 0..R-1).
-    normalization: "softmax", "exp", "l2" or "relu2" (see `urpe.attention`).
+    encoding_options: values of the options the chosen position, gate and absolute encoding
+        declare beside themselves (`register_position(..., options={...})`).
+    normalization: a name in `urpe.kernels.NORMALIZATIONS` ("softmax", "exp", "l2", "relu2",
+        or one registered with `register_normalization`).
     share_position: one B and one C for all layers (the paper's default) or one per layer.
     markers: learned [CLS] prepended and [SEP] appended (encoder; a decoder only prepends), part
         of the model, not the data: outputs are returned for the real tokens only.
-    mixers: {layer index: "bilinear" | "conv"} to replace attention in those layers (Yun et al.).
+    mixers: {layer index: a name in `urpe.nn.MIXER_REGISTRY`, "bilinear" | "conv"} to replace
+        attention in those layers (Yun et al.).
+    attention_backend: "auto" or a name in `urpe.kernels.BACKENDS`.
     """
 
     vocab_size: int
@@ -58,6 +70,7 @@ class TransformerConfig:
     num_buckets: int = 32
     bucket_max_distance: int = 128
     num_relations: int = 32
+    encoding_options: dict[str, Any] = field(default_factory=dict)
     markers: bool = False
     mixers: dict[int, str] = field(default_factory=dict)
     conv_kernel_size: int = 3
@@ -69,7 +82,8 @@ class TransformerConfig:
             ("position", self.position, POSITIONS),
             ("absolute", self.absolute, ABSOLUTES),
             ("gate", self.gate, GATES),
-            ("normalization", self.normalization, ("softmax", "exp", "l2", "relu2")),
+            ("normalization", self.normalization, NORMALIZATION_NAMES),
+            ("attention_backend", self.attention_backend, BACKEND_NAMES),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -83,8 +97,26 @@ class TransformerConfig:
                 raise ValueError(f"mixers[{layer}] must be one of {MIXERS}, got {kind!r}")
             if not 0 <= layer < self.num_layers:
                 raise ValueError(f"mixers names layer {layer}, but there are {self.num_layers}")
+        declared = self.declared_options()
+        unknown = sorted(set(self.encoding_options) - set(declared))
+        if unknown:
+            raise ValueError(
+                f"encoding_options {unknown} are not declared by position={self.position!r}, "
+                f"gate={self.gate!r} or absolute={self.absolute!r} (they declare "
+                f"{sorted(declared) or 'none'})"
+            )
         if self.ffn_dim is None:
             self.ffn_dim = 4 * self.dim
+
+    def declared_options(self) -> dict[str, Any]:
+        """The options (and defaults) that the chosen encodings declare beside themselves."""
+        out: dict[str, Any] = {}
+        chosen = ((POSITION_REGISTRY, self.position), (GATE_REGISTRY, self.gate),
+                  (ABSOLUTE_REGISTRY, self.absolute))  # fmt: skip
+        for registry, name in chosen:
+            if name is not None:
+                out.update(registry[name].options)
+        return out
 
     @property
     def head_dim(self) -> int:

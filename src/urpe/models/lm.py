@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..nn import KVCache, MultiheadAttention
+from ..nn import KVCache
 from .config import TransformerConfig
 from .sampling import generate_tokens
 from .transformer import TransformerDecoder, next_memory
@@ -151,7 +151,7 @@ class IncrementalState:
 
     def _new_segment(self, tokens: Tensor | None) -> None:
         self.tokens, self.layer_inputs = None, None
-        self.cache = cache_from_memory(self.model, self.memory) if self.use_cache else None
+        self.cache = self.model.decoder.memory_cache(self.memory) if self.use_cache else None
         if tokens is not None:  # the slid window's kept tokens are fed again
             self._feed(tokens)
 
@@ -168,7 +168,7 @@ class IncrementalState:
         decoder = self.model.decoder
         if self.use_cache:
             if self.cache is None:
-                self.cache = cache_from_memory(self.model, self.memory)
+                self.cache = self.model.decoder.memory_cache(self.memory)
             logits, inputs = decoder(chunk, cache=self.cache, return_layer_inputs=True)
             self.tokens = chunk if self.tokens is None else torch.cat([self.tokens, chunk], 1)
         else:
@@ -201,28 +201,3 @@ class IncrementalState:
     def next_logits(self, tokens: Tensor) -> Tensor:
         """For `generate_tokens`: the logits (B, V) after feeding `tokens` (B, n)."""
         return self.feed(tokens)[:, -1]
-
-
-def cache_from_memory(model: LanguageModel, memory: Memory | None) -> list[KVCache]:
-    """A KV cache holding the keys and values the memory would give, at positions 0 .. M - 1, so
-    that cached decoding after it equals the forward pass with `memory=`.
-
-    Each layer's attention projects its memory (normalised first in a pre-LN layer, as
-    `TransformerLayer` does) and rotates the keys as the encoding would.
-    """
-    decoder = model.decoder
-    cache = decoder.new_cache()
-    if memory is None or memory[0].shape[1] == 0:
-        return cache
-    m = memory[0].shape[1]
-    positions = torch.arange(m, device=memory[0].device)
-    for layer, states, layer_cache in zip(decoder.layers, memory, cache, strict=True):
-        attention = layer.mixer
-        if not isinstance(attention, MultiheadAttention):
-            raise ValueError("segment memory needs attention in every layer (no mixers)")
-        x = layer.norm_mixer(states) if layer.norm_first else states
-        shape = (x.shape[0], m, attention.num_heads, attention.head_dim)
-        keys = attention.k_proj(x).view(shape).transpose(1, 2)  # (B, H, M, hd)
-        values = attention.v_proj(x).view(shape).transpose(1, 2)  # (B, H, M, hd)
-        layer_cache.append(attention.position.rotate(keys, positions), values, None)
-    return cache

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings import Positions
-from ..nn import KVCache
+from ..nn import AttentionContext, KVCache
+from ..nn.attention import split_memory_padding
 from .builders import build_absolute, build_layers, uses_relation
 from .config import TransformerConfig
 from .markers import MarkerTokens
@@ -108,21 +109,21 @@ class _Transformer(_LoadGuard, nn.Module):
         self.layers = build_layers(c, self.causal, length)
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
 
-    def _positions(
-        self, positions: Positions | None, length: int, past: int, batch: int, device
-    ) -> Positions:
-        """The one Positions object of this forward pass, for `length` queries after `past`."""
+    def _context(
+        self, positions: Positions | None, length: int, past: int, batch: int, device, **masks
+    ) -> AttentionContext:
+        """The one context of this forward pass, for `length` queries after `past` keys; its
+        positions are shape-checked here, once for every layer."""
         if positions is None:
             if uses_relation(self.config):
                 raise ValueError(
                     f"this model (position={self.config.position!r}, gate={self.config.gate!r}) "
                     "reads a relation index: pass positions=urpe.Positions.graph(relation)"
                 )
-            return Positions.sequence(length, past=past, device=device)
-        if not isinstance(positions, Positions):
-            raise TypeError(f"positions must be a urpe.Positions, got {type(positions).__name__}")
-        positions.check_shape(length, past + length, batch, device=device)
-        return positions
+            positions = Positions.sequence(length, past=past, device=device)
+        context = AttentionContext(positions=positions, is_causal=self.causal, **masks)
+        context.positions_for(length, past + length, batch, device)
+        return context
 
     def _run(
         self,
@@ -161,7 +162,16 @@ class _Transformer(_LoadGuard, nn.Module):
         slot = None
         if wrap:
             x, key_padding_mask, slot = self.markers.wrap(x, key_padding_mask)
-        positions = self._positions(positions, x.shape[1], past, b, x.device)
+        memory_padding = None
+        if memory is not None:
+            memory_padding, key_padding_mask = split_memory_padding(
+                key_padding_mask, past, x.shape[1]
+            )
+        context = self._context(
+            positions, x.shape[1], past, b, x.device, key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+        )  # fmt: skip
+        positions = context.positions
         if self.absolute is not None:
             start = positions.query_start  # a Python int when aligned: no gather, no sync
             x = self.absolute(x, start if start is not None else positions.query)
@@ -169,22 +179,28 @@ class _Transformer(_LoadGuard, nn.Module):
         for index, layer in enumerate(self.layers):
             if layer_inputs is not None:
                 layer_inputs.append(x)
-            kwargs = {}
-            if cache is not None:
-                kwargs["cache"] = cache[index]
             if memory is not None:
-                kwargs["memory"] = memory[index]
-            if attn_mask is not None:
-                kwargs["attn_mask"] = attn_mask
-            x = layer(
-                x,
-                key_padding_mask=key_padding_mask,
-                is_causal=self.causal,
-                positions=positions,
-                **kwargs,
-            )
+                layer_past = layer.memory_cache(
+                    memory[index].to(x.dtype), positions.key[..., :past], memory_padding
+                )
+            else:
+                layer_past = cache[index] if cache is not None else None
+            x = layer(x, context, past=layer_past)
         x = self.final_norm(x)
         return self.markers.unwrap(x, slot) if wrap else x
+
+    def memory_cache(self, memory: list[Tensor] | None) -> list[KVCache]:
+        """One `KVCache` per layer holding the keys and values that `memory` (one (B, M, E)
+        tensor per layer) gives at positions 0 .. M - 1: decoding after it equals the forward
+        pass with `memory=`."""
+        if memory is None or memory[0].shape[1] == 0:
+            return [KVCache() for _ in self.layers]
+        m = memory[0].shape[1]
+        keys = torch.arange(m, device=memory[0].device)
+        return [
+            layer.memory_cache(states, keys)
+            for layer, states in zip(self.layers, memory, strict=True)
+        ]
 
     def _check_memory(self, memory: list[Tensor], batch: int) -> int:
         if not isinstance(memory, (list, tuple)) or len(memory) != len(self.layers):

@@ -2,44 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 from torch import Tensor, nn
 
-from ..encodings import NoPosition, Positions, RelativeEncoding
-from ..kernels import PositionTerm
-
-
-@dataclass
-class KVCache:
-    """Keys and values seen so far by one self-attention layer, for incremental decoding.
-
-    keys, values: (B, H, L, D) (already rotated where the encoding rotates); padding: (B, L) bool
-    or None. Starts empty; `MultiheadAttention` appends to it in place.
-    """
-
-    keys: Tensor | None = None
-    values: Tensor | None = None
-    padding: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
-
-    def append(self, k: Tensor, v: Tensor, padding: Tensor | None) -> tuple[Tensor, Tensor]:
-        if self.keys is None:
-            self.keys, self.values = k, v
-        else:
-            self.keys = torch.cat([self.keys, k], dim=-2)
-            self.values = torch.cat([self.values, v], dim=-2)
-        if padding is not None or self.padding is not None:
-            b, new = k.shape[0], k.shape[-2]
-            old = self.length - new
-            prev = self.padding if self.padding is not None else k.new_zeros(b, old, dtype=bool)
-            cur = padding if padding is not None else k.new_zeros(b, new, dtype=bool)
-            self.padding = torch.cat([prev, cur], dim=-1)
-        return self.keys, self.values
+from ..encodings import NoPosition, RelativeEncoding
+from .context import AttentionContext
+from .past import KVCache
 
 
 class MultiheadAttention(nn.Module):
@@ -84,99 +51,90 @@ class MultiheadAttention(nn.Module):
         b, length, _ = x.shape
         return x.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, hd)
 
+    def project_keys_values(self, states: Tensor, key_positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (rotated at key_positions (M,) or (B, M)) and values (B, H, M, hd) of states
+        (B, M, kdim): what `KVCache.from_memory` stores for segment memory."""
+        k = self.position.rotate(self._heads(self.k_proj(states)), key_positions)
+        return k, self._heads(self.v_proj(states))
+
     def forward(
         self,
         query: Tensor,
         key: Tensor | None = None,
         value: Tensor | None = None,
+        context: AttentionContext | None = None,
         *,
-        key_padding_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        cache: KVCache | None = None,
-        positions: Positions | None = None,
-        memory: Tensor | None = None,
-        bias: PositionTerm | None = None,
-        gate: PositionTerm | None = None,
+        past: KVCache | None = None,
+        **keywords,
     ) -> Tensor:
         """query (B, Lq, E) -> (B, Lq, E).
 
         Args:
             key, value: (B, Lk, kdim/vdim) for cross-attention (default: self-attention on query).
-            key_padding_mask: (B, Lk) bool, True = padded, for the keys of this call (with memory
-                either (B, M + Lq) or (B, Lq), memory then counting as real).
-            attn_mask: SDPA's meaning, broadcastable to (B, H, Lq, Lk) over all keys (cache and
-                memory included): bool True = takes part, float = added to the logits.
-            is_causal: query i sees keys j <= i + Lk - Lq (by index: queries are the last Lq keys).
-            cache: self-attention only; the new keys are appended and queries attend to all.
-            positions: where queries and keys sit (`urpe.Positions`), over all Lk keys. Default:
-                `Positions.sequence(Lq, past=cache length or M)` for self-attention,
-                `Positions.aligned(Lq, Lk)` for cross-attention.
-            memory: (B, M, E) hidden states of earlier positions (a previous segment,
-                Transformer-XL style), prepended to the keys and values of self-attention; they
-                sit before the segment and are not queries.
-            bias, gate: precomputed terms (tensor, `Toeplitz` or `Relation`) that replace the
-                encoding's bias and the module's gate for this call (e.g. computed once per
-                batch by a graph model).
+            context: the forward pass's `AttentionContext` (positions over all keys, masks, causal
+                flag, precomputed terms); None: a plain sequence, no masks.
+            past: self-attention only; past keys (a decoding cache, or segment memory as
+                `KVCache.from_memory`) before this call's keys: the new keys are appended to it
+                and the queries attend to all.
+            keywords: the per-call form, `key_padding_mask=`, `attn_mask=`, `is_causal=`,
+                `positions=`, `bias=`, `gate=` (an `AttentionContext` is built from them),
+                `cache=` (= past) and `memory=` (B, M, E) hidden states of M earlier positions
+                (Transformer-XL; made into past keys here, at positions 0 .. M - 1 before the
+                segment, with key_padding_mask (B, M + Lq) or (B, Lq)).
         """
         if not isinstance(query, Tensor) or query.dim() != 3:
             raise ValueError(f"query must be (B, L, E), got shape {tuple(query.shape)}")
         cross = key is not None or value is not None
-        if cross and cache is not None:
+        if keywords:
+            if context is not None:
+                raise TypeError("give an AttentionContext or per-call keywords, not both")
+            context, pasts = AttentionContext.from_keywords(**keywords)
+            past = self._past_from_keywords(query, cross, context, past, **pasts)
+        context = context if context is not None else AttentionContext()
+        if cross and past is not None:
             raise ValueError(
                 "a KVCache is for self-attention: with cross-attention the given keys would be "
                 "appended to it on every call; project the fixed keys once instead"
             )
-        if memory is not None and (cross or cache is not None):
-            raise ValueError("memory is for self-attention without a KVCache")
         b, lq = query.shape[:2]
         if cross:
             key = query if key is None else key
             value = key if value is None else value
-            kv_input, past = (key, value), 0
         else:
-            source = query
-            if memory is not None:
-                if memory.dim() != 3 or memory.shape[0] != b or memory.shape[2] != query.shape[2]:
-                    raise ValueError(
-                        f"memory must be (B, M, E) = ({b}, M, {query.shape[2]}), "
-                        f"got {tuple(memory.shape)}"
-                    )
-                source = torch.cat([memory.to(query.dtype), query], dim=1)  # (B, M + Lq, E)
-                key_padding_mask = _memory_padding(key_padding_mask, memory.shape[1], lq)
-            kv_input = (source, source)
-            past = cache.length if cache is not None else source.shape[1] - lq
+            key = value = query
         q = self._heads(self.q_proj(query))  # (B, H, Lq, hd)
-        k = self._heads(self.k_proj(kv_input[0]))  # (B, H, L_new, hd)
-        v = self._heads(self.v_proj(kv_input[1]))  # (B, H, L_new, hd)
-        lk = past + k.shape[-2] if cache is not None else k.shape[-2]
-        if positions is None:
-            if cross:
-                positions = Positions.aligned(lq, lk, device=query.device)
-            else:
-                positions = Positions.sequence(lq, past=past, device=query.device)
-        elif not isinstance(positions, Positions):
-            raise TypeError(f"positions must be a urpe.Positions, got {type(positions).__name__}")
-        positions.check_shape(lq, lk, b, device=query.device)
+        k = self._heads(self.k_proj(key))  # (B, H, L_new, hd)
+        v = self._heads(self.v_proj(value))  # (B, H, L_new, hd)
+        lk = k.shape[-2] + (past.length if past is not None else 0)
+        positions = context.positions_for(lq, lk, b, query.device)
         q = self.position.rotate(q, positions.query)
         k = self.position.rotate(k, positions.key[..., lk - k.shape[-2] :])  # the new keys
-        if cache is not None:
-            k, v = cache.append(k, v, key_padding_mask)
-            key_padding_mask = cache.padding
-        if gate is None and self.gate is not None:
-            gate = self.gate(positions)
-        extra = {} if attn_mask is None else {"attn_mask": attn_mask}
+        key_padding_mask = context.key_padding_mask
+        if past is not None:
+            k, v = past.append(k, v, key_padding_mask)
+            key_padding_mask = past.padding
+        scale = self.head_dim**-0.5
+        extra = {} if context.attn_mask is None else {"attn_mask": context.attn_mask}
+        bias = context.bias
+        if bias is None and self.position.query_independent:  # one term per pass (and tie)
+            bias = context.term(
+                "bias", self.position, positions,
+                lambda: self.position.bias(q, positions, scale), q.dtype, scale,
+            )  # fmt: skip
         if bias is not None:
             extra["bias"] = bias
+        gate = context.gate
+        if gate is None and self.gate is not None:
+            gate = context.term("gate", self.gate, positions, lambda: self.gate(positions))
         out = self.position.attend(
             q,
             k,
             v,
             positions=positions,
-            scale=self.head_dim**-0.5,
+            scale=scale,
             gate=gate,
             key_padding_mask=key_padding_mask,
-            is_causal=is_causal,
+            is_causal=context.is_causal,
             normalization=self.normalization,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
@@ -185,14 +143,49 @@ class MultiheadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, lq, self.dim)  # (B, Lq, E)
         return self.out_proj(out)
 
+    def _past_from_keywords(
+        self,
+        query: Tensor,
+        cross: bool,
+        context: AttentionContext,
+        past: KVCache | None,
+        cache: KVCache | None,
+        memory: Tensor | None,
+    ) -> KVCache | None:
+        """The past keys of the per-call form: `cache=` as is, `memory=` projected (in place of
+        the context's key_padding_mask, the part over the segment)."""
+        if cache is not None:
+            if past is not None:
+                raise TypeError("give past= or cache=, not both")
+            past = cache
+        if memory is None:
+            return past
+        if cross or past is not None:
+            raise ValueError("memory is for self-attention without a KVCache")
+        b, lq, dim = query.shape
+        if memory.dim() != 3 or memory.shape[0] != b or memory.shape[2] != dim:
+            raise ValueError(
+                f"memory must be (B, M, E) = ({b}, M, {dim}), got {tuple(memory.shape)}"
+            )
+        m = memory.shape[1]
+        positions = context.positions_for(lq, m + lq, b, query.device)
+        memory_padding, context.key_padding_mask = split_memory_padding(
+            context.key_padding_mask, m, lq
+        )
+        keys = positions.key[..., :m]
+        return KVCache.from_memory(self, memory.to(query.dtype), keys, memory_padding)
 
-def _memory_padding(mask: Tensor | None, memory: int, length: int) -> Tensor | None:
-    """A segment's (B, L) padding mask extended over M memory keys (real), or a (B, M + L) one."""
-    if mask is None or mask.dim() != 2 or mask.shape[-1] == memory + length:
-        return mask
-    if mask.shape[-1] != length:
+
+def split_memory_padding(
+    mask: Tensor | None, memory: int, length: int
+) -> tuple[Tensor | None, Tensor | None]:
+    """A padding mask given with M memory keys as (memory part, segment part): a (B, M + L) mask
+    is split, a (B, L) one counts the memory as real (None)."""
+    if mask is None or mask.dim() != 2 or mask.shape[-1] == length:
+        return None, mask
+    if mask.shape[-1] != memory + length:
         raise ValueError(
             f"with memory, key_padding_mask must be (B, M + L) = (B, {memory + length}) or "
             f"(B, L) = (B, {length}), got {tuple(mask.shape)}"
         )
-    return torch.cat([mask.new_zeros(mask.shape[0], memory), mask], dim=-1)
+    return mask[:, :memory], mask[:, memory:]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .context import AttentionContext
+from .past import KVCache
+
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
@@ -38,17 +41,38 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, **mixer_kwargs) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        context: AttentionContext | None = None,
+        *,
+        past: KVCache | None = None,
+        **keywords,
+    ) -> Tensor:
         """x (B, L, E) -> (B, L, E).
 
-        memory: (B, M, E) hidden states of earlier positions at this layer's input (what this
-            layer saw as x for them); they join the keys and values (pre-LN: normalised like x).
-        mixer_kwargs: key_padding_mask, attn_mask, is_causal, cache, positions, bias, gate.
+        context: the forward pass's `AttentionContext`; past: this layer's past keys (a decoding
+        cache, or `memory_cache` of segment memory). keywords: the mixer's per-call form
+        (key_padding_mask=, positions=, cache=, memory= (B, M, E) states at this layer's input,
+        pre-LN: normalised like x), passed on.
         """
-        if memory is not None:
-            mixer_kwargs["memory"] = self.norm_mixer(memory) if self.norm_first else memory
+        if keywords.get("memory") is not None and self.norm_first:
+            keywords["memory"] = self.norm_mixer(keywords["memory"])
         if self.norm_first:
-            x = x + self.dropout(self.mixer(self.norm_mixer(x), **mixer_kwargs))
+            x = x + self.dropout(
+                self.mixer(self.norm_mixer(x), context=context, past=past, **keywords)
+            )
             return x + self.dropout(self.ffn(self.norm_ffn(x)))
-        x = self.norm_mixer(x + self.dropout(self.mixer(x, **mixer_kwargs)))
+        x = self.norm_mixer(x + self.dropout(self.mixer(x, context=context, past=past, **keywords)))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
+
+    def memory_cache(
+        self, states: Tensor, key_positions: Tensor, padding: Tensor | None = None
+    ) -> KVCache:
+        """Past keys of segment memory: M hidden states (B, M, E) at this layer's input (what it
+        saw as x for them), at key_positions (M,) or (B, M); normalised first in a pre-LN
+        layer, as x is."""
+        if not hasattr(self.mixer, "project_keys_values"):
+            raise ValueError("segment memory needs attention in every layer (no mixers)")
+        states = self.norm_mixer(states) if self.norm_first else states
+        return KVCache.from_memory(self.mixer, states, key_positions, padding)

@@ -2,30 +2,78 @@
 
 Both compute a contextual mapping without attention and both see position directly: the
 bilinear mixer through its (n x n) matrix, the convolution through its kernel taps.
-They share attention's call signature so a layer does not care which it holds.
+They take attention's call, `mixer(x, context, past=None)`, so a layer does not care which it
+holds; each is declared under its config name in `MIXER_REGISTRY` beside its class.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .context import AttentionContext
+from .past import KVCache
 
-def _zero_padding(x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-    return x if key_padding_mask is None else x.masked_fill(key_padding_mask[..., None], 0.0)
+
+@dataclass(frozen=True)
+class MixerSettings:
+    """What a mixer builder may read: model width, the longest sequence, the conv kernel size."""
+
+    dim: int
+    max_length: int
+    kernel_size: int = 3
 
 
-def _refuse_unsupported(
-    name: str, cache, memory, attn_mask, bias, gate, positions, from_zero: bool
-) -> None:
-    """Mixers work by index over the current input only: refuse what they would ignore."""
-    if cache is not None:
+@dataclass(frozen=True)
+class RegisteredMixer:
+    name: str
+    cls: type
+    build: Callable[[MixerSettings], nn.Module]
+
+
+MIXER_REGISTRY: dict[str, RegisteredMixer] = {}
+T = TypeVar("T", bound=type)
+
+
+def register_mixer(name: str, build: Callable[[MixerSettings], nn.Module]) -> Callable[[T], T]:
+    """Class decorator: declare a token mixer's config name (`TransformerConfig.mixers`)."""
+    if not isinstance(name, str) or not name or name == "attention":
+        raise ValueError(
+            f"a mixer name must be a non-empty string other than 'attention': {name!r}"
+        )
+
+    def decorate(cls: T) -> T:
+        MIXER_REGISTRY[name] = RegisteredMixer(name, cls, build)
+        return cls
+
+    return decorate
+
+
+def _prepare(
+    name: str, context: AttentionContext | None, past: KVCache | None, keywords: dict,
+    from_zero: bool,
+) -> AttentionContext:  # fmt: skip
+    """The context of a mixer call; refuses what a mixer, which works by index over the current
+    input only, would ignore."""
+    if keywords:
+        if context is not None:
+            raise TypeError("give an AttentionContext or per-call keywords, not both")
+        context, pasts = AttentionContext.from_keywords(**keywords)
+        past = past if pasts["cache"] is None else pasts["cache"]
+        if pasts["memory"] is not None:
+            raise NotImplementedError(f"{name} does not take memory")
+    context = context if context is not None else AttentionContext()
+    if past is not None:
         raise NotImplementedError(f"{name} does not support incremental decoding")
-    for what, value in (("memory", memory), ("attn_mask", attn_mask), ("bias", bias),
-                        ("gate", gate)):  # fmt: skip
-        if value is not None:
+    for what in ("attn_mask", "bias", "gate"):
+        if getattr(context, what) is not None:
             raise NotImplementedError(f"{name} does not take {what}")
+    positions = context.positions
     if positions is not None and not (
         positions.is_aligned
         and positions.query_length == positions.key_length
@@ -35,8 +83,14 @@ def _refuse_unsupported(
             f"{name} mixes tokens by index; it cannot take {positions} "
             "(only a plain sequence" + (" starting at position 0)" if from_zero else ")")
         )
+    return context
 
 
+def _zero_padding(x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    return x if key_padding_mask is None else x.masked_fill(key_padding_mask[..., None], 0.0)
+
+
+@register_mixer("bilinear", lambda s: BilinearMixer(s.dim, s.max_length))
 class BilinearMixer(nn.Module):
     """X -> P X W: a learned (n x n) matrix P mixes positions, a linear map W mixes features.
 
@@ -50,21 +104,22 @@ class BilinearMixer(nn.Module):
         self.features = nn.Linear(dim, dim)
 
     def forward(
-        self, x: Tensor, *, key_padding_mask=None, is_causal=False, cache=None, memory=None,
-        attn_mask=None, positions=None, bias=None, gate=None,
+        self, x: Tensor, context: AttentionContext | None = None, *, past: KVCache | None = None,
+        **keywords,
     ) -> Tensor:  # fmt: skip
-        """x (B, L, E) -> (B, L, E); same keywords as `MultiheadAttention` (padding, causal)."""
-        _refuse_unsupported("BilinearMixer", cache, memory, attn_mask, bias, gate, positions, True)
+        """x (B, L, E) -> (B, L, E); reads the context's padding and causal flag."""
+        context = _prepare("BilinearMixer", context, past, keywords, from_zero=True)
         length = x.shape[1]
         if length > self.max_len:
             raise ValueError(f"BilinearMixer was built for max_len={self.max_len}, got {length}")
         p = self.positions[:length, :length]  # (L, L)
-        if is_causal:
+        if context.is_causal:
             p = p.tril()
         # Padded positions are zeroed after the feature map (its bias would leak otherwise).
-        return p.to(x.dtype) @ _zero_padding(self.features(x), key_padding_mask)  # (B, L, E)
+        return p.to(x.dtype) @ _zero_padding(self.features(x), context.key_padding_mask)
 
 
+@register_mixer("conv", lambda s: SeparableConvMixer(s.dim, s.kernel_size))
 class SeparableConvMixer(nn.Module):
     """Depth-wise convolution over positions, then a point-wise linear map."""
 
@@ -75,14 +130,12 @@ class SeparableConvMixer(nn.Module):
         self.pointwise = nn.Linear(dim, dim)
 
     def forward(
-        self, x: Tensor, *, key_padding_mask=None, is_causal=False, cache=None, memory=None,
-        attn_mask=None, positions=None, bias=None, gate=None,
+        self, x: Tensor, context: AttentionContext | None = None, *, past: KVCache | None = None,
+        **keywords,
     ) -> Tensor:  # fmt: skip
-        """x (B, L, E) -> (B, L, E); same keywords as `MultiheadAttention` (padding, causal)."""
-        _refuse_unsupported(
-            "SeparableConvMixer", cache, memory, attn_mask, bias, gate, positions, False
-        )
-        h = _zero_padding(x, key_padding_mask).transpose(1, 2)  # (B, E, L)
-        left = self.kernel_size - 1 if is_causal else (self.kernel_size - 1) // 2
+        """x (B, L, E) -> (B, L, E); reads the context's padding and causal flag."""
+        context = _prepare("SeparableConvMixer", context, past, keywords, from_zero=False)
+        h = _zero_padding(x, context.key_padding_mask).transpose(1, 2)  # (B, E, L)
+        left = self.kernel_size - 1 if context.is_causal else (self.kernel_size - 1) // 2
         h = F.pad(h, (left, self.kernel_size - 1 - left))  # zero padding keeps length L
         return self.pointwise(self.depthwise(h).transpose(1, 2))  # (B, L, E)

@@ -40,7 +40,7 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     """tokens (B, L) -> per attention layer the weights (B, H, n, n) after the gate (n: L plus
     marker tokens), as the layer computed them. `model` is an `EncoderTokenClassifier` (or
     anything with `.encoder.layers[i].mixer`); layers whose mixer is not attention are skipped."""
-    from ...nn import MultiheadAttention
+    from ...nn import AttentionContext, MultiheadAttention
 
     captured: list[tuple[MultiheadAttention, Tensor, dict]] = []
 
@@ -61,21 +61,19 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     out = []
     for mixer, x, kwargs in captured:
         b, n, _ = x.shape
-        positions = kwargs.get("positions")
-        if positions is None:
-            from ...encodings import Positions
-
-            positions = Positions.sequence(n, device=x.device)
+        context = kwargs.get("context") or AttentionContext()  # the model's, for this pass
+        positions = context.positions_for(n, n, b, x.device)
         q = mixer.position.rotate(mixer._heads(mixer.q_proj(x)), positions.query)  # (B, H, n, hd)
         k = mixer.position.rotate(mixer._heads(mixer.k_proj(x)), positions.key)  # (B, H, n, hd)
         identity = torch.eye(n, dtype=x.dtype, device=x.device).expand(b, mixer.num_heads, n, n)
-        gate = kwargs.get("gate")
+        gate = context.gate
         if gate is None and mixer.gate is not None:
             gate = mixer.gate(positions)
-        extra = {k: kwargs[k] for k in ("bias", "attn_mask") if kwargs.get(k) is not None}
+        extra = {k: getattr(context, k) for k in ("bias", "attn_mask")
+                 if getattr(context, k) is not None}  # fmt: skip
         weights = mixer.position.attend(
             q, k, identity, positions=positions, scale=mixer.head_dim**-0.5, gate=gate,
-            key_padding_mask=kwargs.get("key_padding_mask"), normalization=mixer.normalization,
+            key_padding_mask=context.key_padding_mask, normalization=mixer.normalization,
             backend=mixer.backend, **extra,
         )  # (B, H, n, n): row i is query i's weights over the keys  # fmt: skip
         out.append(weights)

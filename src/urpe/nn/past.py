@@ -1,0 +1,75 @@
+"""Past keys: the one type for a KV cache (incremental decoding) and segment memory
+(Transformer-XL). Both are keys and values of earlier positions that come before the queries'
+own keys; a memory is such a cache built from hidden states, a decoding cache grows in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class ProjectsKeys(Protocol):
+    """What `KVCache.from_memory` needs of an attention module."""
+
+    def project_keys_values(
+        self, states: Tensor, key_positions: Tensor
+    ) -> tuple[
+        Tensor, Tensor
+    ]: ...  # (B, M, E) -> keys, values (B, H, M, hd), keys rotated as the encoding does
+
+
+@dataclass
+class KVCache:
+    """Keys and values seen so far by one self-attention layer.
+
+    keys, values: (B, H, L, D) (already rotated where the encoding rotates); padding: (B, L) bool
+    or None. Starts empty; `MultiheadAttention` appends the keys of each call to it in place, and
+    its queries attend to all of them.
+    """
+
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    padding: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @classmethod
+    def from_memory(
+        cls,
+        attention: ProjectsKeys,
+        states: Tensor,
+        key_positions: Tensor | None = None,
+        padding: Tensor | None = None,
+    ) -> KVCache:
+        """The past keys that M hidden states (B, M, E) give in `attention` (segment memory).
+
+        key_positions: (M,) or (B, M) positions of the memory keys (default 0 .. M - 1), for
+        encodings that rotate keys. padding: (B, M) bool, True = padded, or None (all real).
+        Differentiable in the attention's projections (the states are used as given).
+        """
+        if key_positions is None:
+            key_positions = torch.arange(states.shape[1], device=states.device)
+        cache = cls()
+        cache.append(*attention.project_keys_values(states, key_positions), padding)
+        return cache
+
+    def append(self, k: Tensor, v: Tensor, padding: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Add the keys and values (B, H, n, D) of n new positions; returns all keys, values."""
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = torch.cat([self.keys, k], dim=-2)
+            self.values = torch.cat([self.values, v], dim=-2)
+        if padding is not None or self.padding is not None:
+            b, new = k.shape[0], k.shape[-2]
+            old = self.length - new
+            prev = self.padding if self.padding is not None else k.new_zeros(b, old, dtype=bool)
+            cur = padding if padding is not None else k.new_zeros(b, new, dtype=bool)
+            self.padding = torch.cat([prev, cur], dim=-1)
+        return self.keys, self.values
