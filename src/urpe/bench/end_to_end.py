@@ -102,11 +102,13 @@ def picked_backend(variant: str, size: Size, device: str) -> str:
     return select_backend(backend, probe, probe, probe, **terms).name
 
 
-def end_to_end(device: str, repeats: int, warmup: int, progress, sizes=None) -> list[dict]:
-    """Median time of one training step per model and size, steps interleaved, with the ratio
-    to no positions on SDPA."""
+def end_to_end(
+    device: str, repeats: int, warmup: int, progress, sizes: list[Size] | None = None
+) -> list[dict]:
+    """Median time of one training step per model and size (default: the device's sizes),
+    steps interleaved, with the ratio to no positions on SDPA."""
     records = []
-    for size in (SIZES[name] for name in sizes or DEVICE_SIZES[device]):
+    for size in sizes or [SIZES[name] for name in DEVICE_SIZES[device]]:
         models = {variant: build_model(size, variant) for variant in VARIANTS}
         backends = {variant: picked_backend(variant, size, device) for variant in VARIANTS}
         try:

@@ -98,7 +98,9 @@ def _flex_rpe(inputs: Inputs, causal: bool):
         )
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[h, kv_idx - q_idx + length - 1].to(score.dtype)
+        # clamped: positions padded up to FlexAttention's block size would read out of range
+        offset = (kv_idx - q_idx).clamp(-(length - 1), length - 1) + length - 1
+        return score + table[h, offset].to(score.dtype)
 
     return lambda: _compiled_flex["flex"](q, k, v, score_mod=score_mod, block_mask=block_mask)
 
