@@ -125,8 +125,8 @@ def test_every_registered_backend_is_a_row(dummy_backends):
 def test_a_registered_backend_is_timed_through_its_run(dummy_backends):
     chosen = [rows.rows_for("cpu")[name] for name in ("sdpa", "bench_dummy_urpe")]
     inputs = make_inputs(1, 2, 32, 8, torch.float32)
-    records = measure.measure_setting(chosen, inputs, dict(length=32, dtype="float32"),
-                                      device="cpu", repeats=2, progress=lambda m: None)  # fmt: skip
+    quiet = measure.Method("cpu", repeats=2, progress=lambda line: None)
+    records = measure.measure_setting(chosen, inputs, dict(length=32, dtype="float32"), quiet)
     by = {(r["name"], r["mode"]): r for r in records}
     assert set(by) == {(n, m) for n in ("sdpa", "bench_dummy_urpe") for m in ("fwd", "fwdbwd")}
     assert all(r["time_ms"] > 0 for r in records)
@@ -140,9 +140,9 @@ def test_a_failing_row_is_recorded_and_the_rest_measured():
         raise RuntimeError("cannot build\nsecond line")
 
     chosen = [rows.rows_for("cpu")["sdpa"], rows.Row("broken", "fails", broken)]
-    records = measure.measure_setting(chosen, make_inputs(1, 1, 16, 8, torch.float32),
-                                      dict(length=16, dtype="float32"), device="cpu", repeats=1,
-                                      progress=lambda m: None)  # fmt: skip
+    quiet = measure.Method("cpu", repeats=1, progress=lambda line: None)
+    inputs = make_inputs(1, 1, 16, 8, torch.float32)
+    records = measure.measure_setting(chosen, inputs, dict(length=16, dtype="float32"), quiet)
     failed = [r for r in records if r["name"] == "broken"]
     assert [r["skipped"] for r in failed] == ["RuntimeError: cannot build"] * 2
     assert all("time_ms" in r for r in records if r["name"] == "sdpa")
@@ -452,6 +452,20 @@ def test_end_to_end_times_each_model_against_no_positions():
         timed["nope_sdpa"]["ratio_to_nope_sdpa"] == 1.0 and timed["nope_sdpa"]["backend"] == "sdpa"
     )
     assert timed["urpe_auto"]["backend"] in BACKENDS and timed["urpe_auto"]["length"] == 8
+
+
+def test_gpu_runs_check_the_urpe_rows_against_the_reference():
+    from urpe.bench.cuda import check_outputs
+
+    cpu = rows.rows_for("cpu")
+    chosen = [cpu[name] for name in ("reference_urpe", "fused_urpe", "fused_rpe")]
+    inputs = make_inputs(1, 2, 32, 8, torch.float32)
+    records = [dict(name=row.name, mode=mode, time_ms=1.0) for row in chosen
+               for mode in ("fwd", "fwdbwd")]  # fmt: skip
+    check_outputs(chosen, inputs, True, records)
+    errors = {(r["name"], r["mode"]): r.get("error_vs_reference") for r in records}
+    assert errors.pop(("fused_urpe", "fwd")) < 1e-5
+    assert set(errors.values()) == {None}  # the reference itself, RPE rows, fwd+bwd: unchecked
 
 
 @pytest.mark.parametrize("flag", [["--lengths", "0"], ["--heads", "-2"], ["--repeats", "x"],

@@ -14,7 +14,7 @@ from .end_to_end import end_to_end
 from .gpu_section import keep_section, print_targets
 from .inputs import make_inputs
 from .machine import cpu_info
-from .measure import measure_setting
+from .measure import Method, measure_setting
 from .memory import memory_curves
 from .plots import plot_memory
 from .profiling import profile_row
@@ -28,26 +28,19 @@ def time_block(args, length: int, dtype: str, progress, condition: Condition | N
     rows = [rows_for("cpu")[name] for name in args.rows]
     inputs = make_inputs(args.batch, args.heads, length, args.head_dim, getattr(torch, dtype))
     setting = dict(length=length, dtype=dtype, **(condition.fields if condition else {}))
-    where = f"  L={length} {dtype}" + (f" ({condition.label})" if condition else "")
-    return measure_setting(
-        rows,
-        inputs,
-        setting,
-        device="cpu",
-        limits=args,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        progress=lambda message: progress(f"{where}: {message}"),
-    )
+    where = f"  L={length} {dtype}" + (f" ({condition.label})" if condition else "") + ": "
+    method = Method("cpu", args, args.warmup, args.repeats, lambda line: progress(where + line))
+    return measure_setting(rows, inputs, setting, method)
 
 
 def contention_blocks(args, progress) -> list[dict]:
     """The rows at --contention-lengths under every thread count, idle and with one core
-    busy; the busy process lives for one block at a time."""
+    busy; the conditions of one setting follow each other, so drift in the machine's load
+    hits them alike, and the busy process lives for one block at a time."""
     records = []
-    for condition in conditions(args.contention_threads):
-        for dtype in args.dtypes:
-            for length in args.contention_lengths:
+    for dtype in args.dtypes:
+        for length in args.contention_lengths:
+            for condition in conditions(args.contention_threads):
                 progress(f"timing L={length} {dtype}, {condition.label}")
                 with condition.applied():
                     block = time_block(args, length, dtype, progress, condition)

@@ -19,7 +19,7 @@ from .end_to_end import end_to_end
 from .gpu_section import print_targets, section_markdown, write_section
 from .inputs import make_inputs
 from .machine import gpu_info
-from .measure import measure_setting
+from .measure import Method, measure_setting
 from .rows import Row, rows_for
 from .targets import gpu_targets
 
@@ -61,9 +61,7 @@ def time_setting(args, rows, length, head_dim, causal, dtype, progress) -> list[
         batch=args.batch,
         heads=args.heads,
     )
-    records = measure_setting(
-        rows, inputs, setting, device="cuda", causal=causal, limits=args, progress=progress
-    )
+    records = measure_setting(rows, inputs, setting, Method("cuda", args, progress=progress))
     for r in records:
         if "time_ms" in r:
             flops = attention_flops(

@@ -7,6 +7,9 @@ device's clock (`clocks`), and divide every time by the baseline's in the same s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from .clocks import MODES, Call, cuda_measure, interleaved_medians
@@ -24,41 +27,47 @@ def _failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0][:160]}"
 
 
+@dataclass(frozen=True)
+class Method:
+    """How a setting is measured: on which device, with which length caps (the parsed
+    arguments: see `rows.skip_reason`), how many warm-up calls and timed repeats (CPU; CUDA's
+    `do_bench` picks its own), and where progress lines go."""
+
+    device: str
+    limits: object = None
+    warmup: int = 1
+    repeats: int = 5
+    progress: Callable[[str], None] = print
+
+
 def build_calls(
-    rows: list[Row],
-    inputs,
-    setting: dict,
-    *,
-    device: str,
-    causal: bool,
-    limits,
-    warmup: int,
-    progress,
+    rows: list[Row], inputs, setting: dict, method: Method
 ) -> tuple[dict[tuple[str, str], Call], list[dict]]:
     """The warmed-up calls of every (row, mode) that runs here, and a record for each that
     does not (skipped, with the reason). A forward-only row has no record in the other mode."""
     calls, skipped = {}, []
+    causal = setting.get("causal", False)
     for row in rows:
-        for mode in (m for m in MODES if row.has_mode(m, device)):
-            reason = skip_reason(row, setting["length"], limits)
+        for mode in (m for m in MODES if row.has_mode(m, method.device)):
+            reason = skip_reason(row, setting["length"], method.limits)
             if reason is None:
                 try:
                     call = Call(row.build(inputs, causal), mode, inputs)
-                    for _ in range(warmup):
+                    for _ in range(method.warmup):
                         call()
                     calls[(row.name, mode)] = call
                     continue
                 except Exception as error:  # noqa: BLE001 - one row failing must not stop the rest
                     reason = _failure(error)
-                    progress(f"  {row.name} {mode}: failed ({reason})")
+                    method.progress(f"  {row.name} {mode}: failed ({reason})")
             skipped.append(dict(name=row.name, mode=mode, **setting, skipped=reason))
     return calls, skipped
 
 
-def time_calls(calls: dict, setting: dict, *, device: str, repeats: int, progress) -> list[dict]:
+def time_calls(calls: dict, setting: dict, method: Method) -> list[dict]:
     """A record with `time_ms` (and on CUDA `peak_mb`) for every call."""
     records = []
-    if device == "cuda":
+    if method.device == "cuda":
         for (name, mode), call in calls.items():
             record = dict(name=name, mode=mode, **setting)
             try:
@@ -68,39 +77,20 @@ def time_calls(calls: dict, setting: dict, *, device: str, repeats: int, progres
             torch.cuda.empty_cache()
             records.append(record)
         return records
-    medians = interleaved_medians(calls, repeats, progress=progress)
+    medians = interleaved_medians(calls, method.repeats, progress=method.progress)
     for (name, mode), ms in medians.items():
         records.append(dict(name=name, mode=mode, **setting, time_ms=ms))
     return records
 
 
-def measure_setting(
-    rows: list[Row],
-    inputs,
-    setting: dict,
-    *,
-    device: str,
-    causal=False,
-    limits=None,
-    warmup=1,
-    repeats=5,
-    progress=print,
-) -> list[dict]:
-    """Every row in both modes at one setting, ratios to the device's baseline included."""
-    calls, skipped = build_calls(
-        rows,
-        inputs,
-        setting,
-        device=device,
-        causal=causal,
-        limits=limits,
-        warmup=warmup,
-        progress=progress,
-    )
-    records = time_calls(calls, setting, device=device, repeats=repeats, progress=progress)
+def measure_setting(rows: list[Row], inputs, setting: dict, method: Method) -> list[dict]:
+    """Every row in both modes at one setting (its fields, `causal` among them, go into every
+    record), in row order, with ratios to the device's baseline."""
+    calls, skipped = build_calls(rows, inputs, setting, method)
+    records = time_calls(calls, setting, method)
     order = {row.name: i for i, row in enumerate(rows)}
     records = sorted(records + skipped, key=lambda r: (order[r["name"]], MODES.index(r["mode"])))
-    add_ratios(records, BASELINE[device])
+    add_ratios(records, BASELINE[method.device])
     return records
 
 

@@ -146,10 +146,12 @@ LAST_BASELINES = (
 
 
 def backend_rows(device: str) -> list[Row]:
-    """A URPE row and an RPE row for every backend registered for `device` but SDPA."""
+    """A URPE row and an RPE row for every backend registered for `device` but SDPA, but where
+    a baseline has the name already."""
     names = [name for name in native_backends(device) if name != "sdpa"]
     kinds = (("urpe", True, "Toeplitz B and C (URPE)"), ("rpe", False, "Toeplitz B only (RPE)"))
-    return [
+    external = {row.name for row in (*BASELINES, *LAST_BASELINES)}
+    rows = [
         Row(
             f"{name}_{kind}",
             f"urpe.attention(backend={name!r}), {terms}",
@@ -159,13 +161,12 @@ def backend_rows(device: str) -> list[Row]:
         for kind, gated, terms in kinds
         for name in names
     ]
+    return [row for row in rows if row.name not in external]
 
 
 def rows_for(device: str) -> dict[str, Row]:
     """Every row that can be timed on `device`, in report order (name -> row)."""
-    external = {row.name for row in (*BASELINES, *LAST_BASELINES)}
-    derived = [row for row in backend_rows(device) if row.name not in external]
-    ordered = (*BASELINES, *derived, *LAST_BASELINES)
+    ordered = (*BASELINES, *backend_rows(device), *LAST_BASELINES)
     return {row.name: row for row in ordered if row.devices is None or device in row.devices}
 
 

@@ -82,11 +82,15 @@ class RatioTarget:
 
 
 def _cpu(target: str, numerator: str, denominator: str, mode: str, limit: float, **condition):
-    return RatioTarget(
-        target, numerator, denominator, mode, 2048, "float32", limit, condition=condition
-    )
+    return RatioTarget(target, numerator, denominator, mode, 2048, "float32", limit,
+                       condition=condition)  # fmt: skip
 
 
+def _gpu(target: str, numerator: str, denominator: str, mode: str, limit: float, **more):
+    return RatioTarget(target, numerator, denominator, mode, None, None, limit, **more)
+
+
+# fmt: off
 # Issue 4: the fused kernel on the CPU, float32, L=2048, idle machine.
 CPU_TARGETS = (
     _cpu("fused URPE fwd+bwd / bias-free SDPA", "fused_urpe", "sdpa", "fwdbwd", 1.5),
@@ -95,62 +99,29 @@ CPU_TARGETS = (
     _cpu("fused URPE / fused RPE, fwd+bwd", "fused_urpe", "fused_rpe", "fwdbwd", 1.05),
     _cpu("fused URPE / fused RPE, fwd", "fused_urpe", "fused_rpe", "fwd", 1.05),
 )
-# Issue 21: the same ratios at 1 and 2 threads, idle and with one core busy.
+# Issue 21: the same ratio at 1 and 2 threads, idle and with one core busy.
 CONTENTION_TARGETS = tuple(
-    _cpu(
-        f"fused URPE {label} / bias-free SDPA, {threads} thread(s), {load}",
-        "fused_urpe",
-        "sdpa",
-        mode,
-        limit,
-        threads=threads,
-        busy=busy,
-    )
+    _cpu(f"fused URPE {label} / bias-free SDPA, {threads} thread(s), {load}", "fused_urpe",
+         "sdpa", mode, limit, threads=threads, busy=busy)
     for threads in (1, 2)
-    for label, mode, busy, load, limit in (
-        ("fwd+bwd", "fwdbwd", False, "idle", 1.4),
-        ("fwd", "fwd", False, "idle", 1.25),
-        ("fwd+bwd", "fwdbwd", True, "one core busy", 1.6),
-    )
+    for label, mode, busy, load, limit in (("fwd+bwd", "fwdbwd", False, "idle", 1.4),
+                                           ("fwd", "fwd", False, "idle", 1.25),
+                                           ("fwd+bwd", "fwdbwd", True, "one core busy", 1.6))
 )
-# Issue 11: the Triton kernel on a GPU, every setting measured.
+# Issue 11: the Triton kernel on a GPU, judged on the worst of every setting measured.
 GPU_TARGETS = (
-    RatioTarget(
-        "triton URPE fwd+bwd / flex RPE (<=)", "triton_urpe", "flex_rpe", "fwdbwd", None, None, 1.3
-    ),
-    RatioTarget(
-        "triton URPE fwd+bwd / SDPA-Flash (<=)",
-        "triton_urpe",
-        "sdpa_flash",
-        "fwdbwd",
-        None,
-        None,
-        1.8,
-    ),
-    RatioTarget(
-        "speed-up of triton URPE over SDPA dense bias, fwd+bwd, L >= 4k (>=)",
-        "sdpa_dense_bias",
-        "triton_urpe",
-        "fwdbwd",
-        None,
-        None,
-        3.0,
-        min_length=4096,
-        at_least=True,
-    ),
-    *(
-        RatioTarget(
-            f"triton URPE / triton without gate, {mode} (<=)",
-            "triton_urpe",
-            "triton_rpe",
-            mode,
-            None,
-            None,
-            1.1,
-        )
-        for mode in ("fwd", "fwdbwd")
-    ),
+    _gpu("triton URPE fwd+bwd / flex RPE (<=)", "triton_urpe", "flex_rpe", "fwdbwd", 1.3),
+    _gpu("triton URPE fwd+bwd / SDPA-Flash (<=)", "triton_urpe", "sdpa_flash", "fwdbwd", 1.8),
+    _gpu("speed-up of triton URPE over SDPA dense bias, fwd+bwd, L >= 4k (>=)",
+         "sdpa_dense_bias", "triton_urpe", "fwdbwd", 3.0, min_length=4096, at_least=True),
+    _gpu("triton URPE / triton without gate, fwd (<=)", "triton_urpe", "triton_rpe", "fwd", 1.1),
+    _gpu("triton URPE / triton without gate, fwdbwd (<=)", "triton_urpe", "triton_rpe", "fwdbwd",
+         1.1),
 )
+# One training step, URPE on auto / another model: (model, its label, limit).
+END_TO_END_TARGETS = (("nope_sdpa", "no-PE SDPA", 1.1),
+                      ("xtransformers_t5", "x-transformers T5", 1.0))
+# fmt: on
 TARGETS = {"cpu": CPU_TARGETS + CONTENTION_TARGETS, "cuda": GPU_TARGETS}
 
 
@@ -224,25 +195,15 @@ def gpu_memory_target(records: list[dict], name: str = "triton_urpe") -> dict:
 
 
 def end_to_end_targets(e2e: list[dict]) -> list[dict]:
-    """URPE on auto against no positions on SDPA (<= 1.1x) and x-transformers' T5 (<= 1x)."""
-    by = {(r["name"], r.get("size")): r for r in e2e if "time_ms" in r}
-    out = []
-    for size in ("quick", "long"):
-        urpe = by.get(("urpe_auto", size))
-        for name, label, limit in (
-            ("nope_sdpa", "no-PE SDPA", 1.1),
-            ("xtransformers_t5", "x-transformers T5", 1.0),
-        ):
-            other = by.get((name, size))
-            if urpe and other:
-                out.append(
-                    dict(
-                        target=f"end-to-end step ({size}): URPE auto / {label}",
-                        value=urpe["time_ms"] / other["time_ms"],
-                        limit=limit,
-                    )
-                )
-    return out
+    """A training step of URPE on auto against each model of END_TO_END_TARGETS, per size."""
+    by = {(r["name"], r.get("size")): r["time_ms"] for r in e2e if "time_ms" in r}
+    return [
+        dict(target=f"end-to-end step ({size}): URPE auto / {label}",
+             value=by[("urpe_auto", size)] / by[(name, size)], limit=limit)
+        for size in ("quick", "long")
+        for name, label, limit in END_TO_END_TARGETS
+        if ("urpe_auto", size) in by and (name, size) in by
+    ]  # fmt: skip
 
 
 def _judged(records: list[dict]) -> list[dict]:
