@@ -1,1 +1,22 @@
-"""Benchmarks behind `urpe bench ...`: speed and memory measurements, not part of the core."""
+"""Benchmarks behind `urpe bench ...`: speed and memory measurements, not part of the core.
+
+`urpe bench attention` is built from one-job modules:
+
+    attention    the command: flags (options) in, one device's run out
+    options      its flags and the defaults that depend on --device
+    rows         what is timed: a row per registered backend (with and without the gate) and
+                 the external baselines
+    inputs       q, k, v and the Toeplitz tables every row reads
+    clocks       one call in one mode, and how it is timed on each device
+    measure      the pipeline: skip, build, warm up, time, divide by the baseline
+    contention   threads and a busy core as conditions of a measurement block
+    memory       peak resident memory per call, in subprocesses; the quadratic fit
+    profiling    operators a row spends its time in
+    end_to_end   one training step of small models from urpe.models
+    machine      what the numbers were measured on
+    targets      the targets as data, judged on records
+    report       BENCHMARKS.md's CPU report; gpu_section its GPU section; plots the PNG
+    cpu, cuda    the run on each device
+
+Every other `urpe bench` subcommand is a module of its own here, registered in `urpe.cli`.
+"""

@@ -1,0 +1,197 @@
+"""The flags of `urpe bench attention`, and the defaults that depend on --device."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..cli_types import non_negative_int, positive_int
+from .rows import RENAMED, default_rows, rows_for
+from .targets import named_rows
+
+DTYPES = ("float32", "bfloat16", "float16")
+# Defaults that depend on --device (flags left out on the command line take these).
+DEVICE_DEFAULTS = {
+    "cpu": dict(
+        lengths=[512, 2048, 8192],
+        dtypes=["float32", "bfloat16"],
+        batch=1,
+        heads=8,
+        dense_max_length=4096,
+        fused_max_length=None,
+    ),
+    "cuda": dict(
+        lengths=[1024, 2048, 4096, 8192, 16384],
+        dtypes=["bfloat16"],
+        batch=4,
+        heads=16,
+        dense_max_length=8192,
+        fused_max_length=8192,
+    ),
+}
+
+
+def _row_help(device: str) -> str:
+    return "; ".join(f"{name}: {row.help}" for name, row in rows_for(device).items())
+
+
+def _rows(parser, flag: str, device: str, text: str) -> None:
+    choices = list(rows_for(device))
+    parser.add_argument(
+        flag,
+        nargs="+",
+        default=default_rows(device, named_rows(device)),
+        choices=choices,
+        type=lambda name: RENAMED.get(name, name),
+        metavar="ROW",
+        help=f"{text} (default: the baselines, every URPE row and the RPE rows a target "
+        f"compares with). {_row_help(device)}",
+    )
+
+
+def _device_default(parser, flag: str, what: str, **kwargs) -> None:
+    dest = flag.lstrip("-").replace("-", "_")
+    cpu, cuda = DEVICE_DEFAULTS["cpu"][dest], DEVICE_DEFAULTS["cuda"][dest]
+    parser.add_argument(
+        flag, default=argparse.SUPPRESS, help=f"{what} (default: cpu {cpu}, cuda {cuda})", **kwargs
+    )
+
+
+def _lengths(parser, flag: str, default: list[int], what: str) -> None:
+    """A flag taking one or more positive integers."""
+    parser.add_argument(flag, type=positive_int, nargs="+", default=default, help=what)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the CPU report (BENCHMARKS.md's main part). cuda: the GPU section (Triton "
+        "kernel, FlexAttention route, SDPA-Flash; see --gpu-rows), written between markers "
+        "so the CPU part stays",
+    )
+    _device_default(parser, "--lengths", "sequence lengths to time", type=positive_int, nargs="+")
+    _device_default(
+        parser,
+        "--dtypes",
+        "input dtypes (the fused kernel computes in float32)",
+        nargs="+",
+        choices=DTYPES,
+    )
+    _rows(parser, "--rows", "cpu", "CPU kernels to measure")
+    _rows(parser, "--gpu-rows", "cuda", "GPU kernels to measure (--device cuda)")
+    _lengths(
+        parser,
+        "--head-dims",
+        [64, 128],
+        "head widths D for --device cuda (the CPU report uses --head-dim)",
+    )
+    add(
+        "--causal",
+        choices=("both", "yes", "no"),
+        default="both",
+        help="causal settings for --device cuda",
+    )
+    add(
+        "--time-budget",
+        type=positive_int,
+        default=540,
+        metavar="SECONDS",
+        help="--device cuda: start no new setting after this many seconds (those left are "
+        "recorded as not measured), so one command fits a time limit",
+    )
+    _device_default(
+        parser,
+        "--fused-max-length",
+        "skip the pure-PyTorch fused kernel above this length",
+        type=positive_int,
+    )
+    add(
+        "--train-steps",
+        type=positive_int,
+        default=10,
+        help="--device cuda: timed training steps of the paper-sized model (median)",
+    )
+    add(
+        "--gpu-report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="write the GPU section of --markdown from these results of --device cuda runs "
+        "(merged; no GPU needed), print the targets, and stop",
+    )
+    _device_default(parser, "--batch", "batch size B", type=positive_int)
+    _device_default(parser, "--heads", "heads H", type=positive_int)
+    add("--head-dim", type=positive_int, default=64, help="head width D")
+    add("--repeats", type=positive_int, default=5, help="timed repeats (median)")
+    add("--warmup", type=non_negative_int, default=1, help="untimed calls first")
+    add(
+        "--reference-max-length",
+        type=positive_int,
+        default=4096,
+        help="skip the reference above this length (its (L, L) matrices would not fit)",
+    )
+    add(
+        "--reference-memory-max-length",
+        type=positive_int,
+        default=8192,
+        help="the same limit for the peak-memory probe (a subprocess: if it runs out of memory "
+        "the point is reported as failed and the curve extrapolated)",
+    )
+    _device_default(
+        parser,
+        "--dense-max-length",
+        "skip SDPA with a dense bias above this length",
+        type=positive_int,
+    )
+    add(
+        "--memory-lengths",
+        type=positive_int,
+        nargs="*",
+        default=[512, 1024, 2048, 4096, 8192],
+        help="lengths for the peak-memory curves, float32 forward+backward (none: skip)",
+    )
+    add(
+        "--end-to-end",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time one training step of small encoders: URPE, RPE, no positions on SDPA "
+        "and x-transformers' T5 bias (if installed)",
+    )
+    add(
+        "--profile",
+        type=non_negative_int,
+        default=2048,
+        metavar="L",
+        help="profile fused URPE forward+backward (float32) at this length and report the "
+        "operators it spends its time in (0: skip)",
+    )
+    add("--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)")
+    add(
+        "--contention",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CPU: also time the rows at --contention-lengths under each --contention-threads "
+        "count, idle and with a child process spinning on one core (started before each "
+        "block of measurements, stopped after); reported beside the idle ratios",
+    )
+    _lengths(parser, "--contention-threads", [1, 2], "torch thread counts for --contention")
+    _lengths(
+        parser,
+        "--contention-lengths",
+        [2048],
+        "sequence lengths for --contention (each dtype of --dtypes)",
+    )
+    add("--json", type=Path, help="write all results here")
+    add("--markdown", type=Path, help="write the report here (BENCHMARKS.md)")
+    add("--plot", type=Path, help="write the memory curves here (PNG)")
+    add("--memory-probe", help=argparse.SUPPRESS)  # internal: one peak-memory point
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """Flags left out take the chosen device's defaults."""
+    for name, value in DEVICE_DEFAULTS[args.device].items():
+        if not hasattr(args, name):
+            setattr(args, name, value)

@@ -1,0 +1,189 @@
+"""The rows of `urpe bench attention`: what is timed, each a no-argument call on shared inputs.
+
+Every backend registered in `urpe.kernels.BACKENDS` for the device (but SDPA, which cannot take
+the gate) gives two rows, so a kernel registered later is benchmarked with no edit here:
+
+    <backend>_urpe   urpe.attention(backend=<backend>) with Toeplitz B and C (URPE)
+    <backend>_rpe    the same without the gate (Toeplitz B only: what the gate costs)
+
+Beside them stand the external baselines, which are not urpe's kernels:
+
+    sdpa             F.scaled_dot_product_attention without a bias (CPU): every CPU ratio's base
+    sdpa_flash       the same on the FlashAttention backend (CUDA): every GPU ratio's base
+    sdpa_dense_bias  SDPA with the Toeplitz bias written out as a (B, H, L, L) tensor
+    flex_rpe         compiled FlexAttention, Toeplitz bias as score_mod (it cannot express C;
+                     forward only on the CPU, where PyTorch has no backward for it)
+
+A baseline keeps its name where a derived row would take it (flex_rpe is FlexAttention's own
+route, not urpe's "flex" backend without the gate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import Toeplitz, attention, native_backends
+from .inputs import dense_bias
+
+Inputs = dict[str, torch.Tensor]
+Build = Callable[[Inputs, bool], Callable[[], torch.Tensor]]  # (inputs, causal) -> call
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmark row: its name, what it is (help), how to build its call, the devices it
+    runs on (None: any), where it has no backward, and the option that caps its length."""
+
+    name: str
+    help: str
+    build: Build
+    devices: tuple[str, ...] | None = None
+    forward_only_on: tuple[str, ...] = ()
+    length_limit: str | None = None  # an attribute of the parsed arguments
+
+    def has_mode(self, mode: str, device: str) -> bool:
+        return mode == "fwd" or device not in self.forward_only_on
+
+
+# Row names of earlier versions (results files, scripts) -> today's.
+RENAMED = {"reference": "reference_urpe"}
+# Backends whose rows are too slow or too large past a length: the option that says where.
+BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "fused": "fused_max_length"}
+
+
+def _sdpa(inputs: Inputs, causal: bool):
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _sdpa_flash(inputs: Inputs, causal: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    plain = _sdpa(inputs, causal)
+
+    def flash() -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return plain()
+
+    return flash
+
+
+def _sdpa_dense_bias(inputs: Inputs, causal: bool):
+    if "dense_bias" not in inputs:  # kept in inputs, so that its gradient is reset per call
+        inputs["dense_bias"] = dense_bias(inputs, causal)
+    q, k, v, mask = inputs["q"], inputs["k"], inputs["v"], inputs["dense_bias"]
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+_compiled_flex: dict[str, Callable] = {}
+
+
+def _flex_rpe(inputs: Inputs, causal: bool):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "flex" not in _compiled_flex:  # one compile per shape, shared by every length
+        _compiled_flex["flex"] = torch.compile(flex_attention, dynamic=False)
+    q, k, v, table = inputs["q"], inputs["k"], inputs["v"], inputs["table_b"]
+    if q.device.type == "cpu":  # forward only there, and FlexAttention refuses leaves needing grad
+        q, k, v, table = (t.detach() for t in (q, k, v, table))
+    length = q.shape[-2]
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(
+            lambda b, h, i, j: j <= i, None, None, length, length, device=q.device
+        )
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        # clamped: positions padded up to FlexAttention's block size would read out of range
+        offset = (kv_idx - q_idx).clamp(-(length - 1), length - 1) + length - 1
+        return score + table[h, offset].to(score.dtype)
+
+    return lambda: _compiled_flex["flex"](q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
+def _backend_row(backend: str, gated: bool) -> Build:
+    def build(inputs: Inputs, causal: bool):
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        bias = Toeplitz(inputs["table_b"])
+        gate = Toeplitz(inputs["table_c"]) if gated else None
+        return lambda: attention(q, k, v, bias=bias, gate=gate, is_causal=causal, backend=backend)
+
+    return build
+
+
+BASELINES = (
+    Row(
+        "sdpa",
+        "F.scaled_dot_product_attention without a mask: the base of every CPU ratio",
+        _sdpa,
+        devices=("cpu",),
+    ),
+    Row(
+        "sdpa_flash",
+        "SDPA without a bias, FlashAttention backend: the base of every GPU ratio",
+        _sdpa_flash,
+        devices=("cuda",),
+    ),
+    Row(
+        "sdpa_dense_bias",
+        "SDPA with a dense (B, H, L, L) float bias that receives a gradient",
+        _sdpa_dense_bias,
+        length_limit="dense_max_length",
+    ),
+)
+LAST_BASELINES = (
+    Row(
+        "flex_rpe",
+        "compiled FlexAttention, Toeplitz bias as score_mod (forward only on CPU)",
+        _flex_rpe,
+        forward_only_on=("cpu",),
+    ),
+)
+
+
+def backend_rows(device: str) -> list[Row]:
+    """A URPE row and an RPE row for every backend registered for `device` but SDPA, but where
+    a baseline has the name already."""
+    names = [name for name in native_backends(device) if name != "sdpa"]
+    kinds = (("urpe", True, "Toeplitz B and C (URPE)"), ("rpe", False, "Toeplitz B only (RPE)"))
+    external = {row.name for row in (*BASELINES, *LAST_BASELINES)}
+    rows = [
+        Row(
+            f"{name}_{kind}",
+            f"urpe.attention(backend={name!r}), {terms}",
+            _backend_row(name, gated=gated),
+            length_limit=BACKEND_LENGTH_LIMITS.get(name),
+        )
+        for kind, gated, terms in kinds
+        for name in names
+    ]
+    return [row for row in rows if row.name not in external]
+
+
+def rows_for(device: str) -> dict[str, Row]:
+    """Every row that can be timed on `device`, in report order (name -> row)."""
+    ordered = (*BASELINES, *backend_rows(device), *LAST_BASELINES)
+    return {row.name: row for row in ordered if row.devices is None or device in row.devices}
+
+
+def default_rows(device: str, named: set[str]) -> list[str]:
+    """What runs when no rows are asked for: the baselines, every URPE row, and the RPE rows
+    that a target of this device compares with (`named`: the rows the targets name)."""
+    derived_rpe = {row.name for row in backend_rows(device) if row.name.endswith("_rpe")}
+    return [name for name in rows_for(device) if name not in derived_rpe or name in named]
+
+
+def skip_reason(row: Row, length: int, limits) -> str | None:
+    """Why this row is not timed at this length (None: it is). `limits` holds the length caps
+    (the parsed arguments); a missing cap or a cap of None is no cap."""
+    cap = getattr(limits, row.length_limit, None) if row.length_limit else None
+    if cap is not None and length > cap:
+        return f"{row.name} skipped above L={cap}"
+    return None
+
+
+__all__ = ["Row", "backend_rows", "default_rows", "rows_for", "skip_reason"]
