@@ -53,7 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..training.files import (
+from ..files import (
     CorruptFileError,
     atomic_write,
     atomic_write_json,

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ...training.files import atomic_write, atomic_write_json
+from ...files import atomic_write, atomic_write_json
 
 # The paper's Table (Graphormer + URPE on ZINC): test MAE mean ± sd, parameters.
 PAPER = {

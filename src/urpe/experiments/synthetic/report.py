@@ -214,7 +214,7 @@ def claims_markdown(records: list[dict]) -> str:
 def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> str:
     """Write results.json (one flat row per run, with its full record beside) and results.md;
     return the markdown. `records`: the runner's records."""
-    from ...training.files import atomic_write_json, atomic_write_text
+    from ...files import atomic_write_json, atomic_write_text
 
     table = rows(records)
     order = sorted(
