@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..cli_types import UsageError, non_negative_int, positive_int
-from .runner import Execution, world_size_from_environment
+from .execution import Execution, world_size_from_environment
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 STRATEGIES = ("auto", "ddp", "fsdp")
