@@ -97,6 +97,16 @@ class RunContext:
     on_step: Callable[[int], None]
     warn: Callable[[str], None]
 
+    def start(self, seed: int) -> None:
+        """Quiet Lightning's banners and seed every generator from the run's seed: the first
+        thing `run_one` does, before it builds its model."""
+        import lightning as L
+
+        from ..training import quiet_lightning
+
+        quiet_lightning()
+        L.seed_everything(seed, verbose=False)
+
     def fit(self, objective: Any, data: Any, **run: Any) -> dict[str, float]:
         """`urpe.training.fit` for this run: in its folder, continued from its newest checkpoint
         under --resume (a damaged one is named and the run starts again), progress reported to
