@@ -48,7 +48,6 @@ from .data import derive_seed
 from .precision import PRECISIONS, STRATEGIES, normalize_precision  # noqa: F401 (re-exported)
 
 
-
 @dataclass
 class TrainConfig:
     """max_steps: optimiser updates. val_every: updates between validations (None: only at the
