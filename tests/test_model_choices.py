@@ -100,3 +100,16 @@ def test_a_two_step_run_trains_with_the_chosen_normalization(tmp_path):
     assert record["config"]["model"]["transformer"]["normalization"] == "l2"
     (config_file,) = out.glob("runs/*/checkpoints/step-*/config.json")
     assert '"normalization": "l2"' in config_file.read_text()
+
+
+def test_the_graph_command_takes_the_backend():
+    from urpe.experiments.graph.experiment import specs
+
+    argv = ["reproduce", "graph", "--backend", "reference"]
+    args = build_parser(argv).parse_args(argv)
+    chosen = specs(resolve(_command(args.module), args), "32-true")
+    assert {s.config["model"]["graphormer"]["backend"] for s in chosen} == {"reference"}
+    argv = ["reproduce", "graph"]
+    args = build_parser(argv).parse_args(argv)
+    plain = specs(resolve(_command(args.module), args), "32-true")
+    assert {s.config["model"]["graphormer"]["backend"] for s in plain} == {"auto"}

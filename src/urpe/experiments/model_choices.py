@@ -59,6 +59,8 @@ def _backends() -> list[str]:
     return ["auto", *BACKENDS]
 
 
+BACKEND = Option(("--backend",), "backend", "attention kernel (default: auto, the fastest that "
+                 "applies)", choices=_backends)  # fmt: skip
 MODEL_OPTIONS = (
     Option(("--normalization",), "normalization", "attention normalisation of every run "
            "(default: each variant's own)", choices=_normalizations),
@@ -68,8 +70,7 @@ MODEL_OPTIONS = (
            "(default: each variant's own)", choices=_gates),
     Option(("--mixer",), "mixer", "token mixer of every layer (default: attention)",
            choices=_mixers),
-    Option(("--backend",), "backend", "attention kernel (default: auto, the fastest that "
-           "applies)", choices=_backends),
+    BACKEND,
 )  # fmt: skip
 
 

@@ -46,7 +46,8 @@ def model_config(variant: str, preset: Preset) -> dict[str, Any]:
     from ...data.molecules.featurize import FEATURIZATIONS
 
     spec = FEATURIZATIONS[FEATURES]
-    graphormer = GraphormerConfig.preset(preset.model, urpe=variant == "graphormer-urpe")
+    changes = {} if preset.backend is None else {"backend": preset.backend}
+    graphormer = GraphormerConfig.preset(preset.model, urpe=variant == "graphormer-urpe", **changes)
     return {
         "graphormer": graphormer.to_dict(),
         "node_cardinalities": list(spec.node_cardinalities),

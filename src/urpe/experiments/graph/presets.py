@@ -15,6 +15,7 @@ from pathlib import Path
 from ...cli_types import name_list, positive_int
 from ..experiment import Names, Option
 from ..experiment import Preset as ExperimentPreset
+from ..model_choices import BACKEND
 from ..options import LR, SEEDS, STEPS, WARMUP
 
 VARIANTS = ("graphormer", "graphormer-urpe")  # plain, and with the URPE gate
@@ -41,6 +42,7 @@ class Preset(ExperimentPreset):
     split_sizes: tuple[int, int, int] | None = None  # replaces `sizes[dataset]`
     variants: tuple[str, ...] = VARIANTS
     zinc_dir: Path | None = None  # not part of any run's identity (an environment variable)
+    backend: str | None = None  # None: the Graphormer preset's ("auto")
 
 
 # fmt: off
@@ -103,6 +105,7 @@ OPTIONS = (
     LR, WARMUP,
     Option(("--eval-every",), "eval_every", "updates between validations, the learning curves "
            "({presets})", positive_int),
+    BACKEND,
     Option(("--zinc-dir",), "zinc_dir", f"folder of PyG's raw ZINC files (default: "
            f"${ZINC_ENV_VAR})", Path, default=None),
 )  # fmt: skip
