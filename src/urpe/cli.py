@@ -1,7 +1,8 @@
 """The `urpe` command (also `python -m urpe`). Each subcommand lives in its own module, imported
 only when used, so `urpe --help` stays fast and the core never imports the training stack.
 
-A subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
+A subcommand is a module, or an object named "module:NAME" (a reproduction's `Experiment`), that
+provides `add_arguments(parser)` and `run(args) -> int`.
 
 Errors a user can cause never show a traceback: a bad argument prints one line naming it and
 exits with status 2 (argparse's errors, and `UsageError` raised by a command); a missing
@@ -21,16 +22,16 @@ from .cli_types import UsageError
 # (group, name) -> (module, one-line help)
 COMMANDS = {
     ("reproduce", "synthetic"): (
-        "urpe.experiments.synthetic.command",
+        "urpe.experiments.synthetic.experiment:EXPERIMENT",
         "the paper's synthetic tasks (PI, ETP) and Su's probe, every encoding variant",
     ),
     ("reproduce", "lm"): (
-        "urpe.experiments.lm.command",
+        "urpe.experiments.lm.experiment:EXPERIMENT",
         "language modelling on real text: every encoding, Transformer-XL memory, URPE's gate, "
         "length extrapolation",
     ),
     ("reproduce", "graph"): (
-        "urpe.experiments.graph.command",
+        "urpe.experiments.graph.experiment:EXPERIMENT",
         "Graphormer vs Graphormer + URPE on real molecules (MOSES, QM9, or your ZINC files)",
     ),
     ("bench", "attention"): (
@@ -67,6 +68,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _command(target: str):
+    """The module, or "module:NAME" object, that implements a subcommand."""
+    module, _, name = target.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, name) if name else loaded
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The full parser; only the subcommand named in argv gets its (lazily imported) arguments."""
     parser = OneLineParser(
@@ -83,12 +91,12 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         sub = groups.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(module=module, prog=sub.prog)
         if argv[:1] == [name]:
-            importlib.import_module(module).add_arguments(sub)
+            _command(module).add_arguments(sub)
     for (group, name), (module, help_text) in COMMANDS.items():
         sub = subparsers[group].add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(module=module, prog=sub.prog)
         if argv[:2] == [group, name]:
-            importlib.import_module(module).add_arguments(sub)
+            _command(module).add_arguments(sub)
     return parser
 
 
@@ -107,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser(argv).parse_args(argv)
         prog = args.prog
-        return int(importlib.import_module(args.module).run(args) or 0)
+        return int(_command(args.module).run(args) or 0)
     except UsageError as error:
         print(f"{prog}: error: {error} (see {prog} --help)", file=sys.stderr)
         return 2

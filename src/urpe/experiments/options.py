@@ -1,5 +1,9 @@
 """The flags every `urpe reproduce ...` command shares, and their checks.
 
+Options several experiments declare (`STEPS`, `SEEDS`, `LR`, `WARMUP`, `BATCH_SIZE`, and the
+model's `LAYERS`, `DIM`, `HEADS`, `FFN_DIM`) are defined here once; an experiment lists them
+beside its own in its presets module.
+
 `add_sweep_arguments(parser)` adds --out, --resume, --report-only, --jobs, --threads,
 --accelerator, --devices, --num-nodes, --strategy, --precision, --accumulate-grad-batches,
 --checkpoint-every and --no-progress. `resolve_execution(args, runs, batch_size)` checks them
@@ -15,13 +19,30 @@ from pathlib import Path
 
 import torch
 
-from ..cli_types import UsageError, non_negative_int, positive_int
-from .runner import Execution, world_size_from_environment
+from ..cli_types import (
+    UsageError,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    seed_list,
+)
+from ..training.precision import PRECISIONS, STRATEGIES, normalize_precision
+from .execution import Execution, world_size_from_environment
+from .experiment import Option
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-STRATEGIES = ("auto", "ddp", "fsdp")
-PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
-PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+
+SEEDS = Option(("--seeds",), "seeds", "seeds, comma-separated ({presets})", seed_list)
+STEPS = Option(("--steps",), "steps", "optimiser updates ({presets})", positive_int)
+LR = Option(("--lr",), "lr", "peak learning rate ({presets})", positive_float)
+WARMUP = Option(("--warmup",), "warmup", "warm-up updates ({presets}; scaled with --steps when "
+                "not given)", non_negative_int)  # fmt: skip
+BATCH_SIZE = Option(("--batch-size",), "batch_size", "sequences per update, over all devices "
+                    "({presets})", positive_int)  # fmt: skip
+LAYERS = Option(("--layers",), "num_layers", "layers ({presets})", positive_int)
+DIM = Option(("--dim",), "dim", "model width ({presets})", positive_int)
+HEADS = Option(("--heads",), "num_heads", "attention heads ({presets})", positive_int)
+FFN_DIM = Option(("--ffn-dim",), "ffn_dim", "feed-forward width ({presets})", positive_int)
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_help: str) -> None:
@@ -102,10 +123,10 @@ def resolve_precision(value: str | None, default: str, accelerator: str) -> str:
         if accelerator == "cpu" and chosen.startswith("16"):
             return "32-true"
     else:
-        chosen = PRECISION_ALIASES.get(value, value)
-        if chosen not in PRECISIONS:
-            raise UsageError("--precision", f"unknown precision {value!r}; choose from "
-                                            f"{', '.join(PRECISIONS)}")  # fmt: skip
+        try:
+            chosen = normalize_precision(value)
+        except ValueError as error:
+            raise UsageError("--precision", str(error)) from None
     if accelerator == "cpu" and chosen.startswith("16"):
         raise UsageError("--precision", f"{chosen} needs a GPU; on CPU use bf16-mixed or 32-true")
     return chosen

@@ -1,130 +1,22 @@
-"""Files that are either complete or absent: atomic writes, and reads that name a bad file.
+"""Moved to `urpe.files` (the bottom layer, shared with the data caches); these names stay
+importable from here."""
 
-A kill (SIGKILL, power loss, preemption) can stop a process at any instruction. Every file the
-runner and the checkpoints write is first written to a temporary name in the same directory,
-flushed to disk, then renamed over its final name with `os.replace`, which is atomic on POSIX:
-a reader sees the old file or the new one, never half of one.
+from ..files import (
+    CorruptFileError,
+    atomic_directory,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    remove_stale_temporaries,
+)
 
-This module needs nothing beyond the standard library and torch (no Lightning), so the sweep
-runner and `--report-only` can use it without the training stack.
-"""
-
-from __future__ import annotations
-
-import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-
-class CorruptFileError(ValueError):
-    """A file that exists but cannot be read as what it should be; the message names its path."""
-
-    def __init__(self, path: str | Path, reason: str):
-        self.path, self.reason = Path(path), reason
-        super().__init__(f"{path}: {reason}")
-
-
-def _fsync_directory(directory: Path) -> None:
-    # The rename itself lives in the directory entry: sync it too (best effort; some
-    # filesystems refuse to open directories).
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(temporary_path)`, then rename the result onto `path` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    temporary = Path(name)
-    try:
-        write(temporary)
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
-
-
-def atomic_write_json(path: str | Path, data: Any) -> Path:
-    """`data` as indented JSON; refuses NaN/inf (not JSON) instead of writing a file that strict
-    readers reject."""
-    return atomic_write_text(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
-
-
-def atomic_directory(path: str | Path, fill: Callable[[Path], None]) -> Path:
-    """Fill a fresh temporary directory with `fill(directory)`, then rename it to `path`.
-
-    An existing `path` is replaced: it is first renamed aside, then removed, so at no moment is
-    a half-written directory visible under `path`.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        fill(temporary)
-        for child in temporary.iterdir():
-            with open(child, "rb+") as handle:
-                os.fsync(handle.fileno())
-        _fsync_directory(temporary)
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-        os.replace(temporary, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    _fsync_directory(path.parent)
-    return path
-
-
-def read_json(path: str | Path) -> Any:
-    """Parse a JSON file; anything unreadable raises `CorruptFileError` naming the path."""
-    path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise CorruptFileError(path, "not UTF-8 text (not a JSON file)") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        reason = "empty file" if not text.strip() else f"invalid JSON ({error.msg}, line "
-        if text.strip():
-            reason += f"{error.lineno})"
-        raise CorruptFileError(path, reason) from None
-
-
-def remove_stale_temporaries(directory: str | Path) -> None:
-    """Delete leftovers of writes that a kill interrupted (`.name.*.tmp`, `.name.old-*`)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return
-    for child in directory.iterdir():
-        if child.name.startswith(".") and (child.name.endswith(".tmp") or ".old-" in child.name):
-            if child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
+__all__ = [
+    "CorruptFileError",
+    "atomic_directory",
+    "atomic_write",
+    "atomic_write_json",
+    "atomic_write_text",
+    "read_json",
+    "remove_stale_temporaries",
+]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +33,14 @@ class OptimConfig:
                 f"need total_steps >= 1 and warmup_steps >= 0, got {self.total_steps}, "
                 f"{self.warmup_steps}"
             )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (`betas` as a list). `from_dict(to_dict())` gives it back."""
+        return {**asdict(self), "betas": list(self.betas)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OptimConfig:
+        return cls(**{**data, "betas": tuple(data["betas"])})
 
 
 def warmup_polynomial_decay(step: int, config: OptimConfig) -> float:

@@ -45,18 +45,7 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .data import derive_seed
-
-PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
-_PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-STRATEGIES = ("auto", "ddp", "fsdp")
-
-
-def normalize_precision(precision: str | int) -> str:
-    """Lightning's precision names in their long form ("32" -> "32-true"); ValueError if unknown."""
-    text = _PRECISION_ALIASES.get(str(precision), str(precision))
-    if text not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
-    return text
+from .precision import PRECISIONS, STRATEGIES, normalize_precision  # noqa: F401 (re-exported)
 
 
 @dataclass

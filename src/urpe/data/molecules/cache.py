@@ -1,11 +1,12 @@
 """Where derived molecule data lives, and how an entry is written and trusted.
 
-The cache root is, in order: the `cache_dir` argument, the environment variable `URPE_CACHE_DIR`,
-`$XDG_CACHE_HOME/urpe`, `~/.cache/urpe`; molecule entries live under `<root>/molecules/`.
+The cache root is `urpe.files.cache_root` (the `cache_dir` argument, `$URPE_CACHE_DIR`,
+`$XDG_CACHE_HOME/urpe`, `~/.cache/urpe`); molecule entries live under `<root>/molecules/`.
 
 An entry is a directory `<name>-<key>`, the key a hash of everything that changes its contents
 (source files, split, target, featurisation, transform, format version). It is written in a
-temporary sibling directory and renamed into place, so a reader never sees half an entry. Its
+temporary sibling directory and renamed into place (`urpe.files.atomic_directory`), so a reader
+never sees half an entry. Its
 `manifest.json` is written last and records the SHA-256 of the data file. An entry whose manifest
 is missing or unreadable, whose file does not match its hash, or which `torch.load` refuses is
 rebuilt. The data file holds only tensors, strings and numbers, and is read with
@@ -15,18 +16,18 @@ loader falls back to full unpickling when the safe load fails, so it is not used
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ENV_VAR = "URPE_CACHE_DIR"
+from ... import files
+from ...files import atomic_directory
+from ...files import file_sha256 as _sha256
+
 SUBDIR = "molecules"
 DATA_FILE = "data.pt"
 MANIFEST = "manifest.json"
@@ -35,30 +36,13 @@ FORMAT_VERSION = 1
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The molecule cache directory: `<root>/molecules`, root from the argument, else
-    $URPE_CACHE_DIR, else $XDG_CACHE_HOME/urpe, else ~/.cache/urpe."""
-    if cache_dir is not None:
-        root = Path(cache_dir).expanduser()
-    elif os.environ.get(ENV_VAR):
-        root = Path(os.environ[ENV_VAR]).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = (Path(xdg) if xdg else Path.home() / ".cache") / "urpe"
-    return root / SUBDIR
+    """The molecule cache directory: `<root>/molecules` under `urpe.files.cache_root`."""
+    return files.cache_root(cache_dir) / SUBDIR
 
 
 def cache_key(inputs: dict[str, Any]) -> str:
-    """A short hash of a JSON-serialisable description of an entry's inputs."""
-    text = json.dumps({"format": FORMAT_VERSION, **inputs}, sort_keys=True, ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    """A short hash of a JSON-serialisable description of a molecule entry's inputs."""
+    return files.cache_key(inputs, FORMAT_VERSION)
 
 
 def load_entry(entry: Path) -> dict[str, Any] | None:
@@ -83,19 +67,10 @@ def load_entry(entry: Path) -> dict[str, Any] | None:
 
 def save_entry(entry: Path, payload: dict[str, Any], info: dict[str, Any]) -> None:
     """Write `payload` (tensors, strings, numbers in dicts and lists) as a cache entry."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         torch.save(payload, staging / DATA_FILE)
-        manifest = {
-            "format": FORMAT_VERSION,
-            "sha256": _sha256(staging / DATA_FILE),
-            "info": info,
-        }
+        manifest = {"format": FORMAT_VERSION, "sha256": _sha256(staging / DATA_FILE), "info": info}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        if entry.exists():
-            shutil.rmtree(entry)
-        os.replace(staging, entry)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+
+    atomic_directory(entry, fill)

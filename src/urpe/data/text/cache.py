@@ -1,11 +1,12 @@
 """Where derived text data lives, and how an entry is written and trusted.
 
-The cache root is, in order: the `cache_dir` argument, the environment variable `URPE_CACHE_DIR`,
-`$XDG_CACHE_HOME/urpe`, `~/.cache/urpe`. Text entries live under `<root>/text/`.
+The cache root is `urpe.files.cache_root` (the `cache_dir` argument, `$URPE_CACHE_DIR`,
+`$XDG_CACHE_HOME/urpe`, `~/.cache/urpe`). Text entries live under `<root>/text/`.
 
 An entry is a directory named `<name>-<key>`, where the key is a hash of everything that changes
 its contents (the source's bytes, the tokenizer's settings, the format version). It is built in a
-temporary sibling directory and renamed into place, so a reader never sees half an entry. Its
+temporary sibling directory and renamed into place (`urpe.files.atomic_directory`), so a reader
+never sees half an entry. Its
 `manifest.json` is written last and records the SHA-256 of every other file; an entry whose
 manifest is missing, unreadable or does not match its files is rebuilt. Nothing in an entry is a
 pickle: token ids are safetensors, tokenizers and manifests are JSON.
@@ -13,44 +14,25 @@ pickle: token ids are safetensors, tokenizers and manifests are JSON.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ENV_VAR = "URPE_CACHE_DIR"
+from ...files import atomic_directory, cache_root, file_sha256
+from ...files import cache_key as _cache_key
+
+__all__ = ["cache_key", "cache_root", "cached_entry", "file_sha256", "read_manifest"]
+
 MANIFEST = "manifest.json"
 # Bump when the layout or the meaning of an entry changes: old entries are then ignored.
 FORMAT_VERSION = 1
 
 
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cache root: the argument, else $URPE_CACHE_DIR, else $XDG_CACHE_HOME/urpe, else
-    ~/.cache/urpe."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "urpe"
-
-
 def cache_key(inputs: dict[str, Any]) -> str:
-    """A short hash of a JSON-serialisable description of an entry's inputs."""
-    text = json.dumps({"format": FORMAT_VERSION, **inputs}, sort_keys=True, ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    """A short hash of a JSON-serialisable description of a text entry's inputs."""
+    return _cache_key(inputs, FORMAT_VERSION)
 
 
 def _files(directory: Path) -> list[Path]:
@@ -90,9 +72,9 @@ def cached_entry(
         if on_rebuild is not None:
             on_rebuild(f"cache entry {entry} is incomplete or corrupt; rebuilding it")
         shutil.rmtree(entry, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=root))
-    try:
+
+    def fill(staging: Path) -> None:
+        nonlocal manifest
         info = build(staging)
         manifest = {
             "name": name,
@@ -102,12 +84,6 @@ def cached_entry(
             "files": {str(p.relative_to(staging)): file_sha256(p) for p in _files(staging)},
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        try:
-            os.replace(staging, entry)
-        except OSError:
-            # Another process finished the same entry first; theirs is as good as ours.
-            if read_manifest(entry) is None:
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    atomic_directory(entry, fill)
     return entry, manifest

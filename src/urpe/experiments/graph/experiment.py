@@ -1,4 +1,4 @@
-"""The graph experiment on the shared runner: its run configs and `run_one`.
+"""The graph experiment on the shared runner: its run configs, `run_one` and `EXPERIMENT`.
 
 A run is (dataset, variant, seed) under a preset's settings: Graphormer with or without URPE's
 gate, trained with the L1 loss on one molecule dataset. The data split is fixed (split seed 0)
@@ -10,16 +10,28 @@ gates C (layers, H, R) as tensors beside it.
 from __future__ import annotations
 
 import csv
-from dataclasses import asdict
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...cli_types import UsageError
 from ...graph.model import GraphormerConfig
 from ...training.optim import OptimConfig
-from ..runner import RunContext, RunResult, RunSpec
-from .presets import Preset
+from ..execution import RunContext
+from ..experiment import Experiment
+from ..records import RunResult, RunSpec
+from .presets import (
+    DESCRIPTION,
+    OPTIONS,
+    PRESET_HELP,
+    PRESETS,
+    VARIANTS_OPTION,
+    ZINC_ENV_VAR,
+    Preset,
+)
+from .report import report
 
 SPLIT_SEED = 0  # the same train/val/test molecules for every run
 FEATURES = "zinc"  # atom type and bond type, as ZINC
@@ -34,7 +46,8 @@ def model_config(variant: str, preset: Preset) -> dict[str, Any]:
     from ...data.molecules.featurize import FEATURIZATIONS
 
     spec = FEATURIZATIONS[FEATURES]
-    graphormer = GraphormerConfig.preset(preset.model, urpe=variant == "graphormer-urpe")
+    changes = {} if preset.backend is None else {"backend": preset.backend}
+    graphormer = GraphormerConfig.preset(preset.model, urpe=variant == "graphormer-urpe", **changes)
     return {
         "graphormer": graphormer.to_dict(),
         "node_cardinalities": list(spec.node_cardinalities),
@@ -53,7 +66,7 @@ def run_config(
 
     if target is None:
         target = MOLECULE_DATASETS[dataset].default_target
-    sizes = preset.sizes.get(dataset)
+    sizes = preset.split_sizes or preset.sizes.get(dataset)
     optim = OptimConfig(
         lr=preset.lr,
         warmup_steps=preset.warmup,
@@ -73,7 +86,7 @@ def run_config(
             "features": FEATURES,
         },
         "model": model_config(variant, preset),
-        "optim": {**asdict(optim), "betas": list(optim.betas)},
+        "optim": optim.to_dict(),
         "train": {
             "steps": preset.steps,
             "batch_size": preset.batch_size,
@@ -83,19 +96,31 @@ def run_config(
     }
 
 
-def plan(
-    dataset: str, target: str | None, preset: Preset, precision: str, variants: tuple[str, ...]
-) -> list[RunSpec]:
+def specs(preset: Preset, precision: str) -> list[RunSpec]:
     """Every (variant, seed), seeds outermost so that both models of a seed finish together."""
     return [
         RunSpec(
-            run_name(dataset, v, s, preset),
-            run_config(dataset, target, v, s, preset, precision),
+            run_name(preset.dataset, v, s, preset),
+            run_config(preset.dataset, preset.target, v, s, preset, precision),
             preset.steps,
         )
         for s in preset.seeds
-        for v in variants
+        for v in preset.variants
     ]
+
+
+def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
+    """Every run; the dataset's cache is built (or checked) once, here, before any run starts,
+    so that parallel runs read the same cache instead of each building it."""
+    runs = specs(preset, precision)
+    if preset.zinc_dir is not None:
+        # Spawned runs inherit the environment: the folder is not part of any run's identity.
+        os.environ[ZINC_ENV_VAR] = str(preset.zinc_dir)
+    try:
+        load_data(runs[0].config, progress=progress)
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError("--dataset", str(error).splitlines()[0]) from None
+    return runs
 
 
 def load_data(config: dict[str, Any], progress: bool = False):
@@ -147,52 +172,31 @@ def read_curve(run_dir: Path) -> list[list[float]]:
 
 def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     """Train one Graphormer run; measure validation and test MAE."""
-    import lightning as L
     from torch_geometric.loader import DataLoader
 
     from ...graph import Graphormer
-    from ...training import IndexedStream, StepDataModule, TrainConfig, fit, quiet_lightning
+    from ...training import IndexedStream, StepDataModule
     from ...training.regression import GraphRegression, mean_absolute_error
 
-    quiet_lightning()
     seed = config["seed"]
     data = load_data(config)
-    L.seed_everything(seed, verbose=False)
+    context.start(seed)
     model = Graphormer.from_model_config(config["model"])
     train_y = data.train._data.y.double()
     # The head learns standardised targets; predictions come out in the data's units.
     model.set_target_statistics(float(train_y.mean()), float(train_y.std().clamp(min=1e-8)))
-    optim = OptimConfig(**{**config["optim"], "betas": tuple(config["optim"]["betas"])})
-    objective = GraphRegression(model, optim, run=config)
+    objective = GraphRegression(model, OptimConfig.from_dict(config["optim"]), run=config)
     train = config["train"]
     stream = IndexedStream(len(data.train), train["batch_size"], seed, _Collate(data.train))
     module = StepDataModule(
         stream, data.val, eval_batch_size=EVAL_BATCH, collate=_Collate(data.val)
     )
-    execution = context.execution
-    settings = TrainConfig(
-        max_steps=train["steps"],
-        val_every=train["eval_every"],
-        checkpoint_every=execution.checkpoint_every,
-        accelerator=execution.accelerator,
-        devices=execution.devices,
-        num_nodes=execution.num_nodes,
-        strategy=execution.strategy,
-        precision=train["precision"],
-        accumulate_grad_batches=execution.accumulate_grad_batches,
-        seed=seed,
-    )
     # The untrained model's validation MAE: the curve's first point (predicting about the mean).
     initial_val_mae = mean_absolute_error(model, DataLoader(data.val, batch_size=EVAL_BATCH))
-    metrics = fit(
-        objective,
-        module,
-        settings,
-        context.run_dir,
-        resume=context.resume,
-        on_step=context.on_step,
-        on_resume_error=lambda error: context.warn(f"{error}; starting the run again"),
-    )
+    metrics = context.fit(
+        objective, module, max_steps=train["steps"], val_every=train["eval_every"],
+        precision=train["precision"], seed=seed,
+    )  # fmt: skip
     model = model.cpu().float()
     test = DataLoader(data.test, batch_size=EVAL_BATCH, shuffle=False)
     record = {
@@ -214,3 +218,23 @@ def describe(record: dict) -> str:
     """The line printed when a run finishes."""
     r = record["result"]
     return f"test MAE {r['test_mae']:.4f}, val MAE {r['val_mae']:.4f} in {record['seconds']:.0f} s"
+
+
+def check(preset: Preset) -> None:
+    if preset.dataset.startswith("zinc"):
+        zinc_dir = preset.zinc_dir or os.environ.get(ZINC_ENV_VAR)
+        if not zinc_dir:
+            raise UsageError(
+                "--dataset",
+                f"{preset.dataset} needs PyG's raw ZINC files (train/val/test .pickle and, for "
+                f"the subset, .index) in --zinc-dir DIR or ${ZINC_ENV_VAR}; nothing is downloaded",
+            )
+        if not Path(zinc_dir).is_dir():
+            raise UsageError("--zinc-dir", f"{zinc_dir} is not a folder")
+
+
+EXPERIMENT = Experiment(
+    name="graph", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
+    run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
+    description=DESCRIPTION, sweep=("variants", "seeds"),
+)  # fmt: skip

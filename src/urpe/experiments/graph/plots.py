@@ -3,6 +3,7 @@ against the shortest-path distance, per head and layer (gate.png)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -97,3 +98,29 @@ def gate_chart(gates: torch.Tensor, title: str, path: Path) -> None:
 
 
 __all__ = ["VARIANT_ORDER", "curves_chart", "gate_chart", "relation_labels"]
+
+
+def figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
+    """curves.png, and the learned gate C of the first URPE run (gate.png)."""
+    from safetensors.torch import load_file
+
+    written = [out / "curves.png"]
+    curves_chart(table, written[0])
+    urpe_runs = sorted(
+        (r for r in table if r["variant"] == "graphormer-urpe"),
+        key=lambda r: (r["dataset"], r["seed"]),
+    )
+    for row in urpe_runs[:1]:
+        path = out / "records" / f"{row['id']}.safetensors"
+        try:
+            gates = load_file(str(path))["C"]
+        except Exception as error:  # a missing or damaged file costs the figure, not the report
+            print(f"urpe reproduce graph: no gate figure from {path}: {error}", file=sys.stderr)
+            continue
+        title = (
+            f"learned C (after softmax) per layer and head, against shortest-path distance: "
+            f"{row['dataset']}, seed {row['seed']}, test MAE {row['test_mae']:.4f}"
+        )
+        written.append(out / "gate.png")
+        gate_chart(gates.float(), title, written[-1])
+    return written

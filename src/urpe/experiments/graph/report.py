@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ...training.files import atomic_write, atomic_write_json
+from ...files import atomic_write, atomic_write_json
 
 # The paper's Table (Graphormer + URPE on ZINC): test MAE mean ± sd, parameters.
 PAPER = {
@@ -227,3 +227,11 @@ def write_report(records: list[dict], out: Path, wall: float) -> str:
     text = markdown(groups, table, wall)
     atomic_write(out / "results.md", lambda path: path.write_text(text))
     return text
+
+
+def report(records: list[dict], out: Path, wall: float) -> tuple[str, list[Path]]:
+    """results.json, results.md and the figures; returns the markdown and the figures' paths."""
+    from .plots import figures
+
+    text = write_report(records, out, wall)
+    return text, figures(records, rows(records), out)

@@ -1,4 +1,4 @@
-"""The LM experiment on the shared runner: run configs and `run_one`.
+"""The LM experiment on the shared runner: run configs, `run_one` and `EXPERIMENT`.
 
 A run is (dataset, variant, seed) under a preset's settings. `run_one` trains a `LanguageModel`
 with `CausalLM` on contiguous segments of the training split, then measures, on the first
@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
+from ...cli_types import UsageError
 from ...models import TransformerConfig
 from ...training.optim import OptimConfig
-from ..runner import RunContext, RunResult, RunSpec
-from .presets import Preset
+from ..execution import RunContext
+from ..experiment import Experiment
+from ..model_choices import apply_model_choices
+from ..records import RunResult, RunSpec
+from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
+from .report import write_report
 from .variants import parse_variant
 
 DATA_STREAM = "contiguous-segments/1"
@@ -60,11 +64,11 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_si
         "variant": variant,
         "seed": seed,
         "model": {
-            "transformer": v.config(base).to_dict(),
+            "transformer": apply_model_choices(v.config(base), preset).to_dict(),
             "segment_length": preset.segment_length,
             "memory_length": memory,
         },
-        "optim": {**asdict(optim), "betas": list(optim.betas)},
+        "optim": optim.to_dict(),
         "train": {
             "steps": preset.steps,
             "batch_size": preset.batch_size,
@@ -82,12 +86,30 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_si
     }
 
 
-def plan(preset: Preset, precision: str, vocab_size: int, metric: str) -> list[RunSpec]:
+def specs(preset: Preset, precision: str, vocab_size: int, metric: str) -> list[RunSpec]:
+    """Every (variant, seed) of the preset on a corpus of `vocab_size` tokens."""
     return [
         RunSpec(run_name(v, s, preset), run_config(v, s, preset, precision, vocab_size, metric),
                 preset.steps)  # fmt: skip
         for v in preset.variants for s in preset.seeds
     ]  # fmt: skip
+
+
+def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
+    """Build (and cache) the corpus once, here, before any worker starts; then every run."""
+    from ...data.text import DatasetError, load_corpus
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are spawned after it
+    try:
+        corpus = load_corpus(preset.dataset, tokenizer=preset.tokenizer,
+                             vocab_size=preset.vocab_size, progress=None)  # fmt: skip
+    except DatasetError as error:
+        raise UsageError("--dataset", str(error)) from None
+    needed = (preset.batch_size * preset.segment_length) + 1
+    if len(corpus.train) < needed:
+        raise UsageError("--dataset", f"the training split has {len(corpus.train)} tokens, "
+                                      f"fewer than one update needs ({needed})")  # fmt: skip
+    return specs(preset, precision, corpus.vocab_size, corpus.metric)
 
 
 def load_run_corpus(config: dict[str, Any]):
@@ -128,23 +150,20 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     """Train one LM run and evaluate it."""
     import statistics
 
-    import lightning as L
-
     from ...models.lm import LanguageModel
-    from ...training import StepDataModule, TrainConfig, fit, quiet_lightning
+    from ...training import StepDataModule
     from ...training.lm import CausalLM, SegmentStream, evaluate, held_out_segments
 
-    quiet_lightning()
     cpu_start, load_start = time.process_time(), os.getloadavg()[0]
     if config["train"]["stream"] != DATA_STREAM:
         raise ValueError(f"this urpe trains stream {DATA_STREAM}, not {config['train']['stream']}")
     seed = config["seed"]
     corpus = load_run_corpus(config)
     corpus.tokenizer.save(context.run_dir / "tokenizer")
-    L.seed_everything(seed, verbose=False)
+    context.start(seed)
     model = LanguageModel.from_model_config(config["model"])
-    optim = OptimConfig(**{**config["optim"], "betas": tuple(config["optim"]["betas"])})
-    objective = CausalLM(model, optim, metric=config["metric"], run=config)
+    objective = CausalLM(model, OptimConfig.from_dict(config["optim"]), metric=config["metric"],
+                         run=config)  # fmt: skip
     train, ev = config["train"], config["eval"]
     length = model.segment_length
     curve_tokens = _head(corpus.valid, ev["curve_tokens"])
@@ -153,18 +172,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         held_out_segments(curve_tokens, ev["batch_size"], length),
         eval_batch_size=None,
     )  # fmt: skip
-    execution = context.execution
-    settings = TrainConfig(
-        max_steps=train["steps"], val_every=ev["val_every"],
-        checkpoint_every=execution.checkpoint_every, accelerator=execution.accelerator,
-        devices=execution.devices, num_nodes=execution.num_nodes, strategy=execution.strategy,
-        precision=train["precision"], accumulate_grad_batches=execution.accumulate_grad_batches,
-        gradient_clip_val=train["gradient_clip"], seed=seed, log_every=10,
-    )  # fmt: skip
-    fit(
-        objective, data, settings, context.run_dir, resume=context.resume,
-        on_step=context.on_step,
-        on_resume_error=lambda error: context.warn(f"{error}; starting the run again"),
+    context.fit(
+        objective, data, max_steps=train["steps"], val_every=ev["val_every"], seed=seed,
+        precision=train["precision"], gradient_clip_val=train["gradient_clip"], log_every=10,
     )  # fmt: skip
     model = model.cpu().float().eval()
     val_tokens, test_tokens = _head(corpus.valid, ev["tokens"]), _head(corpus.test, ev["tokens"])
@@ -203,3 +213,16 @@ def describe(record: dict) -> str:
     value = report_metric(r["val_loss"], metric)
     return (f"val {metric} {value:.3f}, {r['tokens_per_second'] or 0:.0f} tokens/s, "
             f"{record['seconds']:.0f} s")  # fmt: skip
+
+
+def check(preset: Preset) -> None:
+    if preset.dataset == "wikitext-103":
+        raise UsageError("--dataset", "WikiText-103 (the paper preset's corpus) is read from its "
+                                      "folder: give it, --dataset wikitext-103:DIR")  # fmt: skip
+
+
+EXPERIMENT = Experiment(
+    name="lm", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
+    run_one=run_one, describe=describe, report=write_report, check=check,
+    preset_help=PRESET_HELP, sweep=("variants", "seeds"),
+)  # fmt: skip

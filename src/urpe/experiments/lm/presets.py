@@ -1,4 +1,5 @@
-"""Settings for `urpe reproduce lm`: a quick one for 2 CPU cores and Transformer-XL Base's.
+"""Settings for `urpe reproduce lm` and their flags: a quick one for 2 CPU cores and
+Transformer-XL Base's.
 
 quick (sized by measurement, see results/lm/README.md): character-level Shakespeare, a 2-layer
 pre-LN decoder of width 64, segments of 64 characters (memory 64 for the recurrent variants),
@@ -13,13 +14,17 @@ vocabulary (~267k) uses a tied full softmax here, not Transformer-XL's adaptive 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
-from .variants import DEFAULT_VARIANTS
+from ...cli_types import name_list, non_negative_int, positive_int, positive_int_list
+from ..experiment import Names, Option
+from ..model_choices import MODEL_OPTIONS, ModelChoices
+from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
+from .variants import BASES, DEFAULT_VARIANTS, parse_variant
 
 
 @dataclass(frozen=True)
-class Preset:
+class Preset(ModelChoices):
     dataset: str
     variants: tuple[str, ...]
     seeds: tuple[int, ...]
@@ -42,50 +47,49 @@ class Preset:
     vocab_size: int | None = None
     gradient_clip: float | None = 0.25
 
-    def override(self, **changes) -> Preset:
-        names = {f.name for f in fields(self)}
-        unknown = set(changes) - names
-        if unknown:
-            raise TypeError(f"unknown preset fields {sorted(unknown)}")
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
-
+# fmt: off
 PRESETS: dict[str, Preset] = {
     "quick": Preset(
-        dataset="shakespeare",
-        variants=DEFAULT_VARIANTS,
-        seeds=(0, 1),
-        segment_length=64,
-        memory_length=64,
-        steps=400,
-        batch_size=16,
-        lr=2e-3,
-        warmup=40,
-        num_layers=2,
-        dim=64,
-        num_heads=4,
-        ffn_dim=256,
-        dropout=0.0,
-        eval_tokens=16384,
-        val_every=50,
-    ),  # fmt: skip
+        dataset="shakespeare", variants=DEFAULT_VARIANTS, seeds=(0, 1), segment_length=64,
+        memory_length=64, steps=400, batch_size=16, lr=2e-3, warmup=40, num_layers=2, dim=64,
+        num_heads=4, ffn_dim=256, dropout=0.0, eval_tokens=16384, val_every=50,
+    ),
     "paper": Preset(
-        dataset="wikitext-103",
-        variants=("txl", "txl+urpe"),
-        seeds=(0,),
-        segment_length=150,
-        memory_length=150,
-        steps=200_000,
-        batch_size=60,
-        lr=2.5e-4,
-        warmup=0,
-        num_layers=16,
-        dim=410,
-        num_heads=10,
-        ffn_dim=2100,
-        dropout=0.1,
-        eval_tokens=0,
-        val_every=4000,
+        dataset="wikitext-103", variants=("txl", "txl+urpe"), seeds=(0,), segment_length=150,
+        memory_length=150, steps=200_000, batch_size=60, lr=2.5e-4, warmup=0, num_layers=16,
+        dim=410, num_heads=10, ffn_dim=2100, dropout=0.1, eval_tokens=0, val_every=4000,
         precision="16-mixed",
-    ),  # fmt: skip
+    ),
 }
+# fmt: on
+
+PRESET_HELP = "base settings; any flag below overrides them"
+VARIANTS_OPTION = Option(
+    ("--variants",), "variants",
+    f"comma-separated BASE[+urpe][+mem], BASE one of {', '.join(BASES)}; 'urpe' = rpe+urpe; txl "
+    "carries memory by itself ({presets})", name_list,
+    names=Names("variant", (), parse=parse_variant),
+)  # fmt: skip
+OPTIONS = (
+    Option(("--dataset",), "dataset", "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
+           "wikitext-103:DIR, text:PATH or a file path ({presets})"),
+    Option(("--tokenizer",), "tokenizer", "tokenisation (default: the corpus's own)",
+           choices=("char", "byte", "bpe", "word")),
+    Option(("--vocab-size",), "vocab_size", "BPE vocabulary size, or a cap on the word "
+           "vocabulary", positive_int),
+    SEEDS,
+    Option(("--segment-length",), "segment_length", "training segment length L ({presets})",
+           positive_int),
+    Option(("--memory-length",), "memory_length", "memory M of the recurrent variants "
+           "({presets})", positive_int),
+    STEPS, BATCH_SIZE.with_help("segments per update, over all devices ({presets})"), LR, WARMUP,
+    LAYERS, DIM, HEADS, FFN_DIM,
+    Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "
+           "{presets})", non_negative_int),
+    Option(("--factors",), "factors", "extrapolation contexts, multiples of L ({presets})",
+           positive_int_list),
+    Option(("--val-every",), "val_every", "updates between validations for the curves "
+           "({presets})", positive_int),
+    *MODEL_OPTIONS,
+)  # fmt: skip

@@ -116,7 +116,7 @@ def extrapolation_tables(table: list[dict]) -> str:
 
 
 def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str, list]:
-    from ...training.files import atomic_write_json, atomic_write_text
+    from ...files import atomic_write_json, atomic_write_text
     from .plots import curves_chart, extrapolation_chart
 
     table = rows(records)

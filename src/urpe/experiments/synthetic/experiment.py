@@ -1,4 +1,4 @@
-"""The synthetic experiment on the shared runner: its run configs and `run_one`.
+"""The synthetic experiment on the shared runner: its run configs, `run_one` and `EXPERIMENT`.
 
 A run is (task, variant, vocabulary, seed) under a preset's settings; `run_config` resolves it to
 the full configuration that is its identity, and `run_one(config, context)` trains it and
@@ -9,18 +9,22 @@ learned B and C of the first attention layer (as tensors, saved beside the recor
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
+from ...cli_types import UsageError
 from ...encodings import Positions
 from ...kernels import dense_term
 from ...models import TransformerConfig
 from ...tasks import get_task
 from ...training.optim import OptimConfig
-from ..runner import RunContext, RunResult, RunSpec
-from .presets import Preset
+from ..execution import RunContext
+from ..experiment import Experiment
+from ..model_choices import apply_model_choices
+from ..records import RunResult, RunSpec
+from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
+from .report import report
 from .variants import variant_config
 
 # The training data of step t is drawn from (seed, t) (`urpe.training.data.GeneratedStream`).
@@ -43,7 +47,7 @@ def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
         vocab_size=vocab, max_len=preset.seq_len, num_layers=preset.num_layers, dim=preset.dim,
         num_heads=preset.num_heads, ffn_dim=preset.ffn_dim, dropout=0.0, norm_first=False,
     )  # fmt: skip
-    model = variant_config(variant, base)
+    model = apply_model_choices(variant_config(variant, base), preset)
     optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     return {
         "experiment": "synthetic",
@@ -56,7 +60,7 @@ def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
             "transformer": model.to_dict(),
             "num_classes": get_task(task).num_classes(preset.seq_len, vocab),
         },
-        "optim": {**asdict(optim), "betas": list(optim.betas)},
+        "optim": optim.to_dict(),
         "train": {"steps": preset.steps, "batch_size": preset.batch_size, "precision": precision},
         "data": {
             "stream": stream,
@@ -66,7 +70,7 @@ def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
     }
 
 
-def plan(preset: Preset, precision: str) -> list[RunSpec]:
+def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
     """Every (task, variant, vocabulary, seed) of the preset, in that nesting order."""
     return [
         RunSpec(run_name(t, v, vocab, s, preset), run_config(t, v, vocab, s, preset, precision),
@@ -103,7 +107,6 @@ def learned_matrices(model: torch.nn.Module, length: int) -> dict[str, torch.Ten
 
 def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     """Train one synthetic run and measure it on its held-out set."""
-    import lightning as L
     from torch.utils.data import TensorDataset
 
     from ...training import (
@@ -111,22 +114,18 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         GeneratedStream,
         StepDataModule,
         TokenClassification,
-        TrainConfig,
-        fit,
-        quiet_lightning,
     )
 
-    quiet_lightning()
     task, length, vocab, seed = (config["task"], config["seq_len"], config["vocab_size"],
                                  config["seed"])  # fmt: skip
     if config["data"]["stream"] != DATA_STREAM:
         raise ValueError(f"this urpe trains data stream {DATA_STREAM}, not "
                          f"{config['data']['stream']}")  # fmt: skip
-    L.seed_everything(seed, verbose=False)
+    context.start(seed)
     model = EncoderTokenClassifier.from_model_config(config["model"])
-    optim = OptimConfig(**{**config["optim"], "betas": tuple(config["optim"]["betas"])})
     num_classes = config["model"]["num_classes"]
-    objective = TokenClassification(model, num_classes, optim, run=config)
+    objective = TokenClassification(model, num_classes, OptimConfig.from_dict(config["optim"]),
+                                    run=config)  # fmt: skip
     sample = functools.partial(_sample, task, length, vocab)
     held_out_size = config["data"]["held_out"]
     generator = torch.Generator().manual_seed(seed + config["data"]["held_out_seed_offset"])
@@ -134,18 +133,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     train = config["train"]
     data = StepDataModule(GeneratedStream(sample, train["batch_size"], seed), held_out,
                           eval_batch_size=min(held_out_size, EVAL_BATCH))  # fmt: skip
-    execution = context.execution
-    settings = TrainConfig(
-        max_steps=train["steps"], val_every=max(1, train["steps"] // 4),
-        checkpoint_every=execution.checkpoint_every, accelerator=execution.accelerator,
-        devices=execution.devices, num_nodes=execution.num_nodes, strategy=execution.strategy,
-        precision=train["precision"], accumulate_grad_batches=execution.accumulate_grad_batches,
-        seed=seed,
-    )  # fmt: skip
-    metrics = fit(
-        objective, data, settings, context.run_dir, resume=context.resume,
-        on_step=context.on_step,
-        on_resume_error=lambda error: context.warn(f"{error}; starting the run again"),
+    metrics = context.fit(
+        objective, data, max_steps=train["steps"], val_every=max(1, train["steps"] // 4),
+        precision=train["precision"], seed=seed,
     )  # fmt: skip
     record = {
         "accuracy": metrics["val/acc"],
@@ -161,3 +151,20 @@ def describe(record: dict) -> str:
     r = record["result"]
     return (f"accuracy {r['accuracy']:.3f} (chance {r['chance']:.3f}) in "
             f"{record['seconds']:.0f} s")  # fmt: skip
+
+
+def check(preset: Preset) -> None:
+    if preset.seq_len < 2:
+        # At length 1 every position task is trivially solved (one class) or undefined (etp).
+        raise UsageError("--seq-len", f"{', '.join(preset.tasks)} need a length >= 2, got "
+                                      f"{preset.seq_len}")  # fmt: skip
+    if "etp" in preset.tasks and min(preset.vocab_sizes) < 2:
+        raise UsageError("--vocab-size", "etp needs a vocabulary of at least 2 tokens (with one "
+                                         "token there is nothing to copy)")  # fmt: skip
+
+
+EXPERIMENT = Experiment(
+    name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
+    run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
+    sweep=("tasks", "variants", "vocab_sizes", "seeds"),
+)  # fmt: skip

@@ -35,6 +35,19 @@ from torch import Tensor
 PROG = "python -m urpe.experiments.synthetic.inspect"
 
 
+def _forward_with_hooks(model: torch.nn.Module, tokens: Tensor, handles: list) -> None:
+    """One forward pass in eval mode for the hooks behind `handles` to see; removes them and
+    gives the model its mode back, also when the pass fails."""
+    was_training = model.training
+    model.eval()
+    try:
+        model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+
+
 @torch.no_grad()
 def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     """tokens (B, L) -> per attention layer the weights (B, H, n, n) after the gate (n: L plus
@@ -47,17 +60,10 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     def hook(module, args, kwargs, output):
         captured.append((module, args[0], kwargs))
 
-    handles = [layer.mixer.register_forward_hook(hook, with_kwargs=True)
-               for layer in model.encoder.layers
-               if isinstance(layer.mixer, MultiheadAttention)]  # fmt: skip
-    was_training = model.training
-    model.eval()
-    try:
-        model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+    _forward_with_hooks(model, tokens, [
+        layer.mixer.register_forward_hook(hook, with_kwargs=True)
+        for layer in model.encoder.layers if isinstance(layer.mixer, MultiheadAttention)
+    ])  # fmt: skip
     out = []
     for mixer, x, kwargs in captured:
         b, n, _ = x.shape
@@ -84,16 +90,10 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
 def hidden_states(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     """tokens (B, L) -> the output (B, n, E) of every encoder layer, first to last."""
     states: list[Tensor] = []
-    handles = [layer.register_forward_hook(lambda m, a, o: states.append(o))
-               for layer in model.encoder.layers]  # fmt: skip
-    was_training = model.training
-    model.eval()
-    try:
-        model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+    _forward_with_hooks(model, tokens, [
+        layer.register_forward_hook(lambda m, a, o: states.append(o))
+        for layer in model.encoder.layers
+    ])  # fmt: skip
     return states
 
 
@@ -152,14 +152,8 @@ def value_agreement(model: torch.nn.Module, tokens: Tensor, ridge: float = 1e-6)
     first = next(layer.mixer for layer in model.encoder.layers
                  if isinstance(layer.mixer, MultiheadAttention))  # fmt: skip
     inputs: list[Tensor] = []
-    handle = first.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
-    was_training = model.training
-    model.eval()
-    try:
-        model(tokens)
-    finally:
-        handle.remove()
-        model.train(was_training)
+    hook = first.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+    _forward_with_hooks(model, tokens, [hook])
     values = first._heads(first.v_proj(inputs[0])).double()  # (B, H, n, hd)
     values = values.transpose(0, 1).flatten(1, 2)  # (H, B * n, hd): one row per occurrence
     mean = values.mean(1, keepdim=True)  # (H, 1, hd)
@@ -259,12 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path,
                         help="run folders holding checkpoints/ (the latest is read), or "
                         "checkpoint folders (checkpoints/step-N)")  # fmt: skip
-    parser.add_argument(
-        "--sequences",
-        type=int,
-        default=256,
-        help="held-out sequences to run through each model (default: 256)",
-    )
+    parser.add_argument("--sequences", type=int, default=256,
+                        help="held-out sequences per model (default: 256)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument(
         "--curves",

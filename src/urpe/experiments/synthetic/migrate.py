@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ...training.files import CorruptFileError, atomic_write, atomic_write_json, read_json
+from ...files import CorruptFileError, atomic_write, atomic_write_json, read_json
 from ..runner import RECORD_FORMAT, RunSpec
 from .experiment import run_config, run_name
 from .presets import PRESETS

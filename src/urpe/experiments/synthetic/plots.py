@@ -3,6 +3,7 @@ its Figure 1) and heatmaps of the learned B and C (its Figure 2)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from .report import _columns, _variants, summarize  # noqa: E402
+from .variants import VARIANTS  # noqa: E402
 
 TASK_TITLES = {"pi": "Position Identification", "etp": "Even Token Prediction", "probe": "Probe"}
 
@@ -128,3 +130,39 @@ def learning_curves_chart(run_dirs: list[Path], path: Path, title: str = "",
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
+    """accuracy.png, and URPE's learned B and C per task (Figure 2 of the paper)."""
+    from safetensors.torch import load_file
+
+    written = [out / "accuracy.png"]
+    accuracy_chart(table, written[0])
+    # Figure 2 of the paper shows URPE's B and C: take urpe (else any gated variant), lowest
+    # seed, first vocabulary, per task.
+    order = ["urpe"] + [v for v in VARIANTS if v != "urpe"]
+    for task in dict.fromkeys(r["task"] for r in table):
+        for variant in order:
+            runs = sorted((r for r in table if r["task"] == task and r["variant"] == variant),
+                          key=lambda r: (r["vocab_size"], r["seed"]))  # fmt: skip
+            path = out / "records" / f"{runs[0]['id']}.safetensors" if runs else None
+            if path is None or not path.exists():
+                continue
+            try:
+                matrices = load_file(str(path))
+            except Exception as error:  # a damaged file costs the figure, not the report
+                print(f"urpe reproduce synthetic: skipping {path}: {error}", file=sys.stderr)
+                continue
+            if matrices.get("C") is None:
+                continue
+            r = runs[0]
+            config = next(rec["config"] for rec in records if rec["id"] == r["id"])
+            shared = config["model"]["transformer"].get("share_position", True)
+            where = "shared by all layers" if shared else "of the first layer (one pair per layer)"
+            title = (f"learned B (before softmax) and C (after softmax), {where}: "
+                     f"{task}, {variant}, V={r['vocab_size']}, L={r['seq_len']}, seed {r['seed']}, "
+                     f"accuracy {r['accuracy']:.3f}")  # fmt: skip
+            written.append(out / f"learned_BC_{task}.png")
+            learned_matrices_chart(matrices, title, written[-1])
+            break
+    return written

@@ -214,7 +214,7 @@ def claims_markdown(records: list[dict]) -> str:
 def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> str:
     """Write results.json (one flat row per run, with its full record beside) and results.md;
     return the markdown. `records`: the runner's records."""
-    from ...training.files import atomic_write_json, atomic_write_text
+    from ...files import atomic_write_json, atomic_write_text
 
     table = rows(records)
     order = sorted(
@@ -247,3 +247,11 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> str
     ])  # fmt: skip
     atomic_write_text(out_dir / "results.md", text + "\n")
     return text
+
+
+def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str, list[Path]]:
+    """results.json, results.md and the figures; returns the markdown and the figures' paths."""
+    from .plots import figures
+
+    text = write_report(records, out_dir, wall_seconds)
+    return text, figures(records, rows(records), out_dir)

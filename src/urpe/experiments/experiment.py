@@ -1,0 +1,132 @@
+"""What one reproduction is: an `Experiment`, which the one `urpe reproduce NAME` command
+(`command.py`) drives on the shared runner.
+
+    EXPERIMENT = Experiment(
+        name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
+        plan=plan, run_one=run_one, describe=describe, report=report,
+        sweep=("tasks", "variants", "vocab_sizes", "seeds"),
+    )
+
+- `presets`: named `Preset`s, frozen dataclasses of everything a sweep needs. Every `Option`
+  sets one preset field; a flag left out keeps the preset's value, so `--help` shows the
+  presets' values instead of a misleading default.
+- `plan(settings, precision, progress) -> [RunSpec]`: one spec per run, each with its full
+  resolved config (its identity); it may build the data caches once, before any run starts.
+- `run_one(config, context) -> RunResult`: a module-level function (spawned workers import it).
+- `report(records, out, seconds) -> (markdown, figure paths)`: writes results.json, results.md
+  and the figures from every record of this experiment in OUT.
+
+A new reproduction is a presets module (settings and their flags), `run_one` with its configs,
+and a report; the command, the runner, the checks of shared flags and resume come with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..cli_types import UsageError
+from .execution import RunOne
+from .records import RunSpec
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Base of an experiment's settings (subclasses are frozen dataclasses)."""
+
+    def override(self, **changes: Any) -> Preset:
+        """These settings with every change that is not None applied."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown preset fields {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Names:
+    """The names a comma-separated option accepts: `known` (listed in errors; all of them for
+    'all' when `allow_all`), or, with `parse`, a grammar that raises ValueError naming the
+    choices (the LM's BASE[+urpe][+mem])."""
+
+    kind: str
+    known: Iterable[str]
+    parse: Callable[[str], Any] | None = None
+    allow_all: bool = False
+
+    def check(self, values: tuple[str, ...], flag: str) -> tuple[str, ...]:
+        known = tuple(self.known)
+        if self.allow_all and values == ("all",):
+            return known
+        if self.parse is not None:
+            for value in values:
+                try:
+                    self.parse(value)
+                except ValueError as error:
+                    raise UsageError(flag, str(error)) from None
+            return values
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            also = " or 'all'" if self.allow_all else ""
+            raise UsageError(flag, f"unknown {self.kind} {', '.join(unknown)}; choose from "
+                                   f"{', '.join(known)}{also}")  # fmt: skip
+        return values
+
+
+@dataclass(frozen=True)
+class Option:
+    """A flag that sets the preset field `field`. In `help`, "{presets}" becomes the presets'
+    values of that field. `choices` may be a function, read when the parser is built, so that
+    names registered before then are accepted. `default` other than SUPPRESS: a value the flag
+    always has (then it is the same for every preset)."""
+
+    flags: tuple[str, ...]
+    field: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    names: Names | None = None
+    choices: Callable[[], Iterable[str]] | Sequence[str] | None = None
+    default: Any = argparse.SUPPRESS
+    metavar: str | None = None
+
+    def with_help(self, help: str) -> Option:
+        return replace(self, help=help)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str  # `urpe reproduce NAME`, and the "experiment" of its records' configs
+    presets: Mapping[str, Preset]
+    variants: Option
+    options: tuple[Option, ...]
+    plan: Callable[[Any, str, bool], list[RunSpec]]
+    run_one: RunOne
+    describe: Callable[[dict], str]  # the line printed when a run finishes
+    report: Callable[[list[dict], Path, float], tuple[str, list[Path]]]
+    sweep: tuple[str, ...]  # preset fields whose lengths multiply to the number of runs
+    check: Callable[[Any], None] = lambda settings: None  # raises UsageError
+    description: str | None = None  # the --help text, when longer than the command's help
+    preset_help: str = "base settings; any flag given below overrides them"
+
+    @property
+    def out(self) -> str:
+        return f"runs/{self.name}"
+
+    def runs(self, settings: Any) -> int:
+        count = 1
+        for name in self.sweep:
+            count *= len(getattr(settings, name))
+        return count
+
+    # `urpe.cli` calls these two (see command.py).
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        from .command import add_arguments
+
+        add_arguments(self, parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .command import run
+
+        return run(self, args)

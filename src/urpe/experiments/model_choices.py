@@ -1,0 +1,102 @@
+"""The model's building blocks as flags, with their choices read from the registries:
+
+    --normalization  urpe.kernels.NORMALIZATIONS     (register_normalization)
+    --position       urpe.models.POSITIONS           (urpe.encodings.register_position)
+    --gate           urpe.models.GATES, or none      (urpe.encodings.register_gate)
+    --mixer          urpe.models.MIXERS              (every layer; attention: the default)
+    --backend        urpe.kernels.BACKENDS, or auto  (the attention kernel)
+
+The choices are read when the parser is built, so a name registered before `urpe.cli.main`
+runs (in a script that then calls it) is accepted with no other edit. Each flag, when given,
+sets its field of every run's `TransformerConfig`, after the variant's own fields; left out, a
+run's config (its identity) is what it was without these flags. Registrations made in a script
+reach spawned workers (--jobs > 1) when they run at the script's top level: spawn re-imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..models import TransformerConfig
+from .experiment import Option, Preset
+
+
+def _normalizations() -> list[str]:
+    from ..kernels import NORMALIZATIONS
+
+    return list(NORMALIZATIONS)
+
+
+def _sequence_names(registry_names, registry) -> list[str]:
+    # Encodings read from graph relations cannot run on token sequences.
+    return [n for n in registry_names if n is not None
+            and not getattr(registry.get(n), "uses_relation", False)]  # fmt: skip
+
+
+def _positions() -> list[str]:
+    from ..encodings import POSITION_REGISTRY
+    from ..models import POSITIONS
+
+    return _sequence_names(POSITIONS, POSITION_REGISTRY)
+
+
+def _gates() -> list[str]:
+    from ..encodings import GATE_REGISTRY
+    from ..models import GATES
+
+    return ["none", *_sequence_names(GATES, GATE_REGISTRY)]
+
+
+def _mixers() -> list[str]:
+    from ..models import MIXERS
+
+    return list(MIXERS)
+
+
+def _backends() -> list[str]:
+    from ..kernels import BACKENDS
+
+    return ["auto", *BACKENDS]
+
+
+BACKEND = Option(("--backend",), "backend", "attention kernel (default: auto, the fastest that "
+                 "applies)", choices=_backends)  # fmt: skip
+MODEL_OPTIONS = (
+    Option(("--normalization",), "normalization", "attention normalisation of every run "
+           "(default: each variant's own)", choices=_normalizations),
+    Option(("--position",), "position", "relative position encoding of every run, replacing "
+           "the variant's (default: each variant's own)", choices=_positions),
+    Option(("--gate",), "gate", "URPE gate of every run, replacing the variant's; none: no gate "
+           "(default: each variant's own)", choices=_gates),
+    Option(("--mixer",), "mixer", "token mixer of every layer (default: attention)",
+           choices=_mixers),
+    BACKEND,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelChoices(Preset):
+    """Preset fields the model flags set; None: the variant decides."""
+
+    normalization: str | None = None
+    position: str | None = None
+    gate: str | None = None
+    mixer: str | None = None
+    backend: str | None = None
+
+
+def apply_model_choices(config: TransformerConfig, choices: ModelChoices) -> TransformerConfig:
+    """`config` with every given choice set; unchanged when none is given."""
+    changes: dict = {}
+    if choices.normalization is not None:
+        changes["normalization"] = choices.normalization
+    if choices.position is not None:
+        changes["position"] = choices.position
+    if choices.gate is not None:
+        changes["gate"] = None if choices.gate == "none" else choices.gate
+    if choices.mixer is not None:
+        kinds = {layer: choices.mixer for layer in range(config.num_layers)}
+        changes["mixers"] = {} if choices.mixer == "attention" else kinds
+    if choices.backend is not None:
+        changes["attention_backend"] = choices.backend
+    return replace(config, **changes) if changes else config

@@ -1,0 +1,45 @@
+"""The sweep's one progress bar: runs done / total in its description, time left from the update
+rate, and one line per finished run above it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from .records import RunSpec
+
+
+class Progress:
+    def __init__(self, specs: Sequence[RunSpec], enabled: bool):
+        from tqdm.auto import tqdm
+
+        self.specs = specs
+        self.done = 0
+        self.steps = {i: 0 for i in range(len(specs))}
+        self.bar = tqdm(total=sum(s.steps for s in specs), disable=not enabled, unit="step",
+                        dynamic_ncols=True, desc=self._description(), file=sys.stderr,
+                        mininterval=0.5, smoothing=0.05)  # fmt: skip
+
+    def _description(self) -> str:
+        return f"runs {self.done}/{len(self.specs)}"
+
+    def step(self, index: int, step: int) -> None:
+        step = min(step, self.specs[index].steps)
+        if step > self.steps[index]:
+            self.bar.update(step - self.steps[index])
+            self.steps[index] = step
+
+    def finish(self, index: int, line: str) -> None:
+        self.step(index, self.specs[index].steps)
+        self.done += 1
+        self.bar.set_description_str(self._description(), refresh=False)
+        self.line(line)
+
+    def line(self, text: str) -> None:
+        if self.bar.disable:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            self.bar.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()

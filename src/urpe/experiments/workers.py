@@ -1,0 +1,107 @@
+"""Parallel runs: `execution.jobs` spawned worker processes (CUDA and thread pools start clean),
+one GPU each when there are GPUs, fed from a queue; the parent follows their events (start,
+step, warn, done, failed) and books every run exactly once, also when a worker dies."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import traceback
+from typing import Any
+
+from .execution import Execution, RunOne, execute_run, one_line, record_failure
+from .records import RecordStore
+
+
+def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
+            run_one: RunOne, out: str, execution: Execution, resume: bool) -> None:  # fmt: skip
+    # Ctrl-C reaches the whole process group; the parent decides and stops workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    import torch
+
+    torch.set_num_threads(threads)
+    store = RecordStore(out)
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        index, spec = item
+        events.put(("start", index, slot))
+        try:
+            record = execute_run(
+                run_one, spec, store, execution, resume,
+                on_step=lambda step, index=index: events.put(("step", index, step)),
+                warn=lambda message, index=index: events.put(("warn", index, message)),
+            )  # fmt: skip
+            events.put(("done", index, record))
+        except Exception as error:  # reported by the parent, which goes on with the others
+            events.put(("failed", index, one_line(error), traceback.format_exc()))
+
+
+def run_parallel(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
+    context = mp.get_context("spawn")
+    tasks, events = context.Queue(), context.Queue()
+    for item in enumerate(todo):
+        tasks.put(item)
+    jobs = min(execution.jobs, len(todo))
+    for _ in range(jobs):
+        tasks.put(None)
+    workers = []
+    for slot in range(jobs):
+        gpu = execution.gpus[slot] if slot < len(execution.gpus) else None
+        worker = context.Process(
+            target=_worker,
+            args=(slot, tasks, events, execution.threads, gpu, run_one, str(store.out),
+                  execution, resume),
+            daemon=True,
+        )  # fmt: skip
+        worker.start()
+        workers.append(worker)
+    running: dict[int, int] = {}  # slot -> run index
+    finished: set[int] = set()
+    try:
+        while len(finished) < len(todo):
+            try:
+                event = events.get(timeout=1.0)
+            except queue.Empty:  # no news for a second: check that the workers live
+                for slot, worker in enumerate(workers):
+                    if not worker.is_alive() and slot in running:
+                        index = running.pop(slot)
+                        finished.add(index)
+                        record_failure(store, todo[index],
+                                       f"worker died (exit code {worker.exitcode})", "",
+                                       progress, index, outcome)  # fmt: skip
+                if not any(w.is_alive() for w in workers) and len(finished) < len(todo):
+                    raise RuntimeError("all workers stopped before the sweep finished") from None
+                continue
+            kind, index = event[0], event[1]
+            if kind == "start":
+                running[event[2]] = index
+            elif kind == "step":
+                progress.step(index, event[2])
+            elif kind == "warn":
+                progress.line(event[2])
+            elif kind == "done":
+                finished.add(index)
+                running = {s: i for s, i in running.items() if i != index}
+                outcome.trained += 1
+                outcome.records.append(event[2])
+                progress.finish(index, f"{todo[index].name}: {describe(event[2])}")
+            elif kind == "failed":
+                finished.add(index)
+                running = {s: i for s, i in running.items() if i != index}
+                record_failure(store, todo[index], event[2], event[3], progress, index, outcome)
+        for worker in workers:  # each got its stop sentinel
+            worker.join(timeout=30)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                # Records and checkpoints are written atomically: killing loses at most the
+                # updates since the last checkpoint.
+                worker.kill()
+        for worker in workers:
+            worker.join()
