@@ -3,6 +3,7 @@ that urpe.hf supports, with inputs that include padding."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ class Family:
 
     def build(self, attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
         torch.manual_seed(0)
-        model = self.model_class(self.config)
+        model = self.model_class(copy.deepcopy(self.config))  # add_urpe edits model.config
         model.set_attn_implementation(attn_implementation)
         return model.to(dtype)
 
