@@ -156,16 +156,22 @@ def score_error(first, second) -> float:
     return max((a - b).abs().max().item() for a, b in pairs)
 
 
-CACHES = [(n, c) for n in ("llama", "qwen2", "gpt2") for c in ("dynamic", "static")]
+CACHES = [(n, c, True) for n in ("llama", "qwen2", "gpt2") for c in ("dynamic", "static")]
 
 
-@pytest.mark.parametrize(("name", "cache"), [*CACHES, ("t5", "dynamic")])
-def test_cached_generate_equals_uncached(name, cache):
+@pytest.mark.parametrize(
+    ("name", "cache", "padded"),
+    # Unpadded prompts: an empty static cache's prefill runs without a mask (the causal flag).
+    [*CACHES, ("t5", "dynamic", True), ("llama", "static", False), ("gpt2", "dynamic", False)],
+)
+def test_cached_generate_equals_uncached(name, cache, padded):
     family, _, gated = pair(name, "sdpa")
     gated.eval()
     perturb(gated)
     feed, _ = inputs(family)
     feed = {k: v for k, v in feed.items() if k != "decoder_input_ids"}
+    if not padded:
+        feed = {"input_ids": feed["input_ids"][1:]}
     extra = {"cache_implementation": "static"} if cache == "static" else {}
     with_cache, without = generate_both(gated, feed, pad_token_id=0, **extra)
     assert torch.equal(with_cache.sequences, without.sequences)
