@@ -7,9 +7,8 @@ import copy
 from dataclasses import dataclass
 
 import torch
+import transformers
 from torch import Tensor
-
-transformers = __import__("pytest").importorskip("transformers")
 
 VOCAB = 61
 

@@ -8,12 +8,11 @@ import copy
 
 import pytest
 import torch
+import transformers
 
+import urpe.hf
 from tests.hf_families import VOCAB, families, inputs, outputs
-
-transformers = pytest.importorskip("transformers")
-import urpe.hf  # noqa: E402
-from urpe.hf import attention as hf_attention  # noqa: E402
+from urpe.hf import attention as hf_attention
 
 FAMILIES = families()
 NAMES = list(FAMILIES)

@@ -6,15 +6,14 @@ import copy
 import json
 import logging
 
+import peft
 import pytest
 import torch
+import transformers
+from safetensors import safe_open
 
+import urpe.hf
 from tests.hf_families import families, inputs, outputs
-
-transformers = pytest.importorskip("transformers")
-from safetensors import safe_open  # noqa: E402
-
-import urpe.hf  # noqa: E402
 
 FAMILIES = families()
 AUTO = {
@@ -67,7 +66,6 @@ def test_from_pretrained_refuses_a_folder_without_urpe(tmp_path):
 
 
 def test_lora_and_gates_train_together_and_save(tmp_path):
-    peft = pytest.importorskip("peft")
     family, model = perturbed("llama")
     model = model.float().train()
     initial_gates = [p.detach().clone() for p in urpe.hf.gate_parameters(model)]

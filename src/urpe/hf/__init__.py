@@ -5,9 +5,11 @@
     model = urpe.hf.from_pretrained(out, AutoModelForCausalLM)
 
 Importing this package registers the attention functions "urpe_eager" and "urpe_sdpa" with
-transformers. Needs transformers >= 5.24 (tested: 5.24.0); PEFT is optional.
+transformers. Needs transformers >= 5.15 (tests pass on 5.15.1 to 5.24.0; 5.4 to 5.14 serve every
+family but T5, which routed its attention through the interface only from 5.15); PEFT is optional.
 """
 
+from ._requirements import TRANSFORMERS_VERSION  # first: a clear error without transformers
 from .attention import gate_of, register
 from .discovery import UnsupportedModelError, attention_modules, self_attention_modules
 from .finetune import evaluate_loss, train_steps
@@ -18,6 +20,7 @@ from .pretrained import from_pretrained, load_gates
 register()
 
 __all__ = [
+    "TRANSFORMERS_VERSION",
     "UnsupportedModelError",
     "UrpeOptions",
     "add_urpe",

@@ -137,6 +137,13 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
     register()
     model.config.urpe = options.to_dict()
     model.set_attn_implementation(implementation_name(options.attn_implementation))
+    # transformers < 5.20 leaves copied sub-configs (T5's encoder and decoder stacks) on their
+    # own implementation; each config the modules read gets the urpe_ name of its own base.
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        own = getattr(config, "_attn_implementation", None)
+        if own in BASE_IMPLEMENTATIONS:
+            config._attn_implementation = implementation_name(own)
 
 
 def gate_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -29,7 +29,8 @@ def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
     hidden = args[0] if args else kwargs.get("hidden_states")
     layout = None
     if cache is not None and layer is not None and hidden is not None:
-        query_start = cache.get_query_offset(layer)
+        # get_query_offset (transformers >= 5.13 or so) equals get_seq_length but for MTP caches.
+        query_start = getattr(cache, "get_query_offset", cache.get_seq_length)(layer)
         key_start = cache.get_mask_sizes(hidden.shape[1], layer)[1]
         # Static caches keep their length in a tensor that the update increments in place.
         layout = tuple(
