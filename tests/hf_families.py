@@ -20,6 +20,7 @@ class Family:
     config: object
     causal: bool  # a decoder-only LM (generate, left padding)
     seq2seq: bool = False
+    encoder_only: bool = False  # outputs: last_hidden_state
     float32_eager: bool = False  # eager softmax runs in float32: compare in float32
 
     def build(self, attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -84,6 +85,57 @@ def families() -> dict[str, Family]:
                 attention_probs_dropout_prob=0.0,
             ),  # fmt: skip
             causal=False,
+            encoder_only=True,
+        ),
+        "roberta": Family(
+            "roberta",
+            t.RobertaModel,
+            t.RobertaConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=70,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            ),  # fmt: skip
+            causal=False,
+            encoder_only=True,
+        ),
+        "mistral": Family(
+            "mistral",
+            t.MistralForCausalLM,
+            t.MistralConfig(
+                **small, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64
+            ),
+            causal=True,
+            float32_eager=True,
+        ),
+        "bart": Family(
+            "bart",
+            t.BartForConditionalGeneration,
+            t.BartConfig(
+                vocab_size=VOCAB,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=64,
+                dropout=0.0,
+                attention_dropout=0.0,
+                activation_dropout=0.0,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=1,
+                decoder_start_token_id=2,
+                forced_eos_token_id=None,
+            ),  # fmt: skip
+            causal=False,
+            seq2seq=True,
         ),
         "t5": Family(
             "t5",
@@ -128,4 +180,4 @@ def inputs(family: Family, batch: int = 2, length: int = 9) -> tuple[dict[str, T
 
 def outputs(family: Family, model, feed: dict[str, Tensor]) -> Tensor:
     out = model(**feed)
-    return out.last_hidden_state if family.name == "bert" else out.logits
+    return out.last_hidden_state if family.encoder_only else out.logits

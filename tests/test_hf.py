@@ -1,6 +1,6 @@
-"""urpe.hf on tiny Llama (GQA), Qwen2 (GQA), GPT-2, BERT and T5 models built from configs:
-identity at init against the same attn_implementation, gradients, a perturbed gate checked against
-a hand-written softmax(.) * C, cached generation, and the refusals."""
+"""urpe.hf on tiny Llama (GQA), Qwen2 (GQA), GPT-2, BERT, RoBERTa, Mistral, BART and T5 models
+built from configs: identity at init against the same attn_implementation, gradients, a perturbed
+gate checked against a hand-written softmax(.) * C, cached generation, and the refusals."""
 
 from __future__ import annotations
 
@@ -161,7 +161,14 @@ CACHES = [(n, c, True) for n in ("llama", "qwen2", "gpt2") for c in ("dynamic", 
 @pytest.mark.parametrize(
     ("name", "cache", "padded"),
     # Unpadded prompts: an empty static cache's prefill runs without a mask (the causal flag).
-    [*CACHES, ("t5", "dynamic", True), ("llama", "static", False), ("gpt2", "dynamic", False)],
+    [
+        *CACHES,
+        ("t5", "dynamic", True),
+        ("bart", "dynamic", True),
+        ("mistral", "dynamic", True),
+        ("llama", "static", False),
+        ("gpt2", "dynamic", False),
+    ],
 )
 def test_cached_generate_equals_uncached(name, cache, padded):
     family, _, gated = pair(name, "sdpa")
