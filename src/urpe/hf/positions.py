@@ -1,0 +1,56 @@
+"""Where the queries and keys of one transformers attention call sit, for the gate's offsets.
+
+Positions are slots in the key sequence the layer sees. Without a cache, queries and keys are the
+same L tokens. With a KV cache, transformers' own mask code places the new queries at
+`cache.get_query_offset(layer)` and the keys at `cache.get_mask_sizes(Lq, layer)[1]` onwards; a
+forward pre-hook on each gated module records both before the cache is updated, so the gate sees
+exactly the layout the mask was built for: dynamic caches (queries = the last Lq keys: a Toeplitz
+gate), sliding-window caches (the window's keys, still ending at the queries) and static caches
+(queries inside a longer, partly empty key buffer: an exact per-offset lookup).
+
+Left or right padding does not change offsets between real tokens (they stay contiguous), and the
+mask hides the padded ones, so slots give the same offsets as counting real tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..encodings import Positions
+
+_LAYOUT = "_urpe_cache_layout"
+
+
+def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: store (query start, key start) for this call, or None without a cache."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    layer = getattr(module, "layer_idx", None)
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    layout = None
+    if cache is not None and layer is not None and hidden is not None:
+        # get_query_offset (transformers >= 5.13 or so) equals get_seq_length but for MTP caches.
+        query_start = getattr(cache, "get_query_offset", cache.get_seq_length)(layer)
+        key_start = cache.get_mask_sizes(hidden.shape[1], layer)[1]
+        # Static caches keep their length in a tensor that the update increments in place.
+        layout = tuple(
+            x.clone() if isinstance(x, torch.Tensor) else x for x in (query_start, key_start)
+        )
+    module.__dict__[_LAYOUT] = layout
+
+
+def call_positions(
+    module: nn.Module, query_length: int, key_length: int, device: torch.device
+) -> Positions:
+    """Positions of this call's queries and keys (see the module docstring)."""
+    layout = module.__dict__.get(_LAYOUT)
+    if layout is None:
+        return Positions.aligned(query_length, key_length, device=device)
+    query_start, key_start = layout
+    if isinstance(query_start, int) and isinstance(key_start, int):
+        if query_start + query_length == key_start + key_length:
+            return Positions.aligned(query_length, key_length, start=key_start, device=device)
+    # A static buffer (queries inside it) or a compiled cache with tensor offsets: exact offsets.
+    query = torch.arange(query_length, device=device) + query_start
+    key = torch.arange(key_length, device=device) + key_start
+    return Positions(query, key)

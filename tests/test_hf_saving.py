@@ -1,0 +1,113 @@
+"""Saving and loading models with URPE gates, and training gates beside LoRA adapters (PEFT)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+
+import peft
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+
+import urpe.hf
+from tests.hf_families import families, inputs, outputs
+
+FAMILIES = families()
+AUTO = {
+    "llama": "AutoModelForCausalLM",
+    "gpt2": "AutoModelForCausalLM",
+    "t5": "AutoModelForSeq2SeqLM",
+}
+
+
+def perturbed(name: str, **options):
+    family = FAMILIES[name]
+    model = urpe.hf.add_urpe(family.build("sdpa", torch.float64), **options).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in urpe.hf.gate_parameters(model):
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    return family, model
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("llama", {}), ("gpt2", {"layers": [1], "num_buckets": 8}), ("t5", {"shared": True})],
+)
+def test_save_pretrained_and_from_pretrained_round_trip(tmp_path, caplog, name, options):
+    family, model = perturbed(name, **options)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        saved = sorted(k for k in handle.keys() if "urpe" in k)
+    gates = sorted(n for n, _ in model.named_parameters() if "urpe" in n)
+    assert saved == gates
+    assert json.loads((tmp_path / "config.json").read_text())["urpe"] == model.config.urpe
+
+    auto = getattr(transformers, AUTO[name])
+    with caplog.at_level(logging.WARNING):
+        loaded = urpe.hf.from_pretrained(tmp_path, auto, dtype=torch.float64).eval()
+    assert "urpe" not in caplog.text  # the gate keys are not reported as unexpected
+    assert loaded.config._attn_implementation == "urpe_sdpa"
+    assert loaded.config.urpe == model.config.urpe
+    for (n, p), (m, q) in zip(model.named_parameters(), loaded.named_parameters(), strict=True):
+        assert n == m and torch.equal(p, q), n
+    feed, real = inputs(family)
+    error = (outputs(family, model, feed) - outputs(family, loaded, feed))[real].abs().max().item()
+    assert error <= 1e-12, error
+
+
+def test_from_pretrained_refuses_a_folder_without_urpe(tmp_path):
+    FAMILIES["llama"].build("sdpa", torch.float32).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no 'urpe' entry"):
+        urpe.hf.from_pretrained(tmp_path, transformers.AutoModelForCausalLM)
+
+
+def test_lora_and_gates_train_together_and_save(tmp_path):
+    family, model = perturbed("llama")
+    model = model.float().train()
+    initial_gates = [p.detach().clone() for p in urpe.hf.gate_parameters(model)]
+    lora = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["urpe_gate"]
+    )
+    tuned = peft.get_peft_model(model, lora)
+    trainable = {n for n, p in tuned.named_parameters() if p.requires_grad}
+    gate_names = {n for n in trainable if "urpe_gate" in n}
+    assert len(gate_names) == 2 and any("lora_" in n for n in trainable)
+    assert all("lora_" in n or "urpe_gate" in n for n in trainable)
+
+    before = {n: p.detach().clone() for n, p in tuned.named_parameters()}
+    optimizer = torch.optim.Adam([p for p in tuned.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(2, 61, (2, 12))
+    loss = tuned(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    changed = {n for n, p in tuned.named_parameters() if not torch.equal(p, before[n])}
+    assert gate_names <= changed  # the gates train ...
+    assert changed <= trainable  # ... and nothing frozen moved
+    tuned.eval()
+    expected = tuned(input_ids=ids).logits
+
+    tuned.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "adapter_model.safetensors"), framework="pt") as handle:
+        assert sum("urpe_gate" in k for k in handle.keys()) == 2
+    # Reload: the same base weights, gates added with the same options, then the adapter.
+    base = urpe.hf.add_urpe(family.build("sdpa", torch.float64)).float()
+    with torch.no_grad():  # the perturbed gates were part of the base before LoRA was added
+        for p, q in zip(urpe.hf.gate_parameters(base), initial_gates, strict=True):
+            p.copy_(q)
+    reloaded = peft.PeftModel.from_pretrained(base, tmp_path).eval()
+    assert torch.allclose(reloaded(input_ids=ids).logits, expected, atol=1e-6)
+    merged = reloaded.merge_and_unload()
+    assert torch.allclose(merged(input_ids=ids).logits, expected, atol=1e-5)
+    assert len(urpe.hf.gate_parameters(merged)) == 2
+
+
+def test_gates_follow_dtype_changes_and_deepcopy():
+    _, model = perturbed("llama")
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    assert {p.dtype for p in urpe.hf.gate_parameters(half)} == {torch.bfloat16}
+    ids = torch.randint(2, 61, (1, 5))
+    assert half(input_ids=ids).logits.dtype == torch.bfloat16
