@@ -43,11 +43,6 @@ def test_a_registered_normalization_is_a_command_line_choice(copied_softmax, cap
     assert "argument --normalization: invalid choice: 'softmax-unregistered'" in err
 
 
-@pytest.mark.xfail(
-    raises=ValueError, strict=True,
-    reason="needs the ctx branch (issue 18 point 5, models side): TransformerConfig still checks "
-    "normalization against a hard-coded list instead of urpe.kernels.NORMALIZATIONS",
-)  # fmt: skip
 def test_a_registered_normalization_trains_through_the_command_line(copied_softmax, tmp_path):
     out = tmp_path / "out"
     assert main([*SYNTHETIC, "--variants", "urpe", *TINY, "--normalization", copied_softmax,
