@@ -64,6 +64,9 @@ def test_two_variants_train_report_and_resume(workspace, capsys):
     base, gated = results["base"]["record"]["result"], results["urpe"]["record"]["result"]
     assert base["gate_params"] == 0 and base["gate_max_change"] is None
     assert gated["gate_params"] > 0 and gated["gate_max_change"] > 1e-4  # the gates trained
+    # The gates start at 1, so both variants start from the folder's function; then they part.
+    assert gated["val_loss_start"] == pytest.approx(base["val_loss_start"], rel=1e-6)
+    assert gated["val_loss"] != base["val_loss"]
     assert set(gated["extrapolation"]["chunks"]) == {"1", "2"}
     assert len(gated["curve"]["val"]) == 2 and gated["val_tokens"] == 256
     # The fine-tuned model is a transformers folder that urpe.hf loads with its gates.
@@ -199,3 +202,24 @@ def test_a_tokenizer_in_the_model_folder_is_used(workspace, tmp_path):
     assert len(tokens.train) < 0.9 * 0.9 * len(text)  # merges: fewer tokens than bytes
     with pytest.raises(DataError, match="more than the model's vocabulary of 100"):
         load_tokens(dataset, None, None, folder, "digest-hf", 100)
+
+
+def test_the_gates_have_their_own_learning_rate_and_frozen_weights_no_optimiser_state():
+    from urpe.experiments.finetune.model_folder import HuggingFaceLM
+    from urpe.experiments.finetune.objective import FineTuningLM
+    from urpe.training.optim import OptimConfig
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=16,
+                                      num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    model.set_attn_implementation("sdpa")
+    wrapped = HuggingFaceLM(urpe.hf.add_urpe(model), 8)
+    optim = OptimConfig(lr=1e-3, warmup_steps=0, total_steps=10)
+    groups = FineTuningLM(wrapped, optim, 0.05).configure_optimizers()["optimizer"].param_groups
+    assert [g["initial_lr"] for g in groups] == [1e-3, 0.05]
+    assert groups[1]["params"] == urpe.hf.gate_parameters(model)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("urpe" in name)
+    groups = FineTuningLM(wrapped, optim, None).configure_optimizers()["optimizer"].param_groups
+    assert len(groups) == 1 and groups[0]["initial_lr"] == 1e-3
+    assert groups[0]["params"] == urpe.hf.gate_parameters(model)

@@ -8,7 +8,8 @@ tokens at random offsets of the training split, drawn from (seed, step), so the 
 data order and a resumed run sees exactly the windows it would have seen. It then measures, on
 the first `eval_tokens` tokens of the validation and test splits:
 
-- val/test loss at the training length (consecutive chunks of L);
+- val/test loss at the training length (consecutive chunks of L), and the val loss of the
+  model as loaded, before any update (the same for every variant: the gates start at 1);
 - length extrapolation as `urpe reproduce lm` reports it: the same weights at contexts of
   factor x L, in "chunks" (consecutive chunks, full context inside each) and "sliding" (windows
   advancing by half their length). A context the model cannot run (learned absolute positions
@@ -63,6 +64,7 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, model: d
             "memory_length": 0,
         },  # fmt: skip
         "optim": optim.to_dict(),
+        "gate_lr": preset.gate_lr if v.urpe is not None else None,
         "train": {
             "steps": preset.steps,
             "batch_size": preset.batch_size,
@@ -182,9 +184,10 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     """Fine-tune one variant and evaluate it."""
     from ...hf import gate_parameters
     from ...training import StepDataModule
-    from ...training.lm import CausalLM, evaluate, held_out_segments
+    from ...training.lm import evaluate, held_out_segments
     from .data import load_tokens
     from .model_folder import HuggingFaceLM, folder_digest, load_model
+    from .objective import FineTuningLM
 
     if config["train"]["stream"] != DATA_STREAM:
         raise ValueError(f"this urpe trains stream {DATA_STREAM}, not {config['train']['stream']}")
@@ -207,9 +210,11 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     if m["trains"] == "gates":
         _freeze_all_but_gates(hf_model)
     model = HuggingFaceLM(hf_model, m["segment_length"])
-    objective = CausalLM(model, OptimConfig.from_dict(config["optim"]), metric=config["metric"],
-                         run=config)  # fmt: skip
+    objective = FineTuningLM(model, OptimConfig.from_dict(config["optim"]), config["gate_lr"],
+                             metric=config["metric"], run=config)  # fmt: skip
     length = m["segment_length"]
+    val_tokens, test_tokens = _head(tokens.valid, ev["tokens"]), _head(tokens.test, ev["tokens"])
+    start = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])  # C = 1: as loaded
     data = StepDataModule(
         RandomWindows(tokens.train, train["batch_size"], length, seed),
         held_out_segments(_head(tokens.valid, ev["curve_tokens"]), ev["batch_size"], length),
@@ -220,7 +225,6 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         precision=train["precision"], gradient_clip_val=train["gradient_clip"], log_every=5,
     )  # fmt: skip
     model = model.cpu().float().eval()
-    val_tokens, test_tokens = _head(tokens.valid, ev["tokens"]), _head(tokens.test, ev["tokens"])
     val = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])
     test = evaluate(model, test_tokens, length, batch_size=ev["batch_size"])
     gates = {n: p.detach() for n, p in hf_model.named_parameters() if "urpe" in n}
@@ -230,6 +234,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     median = statistics.median(steps) if steps else float("nan")
     record = {
         "metric": config["metric"],
+        "val_loss_start": start["loss"],
         "val_loss": val["loss"], "test_loss": test["loss"],
         "val_tokens": int(val["tokens"]), "test_tokens": int(test["tokens"]),
         "params": sum(p.numel() for p in hf_model.parameters()),

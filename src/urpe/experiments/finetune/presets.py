@@ -61,6 +61,7 @@ class Preset(BasePreset):
     vocab_size: int | None = None
     gradient_clip: float | None = 1.0
     weight_decay: float = 0.0
+    gate_lr: float | None = None  # None: lr
 
 
 PRESETS: dict[str, Preset] = {
@@ -89,6 +90,8 @@ OPTIONS = (
     Option(("--segment-length",), "segment_length", "training window length L ({presets})",
            positive_int),
     STEPS, BATCH_SIZE.with_help("windows per update, over all devices ({presets})"), LR, WARMUP,
+    Option(("--gate-lr",), "gate_lr", "peak learning rate of the URPE gates, same schedule "
+           "(default: --lr)", positive_float),
     Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})",
            positive_float),
     Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from ...training.lm import report_metric
 from ..lm.plots import curves_chart, extrapolation_chart
 from ..lm.report import _cell, _mean_sd, extrapolation_tables, rows
 from .presets import VARIANTS
@@ -22,9 +23,9 @@ def summary_table(records: list[dict], table: list[dict]) -> str:
     for i, row in enumerate(table):
         groups[row["variant"]].append(i)
     metric = table[0]["metric"]
-    lines = [f"| variant | trained params | gate params | val {metric} | test {metric} | "
-             "max abs(C - 1) | step time vs base | seeds |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [f"| variant | trained params | gate params | val {metric} before | val {metric} | "
+             f"test {metric} | max abs(C - 1) | step time vs base | seeds |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = _mean_sd([table[i]["step_seconds_median"] for i in groups.get("base", [])])[0]
     for variant in sorted(groups, key=_order):
         runs = [records[i]["result"] for i in groups[variant]]
@@ -36,6 +37,7 @@ def summary_table(records: list[dict], table: list[dict]) -> str:
         )
         lines.append(
             f"| {variant} | {runs[0]['trained_params']:,} | {runs[0]['gate_params']:,} | "
+            f"{_cell([report_metric(r['val_loss_start'], metric) for r in runs])} | "
             f"{_cell([table[i]['val'] for i in groups[variant]])} | "
             f"{_cell([table[i]['test'] for i in groups[variant]])} | "
             f"{_cell(moved) if moved else '-'} | {ratio} | {seeds} |"
@@ -74,6 +76,7 @@ def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[s
         f"Settings of the first record: {settings}.",
         variants,
         summary_table(records, table),
+        "val before: the model folder's weights (gates at 1) before any update. "
         "max abs(C - 1): how far the trained gates moved from their initial value 1 (largest "
         "entry). Step time vs base: median update time over the base variant's (runs may share "
         "the CPU, so read it as a rough ratio).",
