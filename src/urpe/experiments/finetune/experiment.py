@@ -98,6 +98,9 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     from .model_folder import ModelFolderError, check_urpe_supported, context_limit, read_config
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if preset.model is None:  # checked here, not in resolve: --report-only needs no model
+        raise UsageError("--model", "give the model folder to fine-tune: --model PATH (a folder "
+                                    "written by save_pretrained)")  # fmt: skip
     path = Path(preset.model).expanduser()
     try:
         config = read_config(path)
@@ -258,12 +261,6 @@ def describe(record: dict) -> str:
     return f"val {r['metric']} {value:.3f}{moved}, {record['seconds']:.0f} s"
 
 
-def check(preset: Preset) -> None:
-    if preset.model is None:
-        raise UsageError("--model", "give the model folder to fine-tune: --model PATH (a folder "
-                                    "written by save_pretrained)")  # fmt: skip
-
-
 def write_report(records: list[dict], out: Path, seconds: float) -> tuple[str, list[Path]]:
     from .report import write_report as write
 
@@ -272,7 +269,7 @@ def write_report(records: list[dict], out: Path, seconds: float) -> tuple[str, l
 
 EXPERIMENT = Experiment(
     name="finetune", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
-    run_one=run_one, describe=describe, report=write_report, check=check,
+    run_one=run_one, describe=describe, report=write_report,
     sweep=("variants", "seeds"),
     description="Fine-tune a local Hugging Face causal LM (a save_pretrained folder; nothing is "
     "downloaded) on a text data set with and without URPE gates; report validation loss, "

@@ -60,12 +60,14 @@ def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[s
     m = c["model"]
     models = sorted({(r["config"]["model"]["path"], r["config"]["model"]["digest"][:12])
                      for r in records})  # fmt: skip
+    gate_lr = next((r["config"]["gate_lr"] for r in records if r["config"].get("gate_lr")),
+                   c["optim"]["lr"])  # fmt: skip
     settings = (
         f"model {m['class']} from {', '.join(f'{p} (sha256 {d}...)' for p, d in models)}; "
         f"data {c['dataset']}, tokens by the {c['tokens']}; windows of L={m['segment_length']} "
         f"tokens, {c['train']['steps']} updates of {c['train']['batch_size']} windows, peak lr "
-        f"{c['optim']['lr']}, warm-up {c['optim']['warmup_steps']}; evaluation on the first "
-        f"{c['eval']['tokens'] or 'all'} tokens of each split"
+        f"{c['optim']['lr']} (URPE gates: {gate_lr}), warm-up {c['optim']['warmup_steps']}; "
+        f"evaluation on the first {c['eval']['tokens'] or 'all'} tokens of each split"
     )
     variants = "\n".join(f"- `{name}`: {VARIANTS[name].description}"
                          for name in sorted({r["variant"] for r in table}, key=_order)
