@@ -136,6 +136,10 @@ def _broken_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     transformers.T5Config(d_model=8, num_layers=1, num_heads=2, d_kv=4, d_ff=8,
                           vocab_size=32).save_pretrained(t5)  # fmt: skip
     (t5 / "model.safetensors").write_bytes(b"")
+    mamba = tmp_path / "mamba"  # a causal LM without attention: nothing to gate
+    transformers.MambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                             state_size=4).save_pretrained(mamba)  # fmt: skip
+    (mamba / "model.safetensors").write_bytes(b"")  # never read: refused before loading
     gated = tmp_path / "gated"
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=256, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
@@ -148,11 +152,14 @@ def _broken_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "no weights": (no_weights, "has config.json but no weights"),
         "not causal": (t5, "holds a T5Config model, which has no causal-LM class"),
         "gated": (gated, "already carries URPE gates"),
+        "no attention": (mamba, "urpe.hf cannot add URPE to MambaForCausalLM"),
     }
 
 
 def test_bad_model_folders_are_one_line_errors(workspace, tmp_path, capsys):
-    for case, (folder, message) in _broken_folders(tmp_path).items():
+    folders = _broken_folders(tmp_path)
+    capsys.readouterr()  # transformers' own progress bars while saving them
+    for case, (folder, message) in folders.items():
         argv = ["finetune", "--model", str(folder), *_data(workspace), *SMALL, *QUIET,
                 "--out", str(tmp_path / "out")]  # fmt: skip
         assert main(argv) == 2, case
