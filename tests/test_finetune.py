@@ -77,9 +77,21 @@ def test_two_variants_train_report_and_resume(workspace, capsys):
     assert (out / "records" / f"{results['urpe']['id']}.safetensors").is_file()
     text = (out / "results.md").read_text()
     assert "| urpe |" in text and "sha256" in text and "### chunks" in text
+    # The run's checkpoint rebuilds the same model without the folder (from its config alone).
+    from urpe.training.checkpoint import load_model
+
+    rebuilt = load_model(run / "checkpoints")
+    tokens = torch.randint(0, 256, (2, 20))
+    torch.testing.assert_close(rebuilt(tokens)[0], loaded.eval()(tokens).logits)
     capsys.readouterr()
     assert main([*argv, "--resume"]) == 0
     assert "2 of 2 runs already recorded" in capsys.readouterr().err
+    # Without its record, --resume continues from the final checkpoint: the same result.
+    (out / "records" / f"{results['urpe']['id']}.json").unlink()
+    assert main([*argv, "--resume"]) == 0
+    again = json.loads((out / "records" / f"{results['urpe']['id']}.json").read_text())["result"]
+    assert again["val_loss"] == pytest.approx(gated["val_loss"], rel=1e-6)
+    assert again["gate_max_change"] == pytest.approx(gated["gate_max_change"], rel=1e-6)
 
 
 def test_the_other_variants(workspace, tmp_path):
