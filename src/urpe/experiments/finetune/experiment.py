@@ -217,7 +217,11 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
                              metric=config["metric"], run=config)  # fmt: skip
     length = m["segment_length"]
     val_tokens, test_tokens = _head(tokens.valid, ev["tokens"]), _head(tokens.test, ev["tokens"])
-    start = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])  # C = 1: as loaded
+    # Evaluations run on the run's GPU, if it has one (Lightning hands the model back on the CPU).
+    device = (
+        "cuda" if context.execution.accelerator == "gpu" and torch.cuda.is_available() else "cpu"
+    )
+    start = evaluate(model.to(device), val_tokens, length, batch_size=ev["batch_size"])  # C = 1
     data = StepDataModule(
         RandomWindows(tokens.train, train["batch_size"], length, seed),
         held_out_segments(_head(tokens.valid, ev["curve_tokens"]), ev["batch_size"], length),
@@ -227,12 +231,11 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         objective, data, max_steps=train["steps"], val_every=ev["val_every"], seed=seed,
         precision=train["precision"], gradient_clip_val=train["gradient_clip"], log_every=5,
     )  # fmt: skip
-    model = model.cpu().float().eval()
+    model = model.to(device).float().eval()
     val = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])
     test = evaluate(model, test_tokens, length, batch_size=ev["batch_size"])
     gates = {n: p.detach() for n, p in hf_model.named_parameters() if "urpe" in n}
     moved = max(((g - 1).abs().max().item() for g in gates.values()), default=None)
-    hf_model.save_pretrained(context.run_dir / "model")
     steps = objective.step_seconds
     median = statistics.median(steps) if steps else float("nan")
     record = {
@@ -249,6 +252,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "curve": objective.curve,
         "extrapolation": extrapolation(model, val_tokens, ev["factors"]),
     }  # fmt: skip
+    hf_model.cpu().save_pretrained(context.run_dir / "model")
     return RunResult(record, tensors=gates or None)
 
 
