@@ -117,10 +117,13 @@ def test_the_other_variants(workspace, tmp_path):
         torch.testing.assert_close(weights[name], parameter, rtol=0, atol=0)
 
 
-def _ids(workspace: Path, folder: Path) -> list[str]:
+def _ids(workspace: Path, folder: Path, text: Path | None = None) -> list[str]:
     parser = OneLineParser(prog="urpe finetune")
     EXPERIMENT.add_arguments(parser)
-    args = parser.parse_args(["--model", str(folder), *_data(workspace), *SMALL])
+    data = (
+        _data(workspace) if text is None else ["--dataset", f"text:{text}", "--tokenizer", "byte"]
+    )
+    args = parser.parse_args(["--model", str(folder), *data, *SMALL])
     return [spec.id for spec in plan(resolve(EXPERIMENT, args), "32-true")]
 
 
@@ -135,6 +138,14 @@ def test_a_changed_model_folder_is_a_new_identity(workspace, tmp_path):
     config["rope_theta"] = 500.0  # the config alone changes too
     (folder / "config.json").write_text(json.dumps(config))
     assert not set(_ids(workspace, folder)) & set(changed)
+
+
+def test_edited_text_is_a_new_identity(workspace, tmp_path):
+    text = tmp_path / "play.txt"
+    text.write_bytes((workspace / "play.txt").read_bytes())
+    first = _ids(workspace, workspace / "llama", text)
+    text.write_bytes(text.read_bytes().replace(b"the", b"thy"))  # the same path, other words
+    assert not set(_ids(workspace, workspace / "llama", text)) & set(first)
 
 
 def _broken_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:

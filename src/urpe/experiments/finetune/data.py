@@ -15,9 +15,11 @@ The rule, in order:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -41,6 +43,16 @@ class Tokens:
     vocab_size: int
     metric: str  # "bpc" (characters or bytes) or "perplexity"
     tokenizer: str  # how the ids were made, for the record
+
+    @cached_property
+    def digest(self) -> str:
+        """SHA-256 of the three splits' ids: the data a run sees, whatever file or tokenizer
+        made it (part of a run's identity, so an edited text file is a new run)."""
+        sha = hashlib.sha256()
+        for split in (self.train, self.valid, self.test):
+            sha.update(f"{len(split)}\0".encode())
+            sha.update(split.to(torch.int64).contiguous().numpy().tobytes())
+        return sha.hexdigest()
 
 
 def tokenizer_source(model: Path) -> str | None:
@@ -98,13 +110,13 @@ def _with_model_tokenizer(dataset: str, model: Path, source: str, digest: str) -
     from safetensors.torch import load_file, save_file
 
     from ...data.text import SPLITS, cache_root
-    from ...data.text.cache import cached_entry
-    from ...data.text.corpora import CORPORA, _sha256, parse_spec
+    from ...data.text.cache import cached_entry, file_sha256
+    from ...data.text.corpora import CORPORA, parse_spec
 
     name, path = parse_spec(dataset)
     files = CORPORA[name].locate(path)
     encoder = _Encoder(model, source)
-    inputs = {"corpus": name, "sources": [_sha256(f) for f in files], "model": digest,
+    inputs = {"corpus": name, "sources": [file_sha256(f) for f in files], "model": digest,
               "format": MODEL_TOKENIZER_FORMAT}  # fmt: skip
 
     def build(directory: Path) -> dict:

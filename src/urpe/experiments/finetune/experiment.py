@@ -53,6 +53,7 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, model: d
         "tokenizer": preset.tokenizer,
         "tokenizer_vocab_size": preset.vocab_size,
         "tokens": tokens.tokenizer,
+        "data_digest": tokens.digest,
         "metric": tokens.metric,
         "variant": variant,
         "seed": seed,
@@ -210,6 +211,8 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         m["digest"],
         hf_model.config.get_text_config().vocab_size,
     )
+    if tokens.digest != config["data_digest"]:
+        raise ValueError(f"the data of {config['dataset']} changed since this run was planned")
     if m["trains"] == "gates":
         _freeze_all_but_gates(hf_model)
     model = HuggingFaceLM(hf_model, m["segment_length"])
