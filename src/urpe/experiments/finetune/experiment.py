@@ -2,10 +2,11 @@
 
 A run is (variant, seed) on one model folder and data set. `run_one` loads the folder's causal
 LM (float32, "sdpa" attention), adds URPE gates as the variant says (`urpe.hf.add_urpe`, C = 1,
-so every variant starts from the same function), and trains it with urpe's `CausalLM` objective
-through `context.fit` (checkpoints, resume, progress). Training batches are windows of L + 1
-tokens at random offsets of the training split, drawn from (seed, step), so the seed sets the
-data order and a resumed run sees exactly the windows it would have seen. It then measures, on
+so every variant starts from the same function), and trains it with `FineTuningLM` (urpe's
+`CausalLM`, the gates at their own peak lr) through `context.fit` (checkpoints, resume,
+progress). Training batches are windows of L + 1 tokens at random offsets of the training split,
+drawn from (seed, step), so the seed sets the data order and a resumed run sees exactly the
+windows it would have seen. It then measures, on
 the first `eval_tokens` tokens of the validation and test splits:
 
 - val/test loss at the training length (consecutive chunks of L), and the val loss of the
