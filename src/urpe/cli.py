@@ -46,6 +46,11 @@ SINGLE_COMMANDS = {
         "urpe.experiments.lm.generate",
         "sample text from a trained language model checkpoint, streamed token by token",
     ),
+    "finetune": (
+        "urpe.experiments.finetune.experiment:EXPERIMENT",
+        "fine-tune a local Hugging Face causal LM with and without URPE gates (loss, curves, "
+        "length extrapolation)",
+    ),
 }
 
 GROUP_HELP = {
@@ -58,6 +63,7 @@ EXTRAS = {
     "lightning": "train", "pytorch_lightning": "train", "torchmetrics": "train",
     "safetensors": "train", "tqdm": "train", "matplotlib": "train", "tensorboard": "train",
     "x_transformers": "bench", "torch_geometric": "graph", "rdkit": "graph", "scipy": "graph",
+    "transformers": "hf",
 }  # fmt: skip
 
 

@@ -89,7 +89,7 @@ def run(experiment: Experiment, args: argparse.Namespace) -> int:
     from .records import RecordStore
     from .runner import sweep_command
 
-    prog = f"urpe reproduce {experiment.name}"
+    prog = getattr(args, "prog", None) or f"urpe reproduce {experiment.name}"
     settings = resolve(experiment, args)
     require_training_extra()
     out: Path = args.out

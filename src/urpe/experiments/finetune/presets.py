@@ -1,0 +1,103 @@
+"""Settings of `urpe finetune`, its variants and its flags.
+
+quick: 200 updates of 16 windows of 128 tokens at peak lr 1e-4 (a fine-tuning rate for a
+pretrained model; a model built from a config wants more, e.g. --lr 2e-3), validation every 25
+updates on the first 8k validation tokens, evaluation on the first 16k tokens of each split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...cli_types import (
+    name_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
+from ..experiment import Names, Option
+from ..experiment import Preset as BasePreset
+from ..options import BATCH_SIZE, LR, SEEDS, STEPS, WARMUP
+
+
+@dataclass(frozen=True)
+class Variant:
+    description: str
+    urpe: dict[str, Any] | None  # add_urpe's keyword arguments; None: no gates
+    trains: str = "all"  # "all" parameters, or only the URPE "gates"
+
+
+VARIANTS: dict[str, Variant] = {
+    "base": Variant("the model as it is", None),
+    "urpe": Variant("a URPE gate C per self-attention module (add_urpe's defaults)", {}),
+    "urpe-shared": Variant("one gate C shared by every layer", {"shared": True}),
+    "urpe-buckets": Variant(
+        "a gate per layer over 32 log-spaced offset buckets", {"num_buckets": 32}
+    ),  # fmt: skip
+    "urpe-gates-only": Variant(
+        "a gate per layer; only the gates train, the model is frozen", {}, "gates"
+    ),  # fmt: skip
+}
+
+
+@dataclass(frozen=True)
+class Preset(BasePreset):
+    model: str | None
+    dataset: str
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+    segment_length: int
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int
+    eval_tokens: int  # 0: the whole split
+    val_every: int
+    factors: tuple[int, ...] = (1, 2, 4, 8)
+    precision: str = "32-true"
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    gradient_clip: float | None = 1.0
+    weight_decay: float = 0.0
+    gate_lr: float | None = None  # None: lr
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        model=None, dataset="shakespeare", variants=("base", "urpe"), seeds=(0,),
+        segment_length=128, steps=200, batch_size=16, lr=1e-4, warmup=20, eval_tokens=16384,
+        val_every=25,
+    ),
+}  # fmt: skip
+
+VARIANTS_OPTION = Option(
+    ("--variants",), "variants", f"comma-separated, from {', '.join(VARIANTS)} ({{presets}})",
+    name_list, names=Names("variant", VARIANTS),
+)  # fmt: skip
+OPTIONS = (
+    Option(("--model",), "model", "a local folder written by save_pretrained (config.json and "
+           "weights) of a transformers causal LM; never downloaded", metavar="PATH"),
+    Option(("--dataset",), "dataset", "shakespeare, enwiki-mini, enwik8:PATH, "
+           "wikitext-103:DIR, text:PATH or a file path ({presets})"),
+    Option(("--tokenizer",), "tokenizer", "urpe tokenisation when the model folder has no "
+           "tokenizer of its own (default: the corpus's own); its ids must fit the model's "
+           "vocabulary", choices=("char", "byte", "bpe", "word")),
+    Option(("--vocab-size",), "vocab_size", "BPE vocabulary size, or a cap on the word "
+           "vocabulary", positive_int),
+    SEEDS,
+    Option(("--segment-length",), "segment_length", "training window length L ({presets})",
+           positive_int),
+    STEPS, BATCH_SIZE.with_help("windows per update, over all devices ({presets})"), LR, WARMUP,
+    Option(("--gate-lr",), "gate_lr", "peak learning rate of the URPE gates, same schedule "
+           "(default: --lr)", positive_float),
+    Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})",
+           positive_float),
+    Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "
+           "{presets})", non_negative_int),
+    Option(("--factors",), "factors", "extrapolation contexts, multiples of L ({presets})",
+           positive_int_list),
+    Option(("--val-every",), "val_every", "updates between validations for the curves "
+           "({presets})", positive_int),
+)  # fmt: skip
