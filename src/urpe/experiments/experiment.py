@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..cli_types import UsageError
+from ..cli_types import UsageError, name_list
 from .execution import RunOne
 from .records import RunSpec
 
@@ -93,6 +93,11 @@ class Option:
 
     def with_help(self, help: str) -> Option:
         return replace(self, help=help)
+
+
+def variants_option(help: str, names: Names) -> Option:
+    """The `--variants` flag: comma-separated names that `names` checks."""
+    return Option(("--variants",), "variants", help, name_list, names=names)
 
 
 @dataclass(frozen=True)

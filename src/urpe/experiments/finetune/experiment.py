@@ -34,12 +34,11 @@ from ...cli_types import UsageError
 from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
+from ..lm.experiment import EVAL_BATCH, fit_text, schedule_sections
 from ..records import RunResult, RunSpec
 from .presets import OPTIONS, PRESETS, VARIANTS, VARIANTS_OPTION, Preset
 
 DATA_STREAM = "random-windows/1"
-EVAL_BATCH = 8
-CURVE_TOKENS = 8192
 
 
 def run_config(variant: str, seed: int, preset: Preset, precision: str, model: dict,
@@ -67,20 +66,7 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, model: d
         },  # fmt: skip
         "optim": optim.to_dict(),
         "gate_lr": preset.gate_lr if v.urpe is not None else None,
-        "train": {
-            "steps": preset.steps,
-            "batch_size": preset.batch_size,
-            "precision": precision,
-            "gradient_clip": preset.gradient_clip,
-            "stream": DATA_STREAM,
-        },  # fmt: skip
-        "eval": {
-            "tokens": preset.eval_tokens,
-            "factors": list(preset.factors),
-            "val_every": preset.val_every,
-            "curve_tokens": CURVE_TOKENS,
-            "batch_size": EVAL_BATCH,
-        },  # fmt: skip
+        **schedule_sections(preset, precision, DATA_STREAM),
     }
 
 
@@ -188,8 +174,7 @@ def _freeze_all_but_gates(model: torch.nn.Module) -> None:
 def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     """Fine-tune one variant and evaluate it."""
     from ...hf import gate_parameters
-    from ...training import StepDataModule
-    from ...training.lm import evaluate, held_out_segments
+    from ...training.lm import evaluate
     from .data import load_tokens
     from .model_folder import HuggingFaceLM, folder_digest, load_model
     from .objective import FineTuningLM
@@ -226,15 +211,8 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "cuda" if context.execution.accelerator == "gpu" and torch.cuda.is_available() else "cpu"
     )
     start = evaluate(model.to(device), val_tokens, length, batch_size=ev["batch_size"])  # C = 1
-    data = StepDataModule(
-        RandomWindows(tokens.train, train["batch_size"], length, seed),
-        held_out_segments(_head(tokens.valid, ev["curve_tokens"]), ev["batch_size"], length),
-        eval_batch_size=None,
-    )  # fmt: skip
-    context.fit(
-        objective, data, max_steps=train["steps"], val_every=ev["val_every"], seed=seed,
-        precision=train["precision"], gradient_clip_val=train["gradient_clip"], log_every=5,
-    )  # fmt: skip
+    stream = RandomWindows(tokens.train, train["batch_size"], length, seed)
+    fit_text(context, objective, stream, tokens.valid, config, length, log_every=5)
     model = model.to(device).float().eval()
     val = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])
     test = evaluate(model, test_tokens, length, batch_size=ev["batch_size"])

@@ -11,14 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...cli_types import (
-    name_list,
-    non_negative_int,
     positive_float,
     positive_int,
-    positive_int_list,
 )
-from ..experiment import Names, Option
-from ..experiment import Preset as BasePreset
+from ..experiment import Names, Option, variants_option
+from ..lm.presets import EVALUATION_OPTIONS, VOCAB_SIZE, TextRun
 from ..options import BATCH_SIZE, LR, SEEDS, STEPS, WARMUP
 
 
@@ -43,22 +40,8 @@ VARIANTS: dict[str, Variant] = {
 
 
 @dataclass(frozen=True)
-class Preset(BasePreset):
+class Preset(TextRun):
     model: str | None
-    dataset: str
-    variants: tuple[str, ...]
-    seeds: tuple[int, ...]
-    segment_length: int
-    steps: int
-    batch_size: int
-    lr: float
-    warmup: int
-    eval_tokens: int  # 0: the whole split
-    val_every: int
-    factors: tuple[int, ...] = (1, 2, 4, 8)
-    precision: str = "32-true"
-    tokenizer: str | None = None
-    vocab_size: int | None = None
     gradient_clip: float | None = 1.0
     weight_decay: float = 0.0
     gate_lr: float | None = None  # None: lr
@@ -72,10 +55,9 @@ PRESETS: dict[str, Preset] = {
     ),
 }  # fmt: skip
 
-VARIANTS_OPTION = Option(
-    ("--variants",), "variants", f"comma-separated, from {', '.join(VARIANTS)} ({{presets}})",
-    name_list, names=Names("variant", VARIANTS),
-)  # fmt: skip
+VARIANTS_OPTION = variants_option(
+    f"comma-separated, from {', '.join(VARIANTS)} ({{presets}})", Names("variant", VARIANTS)
+)
 OPTIONS = (
     Option(("--model",), "model", "a local folder written by save_pretrained (config.json and "
            "weights) of a transformers causal LM; never downloaded", metavar="PATH"),
@@ -84,8 +66,7 @@ OPTIONS = (
     Option(("--tokenizer",), "tokenizer", "urpe tokenisation when the model folder has no "
            "tokenizer of its own (default: the corpus's own); its ids must fit the model's "
            "vocabulary", choices=("char", "byte", "bpe", "word")),
-    Option(("--vocab-size",), "vocab_size", "BPE vocabulary size, or a cap on the word "
-           "vocabulary", positive_int),
+    VOCAB_SIZE,
     SEEDS,
     Option(("--segment-length",), "segment_length", "training window length L ({presets})",
            positive_int),
@@ -94,10 +75,5 @@ OPTIONS = (
            "(default: --lr)", positive_float),
     Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})",
            positive_float),
-    Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "
-           "{presets})", non_negative_int),
-    Option(("--factors",), "factors", "extrapolation contexts, multiples of L ({presets})",
-           positive_int_list),
-    Option(("--val-every",), "val_every", "updates between validations for the curves "
-           "({presets})", positive_int),
+    *EVALUATION_OPTIONS,
 )  # fmt: skip

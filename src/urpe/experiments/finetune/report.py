@@ -8,8 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...training.lm import report_metric
-from ..lm.plots import curves_chart, extrapolation_chart
-from ..lm.report import _cell, _mean_sd, extrapolation_tables, rows
+from ..lm.report import _cell, _mean_sd, finish_report, rows
 from .presets import VARIANTS
 
 
@@ -48,7 +47,7 @@ def summary_table(records: list[dict], table: list[dict]) -> str:
 
 
 def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[str, list[Path]]:
-    from ...files import atomic_write_json, atomic_write_text
+    from ...files import atomic_write_json
 
     records = sorted(records, key=lambda r: (_order(r["config"]["variant"]), r["config"]["seed"]))
     table = rows(records)
@@ -72,7 +71,6 @@ def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[s
     variants = "\n".join(f"- `{name}`: {VARIANTS[name].description}"
                          for name in sorted({r["variant"] for r in table}, key=_order)
                          if name in VARIANTS)  # fmt: skip
-    total = sum(r["seconds"] for r in table)
     text = "\n\n".join([
         "# Fine-tuning with and without URPE: loss, gates and length extrapolation",
         f"Settings of the first record: {settings}.",
@@ -84,12 +82,5 @@ def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[s
         "the CPU, so read it as a rough ratio).",
         "## Extrapolation: the same fine-tuned weights at longer contexts",
         "Validation split; columns: context as a multiple of the training length (tokens).",
-        extrapolation_tables(table),
-        f"{len(table)} runs, {total:.0f} s of training and evaluation in total; this command's "
-        f"wall time {wall_seconds:.0f} s.",
     ])  # fmt: skip
-    atomic_write_text(out / "results.md", text + "\n")
-    figures = [out / "curves.png", out / "extrapolation.png"]
-    curves_chart(records, figures[0])
-    extrapolation_chart(table, figures[1])
-    return text, figures
+    return finish_report(text, records, table, out, wall_seconds)

@@ -12,8 +12,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...cli_types import name_list, positive_int
-from ..experiment import Names, Option
+from ...cli_types import positive_int
+from ..experiment import Names, Option, variants_option
 from ..experiment import Preset as ExperimentPreset
 from ..model_choices import BACKEND
 from ..options import LR, SEEDS, STEPS, WARMUP
@@ -87,10 +87,9 @@ PRESET_HELP = (
     "quick: the 'tiny' Graphormer (4 layers, width 64) on capped splits, for 2 CPU cores; paper: "
     "Graphormer's ZINC settings ('slim', 400k updates) for a GPU"
 )
-VARIANTS_OPTION = Option(
-    ("--variants",), "variants", f"comma-separated from {','.join(VARIANTS)} (default: both)",
-    name_list, names=Names("variant", VARIANTS),
-)  # fmt: skip
+VARIANTS_OPTION = variants_option(
+    f"comma-separated from {','.join(VARIANTS)} (default: both)", Names("variant", VARIANTS)
+)
 OPTIONS = (
     Option(("--dataset",), "dataset", "moses-plogp: MOSES molecules (ZINC-derived, not ZINC), "
            "penalised logP by RDKit; qm9: QM9 HOMO-LUMO gap (eV); zinc / zinc-full: the real ZINC "

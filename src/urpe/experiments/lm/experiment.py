@@ -69,20 +69,44 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_si
             "memory_length": memory,
         },
         "optim": optim.to_dict(),
+        **schedule_sections(preset, precision),
+    }
+
+
+def fit_text(context, objective, stream, valid, config: dict, length: int, log_every: int) -> None:
+    """Train on `stream` for the config's steps, validating on the head of the `valid` tokens
+    (the learning curves); shared with `urpe finetune`."""
+    from ...training import StepDataModule
+    from ...training.lm import held_out_segments
+
+    train, ev = config["train"], config["eval"]
+    curve = held_out_segments(_head(valid, ev["curve_tokens"]), ev["batch_size"], length)
+    context.fit(
+        objective, StepDataModule(stream, curve, eval_batch_size=None),
+        max_steps=train["steps"], val_every=ev["val_every"], seed=config["seed"],
+        precision=train["precision"], gradient_clip_val=train["gradient_clip"],
+        log_every=log_every,
+    )  # fmt: skip
+
+
+def schedule_sections(preset, precision: str, stream: str = DATA_STREAM) -> dict[str, dict]:
+    """The "train" and "eval" parts of a text run's config (also `urpe finetune`'s, whose
+    training `stream` differs)."""
+    return {
         "train": {
             "steps": preset.steps,
             "batch_size": preset.batch_size,
             "precision": precision,
             "gradient_clip": preset.gradient_clip,
-            "stream": DATA_STREAM,
-        },  # fmt: skip
+            "stream": stream,
+        },
         "eval": {
             "tokens": preset.eval_tokens,
             "factors": list(preset.factors),
             "val_every": preset.val_every,
             "curve_tokens": CURVE_TOKENS,
             "batch_size": EVAL_BATCH,
-        },  # fmt: skip
+        },
     }
 
 
@@ -151,8 +175,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     import statistics
 
     from ...models.lm import LanguageModel
-    from ...training import StepDataModule
-    from ...training.lm import CausalLM, SegmentStream, evaluate, held_out_segments
+    from ...training.lm import CausalLM, SegmentStream, evaluate
 
     cpu_start, load_start = time.process_time(), os.getloadavg()[0]
     if config["train"]["stream"] != DATA_STREAM:
@@ -166,16 +189,8 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
                          run=config)  # fmt: skip
     train, ev = config["train"], config["eval"]
     length = model.segment_length
-    curve_tokens = _head(corpus.valid, ev["curve_tokens"])
-    data = StepDataModule(
-        SegmentStream(corpus.train, train["batch_size"], length),
-        held_out_segments(curve_tokens, ev["batch_size"], length),
-        eval_batch_size=None,
-    )  # fmt: skip
-    context.fit(
-        objective, data, max_steps=train["steps"], val_every=ev["val_every"], seed=seed,
-        precision=train["precision"], gradient_clip_val=train["gradient_clip"], log_every=10,
-    )  # fmt: skip
+    stream = SegmentStream(corpus.train, train["batch_size"], length)
+    fit_text(context, objective, stream, corpus.valid, config, length, log_every=10)
     model = model.cpu().float().eval()
     val_tokens, test_tokens = _head(corpus.valid, ev["tokens"]), _head(corpus.test, ev["tokens"])
     recurrent = model.memory_length > 0

@@ -16,35 +16,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...cli_types import name_list, non_negative_int, positive_int, positive_int_list
-from ..experiment import Names, Option
+from ...cli_types import non_negative_int, positive_int, positive_int_list
+from ..experiment import Names, Option, variants_option
+from ..experiment import Preset as BasePreset
 from ..model_choices import MODEL_OPTIONS, ModelChoices
 from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
 from .variants import BASES, DEFAULT_VARIANTS, parse_variant
 
 
-@dataclass(frozen=True)
-class Preset(ModelChoices):
+@dataclass(frozen=True, kw_only=True)
+class TextRun(BasePreset):
+    """Settings every text run has (`reproduce lm`, `urpe finetune`)."""
+
     dataset: str
     variants: tuple[str, ...]
     seeds: tuple[int, ...]
     segment_length: int
-    memory_length: int
     steps: int
     batch_size: int
     lr: float
     warmup: int
-    num_layers: int
-    dim: int
-    num_heads: int
-    ffn_dim: int
-    dropout: float
     eval_tokens: int  # 0: the whole split
     val_every: int
     factors: tuple[int, ...] = (1, 2, 4, 8)
     precision: str = "32-true"
     tokenizer: str | None = None
     vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Preset(ModelChoices, TextRun):
+    memory_length: int
+    num_layers: int
+    dim: int
+    num_heads: int
+    ffn_dim: int
+    dropout: float
     gradient_clip: float | None = 0.25
 
 
@@ -65,19 +72,29 @@ PRESETS: dict[str, Preset] = {
 # fmt: on
 
 PRESET_HELP = "base settings; any flag below overrides them"
-VARIANTS_OPTION = Option(
-    ("--variants",), "variants",
-    f"comma-separated BASE[+urpe][+mem], BASE one of {', '.join(BASES)}; 'urpe' = rpe+urpe; txl "
-    "carries memory by itself ({presets})", name_list,
-    names=Names("variant", (), parse=parse_variant),
+VOCAB_SIZE = Option(
+    ("--vocab-size",), "vocab_size", "BPE vocabulary size, or a cap on the word vocabulary",
+    positive_int,
 )  # fmt: skip
+EVALUATION_OPTIONS = (  # TextRun's flags
+    Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "
+           "{presets})", non_negative_int),
+    Option(("--factors",), "factors", "extrapolation contexts, multiples of L ({presets})",
+           positive_int_list),
+    Option(("--val-every",), "val_every", "updates between validations for the curves "
+           "({presets})", positive_int),
+)  # fmt: skip
+VARIANTS_OPTION = variants_option(
+    f"comma-separated BASE[+urpe][+mem], BASE one of {', '.join(BASES)}; 'urpe' = rpe+urpe; txl "
+    "carries memory by itself ({presets})",
+    Names("variant", (), parse=parse_variant),
+)
 OPTIONS = (
     Option(("--dataset",), "dataset", "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
            "wikitext-103:DIR, text:PATH or a file path ({presets})"),
     Option(("--tokenizer",), "tokenizer", "tokenisation (default: the corpus's own)",
            choices=("char", "byte", "bpe", "word")),
-    Option(("--vocab-size",), "vocab_size", "BPE vocabulary size, or a cap on the word "
-           "vocabulary", positive_int),
+    VOCAB_SIZE,
     SEEDS,
     Option(("--segment-length",), "segment_length", "training segment length L ({presets})",
            positive_int),
@@ -85,11 +102,6 @@ OPTIONS = (
            "({presets})", positive_int),
     STEPS, BATCH_SIZE.with_help("segments per update, over all devices ({presets})"), LR, WARMUP,
     LAYERS, DIM, HEADS, FFN_DIM,
-    Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "
-           "{presets})", non_negative_int),
-    Option(("--factors",), "factors", "extrapolation contexts, multiples of L ({presets})",
-           positive_int_list),
-    Option(("--val-every",), "val_every", "updates between validations for the curves "
-           "({presets})", positive_int),
+    *EVALUATION_OPTIONS,
     *MODEL_OPTIONS,
 )  # fmt: skip

@@ -116,8 +116,7 @@ def extrapolation_tables(table: list[dict]) -> str:
 
 
 def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str, list]:
-    from ...files import atomic_write_json, atomic_write_text
-    from .plots import curves_chart, extrapolation_chart
+    from ...files import atomic_write_json
 
     table = rows(records)
     order = sorted(range(len(table)), key=lambda i: (table[i]["dataset"], table[i]["variant"],
@@ -133,7 +132,6 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> tup
         f"{c['model']['transformer']['num_heads']} heads, lr {c['optim']['lr']}, "
         f"evaluation on the first {c['eval']['tokens'] or 'all'} tokens of each split"
     )
-    total = sum(r["seconds"] for r in table)
     text = "\n\n".join([
         "# Language modelling: loss, throughput and length extrapolation",
         f"Settings of the first record: {settings}.",
@@ -145,6 +143,21 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> tup
         "## Extrapolation: the same checkpoints at longer contexts",
         "Validation split; loss in the table's metric; columns: context as a multiple of the "
         "training length (tokens).",
+    ])  # fmt: skip
+    return finish_report(text, records, table, out_dir, wall_seconds)
+
+
+def finish_report(
+    text: str, records: list[dict], table: list[dict], out_dir: Path, wall_seconds: float
+) -> tuple[str, list[Path]]:
+    """`text` + the extrapolation tables and totals as results.md, and both figures (also
+    `urpe finetune`'s report)."""
+    from ...files import atomic_write_text
+    from .plots import curves_chart, extrapolation_chart
+
+    total = sum(r["seconds"] for r in table)
+    text = "\n\n".join([
+        text,
         extrapolation_tables(table),
         f"{len(table)} runs, {total:.0f} s of training and evaluation in total; this command's "
         f"wall time {wall_seconds:.0f} s.",

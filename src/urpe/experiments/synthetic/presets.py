@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from ...cli_types import name_list, positive_int, positive_int_list
 from ...tasks import TASKS
-from ..experiment import Names, Option
+from ..experiment import Names, Option, variants_option
 from ..model_choices import MODEL_OPTIONS, ModelChoices
 from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
 from .variants import VARIANTS
@@ -67,11 +67,10 @@ PRESET_HELP = (
     "CPU; vocab: the paper's V=10,1000,10000 at length 32 on the quick model, 3 seeds, hours on "
     "a CPU; paper: the paper's model and schedule, for a GPU"
 )
-VARIANTS_OPTION = Option(
-    ("--variants",), "variants",
-    f"comma-separated from {','.join(VARIANTS)}, or 'all' ({{presets}})", name_list,
-    names=Names("variant", VARIANTS, allow_all=True),
-)  # fmt: skip
+VARIANTS_OPTION = variants_option(
+    f"comma-separated from {','.join(VARIANTS)}, or 'all' ({{presets}})",
+    Names("variant", VARIANTS, allow_all=True),
+)
 OPTIONS = (
     Option(("--tasks",), "tasks", f"comma-separated from {','.join(TASKS)} ({{presets}})",
            name_list, names=Names("task", TASKS)),
