@@ -32,7 +32,7 @@ import sys
 import torch
 from torch import Tensor
 
-from ..dispatch import Backend
+from ..dispatch import Backend, BackendFailure
 from ..dtypes import FLOATING
 from ..spec import AttentionSpec, resolve
 
@@ -78,12 +78,13 @@ def interpreter_state() -> str | None:
 
 
 def spec_unsupported(spec: AttentionSpec) -> str | None:
-    """Why the Triton kernel cannot run this resolved call, or None when it can."""
-    missing = triton_missing()
-    if missing is not None:
-        return missing
+    """Why the Triton kernel cannot run this resolved call, or None when it can. (On CUDA a
+    missing or broken Triton is found when the call runs: "auto" then warns once and moves on.)"""
     q, k, v = spec.q, spec.k, spec.v
     device = q.device.type
+    missing = triton_missing()
+    if missing is not None and device != "cuda":
+        return missing
     if device == "cpu":
         reason = interpreter_state()
         if reason is not None:
@@ -152,8 +153,12 @@ def dropout_keep_mask(batch, heads, lq, lk, dropout_p, seed, device="cpu") -> Te
 
 
 def _spec_run(spec: AttentionSpec) -> Tensor:
-    from .ops import triton_run
-
+    try:
+        from .ops import triton_run
+    except Exception as error:  # noqa: BLE001 - Triton missing or broken: a backend failure
+        raise BackendFailure(
+            f"Triton cannot be imported: {type(error).__name__}: {error}"
+        ) from error
     return triton_run(spec)
 
 
