@@ -11,8 +11,11 @@ TRITON_INTERPRET (set by conftest), and reads registers, spills and shared memor
 from __future__ import annotations
 
 import pytest
+import torch
+import triton
 
 from urpe.bench.compile import compile_cases, full_matrix, problems, quick_matrix
+from urpe.kernels.triton import launch
 
 
 def _check(cases):
@@ -35,3 +38,18 @@ def test_quick_subset_compiles_for_sm80_and_sm90_without_spills():
 @pytest.mark.slow
 def test_every_autotuner_configuration_compiles_without_spills():
     _check(full_matrix())
+
+
+@pytest.mark.parametrize("kernel", ["forward", "backward_kv", "backward_q"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+def test_the_autotuner_tries_exactly_the_checked_configurations(kernel, dtype, head_dim):
+    """The autotuner's pruning keeps, per head dim and dtype, the configurations the compile
+    checks above cover (and that list is what `urpe bench compile` reports on)."""
+    tuner = launch.tuned(kernel)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    named = {"q_ptr": torch.empty(0, dtype=dtype)}
+    kept = tuner.early_config_prune(tuner.configs, named, BLOCK_D=block_d, BLOCK_DV=block_d)
+    shapes = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
+    expected = launch.configs_for(kernel, block_d, launch.dtype_family(dtype))
+    assert sorted(shapes) == sorted(expected)
