@@ -19,8 +19,10 @@ bool mask where memory matters), Lq != Lk, grouped-query attention (k and v with
 float16, bfloat16 (float32 accumulation), float32 and float64, head dims 1 to 256 (padded to a
 power of two >= 16; 16 to 128 is what it is tuned and tested for), dropout after the gate. It
 composes with `torch.func.grad`, `vmap` (per-example gradients included), `functional_call` and
-`torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache and for why table
-gradients use atomics.
+`torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache, for why table
+gradients use atomics and for the deterministic mode (`torch.use_deterministic_algorithms`);
+`launch.py` for the tile configurations, the grid, and the failures that make "auto" fall back;
+`urpe bench compile` for the registers, spills and shared memory of every configuration.
 """
 
 from __future__ import annotations
