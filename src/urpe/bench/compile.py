@@ -263,6 +263,8 @@ def _worker_setup() -> None:
     # before triton is imported here: an interpreting process builds no GPU code
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.pop("TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", None)
+    # Triton 3.9's default (fp fusion on), stated so that it does not warn in every worker
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     torch.set_num_threads(1)
 
 
