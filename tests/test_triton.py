@@ -311,12 +311,12 @@ def test_scale_and_softmax_rows_sum_through_the_gate():
 def test_autotuning_keys_name_real_kernel_arguments(name):
     """The autotuner silently drops a key that is not an argument (then never re-tunes), and a
     misnamed reset_to_zero would leave atomically accumulated gradients dirty between trials."""
-    from urpe.kernels.triton import ops
+    from urpe.kernels.triton import launch
 
-    tuner = ops._tuned(name)
-    assert set(ops._TUNING_KEY) <= set(tuner.keys) <= set(tuner.arg_names)
+    tuner = launch.tuned(name)
+    assert set(launch.TUNING_KEY) <= set(tuner.keys) <= set(tuner.arg_names)
     assert set(tuner.reset_to_zero) <= set(tuner.arg_names)
-    if name == "backward_kv":
+    if name == "backward_q":
         assert set(tuner.reset_to_zero) == {"dB_ptr", "dC_ptr"}
         for config in tuner.configs:  # the Toeplitz gradient needs every diagonal of a tile
             m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]

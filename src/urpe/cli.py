@@ -38,6 +38,10 @@ COMMANDS = {
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
     ),
+    ("bench", "compile"): (
+        "urpe.bench.compile",
+        "compile the Triton kernels for real GPUs without one: registers, spills, shared memory",
+    ),
 }
 
 # Top-level commands: name -> (module, one-line help).

@@ -28,10 +28,17 @@ calls, non-finite q/k/v (they arrive finite), overflow checks for `exp`, and lea
 `unsupported(spec)` says why a call is out of reach (then "auto" skips it and naming the
 backend raises that reason); `defers(spec)` says why "auto" should leave a call it could run to a
 later backend. "auto" tries backends by descending `priority` (None: only by name).
+
+A backend that accepts a call but cannot run on this machine (a GPU kernel that does not compile
+or launch on this GPU, a broken install) raises `BackendFailure` from `run`. "auto" then warns
+once, naming the reason, skips that backend on that device type for the rest of the process,
+and runs the call on the next backend; a backend asked for by name raises the failure. (A
+failure in the backward pass, after a forward pass that ran, cannot change backend: it raises.)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +54,21 @@ from .tables import PositionTerm
 
 def _always(spec: AttentionSpec) -> str | None:
     return None
+
+
+class BackendFailure(RuntimeError):
+    """A backend could not run a call it accepts, on this machine (see the module docstring)."""
+
+
+# (backend name, device type) -> why it failed there: "auto" skips it from then on
+BROKEN: dict[tuple[str, str], str] = {}
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)
@@ -90,17 +112,27 @@ def native_backends(device_type: str) -> list[str]:
     return [n for n, b in BACKENDS.items() if b.devices is None or device_type in b.devices]
 
 
+def auto_candidates(spec: AttentionSpec) -> list[Backend]:
+    """The backends "auto" would try for this call, in order (one that failed on this device
+    type earlier in the process is left out)."""
+    device = spec.q.device.type
+    return [
+        BACKENDS[name]
+        for name in AUTO_ORDER
+        if (name, device) not in BROKEN
+        and BACKENDS[name].unsupported(spec) is None
+        and (BACKENDS[name].defers is None or BACKENDS[name].defers(spec) is None)
+    ]
+
+
 def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
     """The kernel `attention` would use for this resolved call."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend == "auto":
-        for name in AUTO_ORDER:
-            candidate = BACKENDS[name]
-            if candidate.unsupported(spec) is None and (
-                candidate.defers is None or candidate.defers(spec) is None
-            ):
-                return candidate
+        candidates = auto_candidates(spec)
+        if candidates:
+            return candidates[0]
         raise RuntimeError(f"no registered backend accepts this call (auto order {AUTO_ORDER})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
@@ -180,7 +212,18 @@ def attention(
         enable_gqa=enable_gqa, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
         normalization=normalization, dropout_seed=dropout_seed,
     )  # fmt: skip
-    return execute(choose_backend(backend, spec).run, spec)
+    if backend != "auto":
+        return execute(choose_backend(backend, spec).run, spec)
+    for candidate in auto_candidates(spec):
+        try:
+            return execute(candidate.run, spec)
+        except BackendFailure as failure:
+            BROKEN[(candidate.name, spec.q.device.type)] = str(failure)
+            _warn_once(
+                f"urpe.attention: backend {candidate.name!r} cannot run on this "
+                f"{spec.q.device.type} device ({failure}); using the next backend instead"
+            )
+    return execute(choose_backend("auto", spec).run, spec)  # raises: nothing accepts the call
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs) -> Tensor:

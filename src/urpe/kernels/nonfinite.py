@@ -18,9 +18,11 @@ output, and a NaN query gives a NaN output row (or 0 if it sees nothing) on ever
 NaN/inf inside bias, gate or a float attn_mask are not rewritten: they act through the ordinary
 arithmetic on the pairs where they sit (a hidden pair is never read).
 
-In plain eager code on CPU one reduction per tensor tells whether anything is non-finite, and the
-usual all-finite call pays nothing else. Where a host sync is unwelcome or impossible (CUDA,
-`torch.compile`, `vmap`) the same rule is applied without branching.
+In eager code one reduction per tensor (no copy) tells whether anything is non-finite, and the
+usual all-finite call pays nothing else: no masked copies of q, k, v, no visibility counts, no
+masked_fill. On CUDA reading that flag is one host sync per call (measured against the copies it
+replaces in the closing note of issue 17); where a sync is impossible (`torch.compile`, `vmap`,
+CUDA graph capture) the same rule is applied without branching.
 """
 
 from __future__ import annotations
@@ -34,12 +36,18 @@ from .spec import AttentionSpec
 
 
 def all_finite_now(*tensors: Tensor) -> bool | None:
-    """True/False if cheap to know here and now; None under compile, vmap or off CPU.
+    """True/False if it can be known here and now; None under compile, vmap or CUDA graph
+    capture (where reading a device value is impossible).
 
     Conservative: a finite tensor whose sum overflows reads as non-finite (the exact path then
     runs, which gives the same result more slowly).
     """
-    if torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in tensors):
+    if torch.compiler.is_compiling():
+        return None
+    devices = {t.device.type for t in tensors}
+    if devices - {"cpu", "cuda"}:
+        return None
+    if "cuda" in devices and torch.cuda.is_current_stream_capturing():
         return None
     with torch.no_grad():
         # accumulate half precision in float32: an fp16 sum of many O(1) values overflows

@@ -19,8 +19,10 @@ bool mask where memory matters), Lq != Lk, grouped-query attention (k and v with
 float16, bfloat16 (float32 accumulation), float32 and float64, head dims 1 to 256 (padded to a
 power of two >= 16; 16 to 128 is what it is tuned and tested for), dropout after the gate. It
 composes with `torch.func.grad`, `vmap` (per-example gradients included), `functional_call` and
-`torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache and for why table
-gradients use atomics.
+`torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache, for why table
+gradients use atomics and for the deterministic mode (`torch.use_deterministic_algorithms`);
+`launch.py` for the tile configurations, the grid, and the failures that make "auto" fall back;
+`urpe bench compile` for the registers, spills and shared memory of every configuration.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sys
 import torch
 from torch import Tensor
 
-from ..dispatch import Backend
+from ..dispatch import Backend, BackendFailure
 from ..dtypes import FLOATING
 from ..spec import AttentionSpec, resolve
 
@@ -78,12 +80,13 @@ def interpreter_state() -> str | None:
 
 
 def spec_unsupported(spec: AttentionSpec) -> str | None:
-    """Why the Triton kernel cannot run this resolved call, or None when it can."""
-    missing = triton_missing()
-    if missing is not None:
-        return missing
+    """Why the Triton kernel cannot run this resolved call, or None when it can. (On CUDA a
+    missing or broken Triton is found when the call runs: "auto" then warns once and moves on.)"""
     q, k, v = spec.q, spec.k, spec.v
     device = q.device.type
+    missing = triton_missing()
+    if missing is not None and device != "cuda":
+        return missing
     if device == "cpu":
         reason = interpreter_state()
         if reason is not None:
@@ -152,8 +155,12 @@ def dropout_keep_mask(batch, heads, lq, lk, dropout_p, seed, device="cpu") -> Te
 
 
 def _spec_run(spec: AttentionSpec) -> Tensor:
-    from .ops import triton_run
-
+    try:
+        from .ops import triton_run
+    except Exception as error:  # noqa: BLE001 - Triton missing or broken: a backend failure
+        raise BackendFailure(
+            f"Triton cannot be imported: {type(error).__name__}: {error}"
+        ) from error
     return triton_run(spec)
 
 

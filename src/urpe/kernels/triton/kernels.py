@@ -47,6 +47,15 @@ SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
 
 
 @triton.jit
+def _program(length, BLOCK: tl.constexpr):
+    """(tile, row) of this program. The grid is one axis of tiles * rows, tiles fastest (axis 0
+    takes 2^31 - 1 programs; axes 1 and 2 stop at 65,535, too few for batch * heads)."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(length, BLOCK)
+    return pid % tiles, pid // tiles
+
+
+@triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """a @ b with float32 (or float64) accumulation. UPCAST: multiply in float32 (the
     interpreter's numpy backend has no bfloat16 matrix product)."""
@@ -56,8 +65,28 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _wide(x):
+    """x as int64: offsets into a (B, H, L, L) tensor pass 2^31 where B * H * L^2 does."""
+    return tl.to_tensor(x).to(tl.int64)
+
+
+@triton.jit
+def _corner(b, s_b, h, s_h, m0, s_i, n0, s_j):
+    """Offset (int64) of element (b, h, m0, n0) of a 4-D tensor with these strides: the corner
+    of a tile. Every factor is widened first: b * s_b or m0 * s_i alone can pass 2^31."""
+    return _wide(b) * s_b + _wide(h) * s_h + _wide(m0) * s_i + _wide(n0) * s_j
+
+
+@triton.jit
+def _tile(corner_ptr, rows, cols, s_i, s_j):
+    """Pointers (R, C) of a tile: its corner (the first row and column, offset in int64 by the
+    caller) plus rows (R,) and cols (C,) within the tile, whose int32 offsets stay small."""
+    return corner_ptr + rows[:, None] * s_i + cols[None, :] * s_j
+
+
+@triton.jit
 def _visible(
-    offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+    offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
@@ -69,16 +98,17 @@ def _visible(
         padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
         keep = keep & (padded == 0)[None, :]
     if HAS_MASK:
-        off = b * M_sb + h * M_sh + offs_m[:, None].to(tl.int64) * M_si + offs_n[None, :] * M_sj
-        allowed = tl.load(mask_ptr + off, mask=keep, other=0)
+        corner = _corner(b, M_sb, h, M_sh, m0, M_si, n0, M_sj)
+        allowed = tl.load(_tile(mask_ptr + corner, offs_m - m0, offs_n - n0, M_si, M_sj),
+                          mask=keep, other=0)  # fmt: skip
         keep = keep & (allowed != 0)
     return keep
 
 
 @triton.jit
 def _term_tile(
-    KIND: tl.constexpr, ptr, idx_ptr, s_b, s_h, s_i, s_j, max_offset, b, h, offs_m, offs_n,
-    shift, inside, ACC: tl.constexpr,
+    KIND: tl.constexpr, ptr, idx_ptr, s_b, s_h, s_i, s_j, max_offset, b, h, offs_m, offs_n, m0,
+    n0, shift, inside, ACC: tl.constexpr,
 ):  # fmt: skip
     """One tile of a bias or gate, (BLOCK_M, BLOCK_N) in the accumulator dtype.
 
@@ -91,13 +121,12 @@ def _term_tile(
         col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
         val = tl.load(ptr + h * s_h + col, mask=inside, other=0.0)
     elif KIND == RELATION:
-        rel = tl.load(
-            idx_ptr + b * s_b + offs_m[:, None] * s_i + offs_n[None, :] * s_j, mask=inside, other=0
-        )
-        val = tl.load(ptr + h * s_h + rel.to(tl.int64), mask=inside, other=0.0)
+        corner = idx_ptr + _corner(b, s_b, 0, 0, m0, s_i, n0, s_j)
+        rel = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
+        val = tl.load(ptr + h * s_h + rel, mask=inside, other=0.0)  # rel < table width
     else:
-        off = b * s_b + h * s_h + offs_m[:, None].to(tl.int64) * s_i + offs_n[None, :] * s_j
-        val = tl.load(ptr + off, mask=inside, other=0.0)
+        corner = ptr + _corner(b, s_b, h, s_h, m0, s_i, n0, s_j)
+        val = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0.0)
     return val.to(ACC)
 
 
@@ -125,35 +154,36 @@ def _term_grad(
         col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
         tl.atomic_add(gptr + h * g_sh + col, sums, mask=t < BLOCK_M + BLOCK_N - 1)
     elif KIND == RELATION:
-        rel = tl.load(
-            idx_ptr + b * s_b + offs_m[:, None] * s_i + offs_n[None, :] * s_j, mask=inside, other=0
-        )
-        tl.atomic_add(gptr + h * g_sh + rel.to(tl.int64), grad, mask=inside)
+        corner = idx_ptr + _corner(b, s_b, 0, 0, m0, s_i, n0, s_j)
+        rel = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
+        tl.atomic_add(gptr + h * g_sh + rel, grad, mask=inside)
     else:  # a full (B, H, Lq, Lk) buffer, contiguous
-        off = ((b * g_sh + h) * lq + offs_m[:, None].to(tl.int64)) * lk + offs_n[None, :]
-        tl.store(gptr + off, grad, mask=inside)
+        corner = gptr + ((_wide(b) * g_sh + h) * lq + m0) * lk + n0  # int64 throughout
+        tl.store(_tile(corner, offs_m - m0, offs_n - n0, lk, 1), grad, mask=inside)
 
 
 @triton.jit
 def _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
     """Bool (BLOCK_M, BLOCK_N): keep entry (i, j) of head bh. Counter-based, so the backward
     kernels regenerate exactly the forward pass's mask."""
-    flat = offs_m[:, None].to(tl.int64) * lk + offs_n[None, :]
-    zero = tl.zeros(flat.shape, tl.int64)
-    c0 = flat.to(tl.uint32)
-    c1 = (zero + bh).to(tl.uint32)
-    c2 = (zero + offset).to(tl.uint32)
-    r0, _, _, _ = tl.philox(seed, c0, c1, c2, zero.to(tl.uint32))
+    # i Lk + j is exact in 32 bits: the launcher refuses dropout where Lq Lk >= 2^32
+    c0 = offs_m[:, None].to(tl.uint32) * tl.to_tensor(lk).to(tl.uint32) + offs_n[None, :].to(
+        tl.uint32
+    )
+    c1 = tl.to_tensor(bh).to(tl.uint32)
+    c2 = tl.to_tensor(offset).to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, c0, c1, c2, tl.to_tensor(0).to(tl.uint32))
     return tl.uint_to_uniform_float(r0) >= dropout_p
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])  # a new seed never recompiles
 def dropout_mask_kernel(
     keep_ptr, seed, offset, lq, lk, heads, dropout_p, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Write the keep mask (B, H, Lq, Lk) that the attention kernels use (for tests)."""
-    pid_m, pid_n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_m, bh = _program(lq, BLOCK_M)
+    pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p)
@@ -179,7 +209,7 @@ def _weights(s, keep, stat, NORM: tl.constexpr):
     return p, r
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "rng_offset"])  # a new seed never recompiles
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
@@ -193,16 +223,19 @@ def attention_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_M queries of one (batch, head) against all keys they may see."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    pid_m, bh = _program(lq, BLOCK_M)
     b = (bh // heads).to(tl.int64)
     h = (bh % heads).to(tl.int64)
     hk = h // group  # grouped-query attention: `group` query heads share a key/value head
     shift = lk - lq
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m0 = pid_m * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    offs_m = m0 + rows
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
         mask=(offs_m[:, None] < lq) & (offs_d[None, :] < head_dim),
         other=0.0,
     )
@@ -215,22 +248,22 @@ def attention_fwd_kernel(
     if CAUSAL:  # keys beyond the block's last query position are skipped, tile and all
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
     for n0 in range(0, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_n = n0 + cols
         kt = tl.load(
-            k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
             mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
             other=0.0,
         )  # (BLOCK_D, BLOCK_N)
         s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
         inside = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
         keep = _visible(
-            offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, CAUSAL,
-            HAS_PAD, HAS_MASK,
+            offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+            CAUSAL, HAS_PAD, HAS_MASK,
         )  # fmt: skip
         if B_KIND != NO_TERM:
             s += _term_tile(
-                B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, shift,
-                inside, ACC,
+                B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
+                shift, inside, ACC,
             )  # fmt: skip
         if NORM == SOFTMAX or NORM == L2:
             s = tl.where(keep, s, float("-inf"))
@@ -252,15 +285,15 @@ def attention_fwd_kernel(
             l_i += tl.sum(keep.to(ACC), 1)
         if C_KIND != NO_TERM:
             c = _term_tile(
-                C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, shift,
-                inside, ACC,
+                C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, m0, n0,
+                shift, inside, ACC,
             )  # fmt: skip
             p = tl.where(keep, p * c, 0.0)  # hidden keys stay 0 even where C is inf or nan
         if DROPOUT:
             drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
             p = tl.where(drop_keep, p / (1.0 - dropout_p), 0.0)
         vt = tl.load(
-            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+            _tile(v_base + _wide(n0) * svn, cols, offs_dv, svn, svd),
             mask=(offs_n[:, None] < lk) & (offs_dv[None, :] < value_dim),
             other=0.0,
         )  # (BLOCK_N, BLOCK_DV)
@@ -277,48 +310,50 @@ def attention_fwd_kernel(
     else:
         stat = tl.maximum(l_i, 1.0)
         out = acc / stat[:, None]
-    o_off = (bh.to(tl.int64) * lq + offs_m[:, None]) * value_dim + offs_dv[None, :]
+    o_corner = o_ptr + (_wide(bh) * lq + m0) * value_dim
     tl.store(
-        o_ptr + o_off,
+        _tile(o_corner, rows, offs_dv, value_dim, 1),
         out.to(o_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < lq) & (offs_dv[None, :] < value_dim),
     )
-    tl.store(stat_ptr + bh.to(tl.int64) * lq + offs_m, stat, mask=offs_m < lq)
+    tl.store(stat_ptr + _wide(bh) * lq + offs_m, stat, mask=offs_m < lq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "rng_offset"])  # a new seed never recompiles
 def attention_bwd_kv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dk_ptr, dv_ptr,
     pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr, dB_sh,
-    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, dC_ptr, dC_sh,
+    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
+    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B_GRAD: tl.constexpr, C_GRAD: tl.constexpr,
-    WIDTH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_N keys of one (batch, key/value head); walks every query of the heads
-    that share them. Writes dK, dV; adds the bias and gate gradients."""
-    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    that share them. Writes dK, dV (the term gradients are the dQ kernel's: it holds one
+    accumulator where this one holds two, and the registers they need)."""
+    pid_n, bhk = _program(lk, BLOCK_N)
     kv_heads = heads // group
     b = (bhk // kv_heads).to(tl.int64)
     hk = (bhk % kv_heads).to(tl.int64)
     shift = lk - lq
     n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    offs_n = n0 + cols
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     kt = tl.load(
-        k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+        _tile(k_ptr + _corner(b, skb, hk, skh, n0, skn, 0, 0), offs_d, cols, skd, skn),
         mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
         other=0.0,
     )  # (BLOCK_D, BLOCK_N)
     vt = tl.load(
-        v_ptr + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+        _tile(v_ptr + _corner(b, svb, hk, svh, n0, svn, 0, 0), offs_dv, cols, svd, svn),
         mask=(offs_n[None, :] < lk) & (offs_dv[:, None] < value_dim),
         other=0.0,
     )  # (BLOCK_DV, BLOCK_N)
@@ -331,15 +366,15 @@ def attention_bwd_kv_kernel(
         h = hk * group + g
         bh = b * heads + h
         for m0 in range(lo, lq, BLOCK_M):
-            offs_m = m0 + tl.arange(0, BLOCK_M)
+            offs_m = m0 + rows
             row_ok = offs_m < lq
             q = tl.load(
-                q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
                 other=0.0,
             )
             do = tl.load(
-                do_ptr + (bh * lq + offs_m[:, None]) * value_dim + offs_dv[None, :],
+                _tile(do_ptr + (bh * lq + m0) * value_dim, rows, offs_dv, value_dim, 1),
                 mask=row_ok[:, None] & (offs_dv[None, :] < value_dim),
                 other=0.0,
             )
@@ -347,13 +382,13 @@ def attention_bwd_kv_kernel(
             s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
             inside = row_ok[:, None] & (offs_n[None, :] < lk)
             keep = _visible(
-                offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-                CAUSAL, HAS_PAD, HAS_MASK,
+                offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si,
+                M_sj, CAUSAL, HAS_PAD, HAS_MASK,
             )  # fmt: skip
             if B_KIND != NO_TERM:
                 s += _term_tile(
                     B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n,
-                    shift, inside, ACC,
+                    m0, n0, shift, inside, ACC,
                 )  # fmt: skip
             p, r = _weights(s, keep, stat, NORM)
             da = _dot(do, vt, PRECISION, UPCAST).to(ACC)  # dO V^T, (BLOCK_M, BLOCK_N)
@@ -365,16 +400,10 @@ def attention_bwd_kv_kernel(
             if C_KIND != NO_TERM:
                 c = _term_tile(
                     C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n,
-                    shift, inside, ACC,
+                    m0, n0, shift, inside, ACC,
                 )  # fmt: skip
                 a = tl.where(keep, p * c, 0.0)
                 dp = tl.where(keep, da * c, 0.0)
-                if C_GRAD:
-                    _term_grad(
-                        C_KIND, tl.where(keep, da * p, 0.0), dC_ptr, dC_sh, C_idx, C_sb, C_si,
-                        C_sj, C_K, b, h, offs_m, offs_n, m0, n0, shift, inside, lq, lk,
-                        BLOCK_M, BLOCK_N, WIDTH,
-                    )  # fmt: skip
             if DROPOUT:
                 a = tl.where(drop_keep, a / (1.0 - dropout_p), 0.0)
             dv += _dot(tl.trans(a).to(do.dtype), do, PRECISION, UPCAST).to(ACC)
@@ -389,58 +418,61 @@ def attention_bwd_kv_kernel(
             else:
                 ds = 2.0 * r * dp / stat[:, None]
             ds = tl.where(keep, ds, 0.0)
-            if B_GRAD:
-                _term_grad(
-                    B_KIND, ds, dB_ptr, dB_sh, B_idx, B_sb, B_si, B_sj, B_K, b, h, offs_m,
-                    offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N, WIDTH,
-                )  # fmt: skip
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, UPCAST).to(ACC)
     dk = dk * scale
     kv_mask = offs_n[:, None] < lk
-    dk_off = (bhk.to(tl.int64) * lk + offs_n[:, None]) * head_dim + offs_d[None, :]
+    dk_corner = dk_ptr + (_wide(bhk) * lk + n0) * head_dim
     tl.store(
-        dk_ptr + dk_off, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask & (offs_d[None, :] < head_dim)
+        _tile(dk_corner, cols, offs_d, head_dim, 1),
+        dk.to(dk_ptr.dtype.element_ty),
+        mask=kv_mask & (offs_d[None, :] < head_dim),
     )
-    dv_off = (bhk.to(tl.int64) * lk + offs_n[:, None]) * value_dim + offs_dv[None, :]
+    dv_corner = dv_ptr + (_wide(bhk) * lk + n0) * value_dim
     tl.store(
-        dv_ptr + dv_off,
+        _tile(dv_corner, cols, offs_dv, value_dim, 1),
         dv.to(dv_ptr.dtype.element_ty),
         mask=kv_mask & (offs_dv[None, :] < value_dim),
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "rng_offset"])  # a new seed never recompiles
 def attention_bwd_q_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dq_ptr,
     pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
-    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
+    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr, dB_sh,
+    C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, dC_ptr, dC_sh,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B_GRAD: tl.constexpr, C_GRAD: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):  # fmt: skip
-    """One program: dQ for BLOCK_M queries of one (batch, head), recomputing each tile."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    """One program: dQ for BLOCK_M queries of one (batch, head), recomputing each tile; adds
+    the bias and gate gradients. B_GRAD, C_GRAD: the kind of gradient buffer (NO_TERM: none
+    wanted; DENSE for a table term in deterministic mode, reduced afterwards in a fixed order)."""
+    pid_m, bh = _program(lq, BLOCK_M)
     b = (bh // heads).to(tl.int64)
     h = (bh % heads).to(tl.int64)
     hk = h // group
     bh = bh.to(tl.int64)
     shift = lk - lq
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m0 = pid_m * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    offs_m = m0 + rows
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < lq
     q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
         mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
         other=0.0,
     )
     do = tl.load(
-        do_ptr + (bh * lq + offs_m[:, None]) * value_dim + offs_dv[None, :],
+        _tile(do_ptr + (bh * lq + m0) * value_dim, rows, offs_dv, value_dim, 1),
         mask=row_ok[:, None] & (offs_dv[None, :] < value_dim),
         other=0.0,
     )
@@ -454,28 +486,28 @@ def attention_bwd_q_kernel(
     if CAUSAL:
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
     for n0 in range(0, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_n = n0 + cols
         col_ok = offs_n < lk
         kt = tl.load(
-            k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
             mask=col_ok[None, :] & (offs_d[:, None] < head_dim),
             other=0.0,
         )  # (BLOCK_D, BLOCK_N)
         vt = tl.load(
-            v_base + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+            _tile(v_base + _wide(n0) * svn, offs_dv, cols, svd, svn),
             mask=col_ok[None, :] & (offs_dv[:, None] < value_dim),
             other=0.0,
         )  # (BLOCK_DV, BLOCK_N)
         s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
         inside = row_ok[:, None] & col_ok[None, :]
         keep = _visible(
-            offs_m, offs_n, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, CAUSAL,
-            HAS_PAD, HAS_MASK,
+            offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+            CAUSAL, HAS_PAD, HAS_MASK,
         )  # fmt: skip
         if B_KIND != NO_TERM:
             s += _term_tile(
-                B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, shift,
-                inside, ACC,
+                B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
+                shift, inside, ACC,
             )  # fmt: skip
         p, r = _weights(s, keep, stat, NORM)
         dp = _dot(do, vt, PRECISION, UPCAST).to(ACC)
@@ -484,9 +516,15 @@ def attention_bwd_q_kernel(
             dp = tl.where(drop_keep, dp / (1.0 - dropout_p), 0.0)
         if C_KIND != NO_TERM:
             c = _term_tile(
-                C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, shift,
-                inside, ACC,
+                C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, m0, n0,
+                shift, inside, ACC,
             )  # fmt: skip
+            if C_GRAD != NO_TERM:
+                _term_grad(
+                    C_GRAD, tl.where(keep, dp * p, 0.0), dC_ptr, dC_sh, C_idx, C_sb, C_si, C_sj,
+                    C_K, b, h, offs_m, offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N,
+                    WIDTH,
+                )  # fmt: skip
             dp = tl.where(keep, dp * c, 0.0)
         if NORM == SOFTMAX:
             ds = p * (dp - delta[:, None])
@@ -497,12 +535,17 @@ def attention_bwd_q_kernel(
         else:
             ds = 2.0 * r * dp / stat[:, None]
         ds = tl.where(keep, ds, 0.0)
+        if B_GRAD != NO_TERM:
+            _term_grad(
+                B_GRAD, ds, dB_ptr, dB_sh, B_idx, B_sb, B_si, B_sj, B_K, b, h, offs_m, offs_n,
+                m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N, WIDTH,
+            )  # fmt: skip
         k_tile = tl.trans(kt)  # (BLOCK_N, BLOCK_D)
         dq += _dot(ds.to(k_tile.dtype), k_tile, PRECISION, UPCAST).to(ACC)
     dq = dq * scale
-    dq_off = (bh * lq + offs_m[:, None]) * head_dim + offs_d[None, :]
+    dq_corner = dq_ptr + (bh * lq + m0) * head_dim
     tl.store(
-        dq_ptr + dq_off,
+        _tile(dq_corner, rows, offs_d, head_dim, 1),
         dq.to(dq_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
     )

@@ -12,31 +12,30 @@
 3. `triton_run(spec)`, the backend, and `triton_attention`, the documented function with
    `urpe.attention`'s arguments.
 
-Block sizes. On CUDA the launches are autotuned (`triton.autotune`). The tuning key is
-(next power of two of Lq, of Lk, head dim, value dim, normalisation, causal, padding, a boolean
-attn_mask, dropout,
-the kinds of bias and gate and whether they need gradients) plus the dtype of every tensor
-argument (Triton adds those itself): a new length bucket, head size, dtype or variant is tuned
-once, on its first call, and every later call with the same key reuses the winner from the
-autotuner's in-process dictionary. `cache_results=True` also stores the winners in Triton's
-on-disk cache (`TRITON_CACHE_DIR`, default ~/.triton/cache) beside the compiled kernels, so a new
-process with the same key skips the tuning. The backward kernels zero their atomic accumulators
-between trials (`reset_to_zero`). Under the interpreter, or when `block_m`/`block_n` are given,
-one fixed configuration runs instead.
+Block sizes. On CUDA the launches are autotuned (`launch.py`: the configurations, pruned per
+head dim and dtype to those `urpe bench compile` found free of spills). The tuning key is (next
+power of two of Lq, of Lk, head dim, value dim, normalisation, causal, padding, a boolean
+attn_mask, dropout, the kinds of bias and gate and of their gradients) plus the dtype of every
+tensor argument (Triton adds those itself): a new length bucket, head size, dtype or variant is
+tuned once, and later calls with the same key reuse the winner (`cache_results=True` keeps it on
+disk beside the compiled kernels). Lengths reach the compiler only through Triton's own
+specialisation (divisible by 16 or not, or 1), so a new length never recompiles. The dQ kernel
+zeroes its atomic accumulators between trials (`reset_to_zero`). Under the interpreter, or when
+`block_q`/`block_k` are given, one fixed configuration runs instead.
 
-Table gradients are NOT bitwise deterministic on a GPU: each tile reduces its contribution in
-registers (BLOCK_M + BLOCK_N - 1 anti-diagonal sums for a Toeplitz table, a Relation tile
-entry by entry) and adds it to the float32 table gradient with `tl.atomic_add`, whose order
-varies between runs; results differ by float32 rounding only. A deterministic combine would keep
-every tile's partial sums and reduce them in a fixed order: B * H * (L / BLOCK)^2 * 2 BLOCK
-floats, 1 GiB at B=4, H=16, L=16k, BLOCK=64, which breaks the kernel's memory linear in L.
-dQ, dK, dV and dense-term gradients are written once per entry and are deterministic.
+Table gradients are NOT bitwise deterministic by default on a GPU: each tile reduces its
+contribution in registers (BLOCK_M + BLOCK_N - 1 anti-diagonal sums for a Toeplitz table, a
+Relation tile entry by entry) and adds it to the float32 table gradient with `tl.atomic_add`,
+whose order varies between runs (results differ by float32 rounding only). Under
+`torch.use_deterministic_algorithms(True)` the dQ kernel instead writes the table term's dense
+(B, H, Lq, Lk) float32 gradient, each entry once, and torch reduces it to the table with
+`index_add_` (deterministic in that mode): bitwise reproducible, at O(B H Lq Lk) memory for the
+backward pass. dQ, dK, dV and dense-term gradients are written once per entry and are always
+deterministic.
 """
 
 from __future__ import annotations
 
-import inspect
-import os
 import warnings
 
 import torch
@@ -50,26 +49,10 @@ from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
 from ..tables import dense_term
 from . import kernels as K
+from .launch import Launch, fixed_blocks, interpreting, run_launch
 
 NORMALIZATION_CODES = {"softmax": K.SOFTMAX.value, "exp": K.EXP.value, "l2": K.L2.value,
                        "relu2": K.RELU2.value}  # fmt: skip
-# Under the interpreter: small tiles, so that tests at small lengths cross several of them.
-INTERPRETER_BLOCK = 16
-
-
-def interpreting() -> bool:
-    """Whether Triton runs its CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older ones read the environment
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _autotune(configs, **options):
-    """`triton.autotune`, persisting results on disk where this Triton can (>= 3.3)."""
-    if "cache_results" in inspect.signature(triton.autotune).parameters:
-        options["cache_results"] = True
-    return triton.autotune(configs, **options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,56 +131,6 @@ def _buckets(q: Tensor, k: Tensor) -> tuple[int, int]:
     return triton.next_power_of_2(q.shape[2]), triton.next_power_of_2(k.shape[2])
 
 
-_TUNING_KEY = ["lq_bucket", "lk_bucket", "BLOCK_D", "BLOCK_DV", "B_KIND", "C_KIND", "NORM",
-               "CAUSAL", "HAS_PAD", "HAS_MASK", "DROPOUT"]  # fmt: skip
-_autotuned: dict[str, object] = {}
-
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried per kernel: four each, FlashAttention-2's
-# usual shapes, so that a new key costs twelve compilations rather than dozens.
-FORWARD_CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4))
-BACKWARD_KV_CONFIGS = ((64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2))
-BACKWARD_Q_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 4, 2))
-
-
-def _configs(shapes, with_width: bool = False):
-    configs = []
-    for m, n, warps, stages in shapes:
-        meta = dict(BLOCK_M=m, BLOCK_N=n)
-        if with_width:  # the Toeplitz gradient's diagonal count, padded to a power of two
-            meta["WIDTH"] = triton.next_power_of_2(m + n - 1)
-        configs.append(triton.Config(meta, num_warps=warps, num_stages=stages))
-    return configs
-
-
-def _tuned(name: str):
-    """The autotuned launcher of a kernel (built on first use: never under the interpreter)."""
-    if name not in _autotuned:
-        if name == "forward":
-            kernel = _autotune(_configs(FORWARD_CONFIGS), key=_TUNING_KEY)(K.attention_fwd_kernel)
-        elif name == "backward_kv":
-            kernel = _autotune(
-                _configs(BACKWARD_KV_CONFIGS, with_width=True),
-                key=[*_TUNING_KEY, "B_GRAD", "C_GRAD"],
-                reset_to_zero=["dB_ptr", "dC_ptr"],  # atomically accumulated: zero per trial
-            )(K.attention_bwd_kv_kernel)
-        else:
-            kernel = _autotune(_configs(BACKWARD_Q_CONFIGS), key=_TUNING_KEY)(
-                K.attention_bwd_q_kernel
-            )
-        _autotuned[name] = kernel
-    return _autotuned[name]
-
-
-def _fixed_blocks(block_q: int, block_k: int) -> tuple[int, int] | None:
-    """The one configuration (BLOCK_M queries x BLOCK_N keys) to run, or None to autotune."""
-    if block_q > 0 and block_k > 0:
-        return block_q, block_k
-    if interpreting():
-        return INTERPRETER_BLOCK, INTERPRETER_BLOCK
-    return None
-
-
 # --------------------------------------------------------------------------------------------
 # Layer 1: the raw ops' bodies, on the argument layout every such kernel shares
 # (`urpe.kernels.layout`): `define_attention_ops` registers them with the vmap rules and the
@@ -227,8 +160,9 @@ def _seed_value(seed: Tensor | None) -> int:
     return 0 if seed is None else int(seed)
 
 
-def _forward(args: ForwardArgs) -> tuple[Tensor, Tensor]:
-    """Output (B, H, Lq, Dv) in q's dtype and the row statistic (B, H, Lq) the backward needs
+def forward_launch(args: ForwardArgs) -> tuple[Launch, Tensor, Tensor]:
+    """The forward kernel's call for these arguments, and its outputs (written by the launch):
+    out (B, H, Lq, Dv) in q's dtype and the row statistic (B, H, Lq) the backward needs
     (softmax: log-sum-exp; l2: m + log(sum e^2(s-m))/2; relu2: visible key count).
 
     The attn_mask is None or boolean here (a float one is added to the bias in layer 3).
@@ -246,14 +180,13 @@ def _forward(args: ForwardArgs) -> tuple[Tensor, Tensor]:
         *_common_args(q, k, v), args.scale, args.dropout_p, _seed_value(args.dropout_seed), 0,
         *_buckets(q, k),
     )  # fmt: skip
-    meta = _launch_meta(args, kinds)
-    blocks = _fixed_blocks(args.block_q, args.block_k)
-    if blocks is None:
-        grid = lambda cfg: (triton.cdiv(lq, cfg["BLOCK_M"]), b * h)  # noqa: E731
-        _tuned("forward")[grid](*launch, **meta)
-    else:
-        grid = (triton.cdiv(lq, blocks[0]), b * h)
-        K.attention_fwd_kernel[grid](*launch, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
+    return Launch("forward", launch, _launch_meta(args, kinds), lq, b * h), out, stat
+
+
+def _forward(args: ForwardArgs) -> tuple[Tensor, Tensor]:
+    """`forward_launch`, launched: (out, row statistic)."""
+    launch, out, stat = forward_launch(args)
+    run_launch(launch, fixed_blocks(args.block_q, args.block_k))
     return out, stat
 
 
@@ -263,38 +196,76 @@ def _forward_fake(args: ForwardArgs):
     return out, args.q.new_empty(b, h, lq, dtype=compute_dtype(args.q.dtype))
 
 
-def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, kind: int, needed: bool):
-    """(buffer, head stride) that the dK/dV kernel accumulates a term's gradient into."""
-    acc = compute_dtype(q.dtype)
+def _grad_kind(kind: int, needed: bool) -> int:
+    """The gradient buffer's kind: none, the term's own, or dense where a table's gradient must
+    be deterministic (`torch.use_deterministic_algorithms(True)`: no atomics, see the package
+    docstring; the dense gradient is then reduced to the table by `index_add_`, which torch
+    runs deterministically in that mode, at O(B H Lq Lk) float32 memory)."""
     if not needed or kind == K.NO_TERM.value:
+        return K.NO_TERM.value
+    if kind != K.DENSE.value and torch.are_deterministic_algorithms_enabled():
+        return K.DENSE.value
+    return kind
+
+
+def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, grad_kind: int):
+    """(buffer, head stride) that the dQ kernel accumulates a term's gradient into."""
+    acc = compute_dtype(q.dtype)
+    if grad_kind == K.NO_TERM.value:
         return _dummy(q, acc), 0
-    if kind == K.DENSE.value:  # full (B, H, Lq, Lk); summed to the term's shape afterwards
+    if grad_kind == K.DENSE.value:  # full (B, H, Lq, Lk); reduced to the term's shape afterwards
         b, h, lq = q.shape[:3]
         return torch.zeros(b, h, lq, k.shape[2], device=q.device, dtype=acc), h
     grad = torch.zeros(term.shape, device=q.device, dtype=acc)
     return grad, (0 if term.shape[0] == 1 else grad.stride(0))
 
 
-def _term_grad_result(buffer: Tensor, term, kind: int, needed: bool) -> Tensor | None:
-    if not needed or kind == K.NO_TERM.value:
+def _table_grad(dense: Tensor, args: ForwardArgs, term: str) -> Tensor:
+    """A dense (B, H, Lq, Lk) gradient reduced to a Toeplitz or Relation table's shape, in a
+    fixed order (`index_add_` is deterministic under torch's deterministic mode)."""
+    table = args.bias if term == "bias" else args.gate
+    rows = dense.sum(0) if table.shape[0] == dense.shape[1] else dense.sum((0, 1))[None]
+    b, _, lq, lk = dense.shape
+    if args.kind(term) == "toeplitz":  # entry clamp(j - i - (Lk - Lq), -K, K) + K
+        k = (table.shape[1] - 1) // 2
+        offsets = (
+            torch.arange(lk, device=dense.device) - torch.arange(lq, device=dense.device)[:, None]
+        )
+        column = (offsets - (lk - lq)).clamp(-k, k) + k  # (Lq, Lk)
+        return torch.zeros_like(table, dtype=dense.dtype).index_add_(
+            1, column.flatten(), rows.flatten(1)
+        )
+    index = args.bias_index if term == "bias" else args.gate_index
+    index = index.expand(b, lq, lk)  # (B, Lq, Lk)
+    per_head = dense.transpose(0, 1).reshape(dense.shape[1], -1)  # (H, B Lq Lk)
+    if table.shape[0] == 1:
+        per_head = per_head.sum(0, keepdim=True)
+    return torch.zeros_like(table, dtype=dense.dtype).index_add_(1, index.flatten(), per_head)
+
+
+def _term_grad_result(buffer: Tensor, args: ForwardArgs, term: str, grad_kind: int):
+    if grad_kind == K.NO_TERM.value:
         return None
-    if kind == K.DENSE.value:
-        buffer = buffer.sum_to_size(term.shape)
-    return buffer.to(term.dtype)
+    tensor = args.bias if term == "bias" else args.gate
+    if grad_kind == K.DENSE.value:
+        if args.kind(term) == "dense":
+            buffer = buffer.sum_to_size(tensor.shape)
+        else:
+            buffer = _table_grad(buffer, args, term)
+    return buffer.to(tensor.dtype)
 
 
-def _backward(grads: BackwardArgs) -> tuple:
-    """Gradients (dq, dk, dv, d bias, d gate, None): a term's gradient has the term tensor's
-    shape, None where not asked for. The attn_mask is boolean here (a float one was added to the
-    bias), so it has no gradient."""
+def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
+    """The dK/dV and dQ kernels' calls for these arguments, and the gradients they produce
+    (dq, dk, dv, d bias buffer, d gate buffer): see `_backward`."""
     args = grads.forward
     q, k, v = args.q, args.k, args.v
     b, h, lq, d = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     acc = compute_dtype(q.dtype)
     kinds = (KIND_CODES[args.bias_kind], KIND_CODES[args.gate_kind])
-    bias_grad = grads.needs_bias and kinds[0] != K.NO_TERM.value
-    gate_grad = grads.needs_gate and kinds[1] != K.NO_TERM.value
+    bias_grad = _grad_kind(kinds[0], grads.needs_bias)
+    gate_grad = _grad_kind(kinds[1], grads.needs_gate)
     grad_out = grads.grad_out.contiguous()
     if NORMALIZATION_CODES[args.normalization] in (K.SOFTMAX.value, K.L2.value):
         delta = (grad_out.to(acc) * grads.out.to(acc)).sum(-1)  # delta_i = dO_i . O_i
@@ -306,37 +277,38 @@ def _backward(grads: BackwardArgs) -> tuple:
     masks = (_pad_bytes(q, k, args.key_padding_mask), *_mask_args(q, k, args.attn_mask))
     bias_args = _term_args(q, k, args.bias, args.bias_index, kinds[0])
     gate_args = _term_args(q, k, args.gate, args.gate_index, kinds[1])
-    d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, kinds[0], bias_grad)
-    d_gate, d_gate_sh = _term_grad_buffer(q, k, args.gate, kinds[1], gate_grad)
+    d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, bias_grad)
+    d_gate, d_gate_sh = _term_grad_buffer(q, k, args.gate, gate_grad)
     common = (*_common_args(q, k, v), args.scale, args.dropout_p,
               _seed_value(args.dropout_seed), 0, *_buckets(q, k))  # fmt: skip
     meta = _launch_meta(args, kinds)
-    kv_args = (
-        q, k, v, grad_out, grads.stat, delta, dk, dv_, *masks,
+    kv_args = (q, k, v, grad_out, grads.stat, delta, dk, dv_, *masks, *bias_args, *gate_args,
+               *common)  # fmt: skip
+    q_args = (
+        q, k, v, grad_out, grads.stat, delta, dq, *masks,
         *bias_args, d_bias, d_bias_sh, *gate_args, d_gate, d_gate_sh, *common,
     )  # fmt: skip
-    kv_meta = dict(meta, B_GRAD=bias_grad, C_GRAD=gate_grad)
-    q_args = (q, k, v, grad_out, grads.stat, delta, dq, *masks, *bias_args, *gate_args, *common)
-    blocks = _fixed_blocks(args.block_q, args.block_k)
-    if blocks is None:
-        kv_grid = lambda cfg: (triton.cdiv(lk, cfg["BLOCK_N"]), b * hk)  # noqa: E731
-        _tuned("backward_kv")[kv_grid](*kv_args, **kv_meta)
-        q_grid = lambda cfg: (triton.cdiv(lq, cfg["BLOCK_M"]), b * h)  # noqa: E731
-        _tuned("backward_q")[q_grid](*q_args, **meta)
-    else:
-        bm, bn = blocks
-        width = triton.next_power_of_2(bm + bn - 1)
-        kv_grid = (triton.cdiv(lk, bn), b * hk)
-        K.attention_bwd_kv_kernel[kv_grid](*kv_args, **kv_meta, BLOCK_M=bm, BLOCK_N=bn, WIDTH=width)
-        K.attention_bwd_q_kernel[(triton.cdiv(lq, bm), b * h)](
-            *q_args, **meta, BLOCK_M=bm, BLOCK_N=bn
-        )
+    kv = Launch("backward_kv", kv_args, meta, lk, b * hk)
+    q_launch = Launch("backward_q", q_args, dict(meta, B_GRAD=bias_grad, C_GRAD=gate_grad), lq,
+                      b * h)  # fmt: skip
+    return kv, q_launch, (dq, dk, dv_, d_bias, d_gate)
+
+
+def _backward(grads: BackwardArgs) -> tuple:
+    """Gradients (dq, dk, dv, d bias, d gate, None): a term's gradient has the term tensor's
+    shape, None where not asked for. The attn_mask is boolean here (a float one was added to the
+    bias), so it has no gradient."""
+    args = grads.forward
+    kv, q_launch, (dq, dk, dv, d_bias, d_gate) = backward_launches(grads)
+    blocks = fixed_blocks(args.block_q, args.block_k)
+    run_launch(kv, blocks)
+    run_launch(q_launch, blocks)
     return (
         dq,
         dk,
-        dv_,
-        _term_grad_result(d_bias, args.bias, kinds[0], bias_grad),
-        _term_grad_result(d_gate, args.gate, kinds[1], gate_grad),
+        dv,
+        _term_grad_result(d_bias, args, "bias", q_launch.meta["B_GRAD"]),
+        _term_grad_result(d_gate, args, "gate", q_launch.meta["C_GRAD"]),
         None,
     )
 
@@ -459,7 +431,7 @@ def dropout_keep_mask(
     applies: for checking the kernel against a reference with the same mask."""
     keep = torch.empty(batch, heads, lq, lk, dtype=torch.bool, device=device)
     block = 16
-    grid = (triton.cdiv(lq, block), triton.cdiv(lk, block), batch * heads)
+    grid = (triton.cdiv(lq, block) * batch * heads, triton.cdiv(lk, block))
     K.dropout_mask_kernel[grid](
         keep.view(torch.uint8), seed, 0, lq, lk, heads, dropout_p, BLOCK_M=block, BLOCK_N=block
     )
