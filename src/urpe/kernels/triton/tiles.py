@@ -1,0 +1,160 @@
+"""Pieces the Triton attention kernels share: kind and normalisation codes, tile addressing,
+masking, term reads and their gradients, dropout, the normalised weights (see `kernels`)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Kinds of a bias or gate term, and normalisations (each combination compiles its own program).
+# They must be `tl.constexpr` objects: a compiled kernel may read no other module global (the CPU
+# interpreter allows plain ints, which is how a plain int here once broke every GPU launch).
+# The launcher takes their plain values (`.value`).
+NO_TERM, TOEPLITZ, RELATION, DENSE = (tl.constexpr(code) for code in range(4))
+SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
+
+
+@triton.jit
+def _program(length, BLOCK: tl.constexpr):
+    """(tile, row) of this program. The grid is one axis of tiles * rows, tiles fastest (axis 0
+    takes 2^31 - 1 programs; axes 1 and 2 stop at 65,535, too few for batch * heads)."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(length, BLOCK)
+    return pid % tiles, pid // tiles
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b with float32 (or float64) accumulation. UPCAST: multiply in float32 (the
+    interpreter's numpy backend has no bfloat16 matrix product)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _wide(x):
+    """x as int64: offsets into a (B, H, L, L) tensor pass 2^31 where B * H * L^2 does."""
+    return tl.to_tensor(x).to(tl.int64)
+
+
+@triton.jit
+def _corner(b, s_b, h, s_h, m0, s_i, n0, s_j):
+    """Offset (int64) of element (b, h, m0, n0) of a 4-D tensor with these strides: the corner
+    of a tile. Every factor is widened first: b * s_b or m0 * s_i alone can pass 2^31."""
+    return _wide(b) * s_b + _wide(h) * s_h + _wide(m0) * s_i + _wide(n0) * s_j
+
+
+@triton.jit
+def _tile(corner_ptr, rows, cols, s_i, s_j):
+    """Pointers (R, C) of a tile: its corner (the first row and column, offset in int64 by the
+    caller) plus rows (R,) and cols (C,) within the tile, whose int32 offsets stay small."""
+    return corner_ptr + rows[:, None] * s_i + cols[None, :] * s_j
+
+
+@triton.jit
+def _visible(
+    offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+    CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
+    allowed by the boolean attn_mask, read through its strides: 0 where it broadcasts)."""
+    keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+    if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
+        keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
+    if HAS_PAD:
+        padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
+        keep = keep & (padded == 0)[None, :]
+    if HAS_MASK:
+        corner = _corner(b, M_sb, h, M_sh, m0, M_si, n0, M_sj)
+        allowed = tl.load(_tile(mask_ptr + corner, offs_m - m0, offs_n - n0, M_si, M_sj),
+                          mask=keep, other=0)  # fmt: skip
+        keep = keep & (allowed != 0)
+    return keep
+
+
+@triton.jit
+def _term_tile(
+    KIND: tl.constexpr, ptr, idx_ptr, s_b, s_h, s_i, s_j, max_offset, b, h, offs_m, offs_n, m0,
+    n0, shift, inside, ACC: tl.constexpr,
+):  # fmt: skip
+    """One tile of a bias or gate, (BLOCK_M, BLOCK_N) in the accumulator dtype.
+
+    TOEPLITZ: table[h, clamp(j - pos(i), -K, K) + K] (s_h = 0 shares one row across heads).
+    RELATION: table[h, index[b, i, j]] (index strides s_b, s_i, s_j; s_b = 0 shares one index).
+    DENSE: term[b, h, i, j] through strides, 0 where the term broadcasts.
+    """
+    if KIND == TOEPLITZ:
+        d = offs_n[None, :] - offs_m[:, None] - shift
+        col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
+        val = tl.load(ptr + h * s_h + col, mask=inside, other=0.0)
+    elif KIND == RELATION:
+        corner = idx_ptr + _corner(b, s_b, 0, 0, m0, s_i, n0, s_j)
+        rel = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
+        val = tl.load(ptr + h * s_h + rel, mask=inside, other=0.0)  # rel < table width
+    else:
+        corner = ptr + _corner(b, s_b, h, s_h, m0, s_i, n0, s_j)
+        val = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0.0)
+    return val.to(ACC)
+
+
+@triton.jit
+def _term_grad(
+    KIND: tl.constexpr, grad, gptr, g_sh, idx_ptr, s_b, s_i, s_j, max_offset, b, h, offs_m,
+    offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WIDTH: tl.constexpr,
+):  # fmt: skip
+    """Add one tile's gradient `grad` (BLOCK_M, BLOCK_N) into the term's gradient buffer.
+
+    TOEPLITZ: the tile's entries on one diagonal share a table entry. Skewing the tile (row r
+    shifted by BLOCK_M - 1 - r, one `tl.gather`) lines the diagonals up as columns, so one
+    column sum gives all BLOCK_M + BLOCK_N - 1 diagonal sums; each is added atomically.
+    RELATION: every entry is added atomically at its index. DENSE: stored, each entry once.
+    """
+    if KIND == TOEPLITZ:
+        t = tl.arange(0, WIDTH)
+        rows = tl.arange(0, BLOCK_M)
+        src = t[None, :] - (BLOCK_M - 1) + rows[:, None]  # the column on diagonal t in row r
+        on_tile = (src >= 0) & (src < BLOCK_N)
+        skewed = tl.gather(grad, tl.minimum(tl.maximum(src, 0), BLOCK_N - 1), 1)
+        sums = tl.sum(tl.where(on_tile, skewed, 0.0), 0)  # (WIDTH,)
+        d = n0 - m0 - shift - (BLOCK_M - 1) + t  # offset j - pos(i) of diagonal t
+        col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
+        tl.atomic_add(gptr + h * g_sh + col, sums, mask=t < BLOCK_M + BLOCK_N - 1)
+    elif KIND == RELATION:
+        corner = idx_ptr + _corner(b, s_b, 0, 0, m0, s_i, n0, s_j)
+        rel = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
+        tl.atomic_add(gptr + h * g_sh + rel, grad, mask=inside)
+    else:  # a full (B, H, Lq, Lk) buffer, contiguous
+        corner = gptr + ((_wide(b) * g_sh + h) * lq + m0) * lk + n0  # int64 throughout
+        tl.store(_tile(corner, offs_m - m0, offs_n - n0, lk, 1), grad, mask=inside)
+
+
+@triton.jit
+def _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
+    """Bool (BLOCK_M, BLOCK_N): keep entry (i, j) of head bh. Counter-based, so the backward
+    kernels regenerate exactly the forward pass's mask."""
+    # i Lk + j is exact in 32 bits: the launcher refuses dropout where Lq Lk >= 2^32
+    c0 = offs_m[:, None].to(tl.uint32) * tl.to_tensor(lk).to(tl.uint32) + offs_n[None, :].to(
+        tl.uint32
+    )
+    c1 = tl.to_tensor(bh).to(tl.uint32)
+    c2 = tl.to_tensor(offset).to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, c0, c1, c2, tl.to_tensor(0).to(tl.uint32))
+    return tl.uint_to_uniform_float(r0) >= dropout_p
+
+
+@triton.jit
+def _weights(s, keep, stat, NORM: tl.constexpr):
+    """Backward recomputation: normalised weights of a tile from the saved row statistic.
+    Returns (P, relu(s) for relu2 else P)."""
+    if NORM == SOFTMAX or NORM == L2:
+        p = tl.where(keep, tl.exp(s - stat[:, None]), 0.0)  # stat = +inf on empty rows: 0
+        r = p
+    elif NORM == EXP:
+        p = tl.where(keep, tl.exp(s), 0.0)
+        r = p
+    else:
+        r = tl.where(keep, tl.maximum(s, 0.0), 0.0)
+        p = r * r / stat[:, None]
+    return p, r
