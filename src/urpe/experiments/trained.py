@@ -37,7 +37,7 @@ class Trained:
 
 def best_run(out: Path, experiment: str | None = None, argument: str = "RUN") -> tuple[Path, str]:
     """The run folder of the best finished run of a sweep folder, and a line saying which."""
-    from .runner import RecordStore
+    from .records import RecordStore
 
     problems: list[str] = []
     records = RecordStore(out).load_all(problems.append)

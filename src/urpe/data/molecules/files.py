@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ...files import file_sha256 as file_digest  # SHA-256 of a file's bytes
+from ...files import file_sha256
 
 FILE_KINDS = ("csv", "sdf")  # dataset spec prefixes: csv:PATH, sdf:PATH
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
@@ -292,7 +292,7 @@ def load_molecule_file(
     sizes = None if sizes is None else tuple(int(s) for s in sizes)
     transform = ShortestPaths(max_distance=max_distance)
     key_inputs = {
-        "file_sha256": file_digest(path),
+        "file_sha256": file_sha256(path),
         "smiles_column": smiles_column,
         "target": target,
         "split_column": split_column,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..runner import LOCATIONS, RunSpec
+from ..records import LOCATIONS, RunSpec
 
 
 def canonical_dataset(spec: str) -> str:
@@ -33,8 +33,8 @@ def canonical_dataset(spec: str) -> str:
 
 def locate_data(specs: list[RunSpec]) -> list[RunSpec]:
     """The specs with their data files identified by content (see the module docstring)."""
-    from ...data.molecules.files import file_digest
     from ...data.text import CORPORA, parse_spec
+    from ...files import file_sha256
 
     digests: dict[str, list[str]] = {}
     out = []
@@ -45,7 +45,7 @@ def locate_data(specs: list[RunSpec]) -> list[RunSpec]:
             continue
         key = spec.config["dataset"]
         if key not in digests:
-            digests[key] = [file_digest(f) for f in CORPORA[name].locate(path)]
+            digests[key] = [file_sha256(f) for f in CORPORA[name].locate(path)]
         # Shown by content, not by name: a renamed file is the same run.
         config = {**spec.config, "dataset": f"{name}:sha256-{digests[key][0][:12]}",
                   "data_sha256": digests[key], LOCATIONS: {"dataset": key}}  # fmt: skip
