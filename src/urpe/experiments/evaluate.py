@@ -48,61 +48,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=None,
-        help="sequences, windows or molecules per forward pass",
-    )
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="sequences, windows or molecules per forward pass")  # fmt: skip
     text = parser.add_argument_group("language models")
-    text.add_argument(
-        "--mode",
-        choices=("sliding", "chunks", "memory"),
-        default="sliding",
-        help="how the text is cut into contexts (default: %(default)s)",
-    )
-    text.add_argument(
-        "--context",
-        type=positive_int,
-        default=None,
-        help="context length in tokens (default: the training segment length)",
-    )
+    text.add_argument("--mode", choices=("sliding", "chunks", "memory"), default="sliding",
+                      help="how the text is cut into contexts (default: %(default)s)")  # fmt: skip
+    text.add_argument("--context", type=positive_int, default=None,
+                      help="context length in tokens (default: the training length)")  # fmt: skip
     graph = parser.add_argument_group("graph models")
-    graph.add_argument(
-        "--smiles-column",
-        default="smiles",
-        metavar="NAME",
-        help="SMILES column, any case (default: %(default)s)",
-    )
-    graph.add_argument(
-        "--target-column",
-        default=None,
-        metavar="NAME",
-        help="column of true values (default: the model's target name)",
-    )
+    graph.add_argument("--smiles-column", default="smiles", metavar="NAME",
+                       help="SMILES column, any case (default: %(default)s)")  # fmt: skip
+    graph.add_argument("--target-column", default=None, metavar="NAME",
+                       help="column of true values (default: the model's target name)")  # fmt: skip
     task = parser.add_argument_group("synthetic models")
-    task.add_argument(
-        "--sequences",
-        type=positive_int,
-        default=None,
-        help="sequences to draw (default: the run's held-out size)",
-    )
-    task.add_argument(
-        "--seed",
-        type=non_negative_int,
-        default=None,
-        help="seed of the drawn sequences (default: the run's held-out seed)",
-    )
+    task.add_argument("--sequences", type=positive_int, default=None,
+                      help="sequences to draw (default: the run's held-out size)")  # fmt: skip
+    task.add_argument("--seed", type=non_negative_int, default=None,
+                      help="seed of the sequences (default: the run's held-out seed)")  # fmt: skip
+
+
+def _bundle(trained, kind: type, problem: str, args: argparse.Namespace, missing: str) -> Any:
+    """The loaded model when it is a `kind` bundle and DATA is given; else a UsageError."""
+    if not isinstance(trained.model, kind):
+        raise UsageError("RUN", problem)
+    if args.data is None:
+        raise UsageError("DATA", missing)
+    return trained.model
 
 
 def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
     from ..training.bundles import TextModel
 
-    model = trained.model
-    if not isinstance(model, TextModel):
-        raise UsageError("RUN", f"no tokenizer.json beside {trained.checkpoint}")
-    if args.data is None:
-        raise UsageError("DATA", "give the text file to score")
+    model = _bundle(trained, TextModel, f"no tokenizer.json beside {trained.checkpoint}", args,
+                    "give the text file to score")  # fmt: skip
     path = Path(args.data).expanduser()
     if not path.is_file():
         raise UsageError("DATA", f"no such file: {path}")
@@ -141,11 +119,8 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
     from ..data.molecules.files import MoleculeFileError, _number, read_molecule_table
     from ..training.bundles import MoleculeModel
 
-    model = trained.model
-    if not isinstance(model, MoleculeModel):
-        raise UsageError("RUN", f"{trained.checkpoint} is not a model of molecules")
-    if args.data is None:
-        raise UsageError("DATA", "give a CSV/SDF file of SMILES with the true values")
+    model = _bundle(trained, MoleculeModel, f"{trained.checkpoint} is not a model of molecules",
+                    args, "give a CSV/SDF file of SMILES with the true values")  # fmt: skip
     target = args.target_column or model.target
     try:
         rows, _ = read_molecule_table(Path(args.data).expanduser(), args.smiles_column, [target])

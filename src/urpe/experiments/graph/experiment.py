@@ -245,5 +245,5 @@ def check(preset: Preset) -> None:
 EXPERIMENT = Experiment(
     name="graph", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
     run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
-    description=DESCRIPTION, sweep=("variants", "seeds"),
+    description=DESCRIPTION, sweep=("target_columns", "variants", "seeds"),
 )  # fmt: skip
