@@ -37,7 +37,7 @@ def dataset_argument(text: str) -> str:
     if sep and kind in ("csv", "sdf"):
         path = Path(rest).expanduser()
     else:
-        path, kind = Path(text).expanduser(), None
+        path = Path(text).expanduser()
         stem = path.name.removesuffix(".gz")
         kind = FILE_SUFFIXES.get(Path(stem).suffix.lower())
         if kind is None:
