@@ -217,3 +217,17 @@ def test_an_execution_makes_the_training_config_of_a_run():
     assert (config.accelerator, config.devices, config.num_nodes, config.strategy) == (
         "cpu", 2, 3, "ddp")  # fmt: skip
     assert config.accumulate_grad_batches == 4 and config.checkpoint_every == 7
+
+
+def test_where_data_lies_is_stored_but_not_part_of_a_runs_identity(tmp_path):
+    from urpe.experiments.records import LOCATIONS
+
+    config = {"experiment": "x", "dataset": "text:sha256-0123456789ab"}
+    here = RunSpec("my data/run", {**config, LOCATIONS: {"dataset": "/a/file.txt"}})
+    moved = RunSpec("my data/run", {**config, LOCATIONS: {"dataset": "/b/file.txt"}})
+    edited = RunSpec("my data/run", {**config, "dataset": "text:sha256-ffffffffffff"})
+    assert here.id == moved.id != edited.id
+    assert "/" not in here.id and here.id.startswith("my_data_run-")  # one file name
+    store = RecordStore(tmp_path)
+    store.write(here, RunResult({"loss": 1.0}), {}, 0.0)
+    assert store.load(moved)["config"][LOCATIONS] == {"dataset": "/a/file.txt"}

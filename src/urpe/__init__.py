@@ -55,6 +55,20 @@ __all__ = [
     "TransformerEncoder",
     "TransformerXLRelative",
     "attention",
+    "load_model",
     "reference_attention",
+    "save_model",
 ]
 __version__ = "0.1.0"
+
+# Saving and loading trained models needs safetensors (the `train` extra): imported on first use,
+# so `import urpe` stays torch-only.
+_LAZY = {"load_model": "urpe.training.checkpoint", "save_model": "urpe.training.checkpoint"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'urpe' has no attribute {name!r}")

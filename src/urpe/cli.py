@@ -55,6 +55,15 @@ SINGLE_COMMANDS = {
         "fine-tune a local Hugging Face causal LM with and without URPE gates (loss, curves, "
         "length extrapolation)",
     ),
+    "predict": (
+        "urpe.experiments.predict",
+        "predict a trained graph model's target for new SMILES (a CSV out)",
+    ),
+    "evaluate": (
+        "urpe.experiments.evaluate",
+        "score a trained model on new data: bpc/perplexity of a text, MAE on molecules, "
+        "accuracy on a task",
+    ),
 }
 
 GROUP_HELP = {

@@ -122,7 +122,7 @@ class Experiment:
     def runs(self, settings: Any) -> int:
         count = 1
         for name in self.sweep:
-            count *= len(getattr(settings, name))
+            count *= len(getattr(settings, name) or (None,))  # an unset field: one value
         return count
 
     # `urpe.cli` calls these two (see command.py).

@@ -1,11 +1,16 @@
 """A run's identity and its record: `RunSpec` (name + full config), `RecordStore` (one atomic
 JSON per run, tensors beside it, a folder for its checkpoints). See `runner.py` for the contract.
+
+A user's data file enters a run's config as a content digest; where it lies goes under
+`config[LOCATIONS]`, which is stored with the record but is not part of the identity (a moved
+file is the same data, an edited one is not).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,8 +26,22 @@ def canonical_json(config: Any) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+# Stored with a run's config, not part of its identity: where its data files lie.
+LOCATIONS = "locations"
+
+
+def identity(config: dict) -> dict:
+    """The part of a run config that decides its result: all of it but `LOCATIONS`."""
+    return {k: v for k, v in config.items() if k != LOCATIONS}
+
+
 def config_digest(config: dict) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(identity(config)).encode()).hexdigest()
+
+
+def safe_name(name: str) -> str:
+    """A run name usable as one file name: no folders, nothing a shell would mind."""
+    return re.sub(r"[^A-Za-z0-9_.+=-]+", "_", name).strip("._") or "run"
 
 
 @dataclass(frozen=True)
@@ -36,7 +55,7 @@ class RunSpec:
 
     @property
     def id(self) -> str:
-        return f"{self.name}-{config_digest(self.config)[:10]}"
+        return f"{safe_name(self.name)}-{config_digest(self.config)[:10]}"
 
 
 @dataclass
@@ -71,7 +90,7 @@ class RecordStore:
         if not path.exists():
             return None
         record = check_record(read_json(path), path)
-        if canonical_json(record["config"]) != canonical_json(spec.config):
+        if canonical_json(identity(record["config"])) != canonical_json(identity(spec.config)):
             raise CorruptFileError(path, "its config does not match its name")
         return record
 

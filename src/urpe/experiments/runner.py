@@ -9,11 +9,14 @@ An experiment is a list of runs plus one function:
 
 - **Identity.** `config` is the run's full resolved configuration (model, data, optimiser,
   steps, precision, seed: everything that changes the result), JSON-ready. The run's id is its
-  name plus a digest of that config; its record (`OUT/records/<id>.json`) stores the config
-  whole. `resume=True` skips a run only when a valid record with that exact config exists, so
-  changing any setting trains again instead of reusing a different run's result. Settings that
-  change how a run executes but not what it computes (jobs, threads, devices, accumulation)
-  are not part of the identity; they are stored in the record's "execution".
+  name (made safe as a file name) plus a digest of that config; its record
+  (`OUT/records/<id>.json`) stores the config whole. A user's data file enters the config as a
+  content digest; where it lies goes under `config["locations"]`, stored but not part of the
+  identity (a moved file is the same data, an edited one is not). `resume=True` skips a run
+  only when a valid record with that exact config exists, so changing any setting trains again
+  instead of reusing a different run's result. Settings that change how a run executes but not
+  what it computes (jobs, threads, devices, accumulation) are not part of the identity; they are
+  stored in the record's "execution".
 - **Atomic records.** A record (and its tensors, `OUT/records/<id>.safetensors`) is written to a
   temporary file and renamed into place. A record that does not parse is named by its path and,
   under `resume`, the run is trained again.
@@ -27,8 +30,11 @@ An experiment is a list of runs plus one function:
   finished run prints one line.
 - **Multi-device runs** (devices > 1, several nodes, or launched by torchrun/SLURM) run one at a
   time in this process; every rank walks the same plan and only global rank 0 writes records.
-- **Interrupts.** Ctrl-C stops the sweep (`SweepInterrupted`); records and checkpoints written so
-  far stay, and the same command with `--resume` continues where it stopped.
+- **Interrupts.** Ctrl-C or SIGTERM stops the sweep (`SweepInterrupted`) and its workers;
+  records and checkpoints written so far stay, and the same command with `--resume` continues
+  where it stopped. A worker also dies with the main process when that is killed outright
+  (SIGKILL): on Linux through the parent-death signal, elsewhere by watching its parent
+  (`stopping.py`).
 
 `run_one` must be a module-level function (spawned workers import it by name). It returns a
 `RunResult`: `record`, a JSON-ready dict of what the run measured, and optional `tensors` (e.g.
@@ -42,7 +48,9 @@ processes), `progress.py` (the bar); this module walks the sweep.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -60,6 +68,7 @@ from .execution import (
 )
 from .progress import Progress
 from .records import RECORD_FORMAT, RecordStore, RunResult, RunSpec, canonical_json, config_digest
+from .stopping import Terminated, raise_terminated
 from .workers import run_parallel
 
 __all__ = [
@@ -70,7 +79,8 @@ __all__ = [
 
 
 class SweepInterrupted(Exception):
-    """Ctrl-C during a sweep; finished records and checkpoints are kept."""
+    """Ctrl-C or SIGTERM during a sweep; finished records and checkpoints are kept. `args[0]`:
+    the exit status (130 for Ctrl-C, 143 for SIGTERM)."""
 
 
 def sweep(run_one: RunOne, specs: Sequence[RunSpec], out: str | Path, execution: Execution,
@@ -78,8 +88,8 @@ def sweep(run_one: RunOne, specs: Sequence[RunSpec], out: str | Path, execution:
           warn: Callable[[str], None] | None = None) -> SweepOutcome:  # fmt: skip
     """Run every spec (see the module docstring); `describe(record)` is the finished-run line.
 
-    Raises SweepInterrupted on Ctrl-C. Runs that raise are reported and listed in the outcome;
-    the others go on.
+    Raises SweepInterrupted on Ctrl-C or SIGTERM. Runs that raise are reported and listed in
+    the outcome; the others go on.
     """
     store = RecordStore(out)
     rank0 = global_rank() == 0
@@ -109,14 +119,19 @@ def sweep(run_one: RunOne, specs: Sequence[RunSpec], out: str | Path, execution:
     if not todo:
         return outcome
     progress = Progress(todo, execution.progress and rank0)
+    previous_term = None
+    if threading.current_thread() is threading.main_thread():
+        previous_term = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         if execution.jobs > 1 and not execution.distributed and len(todo) > 1:
             run_parallel(run_one, todo, store, execution, resume, progress, describe, outcome)
         else:
             _sequential(run_one, todo, store, execution, resume, progress, describe, outcome)
-    except KeyboardInterrupt:
-        raise SweepInterrupted from None
+    except KeyboardInterrupt as error:
+        raise SweepInterrupted(143 if isinstance(error, Terminated) else 130) from None
     finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         progress.close()
     return outcome
 
@@ -131,10 +146,10 @@ def sweep_command(
     command to write its report from."""
     try:
         outcome = sweep(run_one, specs, out, execution, resume, describe, warn)
-    except SweepInterrupted:
+    except SweepInterrupted as stop:
         print(f"{prog}: interrupted; finished runs and checkpoints are kept in {out}: run "
               "the same command with --resume to continue", file=sys.stderr)  # fmt: skip
-        return 130
+        return stop.args[0] if stop.args else 130
     if global_rank() != 0:
         return 0
     if outcome.skipped:

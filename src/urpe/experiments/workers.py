@@ -13,12 +13,16 @@ from typing import Any
 
 from .execution import Execution, RunOne, execute_run, one_line, record_failure
 from .records import RecordStore
+from .stopping import die_with_parent
 
 
 def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
-            run_one: RunOne, out: str, execution: Execution, resume: bool) -> None:  # fmt: skip
+            run_one: RunOne, out: str, execution: Execution, resume: bool,
+            parent: int | None = None) -> None:  # fmt: skip
     # Ctrl-C reaches the whole process group; the parent decides and stops workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:  # SIGKILL of the parent cannot be handled: the worker ends itself
+        die_with_parent(parent)
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     import torch
@@ -56,7 +60,7 @@ def run_parallel(run_one, todo, store, execution, resume, progress, describe, ou
         worker = context.Process(
             target=_worker,
             args=(slot, tasks, events, execution.threads, gpu, run_one, str(store.out),
-                  execution, resume),
+                  execution, resume, os.getpid()),
             daemon=True,
         )  # fmt: skip
         worker.start()

@@ -14,6 +14,9 @@ from typing import Any
 _EXPORTS = {
     "CheckpointError": "checkpoint",
     "load_model": "checkpoint",
+    "save_model": "checkpoint",
+    "MoleculeModel": "bundles",
+    "TextModel": "bundles",
     "read_checkpoint_config": "checkpoint",
     "GeneratedStream": "data",
     "IndexedStream": "data",

@@ -219,12 +219,26 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
     """The trained model of a checkpoint, in eval mode: built from config.json, weights from
     model.safetensors (no pickle involved). `path`: see `resolve_checkpoint`.
 
+    A model whose inputs need encoding comes as a bundle that carries it (`urpe.training.bundles`):
+    a language model with its tokenizer is a `TextModel` (`.generate("text")`, `.score(text)`),
+    a Graphormer trained on molecules a `MoleculeModel` (`.predict(["CCO"])`, in the target's
+    units); a bundle's `.model` is the module, and it passes calls and attributes on to it. Any
+    other model comes as the module itself.
+
     >>> model = load_model("runs/synthetic/runs/pi-urpe-.../checkpoints")  # doctest: +SKIP
     """
+    from .bundles import bundle
+
+    directory = resolve_checkpoint(path)
+    return bundle(load_module(directory, device), directory, read_checkpoint_config(directory))
+
+
+def load_module(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """The checkpoint's model as a bare `nn.Module` (no tokenizer or featuriser attached)."""
     directory = resolve_checkpoint(path)
     config = read_checkpoint_config(directory)
     model = build_model(config["model"])
@@ -239,6 +253,47 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> nn.Modul
             directory / WEIGHTS, f"weights do not fit the model ({message})"
         ) from None
     return model.to(device).eval()
+
+
+def save_model(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    tokenizer: Any = None,
+    inputs: dict[str, Any] | None = None,
+    run: dict[str, Any] | None = None,
+) -> Path:
+    """Write `model` as a checkpoint directory that `load_model`, `urpe generate`, `urpe
+    predict` and `urpe evaluate` read: model.safetensors + config.json (+ tokenizer.json).
+
+    Args:
+        model: a model urpe can describe (see the module docstring), or a bundle from
+            `load_model` (its tokenizer and inputs are saved with it).
+        path: the directory to write (replaced whole, atomically).
+        tokenizer: a `urpe.data.text` tokenizer, saved as tokenizer.json (language models).
+        inputs: how raw inputs become the model's, as JSON: for a Graphormer on molecules
+            {"kind": "molecules", "features": "zinc", "target": NAME, "unit": TEXT}; with a
+            tokenizer, {"kind": "text"} by default (add "metric": "bpc" or "perplexity").
+        run: any JSON about how the model was made (kept in config.json).
+    """
+    if hasattr(model, "checkpoint_inputs"):  # a bundle
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        inputs = {**model.checkpoint_inputs(), **(inputs or {})}
+        model = model.model
+    inputs = dict(inputs or {})
+    if tokenizer is not None:
+        inputs.setdefault("kind", "text")
+    config = {"format": FORMAT, "step": 0, "model": model_spec(model), "state_dict_prefix": "",
+              "objective": None, "run": dict(run or {}), "inputs": inputs}  # fmt: skip
+    text = json.dumps(config, indent=1, allow_nan=False) + "\n"
+
+    def fill(temporary: Path) -> None:
+        save_weights(model.state_dict(), temporary / WEIGHTS)
+        (temporary / CONFIG).write_text(text)
+        if tokenizer is not None:
+            tokenizer.save(temporary)  # tokenizer.json beside the weights
+
+    return atomic_directory(Path(path), fill)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,6 +183,7 @@ def evaluate(
     mode: str = "chunks",
     use_memory: bool = False,
     batch_size: int = 8,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Mean next-token loss (nats) over every target of the stream `tokens` (N,), each scored
     once; returns {"loss", "tokens"}.
@@ -193,6 +194,7 @@ def evaluate(
         target i of a chunk sees the i earlier tokens of its chunk).
     mode "sliding": windows of `context` inputs advancing by context // 2, each scoring its new
         targets only (every target after the first window sees >= context / 2 earlier tokens).
+    progress: a tqdm bar over the batches.
     """
     if mode not in ("chunks", "sliding"):
         raise ValueError(f"mode must be 'chunks' or 'sliding', got {mode!r}")
@@ -208,6 +210,10 @@ def evaluate(
         segments = SlidingWindows(tokens, context, batch_size=batch_size)
     total, count = 0.0, 0
     memory = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        segments = tqdm(segments, desc="evaluate", unit="batch", leave=False)
     for segment in segments:
         if segment.reset_memory:
             memory = None

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 import signal
 import warnings
@@ -32,6 +33,7 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies import FSDPStrategy
 
 from .checkpoint import (
@@ -108,22 +110,39 @@ class SafeFSDPStrategy(FSDPStrategy):
 
 class StepCheckpoint(Callback):
     """Save every `every` optimiser updates and at the end of training; carries the RNG states
-    in the checkpoint (restored when training resumes)."""
+    in the checkpoint (restored when training resumes).
 
-    def __init__(self, directory: str | Path, every: int | None):
-        self.directory, self.every = Path(directory), every
+    At an update followed by a validation (every `val_every`, and the last) the checkpoint is
+    written after that validation, so it holds the validation's point of the learning curve: a
+    run resumed from it does not validate that step again, and would otherwise lose the point.
+    """
+
+    def __init__(self, directory: str | Path, every: int | None, val_every: int | None = None):
+        self.directory, self.every, self.val_every = Path(directory), every, val_every
         self._last: int | None = None
         self._rng: dict[str, Any] | None = None
+        self._after_validation = False
 
     def _save(self, trainer: L.Trainer) -> None:
         step = trainer.global_step
         if step == self._last or step == 0:
             return
         self._last = step
+        for logger in trainer.loggers:  # the logged curve up to this checkpoint is on disk
+            logger.save()
         trainer.save_checkpoint(step_directory(self.directory, step) / STATE)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if self.every and trainer.global_step % self.every == 0:
+        step = trainer.global_step
+        if self.every and step % self.every == 0 and step != self._last:
+            if step % (self.val_every or trainer.max_steps) == 0 or step == trainer.max_steps:
+                self._after_validation = True  # see the class docstring
+            else:
+                self._save(trainer)
+
+    def on_validation_end(self, trainer, module) -> None:
+        if self._after_validation and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._after_validation = False
             self._save(trainer)
 
     def on_train_end(self, trainer, module) -> None:
@@ -178,6 +197,27 @@ class _InterruptWatch(Callback):
             self.interrupted = True
 
 
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer deletes an existing metrics.csv when it starts; a resumed run keeps
+    the rows written before its interruption and appends to them."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
+                self.metrics_keys = sorted(next(csv.reader(handle), []))
+
+
+class ResumedCSVLogger(CSVLogger):
+    """`CSVLogger` for a run resumed from a checkpoint: appends to its metrics.csv."""
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
 def quiet_lightning() -> None:
     """Silence Lightning's start-up banners and advice that does not apply to these runs."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
@@ -205,18 +245,20 @@ def _strategy(config: TrainConfig, io: SafeCheckpointIO) -> Any:
     return config.strategy
 
 
-def build_trainer(config: TrainConfig, run_dir: str | Path,
-                  callbacks: list[Callback] | None = None) -> L.Trainer:  # fmt: skip
-    """A step-based Trainer writing logs and checkpoints under `run_dir`."""
+def build_trainer(config: TrainConfig, run_dir: str | Path, callbacks: list[Callback] | None = None,
+                  resumed: bool = False) -> L.Trainer:  # fmt: skip
+    """A step-based Trainer writing logs and checkpoints under `run_dir` (`resumed`: append to
+    the logs of the interrupted run instead of starting them over)."""
     run_dir = Path(run_dir)
-    loggers: list[Any] = [CSVLogger(run_dir, name="logs", version="")]
+    csv_logger = ResumedCSVLogger if resumed else CSVLogger
+    loggers: list[Any] = [csv_logger(run_dir, name="logs", version="")]
     if config.tensorboard:
         loggers.append(TensorBoardLogger(run_dir, name="logs", version="",
                                          default_hp_metric=False))  # fmt: skip
     io = SafeCheckpointIO()
     callbacks = [
         StepSeed(config.seed),
-        StepCheckpoint(run_dir / "checkpoints", config.checkpoint_every),
+        StepCheckpoint(run_dir / "checkpoints", config.checkpoint_every, config.val_every),
         *(callbacks or []),
     ]
     strategy = _strategy(config, io)
@@ -284,7 +326,7 @@ def fit(
     callbacks: list[Callback] = [watch]
     if on_step is not None:
         callbacks.append(StepReporter(on_step))
-    trainer = build_trainer(config, run_dir, callbacks)
+    trainer = build_trainer(config, run_dir, callbacks, resumed=checkpoint is not None)
     try:
         ckpt_path = None if checkpoint is None else str(checkpoint / STATE)
         trainer.fit(objective, datamodule=data, ckpt_path=ckpt_path)

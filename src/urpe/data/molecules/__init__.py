@@ -29,6 +29,7 @@ from .featurize import (
     smiles_to_graph,
     zinc_atom_type,
 )
+from .files import MoleculeFileError, load_molecule_file, skipped_summary
 from .targets import penalized_logp, penalized_logp_normalized
 
 __all__ = [
@@ -42,12 +43,15 @@ __all__ = [
     "FeatureSpec",
     "GraphSplit",
     "MoleculeDataset",
+    "MoleculeFileError",
     "MoleculeSource",
     "cache_root",
+    "load_molecule_file",
     "load_molecules",
     "mol_to_graph",
     "penalized_logp",
     "penalized_logp_normalized",
+    "skipped_summary",
     "smiles_to_graph",
     "zinc_atom_type",
 ]

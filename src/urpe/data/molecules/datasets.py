@@ -43,6 +43,7 @@ from ...graph.paths import ShortestPaths
 from . import sources
 from .cache import cache_key, cache_root, load_entry, save_entry
 from .featurize import FEATURIZATIONS, FeatureSpec, smiles_to_graph
+from .files import load_molecule_file, parse_file_spec
 from .targets import PLOGP_TARGETS
 
 SPLITS = ("train", "val", "test")
@@ -337,11 +338,14 @@ def load_molecules(
     cache_dir: str | None = None,
     progress: bool = True,
     rebuild: bool = False,
+    **file_options: Any,
 ) -> MoleculeDataset:
     """Load (building and caching on first use) a molecule dataset by name.
 
     Args:
-        name: one of `MOLECULE_DATASETS` (moses-plogp, qm9, zinc, zinc-full).
+        name: one of `MOLECULE_DATASETS` (moses-plogp, qm9, zinc, zinc-full), or the user's
+            file as "csv:PATH" / "sdf:PATH" (see `files.load_molecule_file`, which takes
+            `smiles_column` and `split_column` through `file_options`).
         target: the regression target; None takes the dataset's default. moses-plogp: "plogp"
             (logP - SA - ring penalty) or "plogp-normalized" (ZINC's standardised scale); qm9:
             "gap", "homo", "lumo", "mu", "alpha", ... or a raw CSV column.
@@ -355,6 +359,14 @@ def load_molecules(
         progress: tqdm bars while building.
         rebuild: ignore an existing cache entry.
     """
+    file_spec = parse_file_spec(name)
+    if file_spec is not None:
+        if target is None:
+            raise ValueError(f"{name}: say which column is the target (target=...)")
+        return load_molecule_file(file_spec[1], target=target, sizes=sizes, seed=seed,
+                                  features=features, max_distance=max_distance,
+                                  cache_dir=cache_dir, progress=progress, rebuild=rebuild,
+                                  **file_options)  # fmt: skip
     if name not in MOLECULE_DATASETS:
         raise ValueError(
             f"unknown molecule dataset {name!r}; choose one of {', '.join(MOLECULE_DATASETS)}"

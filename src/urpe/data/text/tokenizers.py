@@ -90,6 +90,24 @@ class Tokenizer(ABC):
     @abstractmethod
     def from_json(cls, data: dict[str, Any]) -> Tokenizer: ...
 
+    #: What stands between a prompt and its continuation when both are shown as one text.
+    separator: ClassVar[str] = ""
+
+    def encode_prompt(self, text: str) -> Tensor:
+        """`text` as the start of a text to be continued (ids (N,)); see `WordTokenizer`."""
+        return self.encode(text)
+
+    def unknown(self, text: str) -> list[str]:
+        """The pieces of `text` this tokenizer cannot represent faithfully (none for most)."""
+        return []
+
+    def join(self, prompt: str, continuation: str) -> str:
+        """Prompt and decoded continuation as one text, with `separator` between them where
+        neither side brings whitespace of its own."""
+        if not prompt or not continuation or prompt[-1].isspace() or continuation[0].isspace():
+            return prompt + continuation
+        return prompt + self.separator + continuation
+
     def save(self, directory: str | os.PathLike) -> Path:
         """Write `directory/tokenizer.json`; returns its path."""
         path = Path(directory) / FILENAME
@@ -115,10 +133,25 @@ def register(cls: type[Tokenizer]) -> type[Tokenizer]:
     return cls
 
 
+def find_tokenizer_file(path: str | os.PathLike) -> Path:
+    """The tokenizer.json that `path` means: the file itself, or `tokenizer.json` or
+    `tokenizer/tokenizer.json` in `path` or in one of its two parents (a training run keeps it
+    in its run folder, two levels above a `checkpoints/step-N` directory). The first candidate
+    when none exists (for the error message)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for folder in (path, path.parent, path.parent.parent):
+        for candidate in (folder / FILENAME, folder / "tokenizer" / FILENAME):
+            if candidate.is_file():
+                return candidate
+    return path / FILENAME
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
-    """Read a tokenizer that `Tokenizer.save` wrote to `directory` (or the JSON file itself)."""
-    path = Path(directory)
-    path = path / FILENAME if path.is_dir() else path
+    """Read a tokenizer that `Tokenizer.save` wrote: its directory, the JSON file itself, or a
+    checkpoint or run folder it sits beside (see `find_tokenizer_file`)."""
+    path = find_tokenizer_file(directory)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -342,9 +375,24 @@ class WordTokenizer(_HuggingFaceTokenizer):
         backend.train_from_iterator(lines, trainer=trainer)
         return cls(backend)
 
+    separator = " "
+
     @property
     def eos_id(self) -> int:
         return self.backend.token_to_id(self.EOS)
+
+    def encode_prompt(self, text: str) -> Tensor:
+        """Like `encode`, but a last line without a newline stays open (no `<eos>` after it),
+        so the continuation goes on in that line instead of starting a new one."""
+        ids = self.encode(text)
+        if ids.numel() and not text.endswith("\n") and int(ids[-1]) == self.eos_id:
+            ids = ids[:-1]
+        return ids
+
+    def unknown(self, text: str) -> list[str]:
+        """Distinct words of `text` outside the vocabulary (each becomes `<unk>`), in order."""
+        vocabulary = self.backend.get_vocab(with_added_tokens=True)
+        return list(dict.fromkeys(w for w in text.split() if w not in vocabulary))
 
     def encode(self, text: str, progress: bool = False) -> Tensor:
         if not isinstance(text, str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from ...graph.model import GraphormerConfig
 from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
-from ..records import RunResult, RunSpec
+from ..records import LOCATIONS, RunResult, RunSpec
+from . import molecule_files
 from .presets import (
     DESCRIPTION,
     OPTIONS,
@@ -111,15 +113,19 @@ def specs(preset: Preset, precision: str) -> list[RunSpec]:
 
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
     """Every run; the dataset's cache is built (or checked) once, here, before any run starts,
-    so that parallel runs read the same cache instead of each building it."""
-    runs = specs(preset, precision)
+    so that parallel runs read the same cache instead of each building it. A user's file
+    (--dataset csv:PATH) makes one run per target column, identified by the file's content."""
+    from_file = molecule_files.is_file_dataset(preset.dataset)
+    runs = (molecule_files.plan_file_runs if from_file else specs)(preset, precision)
     if preset.zinc_dir is not None:
         # Spawned runs inherit the environment: the folder is not part of any run's identity.
         os.environ[ZINC_ENV_VAR] = str(preset.zinc_dir)
     try:
-        load_data(runs[0].config, progress=progress)
+        data = load_data(runs[0].config, progress=progress)
     except (ValueError, FileNotFoundError) as error:
         raise UsageError("--dataset", str(error).splitlines()[0]) from None
+    molecule_files.check_data(data, lambda line: print(f"urpe reproduce graph: {line}",
+                                                       file=sys.stderr))  # fmt: skip
     return runs
 
 
@@ -127,6 +133,8 @@ def load_data(config: dict[str, Any], progress: bool = False):
     """The run's molecules (from the cache after the first call; built by the command first)."""
     from ...data.molecules import load_molecules
 
+    if LOCATIONS in config:  # the user's own file
+        return molecule_files.load_data(config, progress)
     sizes = config["data"]["sizes"]
     return load_molecules(
         config["dataset"],
@@ -221,6 +229,7 @@ def describe(record: dict) -> str:
 
 
 def check(preset: Preset) -> None:
+    molecule_files.check_file_settings(preset)
     if preset.dataset.startswith("zinc"):
         zinc_dir = preset.zinc_dir or os.environ.get(ZINC_ENV_VAR)
         if not zinc_dir:
@@ -236,5 +245,5 @@ def check(preset: Preset) -> None:
 EXPERIMENT = Experiment(
     name="graph", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
     run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
-    description=DESCRIPTION, sweep=("variants", "seeds"),
+    description=DESCRIPTION, sweep=("target_columns", "variants", "seeds"),
 )  # fmt: skip

@@ -17,9 +17,10 @@ from ..experiment import Names, Option, variants_option
 from ..experiment import Preset as ExperimentPreset
 from ..model_choices import BACKEND
 from ..options import LR, SEEDS, STEPS, WARMUP
+from .molecule_files import DATASETS as DATASETS  # re-exported
+from .molecule_files import FILE_OPTIONS, MIN_SPLIT, dataset_argument
 
 VARIANTS = ("graphormer", "graphormer-urpe")  # plain, and with the URPE gate
-DATASETS = ("moses-plogp", "qm9", "zinc", "zinc-full")
 ZINC_ENV_VAR = "URPE_ZINC_DIR"
 
 
@@ -37,8 +38,11 @@ class Preset(ExperimentPreset):
     precision: str = "32-true"
     end_lr: float = 0.0
     # Set by flags only: the data, and which models.
-    dataset: str = "moses-plogp"
+    dataset: str = "moses-plogp"  # or "csv:/ABSOLUTE/PATH", "sdf:..." (molecule_files.py)
     target: str | None = None  # None: the dataset's default target
+    smiles_column: str = "smiles"  # the columns of a user's file
+    target_columns: tuple[str, ...] | None = None
+    split_column: str | None = None
     split_sizes: tuple[int, int, int] | None = None  # replaces `sizes[dataset]`
     variants: tuple[str, ...] = VARIANTS
     zinc_dir: Path | None = None  # not part of any run's identity (an environment variable)
@@ -70,9 +74,10 @@ def _sizes(text: str) -> tuple[int, int, int]:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3 or min(values) < 1:
+    if len(values) != 3 or min(values) < MIN_SPLIT:
         raise argparse.ArgumentTypeError(
-            f"expected three positive counts train,val,test like 2000,500,500; got {text!r}"
+            f"expected three positive counts train,val,test, each >= {MIN_SPLIT} "
+            f"(a split's target sd needs two molecules), like 2000,500,500; got {text!r}"
         )
     return values  # type: ignore[return-value]
 
@@ -93,10 +98,12 @@ VARIANTS_OPTION = variants_option(
 OPTIONS = (
     Option(("--dataset",), "dataset", "moses-plogp: MOSES molecules (ZINC-derived, not ZINC), "
            "penalised logP by RDKit; qm9: QM9 HOMO-LUMO gap (eV); zinc / zinc-full: the real ZINC "
-           f"benchmark from PyG's raw files in --zinc-dir or ${ZINC_ENV_VAR} "
-           "(default: %(default)s)", choices=DATASETS, default="moses-plogp"),
+           f"benchmark from PyG's raw files in --zinc-dir or ${ZINC_ENV_VAR}; csv:PATH or "
+           "sdf:PATH (or a .csv/.tsv/.sdf path): your own molecules, with --target-column "
+           "(default: %(default)s)", dataset_argument, default="moses-plogp"),
     Option(("--target",), "target", "regression target (qm9: gap, homo, lumo, mu, alpha, ... ; "
            "moses-plogp: plogp or plogp-normalized; default: the dataset's)"),
+    *FILE_OPTIONS,
     Option(("--sizes",), "split_sizes", "train,val,test caps (quick: 10000,1000,1000 for "
            "moses-plogp and qm9, all of zinc; paper: the full splits)", _sizes),
     SEEDS, STEPS,

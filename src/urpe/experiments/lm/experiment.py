@@ -30,6 +30,7 @@ from ..execution import RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
+from .data_files import canonical_dataset, dataset_spec, locate_data
 from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
 from .report import write_report
 from .variants import parse_variant
@@ -120,26 +121,30 @@ def specs(preset: Preset, precision: str, vocab_size: int, metric: str) -> list[
 
 
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
-    """Build (and cache) the corpus once, here, before any worker starts; then every run."""
+    """Build (and cache) the corpus once, here, before any worker starts; then every run. A
+    user's file is named by an absolute path (a bare path is `text:`), so every run writes
+    inside --out, and enters the runs' identity by its content (see data_files.py)."""
     from ...data.text import DatasetError, load_corpus
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are spawned after it
     try:
+        preset = preset.override(dataset=canonical_dataset(preset.dataset))
         corpus = load_corpus(preset.dataset, tokenizer=preset.tokenizer,
                              vocab_size=preset.vocab_size, progress=None)  # fmt: skip
     except DatasetError as error:
-        raise UsageError("--dataset", str(error)) from None
+        flag = f"--{error.setting.replace('_', '-')}" if error.setting else "--dataset"
+        raise UsageError(flag, str(error)) from None
     needed = (preset.batch_size * preset.segment_length) + 1
     if len(corpus.train) < needed:
         raise UsageError("--dataset", f"the training split has {len(corpus.train)} tokens, "
                                       f"fewer than one update needs ({needed})")  # fmt: skip
-    return specs(preset, precision, corpus.vocab_size, corpus.metric)
+    return locate_data(specs(preset, precision, corpus.vocab_size, corpus.metric))
 
 
 def load_run_corpus(config: dict[str, Any]):
     from ...data.text import load_corpus
 
-    return load_corpus(config["dataset"], tokenizer=config["tokenizer"],
+    return load_corpus(dataset_spec(config), tokenizer=config["tokenizer"],
                        vocab_size=config["tokenizer_vocab_size"], progress=False)  # fmt: skip
 
 

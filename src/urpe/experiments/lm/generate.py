@@ -1,10 +1,12 @@
 """`urpe generate CHECKPOINT --prompt TEXT`: stream text from a trained language model.
 
-CHECKPOINT is a run folder of `urpe reproduce lm` (`OUT/runs/<id>`), its `checkpoints/` folder
-or one `step-N` checkpoint. The model is rebuilt from config.json and model.safetensors (no
-pickle); the tokenizer is read from `tokenizer/tokenizer.json` in the checkpoint, its
-`checkpoints/` folder or the run folder (or from --tokenizer). Tokens are printed as they are
-drawn, decoding through the KV cache and, for memory models, the segment memory.
+CHECKPOINT is a sweep folder of `urpe reproduce lm` (OUT: its best run), a run folder
+(`OUT/runs/<id>`), its `checkpoints/` folder, one `step-N` checkpoint, or a folder written by
+`urpe.save_model`. The model is rebuilt from config.json and model.safetensors (no pickle); the
+tokenizer is read from beside the checkpoint (or from --tokenizer). Prompt words a word-level
+tokenizer does not know are named in one warning (they become <unk>), and the continuation is
+joined to the prompt with the tokenizer's separator (a space between words). Tokens are printed
+as they are drawn, decoding through the KV cache and, for memory models, the segment memory.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from ...cli_types import UsageError, non_negative_int, positive_float, positive_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
-                        help="a run folder (runs/<id>), its checkpoints/ folder, or a step-N "
-                             "checkpoint directory")  # fmt: skip
+                        help="a sweep folder (its best run), a run folder (runs/<id>), its "
+                             "checkpoints/ folder, or a checkpoint directory")  # fmt: skip
     parser.add_argument("--prompt", default="\n",
                         help="text to continue (default: a newline)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=200,
@@ -47,39 +49,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def find_tokenizer(checkpoint: Path) -> Path | None:
-    """tokenizer/ in the checkpoint directory, its parent (checkpoints/) or the run folder."""
-    for folder in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
-        if (folder / "tokenizer" / "tokenizer.json").is_file():
-            return folder / "tokenizer"
-    return None
-
-
 def _load(args: argparse.Namespace):
     from ...data.text import DatasetError, load_tokenizer
-    from ...models.lm import LanguageModel
-    from ...training.checkpoint import CheckpointError, load_model, resolve_checkpoint
+    from ...training.bundles import TextModel
+    from ..trained import find_trained
 
-    try:
-        directory = resolve_checkpoint(args.checkpoint)
-        model = load_model(directory)
-    except (FileNotFoundError, CheckpointError, ValueError) as error:
-        raise UsageError("CHECKPOINT", str(error)) from None
-    if not isinstance(model, LanguageModel):
-        raise UsageError("CHECKPOINT", f"{directory} holds a {type(model).__name__}, not a "
-                                       "language model")  # fmt: skip
-    source = args.tokenizer or find_tokenizer(directory)
-    if source is None:
-        raise UsageError("--tokenizer", f"no tokenizer/tokenizer.json beside {directory}; "
+    say = lambda line: print(f"urpe generate: {line}", file=sys.stderr)  # noqa: E731
+    trained = find_trained(args.checkpoint, "lm", say, argument="CHECKPOINT")
+    model = getattr(trained.model, "model", trained.model)
+    if not hasattr(model, "segment_length"):
+        raise UsageError("CHECKPOINT", f"{trained.checkpoint} holds a {type(model).__name__}, "
+                                       "not a language model")  # fmt: skip
+    if args.tokenizer is None and not isinstance(trained.model, TextModel):
+        raise UsageError("--tokenizer", f"no tokenizer.json beside {trained.checkpoint}; "
                                         "give --tokenizer")  # fmt: skip
-    try:
-        tokenizer = load_tokenizer(source)
-    except DatasetError as error:
-        raise UsageError("--tokenizer", str(error)) from None
-    if tokenizer.vocab_size != model.vocab_size:
-        raise UsageError("--tokenizer", f"{source}: {tokenizer.vocab_size} tokens, but the model "
+    if args.tokenizer is None:
+        bundle = trained.model
+    else:
+        try:
+            bundle = TextModel(model, load_tokenizer(args.tokenizer))
+        except DatasetError as error:
+            raise UsageError("--tokenizer", str(error)) from None
+    if bundle.tokenizer.vocab_size != model.vocab_size:
+        raise UsageError("--tokenizer", f"{bundle.tokenizer.vocab_size} tokens, but the model "
                                         f"has a vocabulary of {model.vocab_size}")  # fmt: skip
-    return model, tokenizer
+    return bundle
 
 
 def _stable(text: str) -> str:
@@ -89,39 +83,40 @@ def _stable(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     if not args.temperature >= 0 or args.temperature == float("inf"):
         raise UsageError("--temperature", f"must be a finite number >= 0, got {args.temperature}")
     if args.top_p is not None and args.top_p > 1:
         raise UsageError("--top-p", f"must lie in (0, 1], got {args.top_p}")
     if not args.prompt:
         raise UsageError("--prompt", "the prompt is empty; give at least one character")
-    model, tokenizer = _load(args)
+    bundle = _load(args)
+    model, tokenizer = bundle.model, bundle.tokenizer
+    unknown = tokenizer.unknown(args.prompt)
+    if unknown:
+        shown = ", ".join(unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+        print(f"urpe generate: warning: {len(unknown)} prompt word(s) not in the vocabulary "
+              f"become <unk>: {shown}", file=sys.stderr)  # fmt: skip
     try:
-        prompt = tokenizer.encode(args.prompt)
+        bundle.encode_prompt(args.prompt)
     except ValueError as error:
         raise UsageError("--prompt", str(error)) from None
-    if prompt.numel() == 0:
-        raise UsageError("--prompt", "the prompt encodes to no tokens")
     if args.top_k is not None and args.top_k > model.vocab_size:
         raise UsageError("--top-k", f"{args.top_k} exceeds the vocabulary ({model.vocab_size})")
-    generator = torch.Generator().manual_seed(args.seed)
     out = sys.stdout
     out.write(args.prompt)
     out.flush()
     ids: list[int] = []
     shown = ""
-    for token in model.generate(prompt[None, :], args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, generator=generator,
-                                use_cache=not args.no_cache):  # fmt: skip
-        ids.append(int(token[0]))
-        text = _stable(tokenizer.decode(ids))
+    for token in bundle.tokens(args.prompt, args.max_new_tokens, temperature=args.temperature,
+                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               use_cache=not args.no_cache):  # fmt: skip
+        ids.append(token)
+        text = _stable(tokenizer.join(args.prompt, tokenizer.decode(ids)))[len(args.prompt) :]
         if text.startswith(shown) and len(text) > len(shown):
             out.write(text[len(shown) :])
             out.flush()
             shown = text
-    final = tokenizer.decode(ids)
+    final = tokenizer.join(args.prompt, tokenizer.decode(ids))[len(args.prompt) :]
     if final.startswith(shown):
         out.write(final[len(shown) :])
     out.write("\n")

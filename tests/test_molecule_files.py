@@ -1,0 +1,197 @@
+"""Your own molecules: a CSV (or SDF) read with invalid rows skipped and counted in one line,
+RDKit quiet, the cache keyed by content; `reproduce graph --dataset csv:PATH` with one model per
+target column; `urpe predict` and `urpe evaluate` on the trained runs; bad flags refused up
+front in one line."""
+
+import csv
+import json
+
+import lightning  # noqa: F401  (the train extra)
+import pytest
+import torch
+from rdkit import Chem
+from rdkit.Chem import Crippen
+
+from urpe.cli import main
+from urpe.data.molecules import load_molecules, skipped_summary
+from urpe.data.molecules.files import read_molecule_table
+from urpe.data.molecules.sources import moses_file, read_moses_smiles
+
+BAD_LINES = {5: "not_a_smiles", 9: "C1CC"}  # 1-based file lines (line 1 is the header)
+
+
+def write_csv(path, count=160, start=0):
+    """MOSES molecules with two targets computed by RDKit: Crippen logP and heavy atoms."""
+    smiles = read_moses_smiles(moses_file("train"))[start : start + count]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["SMILES", "logp", "heavy", "split"])
+        for i, text in enumerate(smiles):
+            mol = Chem.MolFromSmiles(text)
+            line = i + 2
+            split = "train" if i % 10 < 7 else "valid" if i % 10 < 9 else "test"
+            writer.writerow([BAD_LINES.get(line, text), f"{Crippen.MolLogP(mol):.4f}",
+                             mol.GetNumHeavyAtoms(), split])  # fmt: skip
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("URPE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_invalid_smiles_are_skipped_counted_in_one_line_and_rdkit_stays_quiet(tmp_path, capfd):
+    path = write_csv(tmp_path / "mols.csv", count=40)
+    data = load_molecules(f"csv:{path}", target="logp", progress=False)
+    assert capfd.readouterr().err == ""  # RDKit's parse errors kept off stderr
+    assert len(data.train) + len(data.val) + len(data.test) == 38
+    line = skipped_summary(data)
+    assert line == "skipped 2 of 40 rows of mols.csv: 2 invalid SMILES (lines 5, 9)"
+    first = data.train[0]
+    assert first.y.shape == (1,) and first.spd.numel() == first.num_nodes**2
+
+
+def test_cache_is_keyed_by_content_not_path(tmp_path):
+    path = write_csv(tmp_path / "a.csv", count=30)
+    first = load_molecules(f"csv:{path}", target="heavy", progress=False)
+    copy = tmp_path / "elsewhere" / "b.csv"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    again = load_molecules(f"csv:{copy}", target="heavy", progress=False)
+    assert again.path == first.path  # the same entry, found by content
+    write_csv(copy, count=30, start=30)  # edited: other molecules
+    edited = load_molecules(f"csv:{copy}", target="heavy", progress=False)
+    assert edited.path != first.path
+    assert edited.train[0].smiles != first.train[0].smiles or len(edited.train) != len(first.train)
+
+
+def test_split_column_and_sdf_files(tmp_path):
+    path = write_csv(tmp_path / "mols.csv", count=50)
+    data = load_molecules(f"csv:{path}", target="heavy", split_column="split", progress=False)
+    rows, _ = read_molecule_table(path, "smiles", ["heavy"], "split")
+    valid = [r for r in rows if Chem.MolFromSmiles(r.smiles) is not None]
+    assert len(data.val) == sum(r.split == "valid" for r in valid)
+    assert len(data.test) == sum(r.split == "test" for r in valid)
+    assert sorted(float(g.y) for g in data.test) == sorted(
+        float(r.targets["heavy"]) for r in valid if r.split == "test"
+    )
+    sdf = tmp_path / "mols.sdf"
+    writer = Chem.SDWriter(str(sdf))
+    for text in ("CCO", "c1ccccc1", "CC(=O)O"):
+        mol = Chem.MolFromSmiles(text)
+        mol.SetProp("weight", str(mol.GetNumHeavyAtoms()))
+        writer.write(mol)
+    writer.close()
+    rows, header = read_molecule_table(sdf, targets=["weight"])
+    assert [r.targets["weight"] for r in rows] == ["3", "6", "4"] and "weight" in header
+
+
+TINY = ["--steps", "30", "--batch-size", "16", "--lr", "2e-3", "--eval-every", "15",
+        "--seeds", "0", "--variants", "graphormer-urpe", "--jobs", "1", "--threads", "1",
+        "--checkpoint-every", "0", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture
+def graph_run(tmp_path):
+    path = write_csv(tmp_path / "mols.csv")
+    out = tmp_path / "out"
+    argv = ["reproduce", "graph", "--dataset", f"csv:{path}", "--target-column", "logp,heavy"]
+    assert main([*argv, *TINY, "--out", str(out)]) == 0
+    return out, path
+
+
+def test_train_on_a_csv_then_predict_and_evaluate(graph_run, tmp_path, capsys):
+    out, path = graph_run
+    records = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
+    assert sorted(r["config"]["target"] for r in records) == ["heavy", "logp"]  # one per target
+    for record in records:
+        assert record["config"]["locations"]["dataset"] == str(path.resolve())
+        assert record["config"]["dataset"].startswith("csv:sha256-")
+        assert sum(record["result"]["sizes"]) == 158
+    (heavy,) = [r for r in records if r["config"]["target"] == "heavy"]
+    run_dir = out / "runs" / heavy["id"]
+    capsys.readouterr()
+    assert main(["predict", str(run_dir), "CCO", "c1ccccc1", "C1CC", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    rows = list(csv.reader(captured.out.splitlines()))
+    assert rows[0] == ["smiles", "predicted_heavy"] and rows[3] == ["C1CC", ""]
+    assert "1 of 3 SMILES could not be read" in captured.err
+    from urpe import load_model
+
+    model = load_model(run_dir)
+    assert model.target == "heavy" and model.features == "zinc"
+    expected = model.predict(["CCO", "c1ccccc1"])
+    assert [float(rows[1][1]), float(rows[2][1])] == pytest.approx(expected, rel=1e-5)
+    # evaluate = the MAE of predict's numbers against the file's values
+    test_csv = write_csv(tmp_path / "test.csv", count=40, start=500)
+    assert main(["evaluate", str(run_dir), str(test_csv), "--json", "--no-progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows, _ = read_molecule_table(test_csv, "smiles", ["heavy"])
+    predicted = model.predict([r.smiles for r in rows])
+    errors = [abs(p - float(r.targets["heavy"])) for p, r in zip(predicted, rows, strict=True)
+              if p is not None]  # fmt: skip
+    assert result["molecules"] == 38 and result["skipped"] == 2
+    assert result["mae"] == pytest.approx(sum(errors) / len(errors), rel=1e-6)
+    # the whole sweep folder: its best run by validation MAE, said in one line
+    output = tmp_path / "predictions.csv"
+    assert main(["predict", str(out), str(test_csv), "-o", str(output), "--no-progress"]) == 0
+    assert "using run" in capsys.readouterr().err
+    assert len(list(csv.reader(output.open()))) == 41
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        ([], "argument --target-column: "),
+        (["--target-column", "nope"], "argument --target-column: mols.csv has no column 'nope'"),
+        (["--target-column", "logp", "--smiles-column", "smi"], "argument --smiles-column"),
+        (["--target-column", "logp", "--sizes", "2,1,1"], "each >= 2"),
+        (["--target-column", "logp", "--sizes", "1,1,1"], "each >= 2"),
+    ],
+)
+def test_bad_file_flags_are_refused_up_front(flags, fragment, tmp_path, capsys):
+    path = write_csv(tmp_path / "mols.csv", count=20)
+    out = tmp_path / "out"
+    try:
+        code = main(["reproduce", "graph", "--dataset", f"csv:{path}", *flags, "--out", str(out)])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1, err
+    assert not out.exists() and not (tmp_path / "cache").exists()  # nothing built
+
+
+def test_sizes_too_small_for_a_report_are_refused_before_training(tmp_path, capsys):
+    """`--sizes 2,1,1` used to train and then fail writing a NaN into JSON; `1,1,1` failed
+    after building the data. Both are refused by the argument check; a file too small to give
+    every split two molecules is refused after reading it, before any training."""
+    path = write_csv(tmp_path / "mols.csv", count=12)
+    out = tmp_path / "out"
+    code = main(["reproduce", "graph", "--dataset", f"csv:{path}", "--target-column", "logp",
+                 *TINY, "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "every split needs at least 2 molecules" in err
+    assert not (out / "records").exists()
+
+
+def test_saved_graphormer_predicts_in_the_targets_units(tmp_path):
+    from urpe import load_model, save_model
+    from urpe.data.molecules import FEATURIZATIONS
+    from urpe.graph import Graphormer, GraphormerConfig
+
+    spec = FEATURIZATIONS["zinc"]
+    torch.manual_seed(0)
+    model = Graphormer(GraphormerConfig.preset("tiny"), node_cardinalities=spec.node_cardinalities,
+                       edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+    inputs = {"kind": "molecules", "features": "zinc", "target": "heavy", "unit": "atoms"}
+    save_model(model, tmp_path / "model", inputs=inputs)
+    loaded = load_model(tmp_path / "model")
+    plain = loaded.predict(["CCO", "bad(", "c1ccccc1"])
+    assert plain[1] is None and loaded.unit == "atoms"
+    model.set_target_statistics(10.0, 3.0)  # normalisation travels in the weights
+    save_model(model, tmp_path / "model", inputs=inputs)
+    scaled = load_model(tmp_path / "model")
+    assert scaled.normalization == {"mean": 10.0, "std": 3.0}
+    shifted = scaled.predict(["CCO", "bad(", "c1ccccc1"])
+    for a, b in ((plain[0], shifted[0]), (plain[2], shifted[2])):
+        assert b == pytest.approx(10.0 + 3.0 * a, rel=1e-5)
