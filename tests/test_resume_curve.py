@@ -14,10 +14,24 @@ class Killed(Exception):
     """Stands for SIGKILL: the process ends between two updates, nothing more is written."""
 
 
+def _fit_until(objective, data, run_dir, kill_at):
+    """12 updates, validation and a checkpoint every 4, killed at update `kill_at` (or never)."""
+    from urpe.training import TrainConfig, fit
+
+    settings = TrainConfig(max_steps=12, val_every=4, checkpoint_every=4, accelerator="cpu",
+                           devices=1, seed=0, log_every=1)  # fmt: skip
+
+    def on_step(step):
+        if step == kill_at:
+            raise Killed
+
+    fit(objective, data, settings, run_dir, resume=True, on_step=on_step)
+
+
 def _fit(run_dir, tokens, kill_at=None):
     import lightning as L
 
-    from urpe.training import StepDataModule, TrainConfig, fit, quiet_lightning
+    from urpe.training import StepDataModule, quiet_lightning
     from urpe.training.optim import OptimConfig
 
     quiet_lightning()
@@ -27,14 +41,7 @@ def _fit(run_dir, tokens, kill_at=None):
     objective = CausalLM(model, OptimConfig(lr=1e-2, total_steps=12))
     data = StepDataModule(SegmentStream(tokens[:-200], 4, 8),
                           held_out_segments(tokens[-200:], 4, 8), eval_batch_size=None)  # fmt: skip
-    settings = TrainConfig(max_steps=12, val_every=4, checkpoint_every=4, accelerator="cpu",
-                           devices=1, seed=0, log_every=1)  # fmt: skip
-
-    def on_step(step):
-        if step == kill_at:
-            raise Killed
-
-    fit(objective, data, settings, run_dir, resume=True, on_step=on_step)
+    _fit_until(objective, data, run_dir, kill_at)
     return model, objective
 
 
@@ -60,7 +67,7 @@ def _fit_graph(run_dir, kill_at=None):
     from urpe.data.molecules import FEATURIZATIONS, smiles_to_graph
     from urpe.experiments.graph.experiment import _Collate, read_curve
     from urpe.graph import Graphormer, GraphormerConfig, ShortestPaths
-    from urpe.training import IndexedStream, StepDataModule, TrainConfig, fit, quiet_lightning
+    from urpe.training import IndexedStream, StepDataModule, quiet_lightning
     from urpe.training.optim import OptimConfig
     from urpe.training.regression import GraphRegression
 
@@ -81,14 +88,7 @@ def _fit_graph(run_dir, kill_at=None):
     train, val = graphs[:18], graphs[18:]
     data = StepDataModule(IndexedStream(len(train), 4, 0, _Collate(train)), val,
                           eval_batch_size=8, collate=_Collate(val))  # fmt: skip
-    settings = TrainConfig(max_steps=12, val_every=4, checkpoint_every=4, accelerator="cpu",
-                           devices=1, seed=0, log_every=1)  # fmt: skip
-
-    def on_step(step):
-        if step == kill_at:
-            raise Killed
-
-    fit(objective, data, settings, run_dir, resume=True, on_step=on_step)
+    _fit_until(objective, data, run_dir, kill_at)
     assert DataLoader  # the loader the experiment evaluates with
     return read_curve(run_dir)
 
