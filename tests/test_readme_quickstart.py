@@ -28,6 +28,9 @@ def _one_core() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
+# Slow (about 70 s together, mostly process start-up): the same workflows run in the default
+# suite through test_molecule_files.py and test_lm_files.py; this checks the README text itself.
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_quick_start_block_runs(index, tmp_path):
     bin_dir = tmp_path / "bin"
