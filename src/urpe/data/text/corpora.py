@@ -31,7 +31,6 @@ setup (`make setup`, or the pip lines in the error messages).
 from __future__ import annotations
 
 import bz2
-import hashlib
 import importlib.util
 import os
 import sys
@@ -46,7 +45,7 @@ import torch
 from torch import Tensor
 
 from . import shakespeare
-from .cache import cache_root, cached_entry
+from .cache import cache_root, cached_entry, file_sha256
 from .errors import INSTALL_LM, DatasetError
 from .tokenizers import (
     TOKENIZERS,
@@ -122,14 +121,6 @@ def split_90_5_5(content: Content) -> tuple[Content, Content, Content]:
     n = len(content)
     a, b = n * 90 // 100, n * 95 // 100
     return content[:a], content[a:b], content[b:]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _existing(path: str | os.PathLike | None, name: str, what: str) -> Path:
@@ -416,7 +407,7 @@ def load_corpus(
     inputs = {
         "corpus": name,
         "conversion": CONVERSION_VERSION.get(name, 0),
-        "sources": [_sha256(f) for f in files],
+        "sources": [file_sha256(f) for f in files],
         "tokenizer": kind,
         "vocab_size": vocab_size,
     }
