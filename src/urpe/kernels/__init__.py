@@ -15,6 +15,7 @@ from .dispatch import (
     register_backend,
     select_backend,
 )
+from .cpp import cpp_backend
 from .flex import flex_backend
 from .masks import causal_keep
 from .normalization import NORMALIZATIONS, Normalization, register_normalization
@@ -27,6 +28,9 @@ from .triton import triton_backend
 # "flex" runs only when asked for by name (the exact FlexAttention route, the baseline).
 register_backend(triton_backend())
 register_backend(flex_backend())
+# The compiled CPU tile loop, before "fused" in "auto" on the CPU (built on first use; where it
+# cannot be built, "auto" warns once and "fused" runs).
+register_backend(cpp_backend())
 
 __all__ = [
     "AUTO_ORDER",

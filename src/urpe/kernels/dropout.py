@@ -37,9 +37,14 @@ def uniform_bits(seed: Tensor, counter: Tensor) -> Tensor:
     return _mix(_mix(_fold(counter) ^ first) ^ second)
 
 
+def keep_threshold(p: float) -> int:
+    """An entry is kept when its 32 bits are below this: probability 1 - p."""
+    return int(round((1.0 - p) * 2**32))
+
+
 def dropout_scale(seed: Tensor, p: float, shape: tuple[int, ...], dtype, device) -> Tensor:
     """keep / (1 - p) for a tensor of `shape`; keep has probability 1 - p per entry."""
     counter = torch.arange(int(torch.Size(shape).numel()), device=device).view(shape)
-    threshold = int(round((1.0 - p) * 2**32))
+    threshold = keep_threshold(p)
     keep = uniform_bits(seed.to(device=device, dtype=torch.int64), counter) < threshold
     return keep.to(dtype) / (1.0 - p)

@@ -32,7 +32,7 @@ from .spec import AttentionSpec, resolve
 # 1. and 2. Raw ops and autograd
 
 
-def _forward_fake(args: ForwardArgs):
+def forward_fake(args: ForwardArgs):
     """out (B, H, Lq, Dv) and row statistic (B, H, Lq, 1), both in the compute dtype."""
     b, h, lq, _ = args.q.shape
     dtype = compute_dtype(args.q.dtype)
@@ -42,7 +42,7 @@ def _forward_fake(args: ForwardArgs):
 
 # Differentiable in q, k, v, the bias and gate tensors (dense or table) and a float mask.
 FUSED = define_attention_ops(
-    "fused_attention", blockwise_forward, blockwise_backward, _forward_fake
+    "fused_attention", blockwise_forward, blockwise_backward, forward_fake
 )
 FusedAttention = FUSED.function
 

@@ -1,0 +1,78 @@
+"""URPE attention as a compiled C++ tile loop on the CPU: backend "cpp", first in "auto" there.
+
+The eager blockwise kernel ("fused") runs each step of a tile as its own PyTorch op over an
+8 MB score tile, each op parallel on its own: many short passes that each wait for the slowest
+thread, which a busy machine makes slow. This kernel keeps a (64 x 512) score tile in cache and
+does everything per element on it inside one C++ loop (`forward.cpp`, `backward.cpp`): q k^T
+and the products with V by BLAS, then the bias, the masks, the normalisation, the gate C and
+dropout row by row, and in the backward the gate's and the normalisation's rules and the bias
+and gate gradients (Toeplitz gradients as sums along each row of an offset-indexed copy). The
+work is parallelised once per call over (batch, head, query block) forward and (batch, kv head,
+query range) backward, with workers taking the next item when they finish one, so a thread that
+shares its core with another process takes fewer items instead of holding the others back.
+
+Same maths as the reference (the specification), every normalisation of the registry's four
+built-ins, Toeplitz / Relation / dense bias and gate with their gradients, key padding, causal
+masking (key blocks past the diagonal skipped), bool and float `attn_mask`, Lq != Lk, grouped
+queries, dropout (the reference's own hash, so both draw the same mask), float64 and float32;
+float16 and bfloat16 are computed in float32. A normalisation registered later is left to
+"fused".
+
+What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
+"auto" warns once and runs "fused" instead.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..dispatch import Backend
+from ..execute import execute
+from ..fused import fused_defers
+from ..layout import ForwardArgs
+from ..reference import draw_seed
+from ..spec import AttentionSpec, resolve
+from .build import unavailable
+
+__all__ = ["cpp_attention", "cpp_backend", "cpp_run", "cpp_unsupported", "unavailable"]
+
+
+def cpp_unsupported(spec: AttentionSpec) -> str | None:
+    """Why the C++ kernel cannot run this call (None: it can). Builds it on the first CPU call."""
+    if spec.q.device.type != "cpu":
+        return f"the C++ kernel runs on the CPU, not {spec.q.device.type}"
+    from .ops import BUILT_IN
+
+    if BUILT_IN.get(spec.normalization) is not spec.norm:
+        return f"normalization {spec.normalization!r} has no C++ form (backend 'fused' runs it)"
+    return unavailable()
+
+
+def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
+    """The C++ backend: (B, H, Lq, Dv) in q's dtype. block_q, block_k: tile sizes (0: the
+    tuned defaults)."""
+    from .ops import CPP
+
+    if spec.dropout_p > 0.0 and spec.dropout_seed is None:
+        spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
+    return CPP(ForwardArgs.from_spec(spec, block_q, block_k)).to(spec.q.dtype)
+
+
+def cpp_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, block_q: int = 0, block_k: int = 0, **kwargs
+) -> Tensor:
+    """`urpe.attention(q, k, v, **kwargs, backend="cpp")` with chosen tile sizes (queries x
+    keys; 0: the defaults)."""
+    if int(block_q) < 0 or int(block_k) < 0:
+        raise ValueError(f"block_q and block_k must be >= 0, got {block_q}, {block_k}")
+    spec = resolve(q, k, v, **kwargs)
+    reason = cpp_unsupported(spec)
+    if reason is not None:
+        raise ValueError(f"backend 'cpp' cannot run this call: {reason}")
+    return execute(lambda s: cpp_run(s, block_q, block_k), spec)
+
+
+def cpp_backend() -> Backend:
+    """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
+    return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=fused_defers,
+                   devices=("cpu",))  # fmt: skip

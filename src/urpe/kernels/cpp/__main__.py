@@ -1,0 +1,7 @@
+"""`python -m urpe.kernels.cpp`: build the C++ kernel now (what `make setup` runs)."""
+
+import sys
+
+from .build import main
+
+sys.exit(main())

@@ -1,0 +1,203 @@
+// The backward tile loop. Each tile is recomputed from the saved row statistic r_i:
+//   S = scale Q K^T + B + M,  P = f(S, r),  dA = dropout(dO V^T),  A = dropout(P C),
+//   dV += A^T dO,  dC = dA P,  dP = dA C,  dS = the normalisation's rule(dP, P, delta),
+//   dQ += scale dS K,  dK += scale dS^T Q,  bias and float-mask gradients += dS,
+// five products per tile and the rest per row while the tile is in cache.
+//
+// A work item owns what it writes: the rows of dQ of its query blocks, and dK, dV of its
+// (batch, kv head) in its own split copy (summed by the caller). It covers every query head
+// that reads the kv head (grouped queries) and, where a dense term's gradient broadcasts over
+// the batch or the kv heads, all of those too, so no two items write one entry. Table
+// gradients (Toeplitz, Relation) go to one copy per worker.
+#include "loops.h"
+
+namespace urpe_cpp {
+namespace {
+
+template <typename T>
+struct BackwardScratch {
+  std::vector<T> s, da, values, dropout, dgate;
+  std::vector<uint8_t> flags;
+
+  BackwardScratch(int64_t bq, int64_t bk)
+      : s(bq * bk), da(bq * bk), values(2 * bk), dropout(bk), dgate(bk), flags(bk) {}
+};
+
+// Everything per element of one row once P is known, in one pass: A = dropout(P C) (over s,
+// unless A is P itself), dC = dA P (accumulated into dgate), dP = dA C, dS by the
+// normalisation's rule (into da), dS accumulated into dbias.
+// s: P, or relu(S) for relu2 (whose weight is relu^2 / n); da: dO v_j; c: the gate row with
+// hidden pairs set to 0; keep: the dropout scale row.
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool WRITE_A, bool DGATE,
+          bool DBIAS>
+void gradient_loop(int64_t vis, const T* __restrict c, const T* __restrict keep,
+                   T* __restrict s, T* __restrict da, T* __restrict dgate, T* __restrict dbias,
+                   T delta, T inv_n) {
+#pragma omp simd
+  for (int64_t j = 0; j < vis; ++j) {
+    const T x = s[j];
+    const T p = NORM == kRelu2 ? x * x * inv_n : x;
+    T d = da[j];
+    if constexpr (DROPOUT) d *= keep[j];
+    T weight = p, dp = d;
+    if constexpr (GATE) {
+      weight = p * c[j];
+      if constexpr (DGATE) dgate[j] += d * p;
+      dp = d * c[j];
+    }
+    if constexpr (DROPOUT) weight *= keep[j];
+    T ds;
+    if constexpr (NORM == kSoftmax) {
+      ds = p * (dp - delta);
+    } else if constexpr (NORM == kL2) {
+      ds = (dp - p * delta) * p;
+    } else if constexpr (NORM == kExp) {
+      ds = p * dp;
+    } else {
+      ds = dp * x * (T(2) * inv_n);
+    }
+    da[j] = ds;
+    if constexpr (DBIAS) dbias[j] += ds;
+    if constexpr (WRITE_A) s[j] = weight;  // P is no longer needed: A takes its place
+  }
+}
+
+// The row's logits -> P (or relu(S) for relu2) in place, from the saved statistic r.
+template <typename T>
+void weights_row(const Problem<T>& P, T* __restrict s, int64_t vis, T r) {
+  if (P.norm == kRelu2) {
+#pragma omp simd
+    for (int64_t j = 0; j < vis; ++j) s[j] = s[j] > T(0) ? s[j] : T(0);
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < vis; ++j) s[j] = exp_value(s[j] - r);
+}
+
+// One row of the tile after its logits: P, then A (over s), dS (over da) and the term gradients.
+template <typename T>
+void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
+                  int64_t worker, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                  int64_t vis, const uint8_t* flags, T* s, T* da, T r, T delta) {
+  weights_row(P, s, vis, r);
+  const T* keep = nullptr;
+  if (P.dropout.on) {
+    P.dropout.row(P.counter(b, h, i, j0), vis, P.kept, W.dropout.data());
+    keep = W.dropout.data();
+  }
+  const T* c = nullptr;
+  T* dgate = nullptr;
+  if (P.gate.present()) {
+    c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
+    if (G.gate.present()) {
+      dgate = G.gate.row_target(worker, h, i, j0);
+      if (dgate == nullptr) {  // not a Toeplitz table: gathered in a buffer, then added
+        dgate = W.dgate.data();
+        fill_row(dgate, T(0), vis);
+      }
+    }
+  }
+  T* dbias = G.bias.present() ? G.bias.row_target(worker, h, i, j0) : nullptr;
+  const T inv_n = P.norm == kRelu2 ? T(1) / r : T(1);
+  const bool write_a = c != nullptr || keep != nullptr || P.norm == kRelu2;  // A != s
+  with_norm(
+      [&](auto norm) {
+        with_flags(
+            [&](auto gate, auto dropout, auto write_a, auto has_dgate, auto has_dbias) {
+              gradient_loop<T, norm, gate, dropout, write_a, has_dgate, has_dbias>(
+                  vis, c, keep, s, da, dgate, dbias, delta, inv_n);
+            },
+            c != nullptr, keep != nullptr, write_a, dgate != nullptr, dbias != nullptr);
+      },
+      P.norm);
+  if (dgate == W.dgate.data()) G.gate.add(worker, b, h, i, j0, vis, dgate);
+  if (G.bias.present() && dbias == nullptr) G.bias.add(worker, b, h, i, j0, vis, da);
+  if (G.float_mask.present()) G.float_mask.add(worker, b, h, i, j0, vis, da);
+  fill_row(da + vis, T(0), n - vis);
+  fill_row(s + vis, T(0), n - vis);
+}
+
+// One query block of one query head against its visible keys.
+template <typename T>
+void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
+                    int64_t worker, int64_t split, int64_t b, int64_t h, int64_t i0,
+                    int64_t i1) {
+  const int64_t bq = i1 - i0, d = P.dim, dv = P.vdim, hk = h / P.groups;
+  const int64_t row0 = (b * P.heads + h) * P.lq + i0;
+  const T* q = P.q + row0 * d;
+  const T* dout = G.grad_out + row0 * dv;
+  const int64_t kv = b * P.kv_heads + hk;
+  const T* k = P.k + kv * P.lk * d;
+  const T* v = P.v + kv * P.lk * dv;
+  const int64_t part = split * P.batch * P.kv_heads + kv;
+  T* dk = G.dk + part * P.lk * d;
+  T* dv_rows = G.dv + part * P.lk * dv;
+  T* dq = G.dq + row0 * d;
+  const int64_t key_end = P.hiding.key_end(i1, P.lk);
+  bool first = true;
+  for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
+    const int64_t n = std::min(P.block_k, key_end - j0);
+    T* s_tile = W.s.data();
+    T* da_tile = W.da.data();
+    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, n);
+    gemm_nt<T>(bq, n, dv, T(1), dout, dv, v + j0 * dv, dv, T(0), da_tile, n);
+    for (int64_t r = 0; r < bq; ++r) {
+      const int64_t i = i0 + r;
+      T* s = s_tile + r * n;
+      const int64_t vis = P.hiding.visible(i, j0, n);
+      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, W.flags.data());
+      logits_row(P, W.values.data(), b, h, i, j0, vis, flags, s);
+      backward_row(P, G, W, worker, b, h, i, j0, n, vis, flags, s, da_tile + r * n,
+                   G.stat[row0 + r], G.delta[row0 + r]);
+    }
+    gemm_tn<T>(n, dv, bq, T(1), s_tile, n, dout, dv, T(1), dv_rows + j0 * dv, dv);  // A^T dO
+    gemm_nn<T>(bq, d, n, P.scale, da_tile, n, k + j0 * d, d, first ? T(0) : T(1), dq, d);
+    gemm_tn<T>(n, d, bq, P.scale, da_tile, n, q, d, T(1), dk + j0 * d, d);
+    first = false;
+  }
+  if (first) std::fill(dq, dq + bq * d, T(0));  // no key is visible to this block
+}
+
+}  // namespace
+
+template <typename T>
+void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
+  const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
+  const int64_t batch_items = G.serial_batch ? 1 : P.batch;
+  const int64_t head_items = G.serial_heads ? 1 : P.kv_heads;
+  const int64_t per_split = (blocks + G.splits - 1) / G.splits;
+  const int64_t count = batch_items * head_items * G.splits;
+  const int64_t workers = workers_for(count);
+  std::vector<std::unique_ptr<BackwardScratch<T>>> scratch(workers);
+  run_items(count, workers, [&](int64_t worker, int64_t index) {
+    if (!scratch[worker]) {
+      scratch[worker] =
+          std::make_unique<BackwardScratch<T>>(std::min(bq, P.lq), std::min(P.block_k, P.lk));
+    }
+    // the last split first: under causal masking its query blocks meet the most keys
+    const int64_t split = G.splits - 1 - index % G.splits;
+    const int64_t bh = index / G.splits;
+    const int64_t b_item = bh / head_items, hk_item = bh % head_items;
+    const int64_t b_begin = G.serial_batch ? 0 : b_item;
+    const int64_t b_end = G.serial_batch ? P.batch : b_item + 1;
+    const int64_t hk_begin = G.serial_heads ? 0 : hk_item;
+    const int64_t hk_end = G.serial_heads ? P.kv_heads : hk_item + 1;
+    const int64_t block_begin = split * per_split;
+    const int64_t block_end = std::min(blocks, block_begin + per_split);
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      for (int64_t hk = hk_begin; hk < hk_end; ++hk) {
+        for (int64_t h = hk * P.groups; h < (hk + 1) * P.groups; ++h) {
+          for (int64_t block = block_begin; block < block_end; ++block) {
+            const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
+            backward_block(P, G, *scratch[worker], worker, split, b, h, i0, i1);
+          }
+        }
+      }
+    }
+  });
+}
+
+template void backward_loop<float>(const Problem<float>&, const Gradients<float>&);
+template void backward_loop<double>(const Problem<double>&, const Gradients<double>&);
+
+}  // namespace urpe_cpp

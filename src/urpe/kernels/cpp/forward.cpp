@@ -1,0 +1,170 @@
+// The forward tile loop. One work item is (batch, head, query block); for each key block it
+//   S = scale Q K^T + B + M   (one product, then per row while S is in cache:)
+//   hidden pairs -> the normalisation's hidden logit, P = f(S, running statistic), P *= C,
+//   dropout, and acc = alpha acc + P V (one product),
+// with the online statistic m_i (max), l_i = sum_j exp(s_ij - m_i)^power of FlashAttention.
+// At the end out_i = acc_i / l_i^(1/power) and r_i = m_i + log(l_i) / power is saved for the
+// backward pass (normalisations with a fixed statistic save it as given).
+#include "loops.h"
+
+namespace urpe_cpp {
+namespace {
+
+template <typename T>
+struct ForwardScratch {
+  std::vector<T> s, values, dropout, row_max, row_sum, alpha;
+  std::vector<uint8_t> flags;
+
+  ForwardScratch(int64_t bq, int64_t bk)
+      : s(bq * bk), values(2 * bk), dropout(bk), row_max(bq), row_sum(bq), alpha(bq), flags(bk) {}
+};
+
+// Weights of one row from its logits, in one pass: P = f(s, shift) (exp(s - shift), or
+// relu(s)^2 / n for relu2), times the gate row c (hidden pairs 0 in it) and the dropout scale
+// row keep. Returns sum_j P^power before the gate, for the online normalisations.
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT>
+T weights_loop(T* __restrict s, int64_t vis, T shift, T inv_n, const T* __restrict c,
+               const T* __restrict keep) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < vis; ++j) {
+    T p;
+    if constexpr (NORM == kRelu2) {
+      const T relu = s[j] > T(0) ? s[j] : T(0);
+      p = relu * relu * inv_n;
+    } else {
+      p = exp_value(s[j] - shift);
+    }
+    if constexpr (NORM == kSoftmax) sum += p;
+    if constexpr (NORM == kL2) sum += p * p;
+    if constexpr (GATE) p *= c[j];
+    if constexpr (DROPOUT) p *= keep[j];
+    s[j] = p;
+  }
+  return sum;
+}
+
+// Logits (already with B, M and hidden pairs) -> weights for one row segment, `vis` keys before
+// the causal edge. Updates the online statistic (m, l) and returns the factor by which the
+// row's earlier accumulation is rescaled (1 for a fixed statistic).
+template <typename T>
+T normalise_row(const Problem<T>& P, T* s, int64_t vis, T row_max, int64_t i_flat, bool first,
+                T& m, T& l, const T* c, const T* keep) {
+  const bool fixed = P.power() == 0;
+  const T m_new = fixed ? m : std::max(m, row_max);
+  // the shift: r for a fixed statistic (0 for relu2, which reads inv_n), else the running max
+  T shift = fixed ? (P.norm == kExp ? P.fixed[i_flat] : T(0))
+                  : (std::isfinite(m_new) ? m_new : T(0));
+  const T inv_n = P.norm == kRelu2 ? T(1) / P.fixed[i_flat] : T(1);
+  const T sum = with_norm(
+      [&](auto norm) {
+        return with_flags(
+            [&](auto gate, auto dropout) {
+              return weights_loop<T, norm, gate, dropout>(s, vis, shift, inv_n, c, keep);
+            },
+            c != nullptr, keep != nullptr);
+      },
+      P.norm);
+  if (fixed) return T(1);
+  T alpha = T(1);
+  if (!first) {
+    alpha = exp_value(m - shift);  // m <= shift, or m = -inf: 0
+    l *= P.norm == kSoftmax ? alpha : alpha * alpha;
+  }
+  l += sum;
+  m = m_new;
+  return alpha;
+}
+
+template <typename T>
+void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, int64_t i0,
+                  int64_t i1, T* out, T* stat) {
+  const int64_t bq = i1 - i0, d = P.dim, dv = P.vdim, hk = h / P.groups;
+  const T* q = P.q + ((b * P.heads + h) * P.lq + i0) * d;
+  const T* k = P.k + (b * P.kv_heads + hk) * P.lk * d;
+  const T* v = P.v + (b * P.kv_heads + hk) * P.lk * dv;
+  T* acc = out + ((b * P.heads + h) * P.lq + i0) * dv;  // (bq, Dv), the output rows
+  const int64_t row0 = (b * P.heads + h) * P.lq + i0;   // flat index of the block's first row
+  const int power = P.power();
+  std::fill(W.row_max.begin(), W.row_max.end(), -std::numeric_limits<T>::infinity());
+  std::fill(W.row_sum.begin(), W.row_sum.end(), T(0));
+  const int64_t key_end = P.hiding.key_end(i1, P.lk);
+  bool first = true;
+  for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
+    const int64_t n = std::min(P.block_k, key_end - j0);
+    T* s_tile = W.s.data();
+    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, n);
+    bool rescale = false;
+    for (int64_t r = 0; r < bq; ++r) {
+      const int64_t i = i0 + r;
+      T* s = s_tile + r * n;
+      const int64_t vis = P.hiding.visible(i, j0, n);
+      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, W.flags.data());
+      const T row_max = logits_row(P, W.values.data(), b, h, i, j0, vis, flags, s);
+      const T* c = nullptr;
+      if (P.gate.present()) c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
+      const T* keep = nullptr;
+      if (P.dropout.on) {
+        P.dropout.row(P.counter(b, h, i, j0), vis, P.kept, W.dropout.data());
+        keep = W.dropout.data();
+      }
+      const T alpha = normalise_row(P, s, vis, row_max, row0 + r, first, W.row_max[r],
+                                    W.row_sum[r], c, keep);
+      W.alpha[r] = alpha;
+      rescale = rescale || alpha != T(1);
+      fill_row(s + vis, T(0), n - vis);
+    }
+    if (rescale && !first) {
+      for (int64_t r = 0; r < bq; ++r) {
+        const T alpha = W.alpha[r];
+        if (alpha == T(1)) continue;
+        T* row = acc + r * dv;
+#pragma omp simd
+        for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
+      }
+    }
+    gemm_nn<T>(bq, dv, n, T(1), s_tile, n, v + j0 * dv, dv, first ? T(0) : T(1), acc, dv);
+    first = false;
+  }
+  if (first) std::fill(acc, acc + bq * dv, T(0));  // no key is visible to this block
+  for (int64_t r = 0; r < bq; ++r) {
+    if (power == 0) {
+      stat[row0 + r] = P.fixed[row0 + r];
+      continue;
+    }
+    const T l = W.row_sum[r];
+    const T norm = l > T(0) ? (power == 1 ? l : std::sqrt(l)) : T(1);
+    T* row = acc + r * dv;
+    const T inv = T(1) / norm;
+#pragma omp simd
+    for (int64_t e = 0; e < dv; ++e) row[e] *= inv;
+    stat[row0 + r] = l > T(0) ? W.row_max[r] + std::log(l) / T(power)
+                              : std::numeric_limits<T>::infinity();
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void forward_loop(const Problem<T>& P, T* out, T* stat) {
+  const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
+  const int64_t count = P.batch * P.heads * blocks;
+  const int64_t workers = workers_for(count);
+  const int64_t rows = P.batch * P.heads;
+  std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
+  run_items(count, workers, [&](int64_t worker, int64_t index) {
+    if (!scratch[worker]) {
+      scratch[worker] =
+          std::make_unique<ForwardScratch<T>>(std::min(bq, P.lq), std::min(P.block_k, P.lk));
+    }
+    // the last query blocks first: under causal masking they meet the most keys
+    const int64_t block = blocks - 1 - index / rows, bh = index % rows;
+    const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
+    forward_item(P, *scratch[worker], bh / P.heads, bh % P.heads, i0, i1, out, stat);
+  });
+}
+
+template void forward_loop<float>(const Problem<float>&, float*, float*);
+template void forward_loop<double>(const Problem<double>&, double*, double*);
+
+}  // namespace urpe_cpp

@@ -1,0 +1,146 @@
+// Matrix products on row-major blocks, and the worker count.
+//
+// A row-major (m x n) matrix is a column-major (n x m) one, so C = op(A) op(B) is the BLAS call
+// C^T = op(B)^T op(A)^T with the operands swapped. The Fortran BLAS symbols are declared weak:
+// where the torch build exports them (Linux wheels link MKL or OpenBLAS into libtorch_cpu),
+// they are called directly, as ATen's own CPU flash attention does; elsewhere the weak symbol
+// is null and the product goes through at::mm on tensors viewing the same memory (a few
+// microseconds more per call).
+#include <ATen/ATen.h>
+
+#include "tile.h"
+
+#if defined(__ELF__)
+#define URPE_WEAK_BLAS 1
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc) __attribute__((weak));
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b,
+            const int* ldb, const double* beta, double* c, const int* ldc) __attribute__((weak));
+int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));  // MKL's C name
+}
+#else
+#define URPE_WEAK_BLAS 0
+#endif
+
+namespace urpe_cpp {
+namespace {
+
+template <typename T>
+bool blas_call(char ta, char tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+#if URPE_WEAK_BLAS
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int la = static_cast<int>(std::max<int64_t>(lda, 1));
+  const int lb = static_cast<int>(std::max<int64_t>(ldb, 1));
+  const int lc = static_cast<int>(std::max<int64_t>(ldc, 1));
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_ == nullptr) return false;
+    sgemm_(&ta, &tb, &mi, &ni, &ki, &alpha, a, &la, b, &lb, &beta, c, &lc);
+    return true;
+  } else {
+    if (dgemm_ == nullptr) return false;
+    dgemm_(&ta, &tb, &mi, &ni, &ki, &alpha, a, &la, b, &lb, &beta, c, &lc);
+    return true;
+  }
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+at::Tensor view(const T* data, int64_t rows, int64_t cols, int64_t ld) {
+  return at::from_blob(const_cast<T*>(data), {rows, cols}, {ld, 1},
+                       at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+}
+
+// C (m x n, row-major) = alpha * op_a * op_b + beta * C, op_a and op_b given as tensors
+template <typename T>
+void aten_call(const at::Tensor& op_a, const at::Tensor& op_b, T alpha, T beta, T* c,
+               int64_t m, int64_t n, int64_t ldc) {
+  at::Tensor out = view(c, m, n, ldc);
+  if (beta == T(0)) {
+    at::mm_out(out, op_a, op_b);
+    if (alpha != T(1)) out.mul_(alpha);
+  } else {
+    out.addmm_(op_a, op_b, beta, alpha);
+  }
+}
+
+// C = beta * C: the product of an empty inner dimension (D = 0) is 0
+template <typename T>
+void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  for (int64_t r = 0; r < m; ++r) {
+    T* row = c + r * ldc;
+    for (int64_t e = 0; e < n; ++e) row[e] = beta == T(0) ? T(0) : beta * row[e];
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void gemm_nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  if (blas_call<T>('T', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
+  aten_call<T>(view(a, m, k, lda), view(b, n, k, ldb).t(), alpha, beta, c, m, n, ldc);
+}
+
+template <typename T>
+void gemm_nn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  if (blas_call<T>('N', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
+  aten_call<T>(view(a, m, k, lda), view(b, k, n, ldb), alpha, beta, c, m, n, ldc);
+}
+
+template <typename T>
+void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  if (blas_call<T>('N', 'T', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
+  aten_call<T>(view(a, k, m, lda).t(), view(b, k, n, ldb), alpha, beta, c, m, n, ldc);
+}
+
+#define URPE_GEMMS(T)                                                                         \
+  template void gemm_nt<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
+                           T, T*, int64_t);                                                    \
+  template void gemm_nn<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
+                           T, T*, int64_t);                                                    \
+  template void gemm_tn<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
+                           T, T*, int64_t);
+URPE_GEMMS(float)
+URPE_GEMMS(double)
+
+const char* gemm_route() {
+#if URPE_WEAK_BLAS
+  if (sgemm_ != nullptr && dgemm_ != nullptr) return "blas";
+#endif
+  return "aten";
+}
+
+BlasThreadsGuard::BlasThreadsGuard() {
+#if URPE_WEAK_BLAS
+  if (MKL_Set_Num_Threads_Local != nullptr) previous_ = MKL_Set_Num_Threads_Local(1);
+#endif
+}
+
+BlasThreadsGuard::~BlasThreadsGuard() {
+#if URPE_WEAK_BLAS
+  if (MKL_Set_Num_Threads_Local != nullptr && previous_ >= 0) {
+    MKL_Set_Num_Threads_Local(previous_);
+  }
+#endif
+}
+
+int64_t workers_for(int64_t count) {
+  if (count <= 1 || at::in_parallel_region()) return 1;
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
+}
+
+}  // namespace urpe_cpp

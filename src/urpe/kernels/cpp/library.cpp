@@ -1,0 +1,257 @@
+// The ops `torch.ops.urpe_cpp.forward` / `.backward`: tensors in, tile loops run, tensors out.
+//
+// The Python side (urpe/kernels/cpp/ops.py) hands over operands already in the compute dtype
+// (float or double) and contiguous, each bias or gate as (kind, tensor, index):
+//   dense     (B|1, H|1, Lq|1, Lk|1), any strides
+//   Toeplitz  (H|1, Lq + Lk - 1): the table read at every offset j - pos(i), entry j - i + Lq - 1
+//   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, range-checked
+// and gets back, for a term whose gradient is asked for, the gradient of that same tensor.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "loops.h"
+
+namespace urpe_cpp {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+constexpr int64_t kMaxSplits = 8;
+
+int64_t stride_or_zero(const at::Tensor& t, int64_t dim) {
+  return t.size(dim) == 1 ? 0 : t.stride(dim);
+}
+
+template <typename T>
+Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t lq) {
+  Term<T> term;
+  if (kind == kNone || !tensor.has_value()) return term;
+  const at::Tensor& t = *tensor;
+  TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value,
+              "urpe_cpp: a term is not in the compute dtype");
+  term.kind = kind;
+  term.data = t.data_ptr<T>();
+  term.lq = lq;
+  if (kind == kDense) {
+    TORCH_CHECK(t.dim() == 4, "urpe_cpp: a dense term must be 4-D");
+    term.sb = stride_or_zero(t, 0);
+    term.sh = stride_or_zero(t, 1);
+    term.si = stride_or_zero(t, 2);
+    term.sj = stride_or_zero(t, 3);
+    return term;
+  }
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), "urpe_cpp: a table must be 2-D, contiguous");
+  term.row_len = t.size(1);
+  term.per_head = t.size(0) > 1;
+  if (kind == kRelation) {
+    TORCH_CHECK(index.has_value() && index->dim() == 3 && index->scalar_type() == at::kLong,
+                "urpe_cpp: a relation needs a (B|1, Lq, Lk) int64 index");
+    term.index = index->data_ptr<int64_t>();
+    term.ib = stride_or_zero(*index, 0);
+    term.ii = index->stride(1);
+    term.ij = index->stride(2);
+  }
+  return term;
+}
+
+template <typename T>
+Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        int64_t bias_kind, const OptTensor& bias, const OptTensor& bias_index,
+                        int64_t gate_kind, const OptTensor& gate, const OptTensor& gate_index,
+                        const OptTensor& float_mask, const OptTensor& bool_mask,
+                        const OptTensor& key_padding, const OptTensor& fixed, bool causal,
+                        int64_t norm, double scale, double dropout_p, int64_t threshold,
+                        int64_t seed, int64_t block_q, int64_t block_k) {
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->device().is_cpu(),
+                "urpe_cpp: q, k, v must be contiguous 4-D CPU tensors");
+    TORCH_CHECK(t->scalar_type() == c10::CppTypeToScalarType<T>::value,
+                "urpe_cpp: q, k, v must share the compute dtype");
+  }
+  Problem<T> P;
+  P.batch = q.size(0);
+  P.heads = q.size(1);
+  P.lq = q.size(2);
+  P.dim = q.size(3);
+  P.kv_heads = k.size(1);
+  P.lk = k.size(2);
+  P.vdim = v.size(3);
+  TORCH_CHECK(P.kv_heads > 0 && P.heads % P.kv_heads == 0, "urpe_cpp: heads and kv heads");
+  P.groups = P.heads / P.kv_heads;
+  P.q = q.data_ptr<T>();
+  P.k = k.data_ptr<T>();
+  P.v = v.data_ptr<T>();
+  P.bias = make_term<T>(bias_kind, bias, bias_index, P.lq);
+  P.gate = make_term<T>(gate_kind, gate, gate_index, P.lq);
+  P.float_mask = make_term<T>(float_mask.has_value() ? kDense : kNone, float_mask, {}, P.lq);
+  Hiding& hiding = P.hiding;
+  hiding.causal = causal;
+  hiding.shift = P.lk - P.lq;
+  if (key_padding.has_value()) {
+    TORCH_CHECK(key_padding->dim() == 2 && key_padding->stride(1) == 1 &&
+                    key_padding->scalar_type() == at::kBool,
+                "urpe_cpp: key padding must be (B|1, Lk) bool, contiguous in keys");
+    hiding.pad = key_padding->data_ptr<bool>();
+    hiding.pad_sb = stride_or_zero(*key_padding, 0);
+  }
+  if (bool_mask.has_value()) {
+    TORCH_CHECK(bool_mask->dim() == 4 && bool_mask->scalar_type() == at::kBool,
+                "urpe_cpp: a bool attn_mask must be 4-D");
+    hiding.keep = bool_mask->data_ptr<bool>();
+    hiding.kb = stride_or_zero(*bool_mask, 0);
+    hiding.kh = stride_or_zero(*bool_mask, 1);
+    hiding.ki = stride_or_zero(*bool_mask, 2);
+    hiding.kj = stride_or_zero(*bool_mask, 3);
+  }
+  TORCH_CHECK(norm >= kSoftmax && norm <= kRelu2, "urpe_cpp: unknown normalisation ", norm);
+  P.norm = norm;
+  if (P.power() == 0) {
+    TORCH_CHECK(fixed.has_value() && fixed->is_contiguous() && fixed->numel() == P.batch * P.heads * P.lq,
+                "urpe_cpp: this normalisation needs its (B, H, Lq) statistic");
+    P.fixed = fixed->data_ptr<T>();
+  }
+  P.scale = static_cast<T>(scale);
+  if (dropout_p > 0.0) {
+    P.dropout.on = true;
+    P.dropout.threshold = static_cast<uint64_t>(threshold);
+    P.dropout.seed(seed);
+    P.kept = T(1) / static_cast<T>(1.0 - dropout_p);
+  }
+  TORCH_CHECK(block_q > 0 && block_k > 0, "urpe_cpp: tile sizes must be positive");
+  P.block_q = block_q;
+  P.block_k = block_k;
+  return P;
+}
+
+#define URPE_PROBLEM_ARGS                                                                     \
+  q, k, v, bias_kind, bias, bias_index, gate_kind, gate, gate_index, float_mask, bool_mask,  \
+      key_padding, fixed, causal, norm, scale, dropout_p, dropout_threshold, dropout_seed,   \
+      block_q, block_k
+
+std::tuple<at::Tensor, at::Tensor> forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
+    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
+    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
+    const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
+    double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
+    int64_t block_q, int64_t block_k) {
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+  at::Tensor stat = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "urpe_cpp::forward", [&] {
+    const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
+    forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>());
+  });
+  return {out, stat};
+}
+
+// The gradient of a term (kind, tensor) into a fresh tensor; tables get one copy per worker.
+template <typename T>
+TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor& grad,
+                      int64_t workers) {
+  TermGrad<T> g;
+  g.kind = term.kind;
+  if (term.kind == kDense) {
+    grad = at::zeros(tensor.sizes(), tensor.options());
+    g.sb = stride_or_zero(grad, 0);
+    g.sh = stride_or_zero(grad, 1);
+    g.si = stride_or_zero(grad, 2);
+    g.sj = stride_or_zero(grad, 3);
+  } else {
+    grad = at::zeros({workers, tensor.size(0), tensor.size(1)}, tensor.options());
+    g.slot_size = tensor.numel();
+    g.row_len = term.row_len;
+    g.per_head = term.per_head;
+    g.index = term.index;
+    g.ib = term.ib;
+    g.ii = term.ii;
+    g.ij = term.ij;
+    g.lq = term.lq;
+  }
+  g.data = grad.data_ptr<T>();
+  return g;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
+    const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& delta,
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
+    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
+    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
+    const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
+    double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
+    int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
+    int64_t items_per_thread) {
+  TORCH_CHECK(grad_out.is_contiguous() && stat.is_contiguous() && delta.is_contiguous(),
+              "urpe_cpp: grad_out, stat and delta must be contiguous");
+  at::Tensor dq = at::empty_like(q);
+  at::Tensor dk, dv, dbias, dgate, dmask;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "urpe_cpp::backward", [&] {
+    const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
+    Gradients<scalar_t> G;
+    G.grad_out = grad_out.data_ptr<scalar_t>();
+    G.stat = stat.data_ptr<scalar_t>();
+    G.delta = delta.data_ptr<scalar_t>();
+    G.dq = dq.data_ptr<scalar_t>();
+    // a dense gradient broadcast over a dim keeps that dim inside one work item
+    const std::pair<const Term<scalar_t>*, const OptTensor*> dense[] = {
+        {needs_bias ? &P.bias : nullptr, &bias},
+        {needs_gate ? &P.gate : nullptr, &gate},
+        {needs_mask ? &P.float_mask : nullptr, &float_mask}};
+    bool rows_shared = false;
+    for (const auto& [term, tensor] : dense) {
+      if (term == nullptr || term->kind != kDense) continue;
+      const at::Tensor& t = **tensor;
+      G.serial_batch = G.serial_batch || (t.size(0) == 1 && P.batch > 1);
+      G.serial_heads = G.serial_heads || (t.size(1) == 1 && P.kv_heads > 1);
+      rows_shared = rows_shared || (t.size(2) == 1 && P.lq > 1);
+    }
+    // Few (batch, kv head) items for the threads: split the query blocks into ranges with
+    // their own dk, dv copies (at most kMaxSplits copies), so that a slow thread can be helped.
+    const int64_t blocks = (P.lq + P.block_q - 1) / P.block_q;
+    const int64_t items = (G.serial_batch ? 1 : P.batch) * (G.serial_heads ? 1 : P.kv_heads);
+    const int64_t wanted = items_per_thread * workers_for(items * blocks);
+    G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
+                                                     std::min(blocks, kMaxSplits));
+    const int64_t workers = workers_for(items * G.splits);
+    dk = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.dim}, q.options());
+    dv = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.vdim}, q.options());
+    G.dk = dk.data_ptr<scalar_t>();
+    G.dv = dv.data_ptr<scalar_t>();
+    if (needs_bias && P.bias.present()) G.bias = make_grad(P.bias, *bias, dbias, workers);
+    if (needs_gate && P.gate.present()) G.gate = make_grad(P.gate, *gate, dgate, workers);
+    if (needs_mask && P.float_mask.present()) {
+      G.float_mask = make_grad(P.float_mask, *float_mask, dmask, workers);
+    }
+    backward_loop<scalar_t>(P, G);
+  });
+  // sum the split copies of dk, dv and the per-worker copies of table gradients
+  const at::Tensor none = at::empty({0}, q.options());
+  auto finish = [&](const at::Tensor& grad, int64_t kind) -> at::Tensor {
+    if (!grad.defined()) return none;
+    return kind == kDense ? grad : grad.sum(0);
+  };
+  return {dq, dk.sum(0), dv.sum(0), finish(dbias, bias_kind), finish(dgate, gate_kind),
+          finish(dmask, kDense)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(urpe_cpp, m) {
+  m.def(
+      "forward(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, Tensor? bias_index, "
+      "int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, "
+      "Tensor? key_padding, Tensor? fixed, bool causal, int norm, float scale, "
+      "float dropout_p, int dropout_threshold, int dropout_seed, int block_q, int block_k) "
+      "-> (Tensor, Tensor)",
+      &forward);
+  m.def(
+      "backward(Tensor grad_out, Tensor stat, Tensor delta, Tensor q, Tensor k, Tensor v, "
+      "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "
+      "Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, Tensor? key_padding, "
+      "Tensor? fixed, bool causal, int norm, float scale, float dropout_p, "
+      "int dropout_threshold, int dropout_seed, int block_q, int block_k, bool needs_bias, "
+      "bool needs_gate, bool needs_mask, int items_per_thread) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      &backward);
+  m.def("gemm_route() -> str", [] { return std::string(gemm_route()); });
+}
+
+}  // namespace urpe_cpp

@@ -1,0 +1,153 @@
+"""The C++ kernel behind a pair of custom ops, on the raw-op layout every kernel shares.
+
+`cpp_forward(ForwardArgs)` and `cpp_backward(BackwardArgs)` bring the arguments into the form
+the C++ ops take (the compute dtype, contiguous, a Toeplitz table read out at every offset of
+the call, the statistic of exp/relu2 counted up front) and turn the C++ gradients back into
+gradients of the caller's tensors. `define_attention_ops` puts them behind
+`urpe::cpp_attention_forward` / `_backward` with fake implementations, vmap rules and an
+autograd Function, as for the fused and Triton kernels, so torch.func and torch.compile
+compose with them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..composable import define_attention_ops
+from ..dropout import keep_threshold
+from ..dtypes import compute_dtype
+from ..fused import forward_fake
+from ..layout import BackwardArgs, ForwardArgs
+from ..masks import visible_key_counts
+from ..normalization import NORMALIZATIONS
+
+# Codes of library.cpp's enums.
+NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
+KIND_CODES = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3}
+# The entries the C++ loop implements; a normalisation registered later (or one of these names
+# registered again with other formulas) is left to the eager kernels.
+BUILT_IN = {name: NORMALIZATIONS[name] for name in NORMALIZATION_CODES}
+
+# Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
+# issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.
+FORWARD_TILES = (256, 512)
+BACKWARD_TILES = (128, 512)
+# Backward work items wanted per thread: with fewer (batch, kv head) pairs than that, the query
+# blocks are split into ranges with their own dk/dv copies, so a slowed thread can be helped.
+ITEMS_PER_THREAD = 4
+
+
+def toeplitz_columns(table_width: int, lq: int, lk: int, device) -> Tensor:
+    """Table column of each offset the call meets: entry e = j - i + Lq - 1 of a row read by
+    the C++ loop is offset j - pos(i) = e - (Lk - 1), clamped to [-K, K]. (Lq + Lk - 1,)"""
+    k = (table_width - 1) // 2
+    offsets = torch.arange(lq + lk - 1, device=device) - (lk - 1)
+    return offsets.clamp(-k, k) + k
+
+
+def _term(kind: str, tensor: Tensor | None, index: Tensor | None, lq: int, lk: int, dtype):
+    """(code, tensor, index) as the C++ ops take a bias or gate."""
+    if kind == "none" or tensor is None:
+        return 0, None, None
+    if kind == "toeplitz":
+        columns = toeplitz_columns(tensor.shape[1], lq, lk, tensor.device)
+        return KIND_CODES[kind], tensor.to(dtype)[:, columns].contiguous(), None
+    if kind == "relation":
+        return KIND_CODES[kind], tensor.to(dtype).contiguous(), index.to(torch.int64)
+    return KIND_CODES[kind], tensor.to(dtype), None  # dense, 4-D, strides as they are
+
+
+def _statistic(call: ForwardArgs, dtype) -> Tensor | None:
+    """r_i of the normalisations that know it before the first tile: (B, H, Lq)."""
+    norm = NORMALIZATIONS[call.normalization]
+    if norm.fixed_statistic is None:
+        return None
+    b, h, lq, _ = call.q.shape
+    keep = call.attn_mask if _is_bool(call.attn_mask) else None
+    counts = visible_key_counts(
+        call.key_padding_mask, keep, call.is_causal, lq, call.k.shape[-2], device=call.q.device
+    )  # (B|1, H|1, Lq)
+    counts = counts.to(dtype).expand(b, h, lq).contiguous()
+    return norm.fixed_statistic(counts).contiguous()
+
+
+def _is_bool(mask: Tensor | None) -> bool:
+    return mask is not None and mask.dtype == torch.bool
+
+
+def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
+    """The arguments the C++ ops share, after q, k, v (library.cpp's schema); `tiles`: the
+    pass's default tile sizes, where the call names none."""
+    dtype = compute_dtype(call.q.dtype)
+    lq, lk = call.q.shape[2], call.k.shape[2]
+    float_mask = None
+    if call.attn_mask is not None and not _is_bool(call.attn_mask):
+        float_mask = call.attn_mask.to(dtype)
+    dropout_on = call.dropout_p > 0.0
+    return (
+        *_term(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype),
+        *_term(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype),
+        float_mask,
+        call.attn_mask if _is_bool(call.attn_mask) else None,
+        None if call.key_padding_mask is None else call.key_padding_mask.contiguous(),
+        _statistic(call, dtype),
+        call.is_causal,
+        NORMALIZATION_CODES[call.normalization],
+        call.scale,
+        call.dropout_p,
+        keep_threshold(call.dropout_p) if dropout_on else 0,
+        int(call.dropout_seed) if dropout_on and call.dropout_seed is not None else 0,
+        call.block_q or tiles[0],
+        call.block_k or tiles[1],
+    )
+
+
+def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
+    dtype = compute_dtype(call.q.dtype)
+    return tuple(t.to(dtype).contiguous() for t in (call.q, call.k, call.v))
+
+
+def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
+    """(out (B, H, Lq, Dv), row statistic (B, H, Lq, 1)), both in the compute dtype."""
+    out, stat = torch.ops.urpe_cpp.forward(*_operands(call), *_op_arguments(call, FORWARD_TILES))
+    return out, stat.unsqueeze(-1)
+
+
+def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) -> Tensor:
+    """The C++ gradient of a term's tensor as the gradient of the caller's tensor."""
+    if kind == "toeplitz":  # per offset -> per table column
+        columns = toeplitz_columns(tensor.shape[1], lq, lk, tensor.device)
+        grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad)
+    return grad.to(tensor.dtype)
+
+
+def cpp_backward(args: BackwardArgs):
+    """(dq, dk, dv, d bias, d gate, d float attn_mask); None for a term not asked for."""
+    call = args.forward
+    dtype = compute_dtype(call.q.dtype)
+    lq, lk = call.q.shape[2], call.k.shape[2]
+    grad_out = args.grad_out.to(dtype).contiguous()
+    delta = (grad_out * args.out.to(dtype)).sum(-1)  # (B, H, Lq): sum_e dO O
+    stat = args.stat.reshape(delta.shape).contiguous()
+    dq, dk, dv, *term_grads = torch.ops.urpe_cpp.backward(
+        grad_out, stat, delta, *_operands(call), *_op_arguments(call, BACKWARD_TILES), *args.needs,
+        ITEMS_PER_THREAD,
+    )  # fmt: skip
+    grads = []
+    for (kind, tensor), needed, grad in zip(
+        (
+            (call.bias_kind, call.bias),
+            (call.gate_kind, call.gate),
+            ("dense", call.attn_mask),
+        ),
+        args.needs,
+        term_grads,
+        strict=True,
+    ):
+        useful = needed and tensor is not None and kind != "none" and grad.numel() > 0
+        grads.append(_term_gradient(kind, tensor, grad, lq, lk) if useful else None)
+    return (dq.to(call.q.dtype), dk.to(call.k.dtype), dv.to(call.v.dtype), *grads)
+
+
+CPP = define_attention_ops("cpp_attention", cpp_forward, cpp_backward, forward_fake)

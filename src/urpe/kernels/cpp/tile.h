@@ -1,0 +1,405 @@
+// The pieces every tile of the C++ CPU kernel uses: the problem's sizes and tensors, how a bias,
+// gate or mask row is read and how its gradient is gathered, which pairs are hidden, exp,
+// dropout and the matrix products. forward.cpp and backward.cpp hold the two loops.
+//
+// Layout (row-major, contiguous, in the compute dtype T = float or double):
+//   q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads kv head h / G.
+//   Query i sits at position i + Lk - Lq (the last query meets the last key), so with
+//   causal masking it sees keys j <= i + Lk - Lq.
+// A score tile is bq queries x n keys; everything per element happens on rows of it while the
+// tile is in cache.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace urpe_cpp {
+
+// Normalisations (urpe.kernels.normalization): weights a = f(s, r_i) for a row statistic r_i.
+enum Norm : int64_t { kSoftmax = 0, kExp = 1, kL2 = 2, kRelu2 = 3 };
+// How a bias or gate is given.
+enum Kind : int64_t { kNone = 0, kDense = 1, kToeplitz = 2, kRelation = 3 };
+
+// ---------------------------------------------------------------------------------------------
+// exp
+
+// exp(x) in float: Cephes' range reduction and polynomial (about 1 ulp), branch-free so that a
+// row loop vectorises. exp(-inf) = 0 exactly (hidden pairs), NaN stays NaN, inf stays inf;
+// results below FLT_MIN are flushed to 0.
+inline float exp_value(float x) {
+  const float lo = -87.33654475f, hi = 88.72283905f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;  // ln 2 in two parts, exact products
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n as two factors, so that n = 128 (x just below hi) stays representable
+  const int32_t e = static_cast<int32_t>(n);
+  const int32_t e1 = e / 2, e2 = e - e1;
+  const int32_t b1 = (e1 + 127) << 23, b2 = (e2 + 127) << 23;
+  float f1, f2;
+  std::memcpy(&f1, &b1, sizeof f1);
+  std::memcpy(&f2, &b2, sizeof f2);
+  const float y = p * f1 * f2;
+  return x < lo ? 0.0f : (x > hi ? std::numeric_limits<float>::infinity() : y);
+}
+
+inline double exp_value(double x) { return std::exp(x); }
+
+// ---------------------------------------------------------------------------------------------
+// Row helpers (n contiguous entries)
+
+template <typename T>
+inline void add_row(T* __restrict s, const T* __restrict t, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] += t[j];
+}
+
+template <typename T>
+inline void fill_row(T* s, T value, int64_t n) {
+  std::fill(s, s + n, value);
+}
+
+template <typename T>
+inline T row_max(const T* __restrict s, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix products on row-major blocks. BLAS where the torch build exports it (Linux wheels
+// carry MKL or OpenBLAS with the Fortran symbols), else at::mm on views of the same memory.
+
+// C (m x n) = alpha * A (m x k) * B^T (B: n x k) + beta * C
+template <typename T>
+void gemm_nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc);
+// C (m x n) = alpha * A (m x k) * B (k x n) + beta * C
+template <typename T>
+void gemm_nn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc);
+// C (m x n) = alpha * A^T (A: k x m) * B (k x n) + beta * C
+template <typename T>
+void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc);
+
+// Which product routine runs: "blas" or "aten".
+const char* gemm_route();
+
+// ---------------------------------------------------------------------------------------------
+// Dropout: the reference's hash (urpe.kernels.dropout), so both draw the same mask. The keep
+// decision for weight (b, h, i, j) depends on the seed and the flat index only.
+
+inline uint32_t mix32(uint32_t x) {
+  x = ((x >> 16) ^ x) * 0x45D9F3Bu;
+  x = ((x >> 16) ^ x) * 0x45D9F3Bu;
+  return (x >> 16) ^ x;
+}
+
+inline uint32_t fold64(int64_t x) { return static_cast<uint32_t>(x ^ (x >> 32)); }
+
+struct Dropout {
+  bool on = false;
+  uint64_t threshold = 0;  // keep iff bits < threshold = round((1 - p) 2^32)
+  uint32_t first = 0, second = 0;
+
+  void seed(int64_t seed_value) {
+    first = mix32(fold64(seed_value));
+    second = mix32(first ^ 0x5BD1E995u);
+  }
+
+  // scale[j] = keep(counter0 + j) / (1 - p) for j < n
+  template <typename T>
+  void row(int64_t counter0, int64_t n, T kept, T* __restrict scale) const {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t bits = mix32(mix32(fold64(counter0 + j) ^ first) ^ second);
+      scale[j] = static_cast<uint64_t>(bits) < threshold ? kept : T(0);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// A bias, gate or float mask, read one row segment (b, h, i, keys j0 .. j0 + n) at a time.
+
+template <typename T>
+struct Term {
+  int64_t kind = kNone;
+  const T* data = nullptr;
+  // dense: strides of (b, h, i, j), 0 along a broadcast dim
+  int64_t sb = 0, sh = 0, si = 0, sj = 0;
+  // Toeplitz: one row of Lq + Lk - 1 values per table head, entry j - i + Lq - 1 (built by the
+  // caller from the clamped table); Relation: the table (heads, R) and its index (b, i, j)
+  int64_t row_len = 0;
+  bool per_head = false;
+  const int64_t* index = nullptr;
+  int64_t ib = 0, ii = 0, ij = 0;
+  int64_t lq = 0;
+
+  bool present() const { return kind != kNone; }
+
+  // n values as a contiguous pointer; `buf` (n entries) holds them when they must be gathered
+  const T* row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, T* buf) const {
+    if (kind == kToeplitz) return data + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
+    if (kind == kRelation) {
+      const T* table = data + (per_head ? h * row_len : 0);
+      const int64_t* idx = index + b * ib + i * ii + j0 * ij;
+      for (int64_t j = 0; j < n; ++j) buf[j] = table[idx[j * ij]];
+      return buf;
+    }
+    const T* p = data + b * sb + h * sh + i * si + j0 * sj;
+    if (sj == 1) return p;
+    for (int64_t j = 0; j < n; ++j) buf[j] = p[j * sj];
+    return buf;
+  }
+};
+
+// Where a term's gradient goes. Tables: one private copy per worker (`slot`), summed after
+// the loop. Dense: the gradient tensor itself (contiguous, the term's shape), written by the
+// one work item that owns each entry (see backward.cpp).
+template <typename T>
+struct TermGrad {
+  int64_t kind = kNone;
+  T* data = nullptr;
+  int64_t sb = 0, sh = 0, si = 0, sj = 0;  // dense: strides, 0 along a broadcast dim
+  int64_t slot_size = 0;                   // tables: entries per worker copy
+  int64_t row_len = 0;
+  bool per_head = false;
+  const int64_t* index = nullptr;
+  int64_t ib = 0, ii = 0, ij = 0;
+  int64_t lq = 0;
+
+  bool present() const { return kind != kNone; }
+
+  // Toeplitz: where the gradient of keys [j0, ...) of row (h, i) accumulates, contiguous;
+  // other kinds: nullptr (use `add`)
+  T* row_target(int64_t slot, int64_t h, int64_t i, int64_t j0) const {
+    if (kind != kToeplitz) return nullptr;
+    return data + slot * slot_size + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
+  }
+
+  void add(int64_t slot, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+           const T* __restrict g) const {
+    if (kind == kToeplitz) {
+      T* __restrict dst =
+          data + slot * slot_size + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) dst[j] += g[j];
+    } else if (kind == kRelation) {
+      T* dst = data + slot * slot_size + (per_head ? h * row_len : 0);
+      const int64_t* idx = index + b * ib + i * ii + j0 * ij;
+      for (int64_t j = 0; j < n; ++j) dst[idx[j * ij]] += g[j];
+    } else {
+      T* dst = data + b * sb + h * sh + i * si + j0 * sj;
+      if (sj == 0) {
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; ++j) sum += g[j];
+        *dst += sum;
+      } else {
+        for (int64_t j = 0; j < n; ++j) dst[j * sj] += g[j];
+      }
+    }
+  }
+};
+
+// The gate row with hidden pairs (flags) set to 0, so that a gate holding inf or NaN where a
+// pair is hidden leaves its weight and gradients exactly 0.
+template <typename T>
+const T* masked_gate_row(const Term<T>& gate, int64_t b, int64_t h, int64_t i, int64_t j0,
+                         int64_t n, const uint8_t* flags, T* buf) {
+  const T* c = gate.row(b, h, i, j0, n, buf);
+  if (flags == nullptr) return c;
+  for (int64_t j = 0; j < n; ++j) buf[j] = flags[j] ? T(0) : c[j];
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Which pairs are hidden: causal masking (a contiguous tail of each row segment), key padding
+// and a boolean attn_mask (flags per entry).
+
+struct Hiding {
+  bool causal = false;
+  int64_t shift = 0;              // Lk - Lq: query i sees keys j <= i + shift
+  const bool* pad = nullptr;      // (Bp, Lk), True = padded
+  int64_t pad_sb = 0;
+  const bool* keep = nullptr;     // bool attn_mask, True = takes part
+  int64_t kb = 0, kh = 0, ki = 0, kj = 0;
+
+  // keys [j0, j0 + n) that come before the causal edge for query i
+  int64_t visible(int64_t i, int64_t j0, int64_t n) const {
+    if (!causal) return n;
+    return std::min(n, std::max<int64_t>(0, i + shift - j0 + 1));
+  }
+
+  // the keys [0, end) that some query of [i0, i1) may see
+  int64_t key_end(int64_t i1, int64_t lk) const {
+    if (!causal) return lk;
+    return std::min(lk, std::max<int64_t>(0, i1 - 1 + shift + 1));
+  }
+
+  // flags[j] != 0 where padding or the bool mask hides the pair; nullptr when neither exists
+  const uint8_t* flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                       uint8_t* buf) const {
+    if (keep == nullptr) {
+      return pad == nullptr ? nullptr : reinterpret_cast<const uint8_t*>(pad + b * pad_sb + j0);
+    }
+    const bool* kp = keep + b * kb + h * kh + i * ki + j0 * kj;
+    if (pad != nullptr) {
+      const bool* pp = pad + b * pad_sb + j0;
+      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(pp[j] || !kp[j * kj]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(!kp[j * kj]);
+    }
+    return buf;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// One call: sizes, operands, terms, masks.
+
+template <typename T>
+struct Problem {
+  int64_t batch = 0, heads = 0, kv_heads = 0, lq = 0, lk = 0, dim = 0, vdim = 0;
+  int64_t groups = 1;  // query heads per kv head
+  const T *q = nullptr, *k = nullptr, *v = nullptr;
+  Term<T> bias, gate, float_mask;
+  Hiding hiding;
+  int64_t norm = kSoftmax;
+  const T* fixed = nullptr;  // (B, H, Lq): r_i known up front (exp, relu2)
+  T scale = 1;
+  Dropout dropout;
+  T kept = 1;  // 1 / (1 - p)
+  int64_t block_q = 0, block_k = 0;
+
+  int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
+  T hidden_logit() const {
+    return norm == kRelu2 ? T(0) : -std::numeric_limits<T>::infinity();
+  }
+  // flat index of weight (b, h, i, j0): the dropout counter
+  int64_t counter(int64_t b, int64_t h, int64_t i, int64_t j0) const {
+    return ((b * heads + h) * lq + i) * lk + j0;
+  }
+};
+
+// Runtime switches as compile-time constants: with_flags(f, a, b) calls
+// f(std::bool_constant<a>{}, std::bool_constant<b>{}). Row loops take their optional pieces
+// this way, never as a null check inside the loop: vectorised, such a check becomes a masked
+// load, which on AVX-512 costs a fault-suppression assist per iteration where the pointer is
+// null.
+template <typename F>
+decltype(auto) with_flags(F&& f, bool a) {
+  if (a) return f(std::true_type{});
+  return f(std::false_type{});
+}
+
+template <typename F, typename... Bools>
+decltype(auto) with_flags(F&& f, bool a, Bools... rest) {
+  return with_flags([&](auto first) {
+    return with_flags([&](auto... others) { return f(first, others...); }, rest...);
+  }, a);
+}
+
+// with_norm(f, norm) calls f(std::integral_constant<int64_t, norm>{}).
+template <typename F>
+decltype(auto) with_norm(F&& f, int64_t norm) {
+  switch (norm) {
+    case kSoftmax: return f(std::integral_constant<int64_t, kSoftmax>{});
+    case kExp: return f(std::integral_constant<int64_t, kExp>{});
+    case kL2: return f(std::integral_constant<int64_t, kL2>{});
+    default: return f(std::integral_constant<int64_t, kRelu2>{});
+  }
+}
+
+template <typename T, bool BIAS, bool MASK, bool FLAGS>
+T logits_loop(T* __restrict s, int64_t vis, const T* __restrict bias, const T* __restrict mask,
+              const uint8_t* __restrict flags, T hidden) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < vis; ++j) {
+    T x = s[j];
+    if constexpr (BIAS) x += bias[j];
+    if constexpr (MASK) x += mask[j];
+    if constexpr (FLAGS) x = flags[j] ? hidden : x;
+    s[j] = x;
+    m = x > m ? x : m;
+  }
+  return m;
+}
+
+// Logits of one row in one pass: s += B + M over the first `vis` keys, pairs hidden by flags at
+// the normalisation's hidden logit; returns the row's max. `buf`: room for 2 n term values.
+template <typename T>
+T logits_row(const Problem<T>& P, T* buf, int64_t b, int64_t h, int64_t i, int64_t j0,
+             int64_t vis, const uint8_t* flags, T* s) {
+  const T* bias = P.bias.present() ? P.bias.row(b, h, i, j0, vis, buf) : nullptr;
+  const T* mask = nullptr;
+  if (P.float_mask.present()) {  // a second gathered row needs room of its own
+    mask = P.float_mask.row(b, h, i, j0, vis, buf + P.block_k);
+  }
+  const T hidden = P.hidden_logit();
+  return with_flags(
+      [&](auto has_bias, auto has_mask, auto has_flags) {
+        return logits_loop<T, has_bias, has_mask, has_flags>(s, vis, bias, mask, flags, hidden);
+      },
+      bias != nullptr, mask != nullptr, flags != nullptr);
+}
+
+// Runs item(worker, index) for index in [0, count) on torch's intra-op threads. Workers take
+// the next index as they finish one (a shared counter), so a thread slowed by another process
+// on its core takes fewer items instead of holding everyone back. `worker` < workers(count)
+// names per-worker scratch.
+int64_t workers_for(int64_t count);
+
+// While alive, BLAS calls from this thread run on this thread alone. torch turns MKL's dynamic
+// thread adjustment off (mkl_set_dynamic(false)), so a product called inside a parallel region
+// would otherwise start a team of its own on cores the other workers already use.
+class BlasThreadsGuard {
+ public:
+  BlasThreadsGuard();
+  ~BlasThreadsGuard();
+  BlasThreadsGuard(const BlasThreadsGuard&) = delete;
+  BlasThreadsGuard& operator=(const BlasThreadsGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+template <typename F>
+void run_items(int64_t count, int64_t workers, const F& item) {
+  std::atomic<int64_t> next{0};
+  auto drain = [&](int64_t worker) {
+    const BlasThreadsGuard one_thread;
+    for (int64_t index = next.fetch_add(1); index < count; index = next.fetch_add(1)) {
+      item(worker, index);
+    }
+  };
+  if (workers <= 1) {
+    drain(0);
+    return;
+  }
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker) drain(worker);
+  });
+}
+
+}  // namespace urpe_cpp
