@@ -12,12 +12,13 @@ from torch.func import functional_call, grad
 import urpe
 
 F64 = dict(dtype=torch.float64)
-# The fused backend runs as a torch.library custom op (a fake implementation lets Dynamo trace
-# through it); the other two are plain PyTorch ops.
+# The fused and cpp backends run as torch.library custom ops (a fake implementation lets Dynamo
+# trace through them); the other two are plain PyTorch ops.
 BACKENDS = {
     "reference": dict(position="rpe", gate="toeplitz"),
     "sdpa": dict(position="rpe"),
     "fused": dict(position="rpe", gate="toeplitz"),
+    "cpp": dict(position="rpe", gate="toeplitz"),
 }
 
 

@@ -11,82 +11,23 @@ import itertools
 import pytest
 import torch
 
-from urpe.kernels import NORMALIZATIONS as REGISTERED
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
+from urpe.kernels.dispatch import BROKEN
 from urpe.kernels.fused import fused_attention
 from urpe.kernels.fused_terms import antidiagonal_sums
 
-TILES = dict(block_q=8, block_k=16)
-NORMALIZATIONS = tuple(REGISTERED)  # read from the registry: a new entry is tested here too
-MASKS = ("none", "causal", "padding", "causal+padding")
-# (B, H, Lq, Lk, D): odd lengths, Lq < Lk (queries are the last Lq positions), 1 and many heads
-SHAPES = ((2, 1, 13, 13, 16), (1, 4, 9, 21, 32), (3, 3, 30, 30, 128))
-# (bias, gate) kinds
-TERMS = (
-    (None, None),
-    ("toeplitz", "toeplitz"),
-    ("relation", "dense_broadcast"),
-    ("dense", "relation_shared"),
-    ("toeplitz_shared", None),
+from .kernel_cases import (
+    MASKS,
+    NORMALIZATIONS,
+    SHAPES,
+    SMALL_TILES,
+    TERMS,
+    assert_close,
+    case,
+    outputs_and_grads,
 )
 
-
-def _term(kind, b, h, lq, lk, gen):
-    """A bias or gate of the given kind and the tensors whose gradients are compared."""
-    f64 = dict(dtype=torch.float64)
-    if kind is None:
-        return None, []
-    if kind == "toeplitz":  # K = 5 < L: offsets beyond K are clipped
-        table = torch.randn(h, 11, generator=gen, **f64).mul(0.5).add(1).requires_grad_()
-        return Toeplitz(table), [table]
-    if kind == "toeplitz_shared":  # one row for all heads, K larger than L
-        table = torch.randn(1, 2 * 40 + 1, generator=gen, **f64).mul(0.5).requires_grad_()
-        return Toeplitz(table), [table]
-    if kind in ("relation", "relation_shared"):
-        heads, rb = (h, b) if kind == "relation" else (1, 1)
-        table = torch.randn(heads, 7, generator=gen, **f64).mul(0.5).add(0.5).requires_grad_()
-        index = torch.randint(0, 7, (rb, lq, lk), generator=gen)
-        return Relation(table, index), [table]
-    if kind == "dense":
-        dense = torch.randn(b, h, lq, lk, generator=gen, **f64).mul(0.5).requires_grad_()
-        return dense, [dense]
-    if kind == "dense_broadcast":  # (H, Lq, 1): broadcast over batch and keys
-        dense = torch.randn(h, lq, 1, generator=gen, **f64).mul(0.5).add(1).requires_grad_()
-        return dense, [dense]
-    raise ValueError(kind)
-
-
-def _case(shape, mask, bias_kind, gate_kind, seed=0):
-    b, h, lq, lk, d = shape
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=gen, dtype=torch.float64).requires_grad_()
-    k = torch.randn(b, h, lk, d, generator=gen, dtype=torch.float64).requires_grad_()
-    v = torch.randn(b, h, lk, d + 3, generator=gen, dtype=torch.float64).requires_grad_()
-    bias, bias_tensors = _term(bias_kind, b, h, lq, lk, gen)
-    gate, gate_tensors = _term(gate_kind, b, h, lq, lk, gen)
-    padding = None
-    if "padding" in mask:
-        padding = torch.rand(b, lk, generator=gen) < 0.3
-        padding[0] = True  # a fully padded batch row
-    call = dict(bias=bias, gate=gate, key_padding_mask=padding, is_causal="causal" in mask)
-    return (q, k, v), [q, k, v, *bias_tensors, *gate_tensors], call
-
-
-def _outputs_and_grads(fn, qkv, params, call):
-    out = fn(*qkv, **call)
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
-    grads = torch.autograd.grad((out * weight).sum(), params)
-    return out, grads
-
-
-def _assert_close(got, want, atol=1e-10, rtol=1e-8):
-    out, grads = got
-    ref_out, ref_grads = want
-    torch.testing.assert_close(out, ref_out, atol=atol, rtol=rtol)
-    names = ["q", "k", "v", "bias/gate tables"] + ["gate"] * 4
-    for name, g, r in zip(names, grads, ref_grads, strict=False):
-        assert torch.isfinite(g).all(), name
-        torch.testing.assert_close(g, r, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+TILES = SMALL_TILES
 
 
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
@@ -94,31 +35,31 @@ def _assert_close(got, want, atol=1e-10, rtol=1e-8):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("terms", TERMS, ids=lambda t: f"{t[0]}-{t[1]}")
 def test_matches_reference(normalization, mask, shape, terms):
-    qkv, params, call = _case(shape, mask, *terms)
+    qkv, params, call = case(shape, mask, *terms)
     call["normalization"] = normalization
     if normalization == "exp":
         call["scale"] = 0.05  # exp has no denominator: keep the logits small
-    want = _outputs_and_grads(reference_attention, qkv, params, call)
-    got = _outputs_and_grads(lambda *a, **c: fused_attention(*a, **c, **TILES), qkv, params, call)
-    _assert_close(got, want)
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    got = outputs_and_grads(lambda *a, **c: fused_attention(*a, **c, **TILES), qkv, params, call)
+    assert_close(got, want)
 
 
 @pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3)])
 def test_tile_sizes_do_not_matter(tiles):
-    qkv, params, call = _case((2, 2, 11, 19, 16), "causal+padding", "toeplitz", "toeplitz")
-    want = _outputs_and_grads(reference_attention, qkv, params, call)
+    qkv, params, call = case((2, 2, 11, 19, 16), "causal+padding", "toeplitz", "toeplitz")
+    want = outputs_and_grads(reference_attention, qkv, params, call)
     block_q, block_k = tiles
-    got = _outputs_and_grads(
+    got = outputs_and_grads(
         lambda *a, **c: fused_attention(*a, **c, block_q=block_q, block_k=block_k),
         qkv,
         params,
         call,
     )
-    _assert_close(got, want)
+    assert_close(got, want)
 
 
 def test_gradcheck_tiny():
-    qkv, params, call = _case((1, 2, 5, 7, 4), "causal+padding", "toeplitz", "relation")
+    qkv, params, call = case((1, 2, 5, 7, 4), "causal+padding", "toeplitz", "relation")
     call["key_padding_mask"][0] = torch.tensor([0, 0, 1, 0, 0, 1, 0], dtype=torch.bool)
     table_b, table_c = params[3], params[4]
 
@@ -135,7 +76,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
     """Recover the fused kernel's dropped weights with v = identity, then check that output and
     gradients are those of the reference weights with that keep mask, and the drop rate is p."""
     p = 0.25
-    qkv, params, call = _case((2, 2, 24, 40, 16), "causal", "toeplitz", "toeplitz")
+    qkv, params, call = case((2, 2, 24, 40, 16), "causal", "toeplitz", "toeplitz")
     q, k, v = qkv
     eye = torch.eye(40, dtype=torch.float64).expand(2, 2, 40, 40)
     with torch.no_grad():
@@ -154,9 +95,9 @@ def test_dropout_is_the_reference_with_one_shared_mask():
     def fused_seeded(q, k, v, **c):
         return fused_attention(q, k, v, **c, dropout_p=p, dropout_seed=3, **TILES)
 
-    _assert_close(
-        _outputs_and_grads(fused_seeded, qkv, params, call),
-        _outputs_and_grads(reference_with_mask, qkv, params, call),
+    assert_close(
+        outputs_and_grads(fused_seeded, qkv, params, call),
+        outputs_and_grads(reference_with_mask, qkv, params, call),
     )
     # a different seed draws a different mask; the default seed follows torch.manual_seed
     with torch.no_grad():
@@ -170,7 +111,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
 
 
 def test_poison_padded_rows_are_zero_and_padded_keys_are_ignored():
-    qkv, params, call = _case((2, 3, 10, 10, 16), "padding", "toeplitz", "toeplitz")
+    qkv, params, call = case((2, 3, 10, 10, 16), "padding", "toeplitz", "toeplitz")
     q, k, v = qkv
     padding = call["key_padding_mask"]
     out = fused_attention(q, k, v, **call, **TILES)
@@ -187,21 +128,21 @@ def test_poison_padded_rows_are_zero_and_padded_keys_are_ignored():
 def test_infinite_gate_far_away_stays_out_of_masked_keys():
     """Causally hidden keys have weight exactly 0 whatever the gate holds there, so the fused
     result equals the reference run with any finite value in those places."""
-    qkv, params, call = _case((1, 2, 12, 12, 16), "causal", None, None)
+    qkv, params, call = case((1, 2, 12, 12, 16), "causal", None, None)
     table = torch.ones(2, 2 * 11 + 1, dtype=torch.float64)
     table[:, 11 + 1 :] = float("inf")  # offsets j - i > 0: exactly the causally hidden keys
     finite = table.nan_to_num(posinf=5.0).requires_grad_()
     table.requires_grad_()
-    got = _outputs_and_grads(
+    got = outputs_and_grads(
         lambda *a, **c: fused_attention(*a, **c, **TILES),
         qkv,
         [*params, table],
         call | dict(gate=Toeplitz(table)),
     )
-    want = _outputs_and_grads(
+    want = outputs_and_grads(
         reference_attention, qkv, [*params, finite], call | dict(gate=Toeplitz(finite))
     )
-    _assert_close(got, want)
+    assert_close(got, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -222,7 +163,7 @@ def test_half_precision_close_to_reference(dtype, normalization):
         normalization=normalization,
         scale=0.05 if normalization == "exp" else None,
     )
-    got = _outputs_and_grads(
+    got = outputs_and_grads(
         lambda *a, **c: fused_attention(*a, **c, **TILES), (q, k, v), tensors, call
     )
     assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])
@@ -230,7 +171,7 @@ def test_half_precision_close_to_reference(dtype, normalization):
     # half precision sums the table gradients in half precision itself, the fused kernel in float32.
     exact = [t.detach().double().requires_grad_() for t in tensors]
     exact_call = call | dict(bias=Toeplitz(exact[3]), gate=Toeplitz(exact[4]))
-    want = _outputs_and_grads(reference_attention, exact[:3], exact, exact_call)
+    want = outputs_and_grads(reference_attention, exact[:3], exact, exact_call)
     tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=3e-3, rtol=3e-3)
     torch.testing.assert_close(got[0].float(), want[0].float(), **tol)
     for g, r in zip(got[1], want[1], strict=True):
@@ -250,7 +191,8 @@ def test_antidiagonal_sums():
         torch.testing.assert_close(antidiagonal_sums(x, scratch), want)  # reused scratch
 
 
-def test_auto_picks_fused_for_urpe_and_sdpa_for_plain_softmax():
+def test_auto_picks_fused_for_urpe_without_the_cpp_kernel_and_sdpa_for_plain_softmax(monkeypatch):
+    monkeypatch.setitem(BROKEN, ("cpp", "cpu"), "not built here")  # as where it cannot be built
     q = torch.randn(1, 2, 8, 16)
     table = Toeplitz(torch.ones(2, 5))
     assert select_backend("auto", q=q, k=q, v=q, **_call(gate=table)).name == "fused"
@@ -279,8 +221,8 @@ def _call(**overrides):
 @pytest.mark.parametrize("normalization", ("softmax", "l2"))
 def test_default_tiles_at_lengths_beyond_one_key_block(normalization):
     # Lk > BLOCK_K: several key blocks and several query blocks at the tile sizes users get.
-    qkv, params, call = _case((1, 2, 300, 2100, 32), "causal+padding", "toeplitz", "toeplitz")
+    qkv, params, call = case((1, 2, 300, 2100, 32), "causal+padding", "toeplitz", "toeplitz")
     call["normalization"] = normalization
-    want = _outputs_and_grads(reference_attention, qkv, params, call)
-    got = _outputs_and_grads(fused_attention, qkv, params, call)
-    _assert_close(got, want)
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    got = outputs_and_grads(fused_attention, qkv, params, call)
+    assert_close(got, want)

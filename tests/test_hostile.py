@@ -20,6 +20,7 @@ from urpe.kernels import (
     native_backends,
     select_backend,
 )
+from urpe.kernels.cpp import cpp_attention
 from urpe.kernels.fused import fused_attention
 
 # The backends built for the CPU (the GPU ones have their own tests: test_triton, test_flex).
@@ -27,7 +28,7 @@ CPU_BACKENDS = native_backends("cpu")
 
 F64 = dict(dtype=torch.float64)
 B, H, L, D = 2, 2, 6, 4
-TILES = dict(block_q=2, block_k=4)  # several tiles per row for the fused kernel
+TILES = dict(block_q=2, block_k=4)  # several tiles per row for the tiled kernels
 
 
 def _accepting(q, k, v, **call) -> list[str]:
@@ -41,12 +42,17 @@ def _accepting(q, k, v, **call) -> list[str]:
     return names
 
 
+# The tiled kernels again with small tiles, so that every row spans several key blocks.
+TILED = {"fused": fused_attention, "cpp": cpp_attention}
+
+
 def _runners(q, k, v, **call):
-    """(label, fn) for every backend that runs the call, and the fused kernel with small tiles."""
+    """(label, fn) for every backend that runs the call, and the tiled kernels with small
+    tiles."""
     for name in _accepting(q, k, v, **call):
         yield name, lambda *a, name=name, **c: attention(*a, **c, backend=name)
-        if name == "fused":
-            yield "fused-tiled", lambda *a, **c: fused_attention(*a, **c, **TILES)
+        if name in TILED:
+            yield f"{name}-tiled", lambda *a, name=name, **c: TILED[name](*a, **c, **TILES)
 
 
 def _qkv(lq=L, lk=L, seed=0):

@@ -5,8 +5,8 @@ odd lengths, head widths, every normalisation in the registry, every bias/gate f
 with any broadcast shape, Toeplitz with K below and above the length, Relation with a per-batch
 or shared index, shared-head tables), masks (padding with fully padded rows, causal, bool or float
 attn_mask with rows where nothing is visible), dtype (float64 exactly; float32 and bfloat16 with
-tolerances). Every backend in the registry that accepts the call runs it (the fused kernel also
-with random small tiles), forward and gradients, against the reference.
+tolerances). Every backend in the registry that accepts the call runs it (the tiled kernels,
+fused and cpp, also with random small tiles), forward and gradients, against the reference.
 
 Bounded for CI: a fixed number of examples, derandomized (the same examples every run).
 """
@@ -27,10 +27,13 @@ from urpe.kernels import (
     native_backends,
     select_backend,
 )
+from urpe.kernels.cpp import cpp_attention
 from urpe.kernels.fused import fused_attention
 
 # The backends built for the CPU (the GPU ones have their own tests: test_triton, test_flex).
 CPU_BACKENDS = native_backends("cpu")
+# The tiled kernels, run again with the drawn tile sizes.
+TILED = {"fused": fused_attention, "cpp": cpp_attention}
 
 CI = settings(
     max_examples=120,
@@ -166,10 +169,10 @@ def test_every_backend_matches_the_reference(c):
     q, k, v, call, _ = build(c, dtype)
     names = _accepting(q, k, v, call)
     runners = [(n, lambda *a, n=n, **kw: attention(*a, **kw, backend=n)) for n in names]
-    if "fused" in names:
-        block_q, block_k = c["tiles"]
-        tiled = lambda *a, **kw: fused_attention(*a, **kw, block_q=block_q, block_k=block_k)  # noqa: E731
-        runners.append(("fused-tiled", tiled))
+    block_q, block_k = c["tiles"]
+    for name in (n for n in TILED if n in names):
+        tiled = lambda *a, n=name, **kw: TILED[n](*a, **kw, block_q=block_q, block_k=block_k)  # noqa: E731
+        runners.append((f"{name}-tiled", tiled))
     assert "reference" in names
     tol = TOLERANCE[dtype]
     for name, fn in runners:

@@ -23,8 +23,12 @@ from urpe.kernels import (
     register_normalization,
     select_backend,
 )
+from urpe.kernels.cpp import unavailable
 from urpe.kernels.fused import fused_attention
 from urpe.kernels.reference import reference_run
+
+# The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else fused.
+GATED_ON_CPU = "cpp" if unavailable() is None else "fused"
 
 F64 = dict(dtype=torch.float64)
 
@@ -113,7 +117,7 @@ def test_a_registered_backend_is_used_by_auto_by_name_and_skipped_where_it_canno
     out = attention(q, k, v)
     assert len(extra_backend) == 1 and out.shape == (1, 2, 4, 3)
     gate = torch.ones(1, 2, 4, 4, **F64)
-    assert select_backend("auto", q, k, v, gate=gate).name == "fused"
+    assert select_backend("auto", q, k, v, gate=gate).name == GATED_ON_CPU
     with pytest.raises(ValueError, match="backend 'recording' cannot run this call: no gates"):
         attention(q, k, v, gate=gate, backend="recording")
     attention(q, k, v, backend="recording")
@@ -136,20 +140,20 @@ def test_auto_order_follows_priority_and_skips_unranked_backends():
         return None if spec.bias is not None else "no bias"
 
     register_backend(Backend("by-name", recording("by-name"), priority=None))
-    register_backend(Backend("above-fused", recording("above-fused"), only_with_bias, priority=35))
+    register_backend(Backend("above-all", recording("above-all"), only_with_bias, priority=50))
     try:
-        assert "by-name" not in AUTO_ORDER
-        assert AUTO_ORDER.index("above-fused") == AUTO_ORDER.index("fused") - 1
+        assert "by-name" not in AUTO_ORDER and AUTO_ORDER[0] == "above-all"
         q, k, v = (torch.randn(1, 2, 4, 3, **F64) for _ in range(3))
-        attention(q, k, v, bias=torch.zeros(4, 4, **F64))  # above-fused outranks fused
-        attention(q, k, v, gate=torch.ones(4, 4, **F64))  # it declines: fused takes it
+        attention(q, k, v, bias=torch.zeros(4, 4, **F64))  # above-all outranks every other
+        attention(q, k, v, gate=torch.ones(4, 4, **F64))  # it declines: the next one takes it
         attention(q, k, v, backend="by-name")
-        assert received == ["above-fused", "by-name"]
-        assert select_backend("auto", q, k, v, gate=torch.ones(4, 4, **F64)).name == "fused"
+        assert received == ["above-all", "by-name"]
+        gated = select_backend("auto", q, k, v, gate=torch.ones(4, 4, **F64)).name
+        assert gated == GATED_ON_CPU
     finally:
-        del BACKENDS["by-name"], BACKENDS["above-fused"]
+        del BACKENDS["by-name"], BACKENDS["above-all"]
         register_backend(BACKENDS["reference"])  # rebuilds AUTO_ORDER without them
-    assert "above-fused" not in AUTO_ORDER and AUTO_ORDER[-1] == "reference"
+    assert "above-all" not in AUTO_ORDER and AUTO_ORDER[-1] == "reference"
 
 
 def test_a_registered_normalization_builds_and_trains_a_model(sigmoid):

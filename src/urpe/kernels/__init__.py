@@ -4,6 +4,7 @@
 or normalisation is added to (see `dispatch` and `normalization`).
 """
 
+from .cpp import cpp_backend
 from .dispatch import (
     AUTO_ORDER,
     BACKENDS,
@@ -15,7 +16,6 @@ from .dispatch import (
     register_backend,
     select_backend,
 )
-from .cpp import cpp_backend
 from .flex import flex_backend
 from .masks import causal_keep
 from .normalization import NORMALIZATIONS, Normalization, register_normalization

@@ -41,9 +41,7 @@ def forward_fake(args: ForwardArgs):
 
 
 # Differentiable in q, k, v, the bias and gate tensors (dense or table) and a float mask.
-FUSED = define_attention_ops(
-    "fused_attention", blockwise_forward, blockwise_backward, forward_fake
-)
+FUSED = define_attention_ops("fused_attention", blockwise_forward, blockwise_backward, forward_fake)
 FusedAttention = FUSED.function
 
 

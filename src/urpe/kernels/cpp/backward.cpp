@@ -16,11 +16,11 @@ namespace {
 
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> s, da, values, dropout, dgate;
+  std::vector<T> s, da, values, mask_values, dropout, dgate;
   std::vector<uint8_t> flags;
 
   BackwardScratch(int64_t bq, int64_t bk)
-      : s(bq * bk), da(bq * bk), values(2 * bk), dropout(bk), dgate(bk), flags(bk) {}
+      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk), flags(bk) {}
 };
 
 // Everything per element of one row once P is known, in one pass: A = dropout(P C) (over s,
@@ -146,7 +146,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       T* s = s_tile + r * n;
       const int64_t vis = P.hiding.visible(i, j0, n);
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, W.flags.data());
-      logits_row(P, W.values.data(), b, h, i, j0, vis, flags, s);
+      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, flags, s);
       backward_row(P, G, W, worker, b, h, i, j0, n, vis, flags, s, da_tile + r * n,
                    G.stat[row0 + r], G.delta[row0 + r]);
     }
@@ -172,7 +172,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
       scratch[worker] =
-          std::make_unique<BackwardScratch<T>>(std::min(bq, P.lq), std::min(P.block_k, P.lk));
+          std::make_unique<BackwardScratch<T>>(P.tile_queries(), P.tile_keys());
     }
     // the last split first: under causal masking its query blocks meet the most keys
     const int64_t split = G.splits - 1 - index % G.splits;

@@ -12,11 +12,12 @@ namespace {
 
 template <typename T>
 struct ForwardScratch {
-  std::vector<T> s, values, dropout, row_max, row_sum, alpha;
+  std::vector<T> s, values, mask_values, dropout, row_max, row_sum, alpha;
   std::vector<uint8_t> flags;
 
   ForwardScratch(int64_t bq, int64_t bk)
-      : s(bq * bk), values(2 * bk), dropout(bk), row_max(bq), row_sum(bq), alpha(bq), flags(bk) {}
+      : s(bq * bk), values(bk), mask_values(bk), dropout(bk), row_max(bq), row_sum(bq),
+        alpha(bq), flags(bk) {}
 };
 
 // Weights of one row from its logits, in one pass: P = f(s, shift) (exp(s - shift), or
@@ -100,7 +101,8 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
       T* s = s_tile + r * n;
       const int64_t vis = P.hiding.visible(i, j0, n);
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, W.flags.data());
-      const T row_max = logits_row(P, W.values.data(), b, h, i, j0, vis, flags, s);
+      const T row_max =
+          logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, flags, s);
       const T* c = nullptr;
       if (P.gate.present()) c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
       const T* keep = nullptr;
@@ -155,7 +157,7 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
       scratch[worker] =
-          std::make_unique<ForwardScratch<T>>(std::min(bq, P.lq), std::min(P.block_k, P.lk));
+          std::make_unique<ForwardScratch<T>>(P.tile_queries(), P.tile_keys());
     }
     // the last query blocks first: under causal masking they meet the most keys
     const int64_t block = blocks - 1 - index / rows, bh = index % rows;

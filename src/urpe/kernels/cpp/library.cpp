@@ -105,7 +105,8 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(norm >= kSoftmax && norm <= kRelu2, "urpe_cpp: unknown normalisation ", norm);
   P.norm = norm;
   if (P.power() == 0) {
-    TORCH_CHECK(fixed.has_value() && fixed->is_contiguous() && fixed->numel() == P.batch * P.heads * P.lq,
+    TORCH_CHECK(fixed.has_value() && fixed->is_contiguous() &&
+                    fixed->numel() == P.batch * P.heads * P.lq,
                 "urpe_cpp: this normalisation needs its (B, H, Lq) statistic");
     P.fixed = fixed->data_ptr<T>();
   }
@@ -232,6 +233,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           finish(dmask, kDense)};
 }
 
+// exp as the tile loops compute it, elementwise (for the tests of its accuracy)
+at::Tensor exp_values(const at::Tensor& x) {
+  at::Tensor in = x.contiguous();
+  at::Tensor out = at::empty_like(in);
+  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "urpe_cpp::exp_values", [&] {
+    const scalar_t* src = in.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    for (int64_t e = 0; e < in.numel(); ++e) dst[e] = exp_value(src[e]);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(urpe_cpp, m) {
@@ -252,6 +265,7 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       &backward);
   m.def("gemm_route() -> str", [] { return std::string(gemm_route()); });
+  m.def("exp_values(Tensor x) -> Tensor", &exp_values);
 }
 
 }  // namespace urpe_cpp

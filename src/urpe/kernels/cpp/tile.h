@@ -52,7 +52,7 @@ inline float exp_value(float x) {
   p = p * r * r + r + 1.0f;
   // 2^n as two factors, so that n = 128 (x just below hi) stays representable
   const int32_t e = static_cast<int32_t>(n);
-  const int32_t e1 = e / 2, e2 = e - e1;
+  const int32_t e1 = e >> 1, e2 = e - e1;  // floor(e / 2): both in [-64, 64]
   const int32_t b1 = (e1 + 127) << 23, b2 = (e2 + 127) << 23;
   float f1, f2;
   std::memcpy(&f1, &b1, sizeof f1);
@@ -292,6 +292,9 @@ struct Problem {
   int64_t block_q = 0, block_k = 0;
 
   int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
+  // queries and keys of the largest tile: what per-worker scratch holds
+  int64_t tile_queries() const { return std::min(block_q, lq); }
+  int64_t tile_keys() const { return std::min(block_k, lk); }
   T hidden_logit() const {
     return norm == kRelu2 ? T(0) : -std::numeric_limits<T>::infinity();
   }
@@ -347,15 +350,13 @@ T logits_loop(T* __restrict s, int64_t vis, const T* __restrict bias, const T* _
 }
 
 // Logits of one row in one pass: s += B + M over the first `vis` keys, pairs hidden by flags at
-// the normalisation's hidden logit; returns the row's max. `buf`: room for 2 n term values.
+// the normalisation's hidden logit; returns the row's max. bias_buf, mask_buf: room for the
+// row's bias and float-mask values where they must be gathered (tile_keys() entries each).
 template <typename T>
-T logits_row(const Problem<T>& P, T* buf, int64_t b, int64_t h, int64_t i, int64_t j0,
-             int64_t vis, const uint8_t* flags, T* s) {
-  const T* bias = P.bias.present() ? P.bias.row(b, h, i, j0, vis, buf) : nullptr;
-  const T* mask = nullptr;
-  if (P.float_mask.present()) {  // a second gathered row needs room of its own
-    mask = P.float_mask.row(b, h, i, j0, vis, buf + P.block_k);
-  }
+T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h, int64_t i,
+             int64_t j0, int64_t vis, const uint8_t* flags, T* s) {
+  const T* bias = P.bias.present() ? P.bias.row(b, h, i, j0, vis, bias_buf) : nullptr;
+  const T* mask = P.float_mask.present() ? P.float_mask.row(b, h, i, j0, vis, mask_buf) : nullptr;
   const T hidden = P.hidden_logit();
   return with_flags(
       [&](auto has_bias, auto has_mask, auto has_flags) {

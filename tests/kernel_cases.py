@@ -1,0 +1,82 @@
+"""Attention calls shared by the tiled kernels' tests (test_fused, test_cpp): every bias/gate
+form, masks, odd and unequal lengths, in float64, and how outputs and gradients are compared
+with the reference."""
+
+from __future__ import annotations
+
+import torch
+
+from urpe.kernels import NORMALIZATIONS as REGISTERED
+from urpe.kernels import Relation, Toeplitz
+
+SMALL_TILES = dict(block_q=8, block_k=16)  # every case spans several query and key blocks
+NORMALIZATIONS = tuple(REGISTERED)  # read from the registry: a new entry is tested here too
+MASKS = ("none", "causal", "padding", "causal+padding")
+# (B, H, Lq, Lk, D): odd lengths, Lq < Lk (queries are the last Lq positions), 1 and many heads
+SHAPES = ((2, 1, 13, 13, 16), (1, 4, 9, 21, 32), (3, 3, 30, 30, 128))
+# (bias, gate) kinds
+TERMS = (
+    (None, None),
+    ("toeplitz", "toeplitz"),
+    ("relation", "dense_broadcast"),
+    ("dense", "relation_shared"),
+    ("toeplitz_shared", None),
+)
+
+
+def term(kind, b, h, lq, lk, gen):
+    """A bias or gate of the given kind and the tensors whose gradients are compared."""
+    f64 = dict(dtype=torch.float64)
+    if kind is None:
+        return None, []
+    if kind == "toeplitz":  # K = 5 < L: offsets beyond K are clipped
+        table = torch.randn(h, 11, generator=gen, **f64).mul(0.5).add(1).requires_grad_()
+        return Toeplitz(table), [table]
+    if kind == "toeplitz_shared":  # one row for all heads, K larger than L
+        table = torch.randn(1, 2 * 40 + 1, generator=gen, **f64).mul(0.5).requires_grad_()
+        return Toeplitz(table), [table]
+    if kind in ("relation", "relation_shared"):
+        heads, rb = (h, b) if kind == "relation" else (1, 1)
+        table = torch.randn(heads, 7, generator=gen, **f64).mul(0.5).add(0.5).requires_grad_()
+        index = torch.randint(0, 7, (rb, lq, lk), generator=gen)
+        return Relation(table, index), [table]
+    if kind == "dense":
+        dense = torch.randn(b, h, lq, lk, generator=gen, **f64).mul(0.5).requires_grad_()
+        return dense, [dense]
+    if kind == "dense_broadcast":  # (H, Lq, 1): broadcast over batch and keys
+        dense = torch.randn(h, lq, 1, generator=gen, **f64).mul(0.5).add(1).requires_grad_()
+        return dense, [dense]
+    raise ValueError(kind)
+
+
+def case(shape, mask, bias_kind, gate_kind, seed=0):
+    b, h, lq, lk, d = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=gen, dtype=torch.float64).requires_grad_()
+    k = torch.randn(b, h, lk, d, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(b, h, lk, d + 3, generator=gen, dtype=torch.float64).requires_grad_()
+    bias, bias_tensors = term(bias_kind, b, h, lq, lk, gen)
+    gate, gate_tensors = term(gate_kind, b, h, lq, lk, gen)
+    padding = None
+    if "padding" in mask:
+        padding = torch.rand(b, lk, generator=gen) < 0.3
+        padding[0] = True  # a fully padded batch row
+    call = dict(bias=bias, gate=gate, key_padding_mask=padding, is_causal="causal" in mask)
+    return (q, k, v), [q, k, v, *bias_tensors, *gate_tensors], call
+
+
+def outputs_and_grads(fn, qkv, params, call):
+    out = fn(*qkv, **call)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), params)
+    return out, grads
+
+
+def assert_close(got, want, atol=1e-10, rtol=1e-8):
+    out, grads = got
+    ref_out, ref_grads = want
+    torch.testing.assert_close(out, ref_out, atol=atol, rtol=rtol)
+    names = ["q", "k", "v", "bias/gate tables"] + ["gate"] * 4
+    for name, g, r in zip(names, grads, ref_grads, strict=False):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, r, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")

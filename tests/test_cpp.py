@@ -1,0 +1,296 @@
+"""The C++ CPU kernel (backend "cpp") against the reference, the specification, in float64.
+
+Forward and every gradient over every normalisation, mask and bias/gate form, with tiles small
+enough that every case spans several query and key blocks and with the default tiles; the
+dropout mask it shares with the reference; the work split over threads (query ranges with their
+own dK/dV, dense gradients that broadcast kept in one work item); its exp; and what happens
+where it cannot be built (one warning, "auto" runs the eager kernel, nothing fails).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
+from urpe.kernels.cpp import build, cpp_attention, unavailable
+
+from .kernel_cases import (
+    MASKS,
+    NORMALIZATIONS,
+    SHAPES,
+    SMALL_TILES,
+    TERMS,
+    assert_close,
+    case,
+    outputs_and_grads,
+)
+
+pytestmark = pytest.mark.skipif(
+    unavailable() is not None, reason=f"the C++ kernel is unavailable: {unavailable()}"
+)
+F64 = dict(dtype=torch.float64)
+
+
+def _cpp(**tiles):
+    return lambda *a, **c: cpp_attention(*a, **c, **tiles)
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("terms", TERMS, ids=lambda t: f"{t[0]}-{t[1]}")
+def test_matches_reference(normalization, mask, shape, terms):
+    qkv, params, call = case(shape, mask, *terms)
+    call["normalization"] = normalization
+    if normalization == "exp":
+        call["scale"] = 0.05  # exp has no denominator: keep the logits small
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    assert_close(outputs_and_grads(_cpp(**SMALL_TILES), qkv, params, call), want)
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("terms", TERMS[1:4], ids=lambda t: f"{t[0]}-{t[1]}")
+def test_default_tiles_match_reference(normalization, terms):
+    qkv, params, call = case((2, 3, 70, 600, 16), "causal+padding", *terms)
+    call["normalization"] = normalization
+    if normalization == "exp":
+        call["scale"] = 0.05
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    assert_close(outputs_and_grads(_cpp(), qkv, params, call), want)
+
+
+@pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3), (3, 1000)])
+def test_tile_sizes_do_not_matter(tiles):
+    qkv, params, call = case((2, 2, 11, 19, 16), "causal+padding", "toeplitz", "toeplitz")
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    got = outputs_and_grads(_cpp(block_q=tiles[0], block_k=tiles[1]), qkv, params, call)
+    assert_close(got, want)
+
+
+def test_dropout_is_the_reference_dropout():
+    """The keep decision hashes (seed, flat index) as the reference does: the same seed gives
+    the same mask, so output and gradients equal the reference's with dropout on."""
+    qkv, params, call = case((2, 3, 24, 40, 16), "causal+padding", "toeplitz", "relation")
+    call |= dict(dropout_p=0.3, dropout_seed=11)
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    assert_close(outputs_and_grads(_cpp(**SMALL_TILES), qkv, params, call), want)
+    q, k, v = qkv
+    eye = torch.eye(40, **F64).expand(2, 3, 40, 40)
+    with torch.no_grad():  # v = identity: the weights themselves, a quarter-ish of them dropped
+        dropped = cpp_attention(q, k, eye, **call)
+        kept = reference_attention(q, k, eye, **(call | dict(dropout_p=0.0)))
+    visible = kept != 0
+    rate = 1 - (dropped[visible] != 0).double().mean().item()
+    assert abs(rate - 0.3) < 0.05, rate
+    with torch.no_grad():  # without a seed, torch's generator draws one
+        call.pop("dropout_seed")
+        torch.manual_seed(5)
+        first = cpp_attention(q, k, v, **call)
+        torch.manual_seed(5)
+        again = cpp_attention(q, k, v, **call)
+        other = cpp_attention(q, k, v, **call)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_grouped_queries_and_dense_gradients_that_broadcast():
+    """Dense terms whose gradients broadcast over batch, heads or rows keep those dims in one
+    work item (so no two write one entry); GQA sums dK, dV over the query heads of a group."""
+    gen = torch.Generator().manual_seed(3)
+    b, h, hkv, lq, lk, d = 3, 4, 2, 21, 33, 8
+    q = torch.randn(b, h, lq, d, generator=gen, **F64).requires_grad_()
+    k = torch.randn(b, hkv, lk, d, generator=gen, **F64).requires_grad_()
+    v = torch.randn(b, hkv, lk, 5, generator=gen, **F64).requires_grad_()
+    bias = torch.randn(1, 1, lq, lk, generator=gen, **F64).mul(0.5).requires_grad_()
+    gate = torch.randn(b, h, 1, lk, generator=gen, **F64).mul(0.3).add(1).requires_grad_()
+    mask = torch.randn(1, h, lq, lk, generator=gen, **F64).mul(0.2).requires_grad_()
+    params = [q, k, v, bias, gate, mask]
+    call = dict(bias=bias, gate=gate, attn_mask=mask, enable_gqa=True, is_causal=True)
+    for norm in ("softmax", "relu2"):
+        want = outputs_and_grads(
+            reference_attention, (q, k, v), params, call | {"normalization": norm}
+        )
+        for tiles in (dict(block_q=4, block_k=8), {}):
+            got = outputs_and_grads(
+                _cpp(**tiles), (q, k, v), params, call | {"normalization": norm}
+            )
+            assert_close(got, want)
+
+
+def test_query_ranges_with_their_own_key_gradients_over_threads():
+    """One (batch, kv head) pair and many query blocks: the backward splits the query blocks
+    into ranges, each with its own dK/dV copy; 1 and 2 threads agree with the reference."""
+    qkv, params, call = case((1, 1, 300, 300, 16), "causal+padding", "toeplitz", "toeplitz")
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = outputs_and_grads(_cpp(block_q=8, block_k=32), qkv, params, call)
+            assert_close(got, want)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_strided_and_broadcast_inputs():
+    """Views (transposed q, expanded terms with zero strides, a shared relation index) read as
+    they are."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 9, 3, 8, generator=gen, **F64).transpose(1, 2).requires_grad_()
+    k = torch.randn(2, 3, 12, 8, generator=gen, **F64).requires_grad_()
+    v = torch.randn(2, 3, 12, 4, generator=gen, **F64).requires_grad_()
+    row = torch.randn(1, 1, 1, 12, generator=gen, **F64)
+    index = torch.randint(0, 5, (12,), generator=gen).expand(9, 12)  # zero stride over queries
+    table = torch.randn(3, 5, generator=gen, **F64).requires_grad_()
+    call = dict(bias=row.expand(2, 3, 9, 12), gate=Relation(table, index))
+    params = [q, k, v, table]
+    want = outputs_and_grads(reference_attention, (q, k, v), params, call)
+    assert_close(outputs_and_grads(_cpp(block_q=4, block_k=5), (q, k, v), params, call), want)
+
+
+def test_gradcheck_tiny():
+    qkv, params, call = case((1, 2, 5, 7, 4), "causal+padding", "toeplitz", "relation")
+    call["key_padding_mask"][0] = torch.tensor([0, 0, 1, 0, 0, 1, 0], dtype=torch.bool)
+
+    def fn(q, k, v, tb, tc):
+        terms = dict(bias=Toeplitz(tb), gate=Relation(tc, call["gate"].index))
+        rest = {key: value for key, value in call.items() if key not in ("bias", "gate")}
+        return cpp_attention(q, k, v, **terms, **rest, block_q=2, block_k=3, dropout_p=0.3,
+                             dropout_seed=7)  # fmt: skip
+
+    assert torch.autograd.gradcheck(fn, (*qkv, params[3], params[4]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_lower_precision_close_to_reference(dtype):
+    gen = torch.Generator().manual_seed(1)
+    b, h, lq, lk, d = 2, 4, 33, 47, 32
+    q, k, v = (torch.randn(b, h, n, d, generator=gen).to(dtype) for n in (lq, lk, lk))
+    table_b = torch.randn(h, 21, generator=gen).mul(0.3).to(dtype)
+    table_c = torch.randn(h, 21, generator=gen).mul(0.2).add(1).to(dtype)
+    tensors = [t.requires_grad_() for t in (q, k, v, table_b, table_c)]
+    call = dict(bias=Toeplitz(table_b), gate=Toeplitz(table_c), is_causal=True,
+                key_padding_mask=torch.rand(b, lk, generator=gen) < 0.2)  # fmt: skip
+    got = outputs_and_grads(_cpp(block_q=8, block_k=16), (q, k, v), tensors, call)
+    assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])
+    exact = [t.detach().double().requires_grad_() for t in tensors]
+    exact_call = call | dict(bias=Toeplitz(exact[3]), gate=Toeplitz(exact[4]))
+    want = outputs_and_grads(reference_attention, exact[:3], exact, exact_call)
+    tol = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}[dtype]
+    torch.testing.assert_close(got[0].double(), want[0], atol=tol, rtol=tol)
+    for g, r in zip(got[1], want[1], strict=True):
+        scale = r.abs().max().clamp_min(1)  # table gradients sum many terms
+        torch.testing.assert_close(g.double() / scale, r / scale, atol=tol, rtol=tol)
+
+
+def test_exp_is_within_one_ulp():
+    """The tile loops' float32 exp: exact at -inf, inf and nan, within one ulp (float32's eps,
+    relative) of the exact value over the range where float32 has normal results, 0 beneath
+    it; float64 uses the C library's exp."""
+    x = torch.cat([
+        torch.linspace(-87.3, 88.7, 200_001),
+        torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.72, -87.33]),
+    ])  # fmt: skip
+    got = torch.ops.urpe_cpp.exp_values(x).double()
+    want = torch.exp(x.double())
+    ulp = torch.finfo(torch.float32).eps * want
+    assert ((got - want).abs() <= ulp).all(), ((got - want).abs() / ulp).max()
+    special = torch.tensor([float("-inf"), float("inf"), float("nan"), -100.0, 100.0])
+    got = torch.ops.urpe_cpp.exp_values(special)
+    assert got[0] == 0 and got[1] == math.inf and got[2].isnan() and got[3] == 0
+    assert got[4] == math.inf
+    exact = torch.exp(x.double())
+    torch.testing.assert_close(torch.ops.urpe_cpp.exp_values(x.double()), exact, rtol=1e-15, atol=0)
+
+
+def test_auto_picks_cpp_on_the_cpu_and_sdpa_for_plain_softmax():
+    q = torch.randn(1, 2, 8, 16)
+    table = Toeplitz(torch.ones(2, 5))
+    assert select_backend("auto", q, q, q, gate=table).name == "cpp"
+    assert select_backend("auto", q, q, q, bias=table, normalization="l2").name == "cpp"
+    assert select_backend("auto", q, q, q).name == "sdpa"
+    torch.testing.assert_close(
+        attention(q, q, q, gate=table, bias=table),
+        reference_attention(q, q, q, gate=table, bias=table),
+    )
+
+
+def test_a_normalization_registered_later_is_left_to_fused(monkeypatch):
+    from urpe.kernels import NORMALIZATIONS as REGISTERED
+    from urpe.kernels.normalization import Normalization
+
+    softmax = REGISTERED["softmax"]
+    twin = Normalization(**{**softmax.__dict__, "name": "softmax-twin"})
+    monkeypatch.setitem(REGISTERED, "softmax-twin", twin)
+    q = torch.randn(1, 2, 8, 16)
+    call = dict(gate=Toeplitz(torch.ones(2, 5)), normalization="softmax-twin")
+    assert select_backend("auto", q, q, q, **call).name == "fused"
+    with pytest.raises(ValueError, match="no C\\+\\+ form"):
+        attention(q, q, q, **call, backend="cpp")
+
+
+def test_the_build_key_follows_sources_flags_and_machine():
+    flags = build.compile_flags()
+    assert build.build_key(flags) == build.build_key(list(flags))
+    assert build.build_key(flags) != build.build_key(build.compile_flags(native=False))
+    assert "-O3" in flags and not any("fast-math" in f for f in flags)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it cannot be built: one warning, "auto" runs fused, backend="cpp" says why.
+
+_WITHOUT_IT = """
+import warnings, torch
+from urpe.kernels import Toeplitz, attention, reference_attention, select_backend
+q = torch.randn(1, 2, 6, 4, dtype=torch.float64)
+table = Toeplitz(torch.ones(2, 3, dtype=torch.float64))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    names = [select_backend("auto", q, q, q, gate=table).name for _ in range(3)]
+    out = attention(q, q, q, gate=table)
+    out = attention(q, q, q, gate=table)
+torch.testing.assert_close(out, reference_attention(q, q, q, gate=table))
+try:
+    attention(q, q, q, gate=table, backend="cpp")
+    raise SystemExit("backend='cpp' ran")
+except ValueError as error:
+    print("REFUSED", error)
+print("NAMES", names)
+print("WARNINGS", [str(w.message) for w in caught if "C++" in str(w.message)])
+"""
+
+
+def _run_without(env_changes: dict, tmp_path) -> str:
+    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), **env_changes)
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_IT], env=env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_without_a_compiler_auto_warns_once_and_runs_fused(tmp_path):
+    out = _run_without({"CXX": str(tmp_path / "no-such-compiler")}, tmp_path)
+    assert "NAMES ['fused', 'fused', 'fused']" in out
+    warnings_line = next(line for line in out.splitlines() if line.startswith("WARNINGS"))
+    assert warnings_line.count("unavailable") == 1 and "no C++ compiler" in warnings_line
+    assert "REFUSED" in out and "no C++ compiler" in out
+    assert not (tmp_path / "cache" / "cpp-kernel").exists()  # nothing half-built left behind
+
+
+def test_switched_off_it_stays_quiet_and_auto_runs_fused(tmp_path):
+    out = _run_without({build.SWITCH: "0"}, tmp_path)
+    assert "NAMES ['fused', 'fused', 'fused']" in out and "WARNINGS []" in out
+    assert f"switched off with {build.SWITCH}=0" in out
+
+
+def test_another_process_loads_the_built_library_without_compiling():
+    code = "from urpe.kernels.cpp import unavailable; print('LOADED', unavailable() is None)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert "LOADED True" in result.stdout, result.stderr[-2000:]
+    assert "compiling" not in result.stderr
