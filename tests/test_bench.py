@@ -29,7 +29,7 @@ from urpe.kernels import BACKENDS, Backend, Toeplitz, reference_attention, regis
 from urpe.kernels.reference import reference_run
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL_ROWS = ["sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe"]
+SMALL_ROWS = ["sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe", "cpp_urpe"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,8 @@ def test_a_small_run_writes_the_documented_json(small_run):
 def test_memory_is_measured_in_subprocesses_and_plotted(small_run):
     results = json.loads((small_run / "bench.json").read_text())
     memory = {(r["name"], r["length"]): r for r in results["memory"]}
-    assert set(memory) == {(n, 512) for n in ("reference_urpe", "fused_urpe", "fused_rpe", "sdpa")}
+    rows = ("reference_urpe", "fused_urpe", "fused_rpe", "cpp_urpe", "sdpa")
+    assert set(memory) == {(n, 512) for n in rows}
     # The reference materialises (B, H, L, L) matrices: at L=512 with H=2 in float32 each
     # is 2 MB, and forward+backward keeps several.
     assert memory[("reference_urpe", 512)]["peak_mb"] > 4
@@ -81,7 +82,7 @@ def test_markdown_of_a_small_run(small_run):
     text = (small_run / "BENCH.md").read_text()
     assert "## Targets" in text and "## Time, float32" in text and "## Peak memory" in text
     assert "| fused_urpe |" in text and "![peak memory](memory.png)" in text
-    assert "## Where fused URPE spends its time" in text
+    assert "## Where cpp URPE spends its time" in text and "`urpe_cpp::backward`" in text
     assert "## Under contention" not in text  # not asked for
 
 
@@ -115,7 +116,7 @@ def test_every_registered_backend_is_a_row(dummy_backends):
         assert (f"{name}_urpe" in cpu) == native
         if name != "flex":  # flex_rpe is FlexAttention's own route, a baseline (below)
             assert (f"{name}_rpe" in cpu) == native
-        assert f"{name}_urpe" in cuda
+        assert (f"{name}_urpe" in cuda) == (backend.devices is None or "cuda" in backend.devices)
     assert "bench_dummy_urpe" in rows.default_rows("cpu", targets.named_rows("cpu"))
     assert "bench_dummy_cuda_urpe" not in cpu and "bench_dummy_cuda_urpe" in cuda
     # FlexAttention's own route keeps its name: the "flex" backend has no RPE row of its own.
@@ -246,18 +247,35 @@ def test_cpu_targets_on_known_records():
 
 
 def test_contention_targets_are_judged_on_their_own_condition():
-    idle = [_timed("sdpa", "fwdbwd", 10.0), _timed("fused_urpe", "fwdbwd", 14.0)]
+    idle = [_timed("sdpa", "fwdbwd", 10.0), _timed("cpp_urpe", "fwdbwd", 14.0)]
     contention = [_timed("sdpa", "fwdbwd", 10.0, threads=2, busy=False),
-                  _timed("fused_urpe", "fwdbwd", 13.0, threads=2, busy=False),
+                  _timed("cpp_urpe", "fwdbwd", 13.0, threads=2, busy=False),
                   _timed("sdpa", "fwdbwd", 11.0, threads=2, busy=True),
-                  _timed("fused_urpe", "fwdbwd", 33.0, threads=2, busy=True)]  # fmt: skip
+                  _timed("cpp_urpe", "fwdbwd", 33.0, threads=2, busy=True)]  # fmt: skip
     result = {t["target"]: t for t in targets.cpu_targets(idle, [], [], contention)}
-    busy = result["fused URPE fwd+bwd / bias-free SDPA, 2 thread(s), one core busy"]
+    busy = result["cpp URPE fwd+bwd / bias-free SDPA, 2 thread(s), one core busy"]
     assert busy["value"] == pytest.approx(3.0) and busy["met"] is False
-    calm = result["fused URPE fwd+bwd / bias-free SDPA, 2 thread(s), idle"]
+    calm = result["cpp URPE fwd+bwd / bias-free SDPA, 2 thread(s), idle"]
     assert calm["value"] == pytest.approx(1.3) and calm["met"] is True
-    assert result["fused URPE fwd+bwd / bias-free SDPA, 1 thread(s), idle"]["value"] is None
-    assert result["fused URPE fwd+bwd / bias-free SDPA"]["value"] == pytest.approx(1.4)
+    assert result["cpp URPE fwd+bwd / bias-free SDPA, 1 thread(s), idle"]["value"] is None
+    assert result["cpp URPE fwd+bwd / bias-free SDPA"]["value"] == pytest.approx(1.4)
+
+
+def test_the_cpp_targets_judge_bfloat16_and_memory_on_their_own_rows():
+    times = [_timed("sdpa", "fwdbwd", 10.0, dtype="bfloat16"),
+             _timed("cpp_urpe", "fwdbwd", 17.0, dtype="bfloat16"),
+             _timed("cpp_urpe", "fwd", 2.1), _timed("cpp_rpe", "fwd", 2.0)]  # fmt: skip
+    memory = [dict(name="cpp_urpe", length=n, peak_mb=0.02 * n) for n in (512, 8192)]
+    memory += [dict(name="reference_urpe", length=8192, peak_mb=2000.0)]
+    result = {t["target"]: t for t in targets.cpu_targets(times, memory, [])}
+    bf16 = result["cpp URPE fwd+bwd / bias-free SDPA, bfloat16"]
+    assert bf16["value"] == pytest.approx(1.7) and bf16["met"] is False
+    assert result["cpp URPE / cpp RPE, fwd"]["value"] == pytest.approx(1.05)
+    assert result["cpp URPE / cpp RPE, fwd+bwd"]["value"] is None  # not measured
+    assert result["cpp URPE peak memory / reference at L=8192 (measured)"]["value"] == (
+        pytest.approx(0.02 * 8192 / 2000.0)
+    )
+    assert "fused URPE peak memory / reference at L=8192 (measured)" not in result
 
 
 def _gpu_record(name, mode, ms, length=4096, head_dim=64, causal=False, peak_mb=100.0):

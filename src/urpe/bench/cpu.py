@@ -85,9 +85,11 @@ def run(args, progress, command: str) -> int:
         progress("peak memory (one subprocess per point)")
         results["memory"] = memory_curves(args, progress)
     if args.profile:
-        progress(f"profile fused URPE at L={args.profile}")
+        progress(f"profile {args.profile_row} at L={args.profile}")
         results["profile"] = dict(
-            length=args.profile, ops=profile_row("fused_urpe", shape, args.profile)
+            length=args.profile,
+            row=args.profile_row,
+            ops=profile_row(args.profile_row, shape, args.profile),
         )
     if args.end_to_end:
         progress("end to end")

@@ -165,8 +165,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=2048,
         metavar="L",
-        help="profile fused URPE forward+backward (float32) at this length and report the "
-        "operators it spends its time in (0: skip)",
+        help="profile --profile-row's forward+backward (float32) at this length and report "
+        "the operators it spends its time in (0: skip)",
+    )
+    add(
+        "--profile-row",
+        default="cpp_urpe",
+        metavar="ROW",
+        help="the row --profile profiles (default: cpp_urpe, what 'auto' runs for URPE on the "
+        "CPU; fused_urpe shows the eager kernel's operators)",
     )
     add("--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)")
     add(

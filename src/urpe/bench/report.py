@@ -170,16 +170,25 @@ def _profile(results: dict) -> list[str]:
         [f"`{op['op']}`", f"{op['ms_per_call']:.1f}", f"{op['share']:.0%}", str(op["count"])]
         for op in prof["ops"]
     ]
+    row = prof.get("row", "fused_urpe")  # earlier results profiled the fused kernel only
+    kernel = row.removesuffix("_urpe").removesuffix("_rpe")
     return [
         "",
-        f"## Where fused URPE spends its time (float32, L={prof['length']}, fwd+bwd)",
+        f"## Where {kernel} URPE spends its time (float32, L={prof['length']}, fwd+bwd)",
         "",
-        "Self CPU time per operator (torch.profiler), per call. `bmm`/`baddbmm_` are the "
-        "matrix products; the rest is elementwise work over score tiles, which SDPA's "
-        "compiled kernel does in cache.",
+        "Self CPU time per operator (torch.profiler), per call. " + PROFILE_NOTES.get(kernel, ""),
         "",
         *table(["operator", "ms per call", "share", "calls"], rows),
     ]
+
+
+PROFILE_NOTES = {
+    "fused": "`bmm`/`baddbmm_` are the matrix products; the rest is elementwise work over score "
+    "tiles, which SDPA's compiled kernel does in cache.",
+    "cpp": "`urpe_cpp::forward` and `urpe_cpp::backward` are the compiled tile loops (matrix "
+    "products and every per-element step inside); the rest is the preparation around them "
+    "(dtype conversions, the Toeplitz rows, delta = rowsum(dO * O)) and autograd.",
+}
 
 
 def _end_to_end(results: dict) -> list[str]:

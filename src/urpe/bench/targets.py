@@ -81,8 +81,9 @@ class RatioTarget:
         )
 
 
-def _cpu(target: str, numerator: str, denominator: str, mode: str, limit: float, **condition):
-    return RatioTarget(target, numerator, denominator, mode, 2048, "float32", limit,
+def _cpu(target: str, numerator: str, denominator: str, mode: str, limit: float,
+         dtype: str = "float32", **condition):  # fmt: skip
+    return RatioTarget(target, numerator, denominator, mode, 2048, dtype, limit,
                        condition=condition)  # fmt: skip
 
 
@@ -91,17 +92,27 @@ def _gpu(target: str, numerator: str, denominator: str, mode: str, limit: float,
 
 
 # fmt: off
-# Issue 4: the fused kernel on the CPU, float32, L=2048, idle machine.
-CPU_TARGETS = (
+# Issue 4: the eager blockwise kernel ("fused") on the CPU, float32, L=2048, idle machine.
+FUSED_TARGETS = (
     _cpu("fused URPE fwd+bwd / bias-free SDPA", "fused_urpe", "sdpa", "fwdbwd", 1.5),
     _cpu("fused URPE fwd+bwd / SDPA dense bias", "fused_urpe", "sdpa_dense_bias", "fwdbwd", 0.5),
     _cpu("fused URPE fwd / bias-free SDPA", "fused_urpe", "sdpa", "fwd", 1.3),
     _cpu("fused URPE / fused RPE, fwd+bwd", "fused_urpe", "fused_rpe", "fwdbwd", 1.05),
     _cpu("fused URPE / fused RPE, fwd", "fused_urpe", "fused_rpe", "fwd", 1.05),
 )
-# Issue 21: the same ratio at 1 and 2 threads, idle and with one core busy.
+# Issue 21: the compiled C++ tile loop ("cpp", what "auto" runs on the CPU), idle machine.
+CPP_TARGETS = (
+    _cpu("cpp URPE fwd+bwd / bias-free SDPA", "cpp_urpe", "sdpa", "fwdbwd", 1.4),
+    _cpu("cpp URPE fwd / bias-free SDPA", "cpp_urpe", "sdpa", "fwd", 1.25),
+    _cpu("cpp URPE / cpp RPE, fwd+bwd", "cpp_urpe", "cpp_rpe", "fwdbwd", 1.05),
+    _cpu("cpp URPE / cpp RPE, fwd", "cpp_urpe", "cpp_rpe", "fwd", 1.05),
+    _cpu("cpp URPE fwd+bwd / bias-free SDPA, bfloat16", "cpp_urpe", "sdpa", "fwdbwd", 1.6,
+         dtype="bfloat16"),
+)
+CPU_TARGETS = FUSED_TARGETS + CPP_TARGETS
+# Issue 21: the C++ kernel's ratio at 1 and 2 threads, idle and with one core busy.
 CONTENTION_TARGETS = tuple(
-    _cpu(f"fused URPE {label} / bias-free SDPA, {threads} thread(s), {load}", "fused_urpe",
+    _cpu(f"cpp URPE {label} / bias-free SDPA, {threads} thread(s), {load}", "cpp_urpe",
          "sdpa", mode, limit, threads=threads, busy=busy)
     for threads in (1, 2)
     for label, mode, busy, load, limit in (("fwd+bwd", "fwdbwd", False, "idle", 1.4),
@@ -135,12 +146,18 @@ def _peaks(memory: list[dict], name: str) -> dict[int, float]:
 
 
 def cpu_memory_targets(memory: list[dict]) -> list[dict]:
-    """Fused URPE's peak memory against the reference's at the longest length (extrapolated
-    a + b L^2 where the reference was not measured there), and its growth with L."""
-    fused, ref = _peaks(memory, "fused_urpe"), _peaks(memory, "reference_urpe")
-    if not fused:
+    """Peak memory of each tiled CPU kernel (fused, cpp) against the reference's at the longest
+    length (extrapolated a + b L^2 where the reference was not measured there), and its growth
+    with L."""
+    ref = _peaks(memory, "reference_urpe")
+    return [t for kernel in ("fused", "cpp") for t in _memory_targets(memory, kernel, ref)]
+
+
+def _memory_targets(memory: list[dict], kernel: str, ref: dict[int, float]) -> list[dict]:
+    peaks = _peaks(memory, f"{kernel}_urpe")
+    if not peaks:
         return []
-    longest, shortest = max(fused), min(fused)
+    longest, shortest = max(peaks), min(peaks)
     ref_mb, how = ref.get(longest), "measured"
     if ref_mb is None:
         fit = fit_quadratic(sorted(ref.items()))
@@ -149,8 +166,8 @@ def cpu_memory_targets(memory: list[dict]) -> list[dict]:
         )
     out = [
         dict(
-            target=f"fused URPE peak memory / reference at L={longest} ({how})",
-            value=None if ref_mb is None else fused[longest] / ref_mb,
+            target=f"{kernel} URPE peak memory / reference at L={longest} ({how})",
+            value=None if ref_mb is None else peaks[longest] / ref_mb,
             limit=1 / 8,
         )
     ]
@@ -158,9 +175,9 @@ def cpu_memory_targets(memory: list[dict]) -> list[dict]:
         n = longest // shortest
         out.append(
             dict(
-                target=f"fused URPE memory growth L={shortest}->{longest} (linear: "
+                target=f"{kernel} URPE memory growth L={shortest}->{longest} (linear: "
                 f"{n}x, quadratic: {n**2}x)",
-                value=fused[longest] / max(fused[shortest], 1e-9),
+                value=peaks[longest] / max(peaks[shortest], 1e-9),
                 limit=1.25 * longest / shortest,
             )
         )
@@ -216,7 +233,8 @@ def _judged(records: list[dict]) -> list[dict]:
 def cpu_targets(
     times: list[dict], memory: list[dict], e2e: list[dict], contention: list[dict] = ()
 ) -> list[dict]:
-    """Issue 4's targets (and issue 21's where contention was measured), judged."""
+    """Issue 4's and issue 21's targets (the contention ones where contention was measured),
+    judged."""
     ratios = CPU_TARGETS + (CONTENTION_TARGETS if contention else ())
     records = [*times, *contention]
     out = [t.judge(records) for t in ratios]

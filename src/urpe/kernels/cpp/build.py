@@ -86,9 +86,7 @@ def build_key(flags: list[str]) -> str:
 
 
 def _library_file(directory: Path, name: str) -> Path:
-    from torch.utils import cpp_extension
-
-    return directory / f"{name}{getattr(cpp_extension, 'LIB_EXT', '.so')}"
+    return directory / f"{name}{'.pyd' if sys.platform == 'win32' else '.so'}"  # torch's names
 
 
 def _missing_tools() -> str | None:
@@ -179,7 +177,18 @@ def _load_reason() -> str | None:
             return f"the build failed: {_first_line(native_error)}"
 
 
-@torch.compiler.assume_constant_result
+def _constant_for_compile(fn):
+    """`torch.compiler.assume_constant_result(fn)`: torch.compile calls fn while tracing and
+    keeps its answer as a constant, instead of tracing into file checks and a build. That call
+    imports torch._dynamo (about a second at urpe's import) only to set one attribute on fn;
+    where nothing has imported Dynamo yet, the attribute is set here."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_for_compile
 def unavailable() -> str | None:
     """Why the C++ kernel cannot run here (None: it is loaded). Builds it on the first call.
 
