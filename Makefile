@@ -48,7 +48,7 @@ test-gpu: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"
-	$(PY) benchmarks/bench_attention.py  # writes BENCHMARKS.md, benchmarks/attention.json, memory.png
+	$(PY) benchmarks/bench_attention.py --contention  # writes BENCHMARKS.md, benchmarks/attention.json, memory.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -20,7 +20,8 @@ struct BackwardScratch {
   std::vector<uint8_t> flags;
 
   BackwardScratch(int64_t bq, int64_t bk)
-      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk), flags(bk) {}
+      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk),
+        flags(bk) {}
 };
 
 // Everything per element of one row once P is known, in one pass: A = dropout(P C) (over s,
@@ -28,11 +29,11 @@ struct BackwardScratch {
 // normalisation's rule (into da), dS accumulated into dbias.
 // s: P, or relu(S) for relu2 (whose weight is relu^2 / n); da: dO v_j; c: the gate row with
 // hidden pairs set to 0; keep: the dropout scale row.
-template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool WRITE_A, bool DGATE,
-          bool DBIAS>
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool DGATE, bool DBIAS>
 void gradient_loop(int64_t vis, const T* __restrict c, const T* __restrict keep,
                    T* __restrict s, T* __restrict da, T* __restrict dgate, T* __restrict dbias,
                    T delta, T inv_n) {
+  constexpr bool WRITE_A = GATE || DROPOUT || NORM == kRelu2;  // else A is P, already in s
 #pragma omp simd
   for (int64_t j = 0; j < vis; ++j) {
     const T x = s[j];
@@ -99,15 +100,14 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
   }
   T* dbias = G.bias.present() ? G.bias.row_target(worker, h, i, j0) : nullptr;
   const T inv_n = P.norm == kRelu2 ? T(1) / r : T(1);
-  const bool write_a = c != nullptr || keep != nullptr || P.norm == kRelu2;  // A != s
   with_norm(
       [&](auto norm) {
         with_flags(
-            [&](auto gate, auto dropout, auto write_a, auto has_dgate, auto has_dbias) {
-              gradient_loop<T, norm, gate, dropout, write_a, has_dgate, has_dbias>(
+            [&](auto gate, auto dropout, auto has_dgate, auto has_dbias) {
+              gradient_loop<T, norm, gate, dropout, has_dgate, has_dbias>(
                   vis, c, keep, s, da, dgate, dbias, delta, inv_n);
             },
-            c != nullptr, keep != nullptr, write_a, dgate != nullptr, dbias != nullptr);
+            c != nullptr, keep != nullptr, dgate != nullptr, dbias != nullptr);
       },
       P.norm);
   if (dgate == W.dgate.data()) G.gate.add(worker, b, h, i, j0, vis, dgate);
@@ -171,8 +171,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
   std::vector<std::unique_ptr<BackwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
-      scratch[worker] =
-          std::make_unique<BackwardScratch<T>>(P.tile_queries(), P.tile_keys());
+      scratch[worker] = std::make_unique<BackwardScratch<T>>(P.tile_queries(), P.tile_keys());
     }
     // the last split first: under causal masking its query blocks meet the most keys
     const int64_t split = G.splits - 1 - index % G.splits;

@@ -104,7 +104,9 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
       const T row_max =
           logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, flags, s);
       const T* c = nullptr;
-      if (P.gate.present()) c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
+      if (P.gate.present()) {
+        c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
+      }
       const T* keep = nullptr;
       if (P.dropout.on) {
         P.dropout.row(P.counter(b, h, i, j0), vis, P.kept, W.dropout.data());
@@ -156,8 +158,7 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
-      scratch[worker] =
-          std::make_unique<ForwardScratch<T>>(P.tile_queries(), P.tile_keys());
+      scratch[worker] = std::make_unique<ForwardScratch<T>>(P.tile_queries(), P.tile_keys());
     }
     // the last query blocks first: under causal masking they meet the most keys
     const int64_t block = blocks - 1 - index / rows, bh = index % rows;
