@@ -294,3 +294,57 @@ def test_another_process_loads_the_built_library_without_compiling():
                             timeout=300)  # fmt: skip
     assert "LOADED True" in result.stdout, result.stderr[-2000:]
     assert "compiling" not in result.stderr
+
+
+def test_builds_are_tried_from_tuned_to_plain_and_the_first_error_is_reported(monkeypatch):
+    tried = []
+
+    def failing(flags):
+        tried.append(flags)
+        raise RuntimeError(f"Error building extension\ncompiler said no to {flags[1]}")
+
+    monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setattr(build, "_missing_tools", lambda: None)
+    monkeypatch.setattr(build, "_build_and_load", failing)
+    with pytest.warns(RuntimeWarning, match="compiler said no to -fopenmp"):
+        reason = build.load()
+    assert reason == "the build failed: RuntimeError: compiler said no to -fopenmp"
+    assert tried == [build.compile_flags(**b) for b in build.BUILDS]
+    assert "-march=native" in " ".join(tried[0]) and "-fopenmp" not in tried[-1]
+    assert build.load() == reason  # decided once per process
+    monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setattr(build, "_build_and_load", lambda flags: tried.append(flags))
+    assert build.load() is None and tried[-1] == build.compile_flags(**build.BUILDS[0])
+
+
+def test_a_build_without_openmp_leaves_auto_to_fused_but_runs_by_name(monkeypatch):
+    import urpe.kernels.cpp as cpp
+
+    monkeypatch.setattr(cpp, "threaded", lambda: False)
+    q = torch.randn(1, 2, 8, 16, **F64)
+    table = Toeplitz(torch.ones(2, 5, **F64))
+    assert select_backend("auto", q, q, q, gate=table).name == "fused"
+    want = reference_attention(q, q, q, gate=table)
+    torch.testing.assert_close(attention(q, q, q, gate=table, backend="cpp"), want)
+
+
+@pytest.mark.slow
+def test_the_plain_build_without_openmp_is_correct_on_one_thread(tmp_path):
+    """The last build tried (no -march=native, no OpenMP), built for real in a fresh cache."""
+    code = """
+import torch
+from urpe.kernels.cpp import build
+build.BUILDS = (build.BUILDS[-1],)
+from urpe.kernels import Toeplitz, attention, reference_attention, select_backend
+assert build.unavailable() is None and not build.threaded()
+q = torch.randn(2, 3, 40, 8, dtype=torch.float64)
+gate = Toeplitz(torch.rand(3, 21, dtype=torch.float64) + 0.5)
+assert select_backend("auto", q, q, q, gate=gate).name == "fused"
+got = attention(q, q, q, gate=gate, is_causal=True, backend="cpp")
+torch.testing.assert_close(got, reference_attention(q, q, q, gate=gate, is_causal=True))
+print("PLAIN OK")
+"""
+    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert "PLAIN OK" in result.stdout, result.stderr[-3000:]

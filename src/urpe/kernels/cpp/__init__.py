@@ -32,9 +32,10 @@ from ..fused import fused_defers
 from ..layout import ForwardArgs
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
-from .build import unavailable
+from .build import threaded, unavailable
 
-__all__ = ["cpp_attention", "cpp_backend", "cpp_run", "cpp_unsupported", "unavailable"]
+__all__ = ["cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
+           "unavailable"]  # fmt: skip
 
 
 def cpp_unsupported(spec: AttentionSpec) -> str | None:
@@ -72,7 +73,16 @@ def cpp_attention(
     return execute(lambda s: cpp_run(s, block_q, block_k), spec)
 
 
+def cpp_defers(spec: AttentionSpec) -> str | None:
+    """Why "auto" should hand a call the kernel could run to a later backend: plain softmax
+    (SDPA is faster), or a build without OpenMP, whose tiles run on one thread ("fused" uses
+    torch's threads)."""
+    if not threaded():
+        return "the C++ kernel was built without OpenMP: its tiles run on one thread"
+    return fused_defers(spec)
+
+
 def cpp_backend() -> Backend:
     """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
-    return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=fused_defers,
+    return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
                    devices=("cpu",))  # fmt: skip

@@ -40,19 +40,28 @@ _lock = threading.Lock()
 _state: dict[str, str | None] = {}  # "reason": None once loaded, else why not; "error": in full
 
 
-def compile_flags(native: bool = True) -> list[str]:
-    """Flags for this compiler: optimised, vectorised row loops (`omp simd`), OpenMP for
-    `at::parallel_for` (header-inline: without -fopenmp its `omp parallel` would be ignored and
-    the tiles would run on one thread; the library then shares torch's libgomp, already loaded
-    under the same soname), IEEE semantics kept (no -ffast-math: the kernel relies on
-    exp(-inf) = 0 and on NaN propagating). `native`: tuned to this CPU."""
+def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
+    """Flags for this compiler: optimised, vectorised row loops (`omp simd`), IEEE semantics
+    kept (no -ffast-math: the kernel relies on exp(-inf) = 0 and on NaN propagating).
+
+    native: tuned to this CPU. openmp: OpenMP for `at::parallel_for`, which is header-inline:
+    without -fopenmp its `omp parallel` is ignored and the tiles run on one thread. With it the
+    library shares torch's libgomp, already loaded under the same soname."""
     if sys.platform == "win32":
-        return ["/O2", "/openmp"]
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+        return ["/O2", "/openmp"] if openmp else ["/O2"]
+    flags = ["-O3", "-fopenmp" if openmp else "-fopenmp-simd", "-fno-math-errno",
+             "-fno-trapping-math"]  # fmt: skip
     if native:
         machine = platform.machine().lower()
         flags.append("-march=native" if machine in ("x86_64", "amd64", "i686") else "-mcpu=native")
     return flags
+
+
+# Tried in this order until one builds: tuned to this CPU, then portable code (a compiler that
+# has no -march=native), then without OpenMP (Apple's clang has no -fopenmp: the tiles then run
+# on one thread, and "auto" prefers the eager kernel, which uses torch's threads).
+BUILDS = (dict(native=True, openmp=True), dict(native=False, openmp=True),
+          dict(native=False, openmp=False))  # fmt: skip
 
 
 def _cpu_features() -> str:
@@ -165,16 +174,15 @@ def _load_reason() -> str | None:
     missing = _missing_tools()
     if missing is not None:
         return missing
-    try:
-        _build_and_load(compile_flags(native=True))
-        return None
-    except Exception as native_error:  # e.g. a compiler without -march=native: portable flags
+    first_error = None
+    for build in BUILDS:
         try:
-            _build_and_load(compile_flags(native=False))
+            _build_and_load(compile_flags(**build))
             return None
-        except Exception:
-            _state["error"] = str(native_error)
-            return f"the build failed: {_first_line(native_error)}"
+        except Exception as error:  # noqa: BLE001 - the next, plainer build may work
+            first_error = first_error or error
+    _state["error"] = str(first_error)
+    return f"the build failed: {_first_line(first_error)}"
 
 
 def _constant_for_compile(fn):
@@ -196,6 +204,12 @@ def unavailable() -> str | None:
     return load()
 
 
+@_constant_for_compile
+def threaded() -> bool:
+    """Whether the loaded kernel spreads its tiles over torch's threads (built with OpenMP)."""
+    return load() is None and bool(torch.ops.urpe_cpp.threaded())
+
+
 def main() -> int:
     """`python -m urpe.kernels.cpp`: build the kernel now and say whether it loads."""
     with warnings.catch_warnings():
@@ -207,5 +221,6 @@ def main() -> int:
         if details:
             print(details, file=sys.stderr)
         return 1
-    print(f"urpe: the C++ kernel is ready ({torch.ops.urpe_cpp.gemm_route()} products)")
+    threads = "torch's threads" if threaded() else "one thread (built without OpenMP)"
+    print(f"urpe: the C++ kernel is ready ({torch.ops.urpe_cpp.gemm_route()} products, {threads})")
     return 0

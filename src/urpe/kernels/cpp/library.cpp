@@ -266,6 +266,14 @@ TORCH_LIBRARY(urpe_cpp, m) {
       &backward);
   m.def("gemm_route() -> str", [] { return std::string(gemm_route()); });
   m.def("exp_values(Tensor x) -> Tensor", &exp_values);
+  // whether at::parallel_for can spread the tiles over threads (built with OpenMP)
+  m.def("threaded() -> bool", [] {
+#ifdef _OPENMP
+    return true;
+#else
+    return false;
+#endif
+  });
 }
 
 }  // namespace urpe_cpp
