@@ -102,8 +102,9 @@ def register_backend(backend: Backend) -> Backend:
 
 register_backend(Backend("reference", reference_run, _always, priority=0))
 register_backend(Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20))
-# Fused goes first: it takes gates, structured biases and every normalisation, and leaves plain
-# softmax to SDPA (see `fused_defers` for the measured rule).
+# Fused goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
+# plain softmax to SDPA (see `fused_defers` for the measured rule). On the CPU the compiled C++
+# kernel ("cpp", registered in `urpe.kernels`) goes before fused, which is its fallback.
 register_backend(Backend("fused", fused_run, fused_unsupported, priority=30, defers=fused_defers))
 
 

@@ -1,5 +1,9 @@
 """The fused backend: the blockwise kernel behind a custom op, in flash-attention's three layers.
 
+Pure PyTorch ops, so it runs on any device and for any registered normalisation. On the CPU
+"auto" prefers the compiled C++ kernel (`urpe.kernels.cpp`) and uses this one where that cannot
+be built.
+
 1. Raw ops on tensors and scalars, `urpe::fused_attention_forward` and `..._backward`, on the
    argument layout every such kernel shares (`layout.ForwardArgs`). Each has a fake (meta)
    implementation, so `torch.compile` traces through the call without a graph break, and a vmap

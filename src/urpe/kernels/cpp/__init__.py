@@ -2,8 +2,9 @@
 
 The eager blockwise kernel ("fused") runs each step of a tile as its own PyTorch op over an
 8 MB score tile, each op parallel on its own: many short passes that each wait for the slowest
-thread, which a busy machine makes slow. This kernel keeps a (64 x 512) score tile in cache and
-does everything per element on it inside one C++ loop (`forward.cpp`, `backward.cpp`): q k^T
+thread, which a busy machine makes slow. This kernel keeps a score tile (256 x 512 forward,
+128 x 512 backward) in cache and does everything per element on it inside one C++ loop
+(`forward.cpp`, `backward.cpp`): q k^T
 and the products with V by BLAS, then the bias, the masks, the normalisation, the gate C and
 dropout row by row, and in the backward the gate's and the normalisation's rules and the bias
 and gate gradients (Toeplitz gradients as sums along each row of an offset-indexed copy). The
@@ -19,7 +20,9 @@ float16 and bfloat16 are computed in float32. A normalisation registered later i
 "fused".
 
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
-"auto" warns once and runs "fused" instead.
+"auto" warns once and runs "fused" instead. The layers are those of the fused and Triton
+kernels: C++ ops on tensors (`library.cpp`), custom ops with fakes, vmap rules and an autograd
+Function around them (`ops.py`), and the backend here.
 """
 
 from __future__ import annotations
