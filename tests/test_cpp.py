@@ -348,3 +348,17 @@ print("PLAIN OK")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
     assert "PLAIN OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_deterministic_mode_gives_the_same_table_gradients_on_every_run():
+    qkv, params, call = case((2, 3, 200, 200, 16), "causal", "toeplitz", "relation")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [outputs_and_grads(_cpp(block_q=8, block_k=32), qkv, params, call) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for out, grads in runs[1:]:
+        assert torch.equal(out, runs[0][0])
+        assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0][1], strict=True))
+    assert_close(runs[0], outputs_and_grads(reference_attention, qkv, params, call))

@@ -8,7 +8,11 @@
 // (batch, kv head) in its own split copy (summed by the caller). It covers every query head
 // that reads the kv head (grouped queries) and, where a dense term's gradient broadcasts over
 // the batch or the kv heads, all of those too, so no two items write one entry. Table
-// gradients (Toeplitz, Relation) go to one copy per worker.
+// gradients (Toeplitz, Relation) go to one copy per worker; under
+// torch.use_deterministic_algorithms each worker takes a fixed share of the items, so those
+// copies, and their sum, are the same on every run.
+#include <ATen/Context.h>
+
 #include "loops.h"
 
 namespace urpe_cpp {
@@ -193,7 +197,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
         }
       }
     }
-  });
+  }, at::globalContext().deterministicAlgorithms());
 }
 
 template void backward_loop<float>(const Problem<float>&, const Gradients<float>&);

@@ -385,11 +385,17 @@ class BlasThreadsGuard {
   int previous_ = -1;
 };
 
+// `fixed`: worker w takes items w, w + workers, ... instead, so that which worker sums what
+// into its private table gradients is the same on every run (deterministic mode).
 template <typename F>
-void run_items(int64_t count, int64_t workers, const F& item) {
+void run_items(int64_t count, int64_t workers, const F& item, bool fixed = false) {
   std::atomic<int64_t> next{0};
   auto drain = [&](int64_t worker) {
     const BlasThreadsGuard one_thread;
+    if (fixed) {
+      for (int64_t index = worker; index < count; index += workers) item(worker, index);
+      return;
+    }
     for (int64_t index = next.fetch_add(1); index < count; index = next.fetch_add(1)) {
       item(worker, index);
     }
