@@ -25,6 +25,7 @@ from urpe.kernels import (
     register_backend,
     resolve,
 )
+from urpe.kernels.reference import reference_run
 
 
 @pytest.fixture
@@ -115,6 +116,23 @@ def test_grouped_queries_and_empty_calls_in_the_spec():
 
 def test_native_backends_leave_out_the_gpu_built_ones():
     cpu = native_backends("cpu")
-    assert {"reference", "sdpa", "fused", "cpp"} <= set(cpu)
+    assert {"reference", "sdpa", "fused"} <= set(cpu)
     assert "triton" not in cpu and "flex" not in cpu
     assert {"triton", "flex"} <= set(native_backends("cuda"))
+
+
+def test_native_backends_leave_out_one_that_cannot_run_here():
+    """A backend whose kernel could not be built (`available` gives the reason) is not among
+    the native ones, so the tests and the benchmark that sweep them do not run it."""
+
+    def not_here() -> str:
+        return "its compiler is missing"
+
+    register_backend(Backend("unbuilt", reference_run, devices=("cpu",), available=not_here))
+    register_backend(Backend("built", reference_run, devices=("cpu",), available=lambda: None))
+    try:
+        cpu = native_backends("cpu")
+        assert "built" in cpu and "unbuilt" not in cpu
+    finally:
+        del BACKENDS["unbuilt"], BACKENDS["built"]
+        register_backend(BACKENDS["reference"])

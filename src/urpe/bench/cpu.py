@@ -85,11 +85,10 @@ def run(args, progress, command: str) -> int:
         progress("peak memory (one subprocess per point)")
         results["memory"] = memory_curves(args, progress)
     if args.profile:
-        progress(f"profile {args.profile_row} at L={args.profile}")
+        row = args.profile_row or ("cpp_urpe" if "cpp_urpe" in rows_for("cpu") else "fused_urpe")
+        progress(f"profile {row} at L={args.profile}")
         results["profile"] = dict(
-            length=args.profile,
-            row=args.profile_row,
-            ops=profile_row(args.profile_row, shape, args.profile),
+            length=args.profile, row=row, ops=profile_row(row, shape, args.profile)
         )
     if args.end_to_end:
         progress("end to end")

@@ -170,10 +170,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--profile-row",
-        default="cpp_urpe",
         metavar="ROW",
-        help="the row --profile profiles (default: cpp_urpe, what 'auto' runs for URPE on the "
-        "CPU; fused_urpe shows the eager kernel's operators)",
+        choices=list(rows_for("cpu")),
+        help="the CPU row --profile profiles (default: cpp_urpe, what 'auto' runs for URPE on "
+        "the CPU, or fused_urpe where the C++ kernel is not built; fused_urpe shows the eager "
+        "kernel's operators)",
     )
     add("--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)")
     add(

@@ -77,7 +77,10 @@ class Backend:
     in "auto" (higher priority first; None: never chosen by "auto") and why "auto" should pass
     a call it could run on to a later backend. `devices`: the device types it is built for
     (None: any); elsewhere it may still run as an emulation for its own tests (Triton's CPU
-    interpreter), and the tests that sweep the whole registry leave it out."""
+    interpreter), and the tests that sweep the whole registry leave it out. `available`: why
+    it cannot run on this machine at all (a kernel that failed to build), or None; such a
+    backend is left out of `native_backends` (and so of those tests and the benchmark's rows)
+    and its `unsupported` gives the same reason."""
 
     name: str
     run: Callable[[AttentionSpec], Tensor]
@@ -85,6 +88,7 @@ class Backend:
     priority: float | None = None
     defers: Callable[[AttentionSpec], str | None] | None = None
     devices: tuple[str, ...] | None = None
+    available: Callable[[], str | None] | None = None
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -109,8 +113,14 @@ register_backend(Backend("fused", fused_run, fused_unsupported, priority=30, def
 
 
 def native_backends(device_type: str) -> list[str]:
-    """Names of the registered backends built for this device type ("cpu", "cuda", ...)."""
-    return [n for n, b in BACKENDS.items() if b.devices is None or device_type in b.devices]
+    """Names of the registered backends built for this device type ("cpu", "cuda", ...) that
+    can run on this machine."""
+    return [
+        n
+        for n, b in BACKENDS.items()
+        if (b.devices is None or device_type in b.devices)
+        and (b.available is None or b.available() is None)
+    ]
 
 
 def auto_candidates(spec: AttentionSpec) -> list[Backend]:

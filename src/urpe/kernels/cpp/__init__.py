@@ -88,4 +88,4 @@ def cpp_defers(spec: AttentionSpec) -> str | None:
 def cpp_backend() -> Backend:
     """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
     return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
-                   devices=("cpu",))  # fmt: skip
+                   devices=("cpu",), available=unavailable)  # fmt: skip
