@@ -34,71 +34,84 @@ struct BackwardScratch {
 // s: P, or relu(S) for relu2 (whose weight is relu^2 / n); da: dO v_j; c: the gate row with
 // hidden pairs set to 0; keep: the dropout scale row.
 template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool DGATE, bool DBIAS>
-void gradient_loop(int64_t vis, const T* __restrict c, const T* __restrict keep,
+void gradient_loop(int64_t vis, int64_t span, const T* __restrict c, const T* __restrict keep,
                    T* __restrict s, T* __restrict da, T* __restrict dgate, T* __restrict dbias,
                    T delta, T inv_n) {
   constexpr bool WRITE_A = GATE || DROPOUT || NORM == kRelu2;  // else A is P, already in s
+  for (int64_t block = 0; block < span; block += kLanes) {
 #pragma omp simd
-  for (int64_t j = 0; j < vis; ++j) {
-    const T x = s[j];
-    const T p = NORM == kRelu2 ? x * x * inv_n : x;
-    T d = da[j];
-    if constexpr (DROPOUT) d *= keep[j];
-    T weight = p, dp = d;
-    if constexpr (GATE) {
-      weight = p * c[j];
-      if constexpr (DGATE) dgate[j] += d * p;
-      dp = d * c[j];
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      const int64_t j = block + lane;
+      // past the causal edge (and the tile) every term is 0. Loads first, then selects: the
+      // span is readable, and a load inside a condition would keep the loop from vectorising.
+      const bool seen = j < vis;
+      const T x = s[j];
+      const T p = NORM == kRelu2 ? x * x * inv_n : x;
+      const T da_j = da[j];
+      T d = seen ? da_j : T(0);
+      if constexpr (DROPOUT) d *= keep[j];
+      T weight = p, dp = d;
+      if constexpr (GATE) {
+        const T c_j = c[j];
+        const T cj = seen ? c_j : T(0);
+        weight = p * cj;
+        if constexpr (DGATE) dgate[j] += d * p;
+        dp = d * cj;
+      }
+      if constexpr (DROPOUT) weight *= keep[j];
+      T ds;
+      if constexpr (NORM == kSoftmax) {
+        ds = p * (dp - delta);
+      } else if constexpr (NORM == kL2) {
+        ds = (dp - p * delta) * p;
+      } else if constexpr (NORM == kExp) {
+        ds = p * dp;
+      } else {
+        ds = dp * x * (T(2) * inv_n);
+      }
+      da[j] = ds;
+      if constexpr (DBIAS) dbias[j] += ds;
+      if constexpr (WRITE_A) s[j] = weight;  // P is no longer needed: A takes its place
     }
-    if constexpr (DROPOUT) weight *= keep[j];
-    T ds;
-    if constexpr (NORM == kSoftmax) {
-      ds = p * (dp - delta);
-    } else if constexpr (NORM == kL2) {
-      ds = (dp - p * delta) * p;
-    } else if constexpr (NORM == kExp) {
-      ds = p * dp;
-    } else {
-      ds = dp * x * (T(2) * inv_n);
-    }
-    da[j] = ds;
-    if constexpr (DBIAS) dbias[j] += ds;
-    if constexpr (WRITE_A) s[j] = weight;  // P is no longer needed: A takes its place
   }
 }
 
-// The row's logits -> P (or relu(S) for relu2) in place, from the saved statistic r.
+// The row's logits -> P (or relu(S) for relu2) in place over its span, from the saved
+// statistic r (hidden logits give 0).
 template <typename T>
-void weights_row(const Problem<T>& P, T* __restrict s, int64_t vis, T r) {
-  if (P.norm == kRelu2) {
+void weights_row(const Problem<T>& P, T* __restrict s, int64_t span, T r) {
+  for (int64_t block = 0; block < span; block += kLanes) {
+    T* __restrict x = s + block;
+    if (P.norm == kRelu2) {
 #pragma omp simd
-    for (int64_t j = 0; j < vis; ++j) s[j] = s[j] > T(0) ? s[j] : T(0);
-    return;
+      for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = x[lane] > T(0) ? x[lane] : T(0);
+    } else {
+#pragma omp simd
+      for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = exp_value(x[lane] - r);
+    }
   }
-#pragma omp simd
-  for (int64_t j = 0; j < vis; ++j) s[j] = exp_value(s[j] - r);
 }
 
 // One row of the tile after its logits: P, then A (over s), dS (over da) and the term gradients.
 template <typename T>
 void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
                   int64_t worker, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
-                  int64_t vis, const uint8_t* flags, T* s, T* da, T r, T delta) {
-  weights_row(P, s, vis, r);
+                  int64_t vis, int64_t span, const uint8_t* flags, T* s, T* da, T r, T delta) {
+  weights_row(P, s, span, r);
   const T* keep = nullptr;
   if (P.dropout.on) {
-    P.dropout.row(P.counter(b, h, i, j0), vis, P.kept, W.dropout.data());
+    P.dropout.row(P.counter(b, h, i, j0), span, P.kept, W.dropout.data());
     keep = W.dropout.data();
   }
   const T* c = nullptr;
   T* dgate = nullptr;
   if (P.gate.present()) {
-    c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
+    c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
     if (G.gate.present()) {
       dgate = G.gate.row_target(worker, h, i, j0);
       if (dgate == nullptr) {  // not a Toeplitz table: gathered in a buffer, then added
         dgate = W.dgate.data();
-        fill_row(dgate, T(0), vis);
+        fill_row(dgate, T(0), span);
       }
     }
   }
@@ -109,7 +122,7 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
         with_flags(
             [&](auto gate, auto dropout, auto has_dgate, auto has_dbias) {
               gradient_loop<T, norm, gate, dropout, has_dgate, has_dbias>(
-                  vis, c, keep, s, da, dgate, dbias, delta, inv_n);
+                  vis, span, c, keep, s, da, dgate, dbias, delta, inv_n);
             },
             c != nullptr, keep != nullptr, dgate != nullptr, dbias != nullptr);
       },
@@ -117,8 +130,10 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
   if (dgate == W.dgate.data()) G.gate.add(worker, b, h, i, j0, vis, dgate);
   if (G.bias.present() && dbias == nullptr) G.bias.add(worker, b, h, i, j0, vis, da);
   if (G.float_mask.present()) G.float_mask.add(worker, b, h, i, j0, vis, da);
-  fill_row(da + vis, T(0), n - vis);
-  fill_row(s + vis, T(0), n - vis);
+  if (span < n) {  // the keys past the causal edge
+    fill_row(da + span, T(0), n - span);
+    fill_row(s + span, T(0), n - span);
+  }
 }
 
 // One query block of one query head against its visible keys.
@@ -140,23 +155,23 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
-    const int64_t n = std::min(P.block_k, key_end - j0);
-    T* s_tile = W.s.data();
+    const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
+    T* s_tile = W.s.data();  // (bq, n) with rows ld apart, as da_tile
     T* da_tile = W.da.data();
-    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, n);
-    gemm_nt<T>(bq, n, dv, T(1), dout, dv, v + j0 * dv, dv, T(0), da_tile, n);
+    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, ld);
+    gemm_nt<T>(bq, n, dv, T(1), dout, dv, v + j0 * dv, dv, T(0), da_tile, ld);
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
-      T* s = s_tile + r * n;
-      const int64_t vis = P.hiding.visible(i, j0, n);
-      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, W.flags.data());
-      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, flags, s);
-      backward_row(P, G, W, worker, b, h, i, j0, n, vis, flags, s, da_tile + r * n,
+      T* s = s_tile + r * ld;
+      const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
+      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
+      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s);
+      backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
                    G.stat[row0 + r], G.delta[row0 + r]);
     }
-    gemm_tn<T>(n, dv, bq, T(1), s_tile, n, dout, dv, T(1), dv_rows + j0 * dv, dv);  // A^T dO
-    gemm_nn<T>(bq, d, n, P.scale, da_tile, n, k + j0 * d, d, first ? T(0) : T(1), dq, d);
-    gemm_tn<T>(n, d, bq, P.scale, da_tile, n, q, d, T(1), dk + j0 * d, d);
+    gemm_tn<T>(n, dv, bq, T(1), s_tile, ld, dout, dv, T(1), dv_rows + j0 * dv, dv);  // A^T dO
+    gemm_nn<T>(bq, d, n, P.scale, da_tile, ld, k + j0 * d, d, first ? T(0) : T(1), dq, d);
+    gemm_tn<T>(n, d, bq, P.scale, da_tile, ld, q, d, T(1), dk + j0 * d, d);
     first = false;
   }
   if (first) std::fill(dq, dq + bq * d, T(0));  // no key is visible to this block

@@ -20,28 +20,38 @@ struct ForwardScratch {
         alpha(bq), flags(bk) {}
 };
 
-// Weights of one row from its logits, in one pass: P = f(s, shift) (exp(s - shift), or
-// relu(s)^2 / n for relu2), times the gate row c (hidden pairs 0 in it) and the dropout scale
-// row keep. Returns sum_j P^power before the gate, for the online normalisations.
+// Weights of one row from its logits, in one pass over its span: P = f(s, shift) (exp(s -
+// shift), or relu(s)^2 / n for relu2; 0 at hidden logits), times the gate row c (hidden pairs 0
+// in it, entries past the first `vis` not read as numbers) and the dropout scale row keep.
+// Returns sum_j P^power before the gate, for the online normalisations.
 template <typename T, int64_t NORM, bool GATE, bool DROPOUT>
-T weights_loop(T* __restrict s, int64_t vis, T shift, T inv_n, const T* __restrict c,
-               const T* __restrict keep) {
+T weights_loop(T* __restrict s, int64_t vis, int64_t span, T shift, T inv_n,
+               const T* __restrict c, const T* __restrict keep) {
+  T lane_sum[kLanes] = {};  // one running sum per lane: reduced across lanes once, at the end
+  for (int64_t block = 0; block < span; block += kLanes) {
+#pragma omp simd
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      const int64_t j = block + lane;
+      T p;
+      if constexpr (NORM == kRelu2) {
+        const T relu = s[j] > T(0) ? s[j] : T(0);
+        p = relu * relu * inv_n;
+      } else {
+        p = exp_value(s[j] - shift);
+      }
+      if constexpr (NORM == kSoftmax) lane_sum[lane] += p;
+      if constexpr (NORM == kL2) lane_sum[lane] += p * p;
+      if constexpr (GATE) {  // a gate past the edge may be inf; the load itself is always safe
+        const T cj = c[j];
+        p *= j < vis ? cj : T(0);
+      }
+      if constexpr (DROPOUT) p *= keep[j];
+      s[j] = p;
+    }
+  }
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < vis; ++j) {
-    T p;
-    if constexpr (NORM == kRelu2) {
-      const T relu = s[j] > T(0) ? s[j] : T(0);
-      p = relu * relu * inv_n;
-    } else {
-      p = exp_value(s[j] - shift);
-    }
-    if constexpr (NORM == kSoftmax) sum += p;
-    if constexpr (NORM == kL2) sum += p * p;
-    if constexpr (GATE) p *= c[j];
-    if constexpr (DROPOUT) p *= keep[j];
-    s[j] = p;
-  }
+  for (int64_t lane = 0; lane < kLanes; ++lane) sum += lane_sum[lane];
   return sum;
 }
 
@@ -49,8 +59,8 @@ T weights_loop(T* __restrict s, int64_t vis, T shift, T inv_n, const T* __restri
 // the causal edge. Updates the online statistic (m, l) and returns the factor by which the
 // row's earlier accumulation is rescaled (1 for a fixed statistic).
 template <typename T>
-T normalise_row(const Problem<T>& P, T* s, int64_t vis, T row_max, int64_t i_flat, bool first,
-                T& m, T& l, const T* c, const T* keep) {
+T normalise_row(const Problem<T>& P, T* s, int64_t vis, int64_t span, T row_max, int64_t i_flat,
+                bool first, T& m, T& l, const T* c, const T* keep) {
   const bool fixed = P.power() == 0;
   const T m_new = fixed ? m : std::max(m, row_max);
   // the shift: r for a fixed statistic (0 for relu2, which reads inv_n), else the running max
@@ -61,7 +71,7 @@ T normalise_row(const Problem<T>& P, T* s, int64_t vis, T row_max, int64_t i_fla
       [&](auto norm) {
         return with_flags(
             [&](auto gate, auto dropout) {
-              return weights_loop<T, norm, gate, dropout>(s, vis, shift, inv_n, c, keep);
+              return weights_loop<T, norm, gate, dropout>(s, vis, span, shift, inv_n, c, keep);
             },
             c != nullptr, keep != nullptr);
       },
@@ -92,31 +102,31 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
-    const int64_t n = std::min(P.block_k, key_end - j0);
-    T* s_tile = W.s.data();
-    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, n);
+    const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
+    T* s_tile = W.s.data();  // (bq, n) with rows ld apart
+    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, ld);
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
-      T* s = s_tile + r * n;
-      const int64_t vis = P.hiding.visible(i, j0, n);
-      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, W.flags.data());
-      const T row_max =
-          logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, flags, s);
+      T* s = s_tile + r * ld;
+      const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
+      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
+      const T row_max = logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis,
+                                   span, flags, s);
       const T* c = nullptr;
       if (P.gate.present()) {
-        c = masked_gate_row(P.gate, b, h, i, j0, vis, flags, W.values.data());
+        c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
       }
       const T* keep = nullptr;
       if (P.dropout.on) {
-        P.dropout.row(P.counter(b, h, i, j0), vis, P.kept, W.dropout.data());
+        P.dropout.row(P.counter(b, h, i, j0), span, P.kept, W.dropout.data());
         keep = W.dropout.data();
       }
-      const T alpha = normalise_row(P, s, vis, row_max, row0 + r, first, W.row_max[r],
+      const T alpha = normalise_row(P, s, vis, span, row_max, row0 + r, first, W.row_max[r],
                                     W.row_sum[r], c, keep);
       W.alpha[r] = alpha;
       rescale = rescale || alpha != T(1);
-      fill_row(s + vis, T(0), n - vis);
+      if (span < n) fill_row(s + span, T(0), n - span);  // the keys past the causal edge
     }
     if (rescale && !first) {
       for (int64_t r = 0; r < bq; ++r) {
@@ -127,7 +137,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    gemm_nn<T>(bq, dv, n, T(1), s_tile, n, v + j0 * dv, dv, first ? T(0) : T(1), acc, dv);
+    gemm_nn<T>(bq, dv, n, T(1), s_tile, ld, v + j0 * dv, dv, first ? T(0) : T(1), acc, dv);
     first = false;
   }
   if (first) std::fill(acc, acc + bq * dv, T(0));  // no key is visible to this block

@@ -22,7 +22,8 @@ int64_t stride_or_zero(const at::Tensor& t, int64_t dim) {
 }
 
 template <typename T>
-Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t lq) {
+Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t lq,
+                  int64_t lk) {
   Term<T> term;
   if (kind == kNone || !tensor.has_value()) return term;
   const at::Tensor& t = *tensor;
@@ -40,6 +41,9 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
     return term;
   }
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), "urpe_cpp: a table must be 2-D, contiguous");
+  TORCH_CHECK(kind != kToeplitz || t.size(1) == lq + lk - 1 + kLanes,
+              "urpe_cpp: a Toeplitz term must hold Lq + Lk - 1 offsets and ", kLanes,
+              " entries of padding");
   term.row_len = t.size(1);
   term.per_head = t.size(0) > 1;
   if (kind == kRelation) {
@@ -80,9 +84,10 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   P.q = q.data_ptr<T>();
   P.k = k.data_ptr<T>();
   P.v = v.data_ptr<T>();
-  P.bias = make_term<T>(bias_kind, bias, bias_index, P.lq);
-  P.gate = make_term<T>(gate_kind, gate, gate_index, P.lq);
-  P.float_mask = make_term<T>(float_mask.has_value() ? kDense : kNone, float_mask, {}, P.lq);
+  P.bias = make_term<T>(bias_kind, bias, bias_index, P.lq, P.lk);
+  P.gate = make_term<T>(gate_kind, gate, gate_index, P.lq, P.lk);
+  P.float_mask =
+      make_term<T>(float_mask.has_value() ? kDense : kNone, float_mask, {}, P.lq, P.lk);
   Hiding& hiding = P.hiding;
   hiding.causal = causal;
   hiding.shift = P.lk - P.lq;

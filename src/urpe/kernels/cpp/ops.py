@@ -33,6 +33,9 @@ BUILT_IN = {name: NORMALIZATIONS[name] for name in NORMALIZATION_CODES}
 # issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.
 FORWARD_TILES = (256, 512)
 BACKWARD_TILES = (128, 512)
+# Entries of padding after each Toeplitz row: the C++ row loops read whole spans of this many
+# (kLanes in tile.h).
+LANES = 16
 # Backward work items wanted per thread: with fewer (batch, kv head) pairs than that, the query
 # blocks are split into ranges with their own dk/dv copies, so a slowed thread can be helped.
 ITEMS_PER_THREAD = 4
@@ -50,9 +53,11 @@ def _term(kind: str, tensor: Tensor | None, index: Tensor | None, lq: int, lk: i
     """(code, tensor, index) as the C++ ops take a bias or gate."""
     if kind == "none" or tensor is None:
         return 0, None, None
-    if kind == "toeplitz":
+    if kind == "toeplitz":  # (H|1, Lq + Lk - 1 + LANES): the table at every offset, then padding
         columns = toeplitz_columns(tensor.shape[1], lq, lk, tensor.device)
-        return KIND_CODES[kind], tensor.to(dtype)[:, columns].contiguous(), None
+        rows = torch.zeros(tensor.shape[0], lq + lk - 1 + LANES, dtype=dtype, device=tensor.device)
+        rows[:, : lq + lk - 1] = tensor.to(dtype)[:, columns]
+        return KIND_CODES[kind], rows, None
     if kind == "relation":
         return KIND_CODES[kind], tensor.to(dtype).contiguous(), index.to(torch.int64)
     return KIND_CODES[kind], tensor.to(dtype), None  # dense, 4-D, strides as they are
@@ -116,9 +121,9 @@ def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
 
 def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) -> Tensor:
     """The C++ gradient of a term's tensor as the gradient of the caller's tensor."""
-    if kind == "toeplitz":  # per offset -> per table column
+    if kind == "toeplitz":  # per offset (the padding dropped) -> per table column
         columns = toeplitz_columns(tensor.shape[1], lq, lk, tensor.device)
-        grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad)
+        grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad[:, : lq + lk - 1])
     return grad.to(tensor.dtype)
 
 

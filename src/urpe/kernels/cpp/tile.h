@@ -64,6 +64,18 @@ inline float exp_value(float x) {
 inline double exp_value(double x) { return std::exp(x); }
 
 // ---------------------------------------------------------------------------------------------
+// Row spans. A row loop runs over `span` = the visible keys rounded up to kLanes, in blocks of
+// exactly kLanes (an inner loop of a fixed count vectorises whole, with no scalar remainder or
+// alignment peeling: on short rows, L = 24 or causal diagonal tiles, scalar exp calls in those
+// cost a third of the time). Every row a loop reads is readable for span entries (tiles
+// and buffers are allocated rounded up, Toeplitz rows carry kLanes entries of padding), and
+// the loops mask the entries past the visible ones themselves.
+
+constexpr int64_t kLanes = 16;  // ops.py pads Toeplitz rows by as many entries
+
+inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// ---------------------------------------------------------------------------------------------
 // Row helpers (n contiguous entries)
 
 template <typename T>
@@ -148,7 +160,8 @@ struct Term {
   // dense: strides of (b, h, i, j), 0 along a broadcast dim
   int64_t sb = 0, sh = 0, si = 0, sj = 0;
   // Toeplitz: one row of Lq + Lk - 1 values per table head, entry j - i + Lq - 1 (built by the
-  // caller from the clamped table); Relation: the table (heads, R) and its index (b, i, j)
+  // caller from the clamped table, then kLanes entries of padding); Relation: the table
+  // (heads, R) and its index (b, i, j)
   int64_t row_len = 0;
   bool per_head = false;
   const int64_t* index = nullptr;
@@ -157,8 +170,11 @@ struct Term {
 
   bool present() const { return kind != kNone; }
 
-  // n values as a contiguous pointer; `buf` (n entries) holds them when they must be gathered
-  const T* row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, T* buf) const {
+  // The values of keys [j0, j0 + n) at a pointer readable for `span` >= n entries (what lies
+  // past n is anything: the loops mask it); `buf` (span entries) holds them where they must be
+  // gathered.
+  const T* row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
+               T* buf) const {
     if (kind == kToeplitz) return data + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
     if (kind == kRelation) {
       const T* table = data + (per_head ? h * row_len : 0);
@@ -167,7 +183,7 @@ struct Term {
       return buf;
     }
     const T* p = data + b * sb + h * sh + i * si + j0 * sj;
-    if (sj == 1) return p;
+    if (sj == 1 && span == n) return p;  // past n the tensor may end
     for (int64_t j = 0; j < n; ++j) buf[j] = p[j * sj];
     return buf;
   }
@@ -223,11 +239,11 @@ struct TermGrad {
 };
 
 // The gate row with hidden pairs (flags) set to 0, so that a gate holding inf or NaN where a
-// pair is hidden leaves its weight and gradients exactly 0.
+// pair is hidden leaves its weight and gradients exactly 0 (the loops mask the causal tail).
 template <typename T>
 const T* masked_gate_row(const Term<T>& gate, int64_t b, int64_t h, int64_t i, int64_t j0,
-                         int64_t n, const uint8_t* flags, T* buf) {
-  const T* c = gate.row(b, h, i, j0, n, buf);
+                         int64_t n, int64_t span, const uint8_t* flags, T* buf) {
+  const T* c = gate.row(b, h, i, j0, n, span, buf);
   if (flags == nullptr) return c;
   for (int64_t j = 0; j < n; ++j) buf[j] = flags[j] ? T(0) : c[j];
   return buf;
@@ -257,11 +273,16 @@ struct Hiding {
     return std::min(lk, std::max<int64_t>(0, i1 - 1 + shift + 1));
   }
 
-  // flags[j] != 0 where padding or the bool mask hides the pair; nullptr when neither exists
-  const uint8_t* flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+  // flags[j] != 0 where padding or the bool mask hides the pair, for the n keys from j0, at a
+  // pointer readable for span >= n entries; nullptr when neither mask exists
+  const uint8_t* flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
                        uint8_t* buf) const {
     if (keep == nullptr) {
-      return pad == nullptr ? nullptr : reinterpret_cast<const uint8_t*>(pad + b * pad_sb + j0);
+      if (pad == nullptr) return nullptr;
+      const bool* pp = pad + b * pad_sb + j0;
+      if (span == n) return reinterpret_cast<const uint8_t*>(pp);  // past n the mask may end
+      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(pp[j]);
+      return buf;
     }
     const bool* kp = keep + b * kb + h * kh + i * ki + j0 * kj;
     if (pad != nullptr) {
@@ -292,9 +313,9 @@ struct Problem {
   int64_t block_q = 0, block_k = 0;
 
   int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
-  // queries and keys of the largest tile: what per-worker scratch holds
+  // queries and keys (rounded up to kLanes) of the largest tile: what per-worker scratch holds
   int64_t tile_queries() const { return std::min(block_q, lq); }
-  int64_t tile_keys() const { return std::min(block_k, lk); }
+  int64_t tile_keys() const { return padded(std::min(block_k, lk)); }
   T hidden_logit() const {
     return norm == kRelu2 ? T(0) : -std::numeric_limits<T>::infinity();
   }
@@ -334,33 +355,41 @@ decltype(auto) with_norm(F&& f, int64_t norm) {
 }
 
 template <typename T, bool BIAS, bool MASK, bool FLAGS>
-T logits_loop(T* __restrict s, int64_t vis, const T* __restrict bias, const T* __restrict mask,
-              const uint8_t* __restrict flags, T hidden) {
-  T m = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < vis; ++j) {
-    T x = s[j];
-    if constexpr (BIAS) x += bias[j];
-    if constexpr (MASK) x += mask[j];
-    if constexpr (FLAGS) x = flags[j] ? hidden : x;
-    s[j] = x;
-    m = x > m ? x : m;
+T logits_loop(T* __restrict s, int64_t vis, int64_t span, const T* __restrict bias,
+              const T* __restrict mask, const uint8_t* __restrict flags, T hidden) {
+  T lane_max[kLanes];  // one running max per lane: reduced across lanes once, at the end
+  std::fill(lane_max, lane_max + kLanes, -std::numeric_limits<T>::infinity());
+  for (int64_t block = 0; block < span; block += kLanes) {
+#pragma omp simd
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      const int64_t j = block + lane;
+      T x = s[j];
+      if constexpr (BIAS) x += bias[j];
+      if constexpr (MASK) x += mask[j];
+      if constexpr (FLAGS) x = flags[j] ? hidden : x;
+      x = j < vis ? x : hidden;
+      s[j] = x;
+      lane_max[lane] = x > lane_max[lane] ? x : lane_max[lane];
+    }
   }
-  return m;
+  return row_max(lane_max, kLanes);
 }
 
-// Logits of one row in one pass: s += B + M over the first `vis` keys, pairs hidden by flags at
-// the normalisation's hidden logit; returns the row's max. bias_buf, mask_buf: room for the
-// row's bias and float-mask values where they must be gathered (tile_keys() entries each).
+// Logits of one row in one pass: s += B + M over its span, pairs hidden by flags and those past
+// the first `vis` keys (the causal edge) at the normalisation's hidden logit; returns the row's
+// max. bias_buf, mask_buf: room for the row's bias and float-mask values where they must be
+// gathered (tile_keys() entries each).
 template <typename T>
 T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h, int64_t i,
-             int64_t j0, int64_t vis, const uint8_t* flags, T* s) {
-  const T* bias = P.bias.present() ? P.bias.row(b, h, i, j0, vis, bias_buf) : nullptr;
-  const T* mask = P.float_mask.present() ? P.float_mask.row(b, h, i, j0, vis, mask_buf) : nullptr;
+             int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s) {
+  const T* bias = P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, bias_buf) : nullptr;
+  const T* mask =
+      P.float_mask.present() ? P.float_mask.row(b, h, i, j0, vis, span, mask_buf) : nullptr;
   const T hidden = P.hidden_logit();
   return with_flags(
       [&](auto has_bias, auto has_mask, auto has_flags) {
-        return logits_loop<T, has_bias, has_mask, has_flags>(s, vis, bias, mask, flags, hidden);
+        return logits_loop<T, has_bias, has_mask, has_flags>(s, vis, span, bias, mask, flags,
+                                                               hidden);
       },
       bias != nullptr, mask != nullptr, flags != nullptr);
 }
