@@ -362,3 +362,12 @@ def test_deterministic_mode_gives_the_same_table_gradients_on_every_run():
         assert torch.equal(out, runs[0][0])
         assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0][1], strict=True))
     assert_close(runs[0], outputs_and_grads(reference_attention, qkv, params, call))
+
+
+def test_the_build_command_says_whether_the_kernel_loads(monkeypatch, capsys):
+    assert build.main([]) == 0
+    assert "the C++ kernel is ready (" in capsys.readouterr().out
+    monkeypatch.setattr(build, "_state", {"reason": "no C++ compiler", "error": "cc: not found"})
+    assert build.main([]) == 1
+    err = capsys.readouterr().err
+    assert "unavailable: no C++ compiler" in err and "cc: not found" in err

@@ -210,8 +210,21 @@ def threaded() -> bool:
     return load() is None and bool(torch.ops.urpe_cpp.threaded())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m urpe.kernels.cpp`: build the kernel now and say whether it loads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m urpe.kernels.cpp",
+        description="Build urpe's C++ CPU attention kernel now (otherwise it is built on first "
+        "use) and say whether it loads. It is cached under the urpe cache "
+        f"({cache_root() / 'cpp-kernel'}) and rebuilt only when its sources, torch or the CPU "
+        f"change. Without a C++ compiler or ninja, urpe runs its eager kernel instead. "
+        f"{SWITCH}=0 switches the C++ kernel off.",
+    )
+    parser.add_argument("--verbose", action="store_true", help="show the compiler's commands")
+    if parser.parse_args(argv).verbose:
+        os.environ[VERBOSE] = "1"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         reason = load()
