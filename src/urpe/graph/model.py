@@ -55,7 +55,7 @@ class GraphormerConfig:
         max_degree: degrees above it share one embedding.
         readout: "graph-token" (Graphormer) or "mean" over the real nodes.
         urpe: a gate C per layer, indexed like the spatial bias, ones at init.
-        backend: `urpe.attention` backend ("auto": the fused kernel on CPU).
+        backend: `urpe.attention` backend ("auto": the C++ tile loop on CPU, Triton on CUDA).
         init_std: std of the embeddings' normal initialisation.
     """
 
