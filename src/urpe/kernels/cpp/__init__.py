@@ -15,8 +15,11 @@ shares its core with another process takes fewer items instead of holding the ot
 Same maths as the reference (the specification), every normalisation of the registry's four
 built-ins, Toeplitz / Relation / dense bias and gate with their gradients, key padding, causal
 masking (key blocks past the diagonal skipped), bool and float `attn_mask`, Lq != Lk, grouped
-queries, dropout (the reference's own hash, so both draw the same mask), float64 and float32;
-float16 and bfloat16 are computed in float32. A normalisation registered later is left to
+queries, dropout (the reference's own hash, so both draw the same mask), float64 and float32.
+float16 is computed in float32. bfloat16 too, but its seven matrix products take bfloat16
+operands (q, k, v, dO as given; the weights and dS rounded to bfloat16) and accumulate in
+float32, as SDPA does, where torch's BLAS has a bf16 x bf16 -> float routine (MKL's, on AMX or
+AVX512-BF16); elsewhere they run in float32 too. A normalisation registered later is left to
 "fused".
 
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them

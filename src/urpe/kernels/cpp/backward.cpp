@@ -22,10 +22,11 @@ template <typename T>
 struct BackwardScratch {
   std::vector<T> s, da, values, mask_values, dropout, dgate;
   std::vector<uint8_t> flags;
+  std::vector<uint16_t> s16, da16;  // A and dS in bfloat16, for bfloat16 operands
 
-  BackwardScratch(int64_t bq, int64_t bk)
+  BackwardScratch(int64_t bq, int64_t bk, bool bf16)
       : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk),
-        flags(bk) {}
+        flags(bk), s16(bf16 ? bq * bk : 0), da16(bf16 ? bq * bk : 0) {}
 };
 
 // Everything per element of one row once P is known, in one pass: A = dropout(P C) (over s,
@@ -136,6 +137,54 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
   }
 }
 
+// The tile's five products: S and dA before the rows, then with A (in s) and dS (in da)
+// dV += A^T dO, dQ (+)= scale dS K, dK += scale dS^T Q. On T operands, or on the problem's
+// bfloat16 ones with A and dS rounded to bfloat16 (as SDPA does; every sum stays float).
+template <typename T>
+struct TileProducts {
+  const Problem<T>& P;
+  const Gradients<T>& G;
+  BackwardScratch<T>& W;
+  int64_t row0, kv0, bq;  // the block's first query row and kv head's first key (flat)
+
+  void before(int64_t j0, int64_t n, T* s, T* da, int64_t ld) const {
+    const int64_t d = P.dim, dv = P.vdim;
+    if constexpr (std::is_same_v<T, float>) {
+      if (P.bf16()) {
+        gemm_nt(bq, n, d, P.scale, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s, ld);
+        gemm_nt(bq, n, dv, 1.0f, G.grad_out16 + row0 * dv, dv, P.v16 + (kv0 + j0) * dv, dv,
+                0.0f, da, ld);
+        return;
+      }
+    }
+    gemm_nt<T>(bq, n, d, P.scale, P.q + row0 * d, d, P.k + (kv0 + j0) * d, d, T(0), s, ld);
+    gemm_nt<T>(bq, n, dv, T(1), G.grad_out + row0 * dv, dv, P.v + (kv0 + j0) * dv, dv, T(0), da,
+               ld);
+  }
+
+  void after(int64_t j0, int64_t n, const T* a, const T* ds, int64_t ld, bool first, T* dq,
+             T* dk, T* dv_rows) const {
+    const int64_t d = P.dim, dv = P.vdim;
+    if constexpr (std::is_same_v<T, float>) {
+      if (P.bf16()) {
+        uint16_t* a16 = W.s16.data();
+        uint16_t* ds16 = W.da16.data();
+        to_bf16(a, a16, bq * ld);
+        to_bf16(ds, ds16, bq * ld);
+        gemm_tn(n, dv, bq, 1.0f, a16, ld, G.grad_out16 + row0 * dv, dv, 1.0f, dv_rows + j0 * dv,
+                dv);
+        gemm_nn(bq, d, n, P.scale, ds16, ld, P.k16 + (kv0 + j0) * d, d, first ? 0.0f : 1.0f, dq,
+                d);
+        gemm_tn(n, d, bq, P.scale, ds16, ld, P.q16 + row0 * d, d, 1.0f, dk + j0 * d, d);
+        return;
+      }
+    }
+    gemm_tn<T>(n, dv, bq, T(1), a, ld, G.grad_out + row0 * dv, dv, T(1), dv_rows + j0 * dv, dv);
+    gemm_nn<T>(bq, d, n, P.scale, ds, ld, P.k + (kv0 + j0) * d, d, first ? T(0) : T(1), dq, d);
+    gemm_tn<T>(n, d, bq, P.scale, ds, ld, P.q + row0 * d, d, T(1), dk + j0 * d, d);
+  }
+};
+
 // One query block of one query head against its visible keys.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
@@ -143,11 +192,8 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
                     int64_t i1) {
   const int64_t bq = i1 - i0, d = P.dim, dv = P.vdim, hk = h / P.groups;
   const int64_t row0 = (b * P.heads + h) * P.lq + i0;
-  const T* q = P.q + row0 * d;
-  const T* dout = G.grad_out + row0 * dv;
   const int64_t kv = b * P.kv_heads + hk;
-  const T* k = P.k + kv * P.lk * d;
-  const T* v = P.v + kv * P.lk * dv;
+  const TileProducts<T> products{P, G, W, row0, kv * P.lk, bq};
   const int64_t part = split * P.batch * P.kv_heads + kv;
   T* dk = G.dk + part * P.lk * d;
   T* dv_rows = G.dv + part * P.lk * dv;
@@ -158,8 +204,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart, as da_tile
     T* da_tile = W.da.data();
-    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, ld);
-    gemm_nt<T>(bq, n, dv, T(1), dout, dv, v + j0 * dv, dv, T(0), da_tile, ld);
+    products.before(j0, n, s_tile, da_tile, ld);
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
@@ -169,9 +214,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
                    G.stat[row0 + r], G.delta[row0 + r]);
     }
-    gemm_tn<T>(n, dv, bq, T(1), s_tile, ld, dout, dv, T(1), dv_rows + j0 * dv, dv);  // A^T dO
-    gemm_nn<T>(bq, d, n, P.scale, da_tile, ld, k + j0 * d, d, first ? T(0) : T(1), dq, d);
-    gemm_tn<T>(n, d, bq, P.scale, da_tile, ld, q, d, T(1), dk + j0 * d, d);
+    products.after(j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
     first = false;
   }
   if (first) std::fill(dq, dq + bq * d, T(0));  // no key is visible to this block
@@ -190,7 +233,8 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
   std::vector<std::unique_ptr<BackwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
-      scratch[worker] = std::make_unique<BackwardScratch<T>>(P.tile_queries(), P.tile_keys());
+      scratch[worker] =
+          std::make_unique<BackwardScratch<T>>(P.tile_queries(), P.tile_keys(), P.bf16());
     }
     // the last split first: under causal masking its query blocks meet the most keys
     const int64_t split = G.splits - 1 - index % G.splits;

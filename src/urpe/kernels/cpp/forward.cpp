@@ -14,11 +14,42 @@ template <typename T>
 struct ForwardScratch {
   std::vector<T> s, values, mask_values, dropout, row_max, row_sum, alpha;
   std::vector<uint8_t> flags;
+  std::vector<uint16_t> s16;  // the weights tile in bfloat16, for bfloat16 operands
 
-  ForwardScratch(int64_t bq, int64_t bk)
+  ForwardScratch(int64_t bq, int64_t bk, bool bf16)
       : s(bq * bk), values(bk), mask_values(bk), dropout(bk), row_max(bq), row_sum(bq),
-        alpha(bq), flags(bk) {}
+        alpha(bq), flags(bk), s16(bf16 ? bq * bk : 0) {}
 };
+
+// The tile's two products, on T operands or on the problem's bfloat16 ones.
+// S (bq, n; rows ld apart) = scale Q K^T for query rows `row0`.. and keys `j0`..
+template <typename T>
+void scores(const Problem<T>& P, int64_t row0, int64_t kv0, int64_t j0, int64_t bq, int64_t n,
+            T* s, int64_t ld) {
+  const int64_t d = P.dim;
+  if constexpr (std::is_same_v<T, float>) {
+    if (P.bf16()) {
+      return gemm_nt(bq, n, d, P.scale, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s,
+                     ld);
+    }
+  }
+  gemm_nt<T>(bq, n, d, P.scale, P.q + row0 * d, d, P.k + (kv0 + j0) * d, d, T(0), s, ld);
+}
+
+// acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`..
+template <typename T>
+void accumulate(const Problem<T>& P, ForwardScratch<T>& W, int64_t kv0, int64_t j0, int64_t bq,
+                int64_t n, const T* a, int64_t ld, T beta, T* acc) {
+  const int64_t dv = P.vdim;
+  if constexpr (std::is_same_v<T, float>) {
+    if (P.bf16()) {  // A in bfloat16 as SDPA does; the sum stays float
+      to_bf16(a, W.s16.data(), bq * ld);
+      return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + (kv0 + j0) * dv, dv, beta, acc,
+                     dv);
+    }
+  }
+  gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + (kv0 + j0) * dv, dv, beta, acc, dv);
+}
 
 // Weights of one row from its logits, in one pass over its span: P = f(s, shift) (exp(s -
 // shift), or relu(s)^2 / n for relu2; 0 at hidden logits), times the gate row c (hidden pairs 0
@@ -90,10 +121,8 @@ T normalise_row(const Problem<T>& P, T* s, int64_t vis, int64_t span, T row_max,
 template <typename T>
 void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, int64_t i0,
                   int64_t i1, T* out, T* stat) {
-  const int64_t bq = i1 - i0, d = P.dim, dv = P.vdim, hk = h / P.groups;
-  const T* q = P.q + ((b * P.heads + h) * P.lq + i0) * d;
-  const T* k = P.k + (b * P.kv_heads + hk) * P.lk * d;
-  const T* v = P.v + (b * P.kv_heads + hk) * P.lk * dv;
+  const int64_t bq = i1 - i0, dv = P.vdim, hk = h / P.groups;
+  const int64_t kv0 = (b * P.kv_heads + hk) * P.lk;     // flat index of the kv head's first key
   T* acc = out + ((b * P.heads + h) * P.lq + i0) * dv;  // (bq, Dv), the output rows
   const int64_t row0 = (b * P.heads + h) * P.lq + i0;   // flat index of the block's first row
   const int power = P.power();
@@ -104,7 +133,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
     const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
-    gemm_nt<T>(bq, n, d, P.scale, q, d, k + j0 * d, d, T(0), s_tile, ld);
+    scores(P, row0, kv0, j0, bq, n, s_tile, ld);
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
@@ -137,7 +166,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    gemm_nn<T>(bq, dv, n, T(1), s_tile, ld, v + j0 * dv, dv, first ? T(0) : T(1), acc, dv);
+    accumulate(P, W, kv0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
     first = false;
   }
   if (first) std::fill(acc, acc + bq * dv, T(0));  // no key is visible to this block
@@ -168,7 +197,8 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
-      scratch[worker] = std::make_unique<ForwardScratch<T>>(P.tile_queries(), P.tile_keys());
+      scratch[worker] =
+          std::make_unique<ForwardScratch<T>>(P.tile_queries(), P.tile_keys(), P.bf16());
     }
     // the last query blocks first: under causal masking they meet the most keys
     const int64_t block = blocks - 1 - index / rows, bh = index % rows;

@@ -19,6 +19,10 @@ void sgemm_(const char* transa, const char* transb, const int* m, const int* n, 
 void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
             const double* alpha, const double* a, const int* lda, const double* b,
             const int* ldb, const double* beta, double* c, const int* ldc) __attribute__((weak));
+void gemm_bf16bf16f32_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const uint16_t* a, const int* lda,
+                       const uint16_t* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc) __attribute__((weak));
 int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));  // MKL's C name
 }
 #else
@@ -116,6 +120,52 @@ void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, 
                            T, T*, int64_t);
 URPE_GEMMS(float)
 URPE_GEMMS(double)
+
+bool bf16_products() {
+#if URPE_WEAK_BLAS
+  return gemm_bf16bf16f32_ != nullptr;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+void bf16_call(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  TORCH_CHECK(bf16_products(), "urpe_cpp: this torch build has no bf16 x bf16 -> f32 BLAS");
+#if URPE_WEAK_BLAS
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int la = static_cast<int>(std::max<int64_t>(lda, 1));
+  const int lb = static_cast<int>(std::max<int64_t>(ldb, 1));
+  const int lc = static_cast<int>(std::max<int64_t>(ldc, 1));
+  gemm_bf16bf16f32_(&ta, &tb, &mi, &ni, &ki, &alpha, a, &la, b, &lb, &beta, c, &lc);
+#endif
+}
+
+}  // namespace
+
+// As the float products above, operands swapped for the column-major routine.
+void gemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  bf16_call('T', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+
+void gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  bf16_call('N', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+
+void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  bf16_call('N', 'T', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
 
 const char* gemm_route() {
 #if URPE_WEAK_BLAS

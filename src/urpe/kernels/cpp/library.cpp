@@ -17,6 +17,11 @@ namespace {
 using OptTensor = std::optional<at::Tensor>;
 constexpr int64_t kMaxSplits = 8;
 
+// float for bfloat16 operands, else their own dtype
+at::ScalarType compute_type(const at::Tensor& q) {
+  return q.scalar_type() == at::kBFloat16 ? at::kFloat : q.scalar_type();
+}
+
 int64_t stride_or_zero(const at::Tensor& t, int64_t dim) {
   return t.size(dim) == 1 ? 0 : t.stride(dim);
 }
@@ -65,12 +70,15 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const OptTensor& key_padding, const OptTensor& fixed, bool causal,
                         int64_t norm, double scale, double dropout_p, int64_t threshold,
                         int64_t seed, int64_t block_q, int64_t block_k) {
+  // bfloat16 operands are multiplied as they are (the compute dtype T is then float)
+  const bool bf16 = std::is_same_v<T, float> && q.scalar_type() == at::kBFloat16;
   for (const at::Tensor* t : {&q, &k, &v}) {
     TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->device().is_cpu(),
                 "urpe_cpp: q, k, v must be contiguous 4-D CPU tensors");
-    TORCH_CHECK(t->scalar_type() == c10::CppTypeToScalarType<T>::value,
-                "urpe_cpp: q, k, v must share the compute dtype");
+    TORCH_CHECK(t->scalar_type() == (bf16 ? at::kBFloat16 : c10::CppTypeToScalarType<T>::value),
+                "urpe_cpp: q, k, v must share the compute dtype (or bfloat16)");
   }
+  TORCH_CHECK(!bf16 || bf16_products(), "urpe_cpp: no bf16 x bf16 -> f32 BLAS in this build");
   Problem<T> P;
   P.batch = q.size(0);
   P.heads = q.size(1);
@@ -81,9 +89,15 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   P.vdim = v.size(3);
   TORCH_CHECK(P.kv_heads > 0 && P.heads % P.kv_heads == 0, "urpe_cpp: heads and kv heads");
   P.groups = P.heads / P.kv_heads;
-  P.q = q.data_ptr<T>();
-  P.k = k.data_ptr<T>();
-  P.v = v.data_ptr<T>();
+  if (bf16) {
+    P.q16 = reinterpret_cast<const uint16_t*>(q.const_data_ptr<at::BFloat16>());
+    P.k16 = reinterpret_cast<const uint16_t*>(k.const_data_ptr<at::BFloat16>());
+    P.v16 = reinterpret_cast<const uint16_t*>(v.const_data_ptr<at::BFloat16>());
+  } else {
+    P.q = q.data_ptr<T>();
+    P.k = k.data_ptr<T>();
+    P.v = v.data_ptr<T>();
+  }
   P.bias = make_term<T>(bias_kind, bias, bias_index, P.lq, P.lk);
   P.gate = make_term<T>(gate_kind, gate, gate_index, P.lq, P.lk);
   P.float_mask =
@@ -140,9 +154,10 @@ std::tuple<at::Tensor, at::Tensor> forward(
     const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
     double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
     int64_t block_q, int64_t block_k) {
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-  at::Tensor stat = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "urpe_cpp::forward", [&] {
+  const at::TensorOptions options = q.options().dtype(compute_type(q));
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, options);
+  at::Tensor stat = at::empty({q.size(0), q.size(1), q.size(2)}, options);
+  AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::forward", [&] {
     const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>());
   });
@@ -187,12 +202,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     int64_t items_per_thread) {
   TORCH_CHECK(grad_out.is_contiguous() && stat.is_contiguous() && delta.is_contiguous(),
               "urpe_cpp: grad_out, stat and delta must be contiguous");
-  at::Tensor dq = at::empty_like(q);
+  const at::TensorOptions options = q.options().dtype(compute_type(q));
+  at::Tensor dq = at::empty(q.sizes(), options);
   at::Tensor dk, dv, dbias, dgate, dmask;
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "urpe_cpp::backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::backward", [&] {
     const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     Gradients<scalar_t> G;
-    G.grad_out = grad_out.data_ptr<scalar_t>();
+    if (P.bf16()) {
+      TORCH_CHECK(grad_out.scalar_type() == at::kBFloat16, "urpe_cpp: grad_out as q (bfloat16)");
+      G.grad_out16 = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>());
+    } else {
+      G.grad_out = grad_out.data_ptr<scalar_t>();
+    }
     G.stat = stat.data_ptr<scalar_t>();
     G.delta = delta.data_ptr<scalar_t>();
     G.dq = dq.data_ptr<scalar_t>();
@@ -217,8 +238,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
                                                      std::min(blocks, kMaxSplits));
     const int64_t workers = workers_for(items * G.splits);
-    dk = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.dim}, q.options());
-    dv = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.vdim}, q.options());
+    dk = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.dim}, options);
+    dv = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.vdim}, options);
     G.dk = dk.data_ptr<scalar_t>();
     G.dv = dv.data_ptr<scalar_t>();
     if (needs_bias && P.bias.present()) G.bias = make_grad(P.bias, *bias, dbias, workers);
@@ -229,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     backward_loop<scalar_t>(P, G);
   });
   // sum the split copies of dk, dv and the per-worker copies of table gradients
-  const at::Tensor none = at::empty({0}, q.options());
+  const at::Tensor none = at::empty({0}, options);
   auto finish = [&](const at::Tensor& grad, int64_t kind) -> at::Tensor {
     if (!grad.defined()) return none;
     return kind == kDense ? grad : grad.sum(0);
@@ -271,6 +292,7 @@ TORCH_LIBRARY(urpe_cpp, m) {
       &backward);
   m.def("gemm_route() -> str", [] { return std::string(gemm_route()); });
   m.def("exp_values(Tensor x) -> Tensor", &exp_values);
+  m.def("bf16_products() -> bool", [] { return bf16_products(); });
   // whether at::parallel_for can spread the tiles over threads (built with OpenMP)
   m.def("threaded() -> bool", [] {
 #ifdef _OPENMP

@@ -15,6 +15,7 @@ void forward_loop(const Problem<T>& P, T* out, T* stat);
 template <typename T>
 struct Gradients {
   const T* grad_out = nullptr;  // (B, H, Lq, Dv)
+  const uint16_t* grad_out16 = nullptr;  // the same in bfloat16, with the problem's operands
   const T* stat = nullptr;      // (B, H, Lq), the forward's row statistic
   const T* delta = nullptr;     // (B, H, Lq): sum_e dO_ie O_ie
   T* dq = nullptr;              // (B, H, Lq, D), written

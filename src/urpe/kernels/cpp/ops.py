@@ -108,8 +108,14 @@ def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
     )
 
 
+def _bf16_products(dtype: torch.dtype) -> bool:
+    """Whether the products take bfloat16 operands as they are (bf16 x bf16 -> float BLAS, as
+    SDPA multiplies them), instead of converting q, k, v to float32."""
+    return dtype == torch.bfloat16 and bool(torch.ops.urpe_cpp.bf16_products())
+
+
 def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
-    dtype = compute_dtype(call.q.dtype)
+    dtype = call.q.dtype if _bf16_products(call.q.dtype) else compute_dtype(call.q.dtype)
     return tuple(t.to(dtype).contiguous() for t in (call.q, call.k, call.v))
 
 
@@ -132,8 +138,9 @@ def cpp_backward(args: BackwardArgs):
     call = args.forward
     dtype = compute_dtype(call.q.dtype)
     lq, lk = call.q.shape[2], call.k.shape[2]
-    grad_out = args.grad_out.to(dtype).contiguous()
-    delta = (grad_out * args.out.to(dtype)).sum(-1)  # (B, H, Lq): sum_e dO O
+    delta = (args.grad_out.to(dtype) * args.out.to(dtype)).sum(-1)  # (B, H, Lq): sum_e dO O
+    operand = call.q.dtype if _bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
+    grad_out = args.grad_out.to(operand).contiguous()
     stat = args.stat.reshape(delta.shape).contiguous()
     dq, dk, dv, *term_grads = torch.ops.urpe_cpp.backward(
         grad_out, stat, delta, *_operands(call), *_op_arguments(call, BACKWARD_TILES), *args.needs,

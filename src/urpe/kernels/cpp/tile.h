@@ -117,6 +117,28 @@ void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, 
 // Which product routine runs: "blas" or "aten".
 const char* gemm_route();
 
+// The same three products on bfloat16 operands (bits as uint16_t) into float: BLAS's
+// bf16 x bf16 -> f32 routine (MKL's gemm_bf16bf16f32, on AMX or AVX512-BF16 where the CPU has
+// them), as SDPA multiplies bfloat16. Only where `bf16_products()`.
+bool bf16_products();
+void gemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// float -> bfloat16 bits, rounded to nearest even, n entries
+inline void to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, src + j, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    dst[j] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropout: the reference's hash (urpe.kernels.dropout), so both draw the same mask. The keep
 // decision for weight (b, h, i, j) depends on the seed and the flat index only.
@@ -303,6 +325,8 @@ struct Problem {
   int64_t batch = 0, heads = 0, kv_heads = 0, lq = 0, lk = 0, dim = 0, vdim = 0;
   int64_t groups = 1;  // query heads per kv head
   const T *q = nullptr, *k = nullptr, *v = nullptr;
+  // bfloat16 operands, multiplied as they are (T = float): then q, k, v above are null
+  const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;
   Term<T> bias, gate, float_mask;
   Hiding hiding;
   int64_t norm = kSoftmax;
@@ -313,6 +337,7 @@ struct Problem {
   int64_t block_q = 0, block_k = 0;
 
   int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
+  bool bf16() const { return q16 != nullptr; }
   // queries and keys (rounded up to kLanes) of the largest tile: what per-worker scratch holds
   int64_t tile_queries() const { return std::min(block_q, lq); }
   int64_t tile_keys() const { return padded(std::min(block_k, lk)); }
