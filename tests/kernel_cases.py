@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from urpe.kernels import NORMALIZATIONS as REGISTERED
-from urpe.kernels import Relation, Toeplitz
+from urpe.kernels import Relation, Toeplitz, reference_attention
 
 SMALL_TILES = dict(block_q=8, block_k=16)  # every case spans several query and key blocks
 NORMALIZATIONS = tuple(REGISTERED)  # read from the registry: a new entry is tested here too
@@ -80,3 +80,14 @@ def assert_close(got, want, atol=1e-10, rtol=1e-8):
     for name, g, r in zip(names, grads, ref_grads, strict=False):
         assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g, r, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def check_against_reference(kernel, shape, mask, terms, normalization, **tiles) -> None:
+    """kernel(q, k, v, **call, **tiles) against the reference: output and every gradient."""
+    qkv, params, call = case(shape, mask, *terms)
+    call["normalization"] = normalization
+    if normalization == "exp":
+        call["scale"] = 0.05  # exp has no denominator: keep the logits small
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    got = outputs_and_grads(lambda *a, **c: kernel(*a, **c, **tiles), qkv, params, call)
+    assert_close(got, want)

@@ -28,6 +28,7 @@ from .kernel_cases import (
     TERMS,
     assert_close,
     case,
+    check_against_reference,
     outputs_and_grads,
 )
 
@@ -46,23 +47,14 @@ def _cpp(**tiles):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("terms", TERMS, ids=lambda t: f"{t[0]}-{t[1]}")
 def test_matches_reference(normalization, mask, shape, terms):
-    qkv, params, call = case(shape, mask, *terms)
-    call["normalization"] = normalization
-    if normalization == "exp":
-        call["scale"] = 0.05  # exp has no denominator: keep the logits small
-    want = outputs_and_grads(reference_attention, qkv, params, call)
-    assert_close(outputs_and_grads(_cpp(**SMALL_TILES), qkv, params, call), want)
+    check_against_reference(cpp_attention, shape, mask, terms, normalization, **SMALL_TILES)
 
 
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
 @pytest.mark.parametrize("terms", TERMS[1:4], ids=lambda t: f"{t[0]}-{t[1]}")
 def test_default_tiles_match_reference(normalization, terms):
-    qkv, params, call = case((2, 3, 70, 600, 16), "causal+padding", *terms)
-    call["normalization"] = normalization
-    if normalization == "exp":
-        call["scale"] = 0.05
-    want = outputs_and_grads(reference_attention, qkv, params, call)
-    assert_close(outputs_and_grads(_cpp(), qkv, params, call), want)
+    check_against_reference(cpp_attention, (2, 3, 70, 600, 16), "causal+padding", terms,
+                            normalization)  # fmt: skip
 
 
 @pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3), (3, 1000)])

@@ -24,6 +24,7 @@ from .kernel_cases import (
     TERMS,
     assert_close,
     case,
+    check_against_reference,
     outputs_and_grads,
 )
 
@@ -35,13 +36,7 @@ TILES = SMALL_TILES
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("terms", TERMS, ids=lambda t: f"{t[0]}-{t[1]}")
 def test_matches_reference(normalization, mask, shape, terms):
-    qkv, params, call = case(shape, mask, *terms)
-    call["normalization"] = normalization
-    if normalization == "exp":
-        call["scale"] = 0.05  # exp has no denominator: keep the logits small
-    want = outputs_and_grads(reference_attention, qkv, params, call)
-    got = outputs_and_grads(lambda *a, **c: fused_attention(*a, **c, **TILES), qkv, params, call)
-    assert_close(got, want)
+    check_against_reference(fused_attention, shape, mask, terms, normalization, **TILES)
 
 
 @pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3)])

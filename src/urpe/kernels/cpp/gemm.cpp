@@ -32,23 +32,43 @@ int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));  // MKL's C na
 namespace urpe_cpp {
 namespace {
 
+// A product's sizes as the Fortran interface takes them (leading dimensions at least 1).
+struct Fortran {
+  int m, n, k, lda, ldb, ldc;
+  Fortran(int64_t m_, int64_t n_, int64_t k_, int64_t lda_, int64_t ldb_, int64_t ldc_)
+      : m(static_cast<int>(m_)), n(static_cast<int>(n_)), k(static_cast<int>(k_)),
+        lda(static_cast<int>(std::max<int64_t>(lda_, 1))),
+        ldb(static_cast<int>(std::max<int64_t>(ldb_, 1))),
+        ldc(static_cast<int>(std::max<int64_t>(ldc_, 1))) {}
+};
+
+// The column-major BLAS routine for these operands, if the torch build exports it.
 template <typename T>
 bool blas_call(char ta, char tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
 #if URPE_WEAK_BLAS
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  const int la = static_cast<int>(std::max<int64_t>(lda, 1));
-  const int lb = static_cast<int>(std::max<int64_t>(ldb, 1));
-  const int lc = static_cast<int>(std::max<int64_t>(ldc, 1));
+  const Fortran f(m, n, k, lda, ldb, ldc);
   if constexpr (std::is_same_v<T, float>) {
     if (sgemm_ == nullptr) return false;
-    sgemm_(&ta, &tb, &mi, &ni, &ki, &alpha, a, &la, b, &lb, &beta, c, &lc);
+    sgemm_(&ta, &tb, &f.m, &f.n, &f.k, &alpha, a, &f.lda, b, &f.ldb, &beta, c, &f.ldc);
     return true;
   } else {
     if (dgemm_ == nullptr) return false;
-    dgemm_(&ta, &tb, &mi, &ni, &ki, &alpha, a, &la, b, &lb, &beta, c, &lc);
+    dgemm_(&ta, &tb, &f.m, &f.n, &f.k, &alpha, a, &f.lda, b, &f.ldb, &beta, c, &f.ldc);
     return true;
   }
+#else
+  return false;
+#endif
+}
+
+bool blas_call(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if URPE_WEAK_BLAS
+  if (gemm_bf16bf16f32_ == nullptr) return false;
+  const Fortran f(m, n, k, lda, ldb, ldc);
+  gemm_bf16bf16f32_(&ta, &tb, &f.m, &f.n, &f.k, &alpha, a, &f.lda, b, &f.ldb, &beta, c, &f.ldc);
+  return true;
 #else
   return false;
 #endif
@@ -82,33 +102,43 @@ void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
+
+// Row-major C (m x n) = alpha op(A) op(B) + beta C through the column-major routine, called
+// as (ta, tb) with the operands swapped; `fallback` where BLAS is not there.
+template <typename A, typename C, typename Fallback>
+void product(char ta, char tb, int64_t m, int64_t n, int64_t k, C alpha, const A* a,
+             int64_t lda, const A* b, int64_t ldb, C beta, C* c, int64_t ldc,
+             const Fallback& fallback) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_only(m, n, beta, c, ldc);
+  if (blas_call(ta, tb, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
+  fallback();
+}
+
 }  // namespace
 
 template <typename T>
 void gemm_nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
              int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) return scale_only(m, n, beta, c, ldc);
-  if (blas_call<T>('T', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
-  aten_call<T>(view(a, m, k, lda), view(b, n, k, ldb).t(), alpha, beta, c, m, n, ldc);
+  product('T', 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, [&] {
+    aten_call<T>(view(a, m, k, lda), view(b, n, k, ldb).t(), alpha, beta, c, m, n, ldc);
+  });
 }
 
 template <typename T>
 void gemm_nn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
              int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) return scale_only(m, n, beta, c, ldc);
-  if (blas_call<T>('N', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
-  aten_call<T>(view(a, m, k, lda), view(b, k, n, ldb), alpha, beta, c, m, n, ldc);
+  product('N', 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, [&] {
+    aten_call<T>(view(a, m, k, lda), view(b, k, n, ldb), alpha, beta, c, m, n, ldc);
+  });
 }
 
 template <typename T>
 void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
              int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) return scale_only(m, n, beta, c, ldc);
-  if (blas_call<T>('N', 'T', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
-  aten_call<T>(view(a, k, m, lda).t(), view(b, k, n, ldb), alpha, beta, c, m, n, ldc);
+  product('N', 'T', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, [&] {
+    aten_call<T>(view(a, k, m, lda).t(), view(b, k, n, ldb), alpha, beta, c, m, n, ldc);
+  });
 }
 
 #define URPE_GEMMS(T)                                                                         \
@@ -129,42 +159,26 @@ bool bf16_products() {
 #endif
 }
 
+// bfloat16 operands: only BLAS's routine (the callers check `bf16_products()` first)
 namespace {
-
-void bf16_call(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  TORCH_CHECK(bf16_products(), "urpe_cpp: this torch build has no bf16 x bf16 -> f32 BLAS");
-#if URPE_WEAK_BLAS
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  const int la = static_cast<int>(std::max<int64_t>(lda, 1));
-  const int lb = static_cast<int>(std::max<int64_t>(ldb, 1));
-  const int lc = static_cast<int>(std::max<int64_t>(ldc, 1));
-  gemm_bf16bf16f32_(&ta, &tb, &mi, &ni, &ki, &alpha, a, &la, b, &lb, &beta, c, &lc);
-#endif
-}
-
+const auto no_bf16_fallback = [] {
+  TORCH_CHECK(false, "urpe_cpp: this torch build has no bf16 x bf16 -> f32 BLAS");
+};
 }  // namespace
 
-// As the float products above, operands swapped for the column-major routine.
 void gemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) return scale_only(m, n, beta, c, ldc);
-  bf16_call('T', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+  product('T', 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, no_bf16_fallback);
 }
 
 void gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) return scale_only(m, n, beta, c, ldc);
-  bf16_call('N', 'N', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+  product('N', 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, no_bf16_fallback);
 }
 
 void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) return scale_only(m, n, beta, c, ldc);
-  bf16_call('N', 'T', n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+  product('N', 'T', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, no_bf16_fallback);
 }
 
 const char* gemm_route() {

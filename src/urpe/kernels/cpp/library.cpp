@@ -169,7 +169,7 @@ template <typename T>
 TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor& grad,
                       int64_t workers) {
   TermGrad<T> g;
-  g.kind = term.kind;
+  g.layout = term;
   if (term.kind == kDense) {
     grad = at::zeros(tensor.sizes(), tensor.options());
     g.sb = stride_or_zero(grad, 0);
@@ -179,13 +179,6 @@ TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor&
   } else {
     grad = at::zeros({workers, tensor.size(0), tensor.size(1)}, tensor.options());
     g.slot_size = tensor.numel();
-    g.row_len = term.row_len;
-    g.per_head = term.per_head;
-    g.index = term.index;
-    g.ib = term.ib;
-    g.ii = term.ii;
-    g.ij = term.ij;
-    g.lq = term.lq;
   }
   g.data = grad.data_ptr<T>();
   return g;

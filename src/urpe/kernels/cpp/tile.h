@@ -192,15 +192,25 @@ struct Term {
 
   bool present() const { return kind != kNone; }
 
+  // Tables: where head h's row starts; Toeplitz: where (h, i)'s entry for key j0 sits
+  int64_t table_row(int64_t h) const { return per_head ? h * row_len : 0; }
+  int64_t toeplitz_entry(int64_t h, int64_t i, int64_t j0) const {
+    return table_row(h) + (j0 - i + lq - 1);
+  }
+  // Relation: the index of (b, i, j0), the next keys ij apart
+  const int64_t* relation_index(int64_t b, int64_t i, int64_t j0) const {
+    return index + b * ib + i * ii + j0 * ij;
+  }
+
   // The values of keys [j0, j0 + n) at a pointer readable for `span` >= n entries (what lies
   // past n is anything: the loops mask it); `buf` (span entries) holds them where they must be
   // gathered.
   const T* row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
                T* buf) const {
-    if (kind == kToeplitz) return data + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
+    if (kind == kToeplitz) return data + toeplitz_entry(h, i, j0);
     if (kind == kRelation) {
-      const T* table = data + (per_head ? h * row_len : 0);
-      const int64_t* idx = index + b * ib + i * ii + j0 * ij;
+      const T* table = data + table_row(h);
+      const int64_t* idx = relation_index(b, i, j0);
       for (int64_t j = 0; j < n; ++j) buf[j] = table[idx[j * ij]];
       return buf;
     }
@@ -211,41 +221,36 @@ struct Term {
   }
 };
 
-// Where a term's gradient goes. Tables: one private copy per worker (`slot`), summed after
-// the loop. Dense: the gradient tensor itself (contiguous, the term's shape), written by the
-// one work item that owns each entry (see backward.cpp).
+// Where a term's gradient goes, laid out as the term itself (`layout`: its kind, table rows
+// and relation index). Tables: one private copy per worker (`slot`), summed after the loop.
+// Dense: the gradient tensor itself (contiguous, the term's shape), written by the one work
+// item that owns each entry (see backward.cpp).
 template <typename T>
 struct TermGrad {
-  int64_t kind = kNone;
+  Term<T> layout;
   T* data = nullptr;
   int64_t sb = 0, sh = 0, si = 0, sj = 0;  // dense: strides, 0 along a broadcast dim
   int64_t slot_size = 0;                   // tables: entries per worker copy
-  int64_t row_len = 0;
-  bool per_head = false;
-  const int64_t* index = nullptr;
-  int64_t ib = 0, ii = 0, ij = 0;
-  int64_t lq = 0;
 
-  bool present() const { return kind != kNone; }
+  bool present() const { return layout.present(); }
 
   // Toeplitz: where the gradient of keys [j0, ...) of row (h, i) accumulates, contiguous;
   // other kinds: nullptr (use `add`)
   T* row_target(int64_t slot, int64_t h, int64_t i, int64_t j0) const {
-    if (kind != kToeplitz) return nullptr;
-    return data + slot * slot_size + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
+    if (layout.kind != kToeplitz) return nullptr;
+    return data + slot * slot_size + layout.toeplitz_entry(h, i, j0);
   }
 
   void add(int64_t slot, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
            const T* __restrict g) const {
-    if (kind == kToeplitz) {
-      T* __restrict dst =
-          data + slot * slot_size + (per_head ? h * row_len : 0) + (j0 - i + lq - 1);
+    if (layout.kind == kToeplitz) {
+      T* __restrict dst = row_target(slot, h, i, j0);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) dst[j] += g[j];
-    } else if (kind == kRelation) {
-      T* dst = data + slot * slot_size + (per_head ? h * row_len : 0);
-      const int64_t* idx = index + b * ib + i * ii + j0 * ij;
-      for (int64_t j = 0; j < n; ++j) dst[idx[j * ij]] += g[j];
+    } else if (layout.kind == kRelation) {
+      T* dst = data + slot * slot_size + layout.table_row(h);
+      const int64_t* idx = layout.relation_index(b, i, j0);
+      for (int64_t j = 0; j < n; ++j) dst[idx[j * layout.ij]] += g[j];
     } else {
       T* dst = data + b * sb + h * sh + i * si + j0 * sj;
       if (sj == 0) {
