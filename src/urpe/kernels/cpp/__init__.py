@@ -5,8 +5,9 @@ The eager blockwise kernel ("fused") runs each step of a tile as its own PyTorch
 thread, which a busy machine makes slow. This kernel keeps a score tile (256 x 512 forward,
 128 x 512 backward) in cache and does everything per element on it inside one C++ loop
 (`forward.cpp`, `backward.cpp`): q k^T and the products with V by BLAS, then the bias, the
-masks, the normalisation, the gate C and dropout row by row, and in the backward the gate's and the normalisation's rules and the bias
-and gate gradients (Toeplitz gradients as sums along each row of an offset-indexed copy). The
+masks, the normalisation, the gate C and dropout row by row, and in the backward the gate's
+and the normalisation's rules and the bias and gate gradients (Toeplitz gradients as sums along
+each row of an offset-indexed copy). The
 work is parallelised once per call over (batch, head, query block) forward and (batch, kv head,
 query range) backward, with workers taking the next item when they finish one, so a thread that
 shares its core with another process takes fewer items instead of holding the others back.
