@@ -39,6 +39,33 @@ def _check_index_tensor(name: str, t: Tensor, dims: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {shapes}, got {tuple(t.shape)}")
 
 
+def _check_relation(relation: Tensor | None, lq: int, lk: int, rows: set[int]) -> None:
+    """A relation index (B|1, Lq, Lk) that matches the positions (rows: their batch sizes)."""
+    if relation is None:
+        return
+    _check_index_tensor("positions.relation", relation, (3,))
+    if tuple(relation.shape[-2:]) != (lq, lk):
+        raise ValueError(
+            f"positions.relation must have shape (B, Lq, Lk) = (B, {lq}, {lk}), "
+            f"got {tuple(relation.shape)}"
+        )
+    if rows and relation.shape[0] not in rows | {1}:
+        raise ValueError(
+            f"positions.relation has batch {relation.shape[0]}, positions have {rows.pop()}"
+        )
+
+
+def _device_of(device: torch.device | str | None) -> torch.device:
+    """The device torch.arange(..., device=device) would put its result on ("cuda" -> "cuda:0")."""
+    if device is None:
+        getter = getattr(torch, "get_default_device", None)  # torch >= 2.3
+        device = getter() if getter is not None else torch.device("cpu")
+    device = torch.device(device)
+    if device.type != "cpu" and device.index is None:
+        device = torch.empty(0, device=device).device
+    return device
+
+
 class Positions:
     """Absolute positions of queries and keys, and an optional pairwise relation.
 
@@ -62,24 +89,32 @@ class Positions:
             raise ValueError(
                 f"positions.query has {query.shape[0]} rows but positions.key has {key.shape[0]}"
             )
-        if relation is not None:
-            _check_index_tensor("positions.relation", relation, (3,))
-            lq, lk = query.shape[-1], key.shape[-1]
-            if tuple(relation.shape[-2:]) != (lq, lk):
-                raise ValueError(
-                    f"positions.relation must have shape (B, Lq, Lk) = (B, {lq}, {lk}), "
-                    f"got {tuple(relation.shape)}"
-                )
-            rows = {t.shape[0] for t in (query, key) if t.dim() == 2}
-            if rows and relation.shape[0] not in rows | {1}:
-                raise ValueError(
-                    f"positions.relation has batch {relation.shape[0]}, positions have {rows.pop()}"
-                )
-        self.query, self.key, self.relation = query, key, relation
+        rows = {t.shape[0] for t in (query, key) if t.dim() == 2}
+        _check_relation(relation, query.shape[-1], key.shape[-1], rows)
+        self._query, self._key, self.relation = query, key, relation
+        self._lengths = (query.shape[-1], key.shape[-1])
+        self._device = query.device
         # Python-level structure: (start of the keys) when aligned, else None. Set only by the
         # constructors that know it; never derived from tensor values.
         self._aligned_start: int | None = None
         self._relation_range: tuple[int, int] | None = None
+
+    @property
+    def query(self) -> Tensor:
+        """(Lq,) or (B, Lq) integer positions of the queries."""
+        if self._query is None:  # aligned: made on first use (decoding steps often never ask)
+            lq, lk = self._lengths
+            end = self._aligned_start + lk
+            self._query = torch.arange(end - lq, end, device=self._device)
+        return self._query
+
+    @property
+    def key(self) -> Tensor:
+        """(Lk,) or (B, Lk) integer positions of the keys."""
+        if self._key is None:
+            start = self._aligned_start
+            self._key = torch.arange(start, start + self._lengths[1], device=self._device)
+        return self._key
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -121,10 +156,15 @@ class Positions:
         This is `urpe.attention`'s own convention for Lq != Lk (and its causal alignment); with
         Lq > Lk the first queries sit before the first key. The default for cross-attention.
         """
-        key = torch.arange(start, start + key_length, device=device)
-        query = torch.arange(start + key_length - query_length, start + key_length, device=device)
-        positions = cls(query, key, relation)
+        _check_relation(relation, query_length, key_length, set())
+        # The position tensors are made on first use: many calls only read the structure.
+        positions = cls.__new__(cls)
+        positions._query = positions._key = None
+        positions.relation = relation
+        positions._lengths = (query_length, key_length)
+        positions._device = _device_of(device)
         positions._aligned_start = start
+        positions._relation_range = None
         return positions
 
     @classmethod
@@ -166,22 +206,26 @@ class Positions:
 
     def with_relation(self, relation: Tensor | None) -> Positions:
         """The same positions (and structure) with another relation index."""
-        out = Positions(self.query, self.key, relation)
-        out._aligned_start = self._aligned_start
-        return out
+        if self.is_aligned:
+            lq, lk = self._lengths
+            return Positions.aligned(lq, lk, start=self._aligned_start, device=self._device,
+                                     relation=relation)  # fmt: skip
+        return Positions(self.query, self.key, relation)
 
     # ------------------------------------------------------------------------------- structure
     @property
     def query_length(self) -> int:
-        return self.query.shape[-1]
+        return self._lengths[0]
 
     @property
     def key_length(self) -> int:
-        return self.key.shape[-1]
+        return self._lengths[1]
 
     @property
     def batch(self) -> int | None:
         """B when positions are per row, else None (shared by the batch)."""
+        if self.is_aligned:
+            return None
         for t in (self.query, self.key):
             if t.dim() == 2:
                 return t.shape[0]
@@ -201,7 +245,7 @@ class Positions:
 
     @property
     def device(self) -> torch.device:
-        return self.query.device
+        return self._device
 
     def offsets(self) -> Tensor:
         """d_ij = key position - query position. Shape (B or 1, Lq, Lk), int64."""

@@ -183,18 +183,47 @@ def _as_op_outputs(grads, args: ForwardArgs) -> tuple[Tensor, ...]:
     )
 
 
+def plain_eager(*tensors: Tensor) -> bool:
+    """Whether this call runs in plain eager mode: no torch.compile tracing, no torch.func
+    transform, no dispatch or function mode, plain tensors. Then nothing needs the custom ops'
+    registration (fakes, vmap rules, schemas), and calling the kernel's functions directly saves
+    the custom op machinery's per-call cost (about 150 us a call, measured: issue 28)."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or any(type(t) not in _PLAIN for t in tensors)
+    )
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _needs_grad(args: ForwardArgs) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in args[:N_TENSORS])
+
+
 @dataclass(frozen=True)
 class AttentionOps:
-    """A kernel's raw ops and the autograd Function around them."""
+    """A kernel's raw ops, the autograd Function around them, and the direct route that plain
+    eager calls take (the kernel's own functions; same results, without the ops' overhead)."""
 
     forward_op: Callable
     backward_op: Callable
     function: type[torch.autograd.Function]
+    forward: Callable[[ForwardArgs], tuple[Tensor, Tensor]]
+    eager_function: type[torch.autograd.Function]
 
     def __call__(self, args: ForwardArgs) -> Tensor:
         """The differentiable output (B, H, Lq, Dv) for these arguments."""
-        out, _stat = self.function.apply(*args)
-        return out
+        if not plain_eager(args.q, args.k, args.v):
+            return self.function.apply(*args)[0]
+        if not _needs_grad(args):
+            return self.forward(args)[0]
+        return self.eager_function.apply(*args)[0]
 
 
 def define_attention_ops(
@@ -226,7 +255,9 @@ def define_attention_ops(
     )
     backward_op.register_fake(_backward_fake)
     _register_vmap_rules(forward_op, backward_op)
-    return AttentionOps(forward_op, backward_op, _autograd_function(forward_op, backward_op, name))
+    function = _autograd_function(forward_op, backward_op, name)
+    eager = _eager_function(forward, backward, f"{name}_eager")
+    return AttentionOps(forward_op, backward_op, function, forward, eager)
 
 
 def _with_explicit_parameters(call: Callable) -> Callable:
@@ -278,3 +309,36 @@ def _autograd_function(forward_op, backward_op, name: str) -> type[torch.autogra
 
     AttentionFunction.__name__ = AttentionFunction.__qualname__ = name
     return AttentionFunction
+
+
+def _eager_function(forward: Callable, backward: Callable, name: str):
+    """The autograd Function of plain eager calls: the kernel's two functions, called directly
+    (the custom ops' Function is what torch.func and torch.compile see instead)."""
+
+    class EagerAttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *flat):
+            out, stat = forward(ForwardArgs(*flat))
+            ctx.mark_non_differentiable(stat)
+            ctx.save_for_backward(out, stat, *flat[:N_TENSORS])
+            ctx.scalars = flat[N_TENSORS:]
+            return out, stat
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad_out, _grad_stat):
+            out, stat, *tensors = ctx.saved_tensors
+            needs = ForwardArgs(*ctx.needs_input_grad)
+            call = ForwardArgs(*tensors, *ctx.scalars)
+            grads = backward(
+                BackwardArgs(grad_out.contiguous(), out, stat, call, needs.bias, needs.gate,
+                             needs.attn_mask)
+            )  # fmt: skip
+            per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
+            return tuple(
+                per_input[name] if name in per_input and getattr(needs, name) else None
+                for name in _FIELDS
+            )
+
+    EagerAttentionFunction.__name__ = EagerAttentionFunction.__qualname__ = name
+    return EagerAttentionFunction

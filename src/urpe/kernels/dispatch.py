@@ -39,17 +39,19 @@ failure in the backward pass, after a forward pass that ran, cannot change backe
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from torch import Tensor
 
+from . import plans
 from .execute import execute
 from .fused import fused_defers, fused_run, fused_unsupported
 from .reference import reference_run
 from .sdpa import sdpa_run, sdpa_unsupported
 from .spec import AttentionSpec, resolve
 from .tables import PositionTerm
+from .watched import WatchedDict, WatchedList
 
 
 def _always(spec: AttentionSpec) -> str | None:
@@ -91,9 +93,10 @@ class Backend:
     available: Callable[[], str | None] | None = None
 
 
-BACKENDS: dict[str, Backend] = {}
+# Watched: any change, registered or by hand, voids the remembered calls (see `plans`).
+BACKENDS: dict[str, Backend] = WatchedDict()
 # Tried in this order by backend="auto"; the reference always applies, so it comes last.
-AUTO_ORDER: list[str] = []
+AUTO_ORDER: list[str] = WatchedList()
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -126,14 +129,21 @@ def native_backends(device_type: str) -> list[str]:
 def auto_candidates(spec: AttentionSpec) -> list[Backend]:
     """The backends "auto" would try for this call, in order (one that failed on this device
     type earlier in the process is left out)."""
+    return list(_auto_iter(spec))
+
+
+def _auto_iter(spec: AttentionSpec) -> Iterator[Backend]:
+    """`auto_candidates`, lazily: a call asks only as many backends as it tries (and asks
+    `defers`, usually the cheaper question, before `unsupported`)."""
     device = spec.q.device.type
-    return [
-        BACKENDS[name]
-        for name in AUTO_ORDER
-        if (name, device) not in BROKEN
-        and BACKENDS[name].unsupported(spec) is None
-        and (BACKENDS[name].defers is None or BACKENDS[name].defers(spec) is None)
-    ]
+    for name in AUTO_ORDER:
+        backend = BACKENDS[name]
+        if (
+            (name, device) not in BROKEN
+            and (backend.defers is None or backend.defers(spec) is None)
+            and backend.unsupported(spec) is None
+        ):
+            yield backend
 
 
 def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
@@ -141,9 +151,8 @@ def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend == "auto":
-        candidates = auto_candidates(spec)
-        if candidates:
-            return candidates[0]
+        for candidate in _auto_iter(spec):
+            return candidate
         raise RuntimeError(f"no registered backend accepts this call (auto order {AUTO_ORDER})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
@@ -218,23 +227,50 @@ def attention(
     query cannot see never reaches it); those rows pass no gradient. `exp` raises ValueError
     instead of overflowing. Every backend behaves the same way on all of this.
     """
+    key = plans.signature(
+        q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
+        key_padding_mask, normalization, dropout_seed, backend, BROKEN,
+    )  # fmt: skip
+    plan = plans.find(key) if key is not None else None
+    if plan is not None:
+        # seen before: checked, and its backend chosen
+        spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate)
+        try:
+            return execute(plan.backend.run, spec)
+        except BackendFailure as failure:
+            if backend != "auto":
+                raise
+            _mark_broken(plan.backend, spec, failure)  # then the full path picks the next one
     spec = resolve(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
         normalization=normalization, dropout_seed=dropout_seed,
     )  # fmt: skip
     if backend != "auto":
-        return execute(choose_backend(backend, spec).run, spec)
-    for candidate in auto_candidates(spec):
+        chosen = choose_backend(backend, spec)
+        if key is not None:
+            plans.remember(key, plans.Plan.of(chosen, spec))
+        return execute(chosen.run, spec)
+    for candidate in _auto_iter(spec):
         try:
-            return execute(candidate.run, spec)
+            out = execute(candidate.run, spec)
         except BackendFailure as failure:
-            BROKEN[(candidate.name, spec.q.device.type)] = str(failure)
-            _warn_once(
-                f"urpe.attention: backend {candidate.name!r} cannot run on this "
-                f"{spec.q.device.type} device ({failure}); using the next backend instead"
-            )
+            _mark_broken(candidate, spec, failure)
+            continue
+        if key is not None:
+            plans.remember(key, plans.Plan.of(candidate, spec))
+        return out
     return execute(choose_backend("auto", spec).run, spec)  # raises: nothing accepts the call
+
+
+def _mark_broken(backend: Backend, spec: AttentionSpec, failure: BackendFailure) -> None:
+    """ "auto" skips this backend on this device type from now on (and says so once)."""
+    BROKEN[(backend.name, spec.q.device.type)] = str(failure)
+    plans.forget()
+    _warn_once(
+        f"urpe.attention: backend {backend.name!r} cannot run on this "
+        f"{spec.q.device.type} device ({failure}); using the next backend instead"
+    )
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs) -> Tensor:

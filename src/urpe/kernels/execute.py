@@ -59,6 +59,8 @@ def execute(run: Callable[[AttentionSpec], Tensor], spec: AttentionSpec) -> Tens
         out, poison = guarded(run, spec)
         if spec.norm.overflows:
             out = _checked_overflow(out, poison, spec)
+    if len(spec.batch_shape) == 1:  # (B, H, Lq, Dv) already
+        return out
     return out.reshape(*spec.batch_shape, spec.heads, spec.lq, spec.value_dim)
 
 

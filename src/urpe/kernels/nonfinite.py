@@ -18,14 +18,17 @@ output, and a NaN query gives a NaN output row (or 0 if it sees nothing) on ever
 NaN/inf inside bias, gate or a float attn_mask are not rewritten: they act through the ordinary
 arithmetic on the pairs where they sit (a hidden pair is never read).
 
-In eager code one reduction per tensor (no copy) tells whether anything is non-finite, and the
-usual all-finite call pays nothing else: no masked copies of q, k, v, no visibility counts, no
-masked_fill. On CUDA reading that flag is one host sync per call (measured against the copies it
-replaces in the closing note of issue 17); where a sync is impossible (`torch.compile`, `vmap`,
-CUDA graph capture) the same rule is applied without branching.
+Whether anything is non-finite is asked once per call, on the CPU in eager code only: by the
+compiled kernel's `urpe_cpp::all_finite` (one vectorised pass, a plain bool: no tensor is read)
+where it is loaded, else by one reduction per tensor. The usual all-finite call then pays
+nothing else: no masked copies of q, k, v, no visibility counts, no masked_fill. Elsewhere (CUDA,
+`torch.compile`, `vmap`, CUDA graph capture) no value is ever read on the host: the rule is
+applied as tensor ops, without branching, so a call never waits for the device (issue 28).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -34,29 +37,35 @@ from .dtypes import HALF
 from .masks import visible_key_counts
 from .spec import AttentionSpec
 
+# device type -> a check of q, k, v that answers without reading a tensor on the host (True,
+# False), or None where it cannot (the C++ kernel registers the CPU's; see `urpe.kernels.cpp`)
+FINITE_CHECKS: dict[str, Callable[[tuple[Tensor, ...]], bool | None]] = {}
+
 
 def all_finite_now(*tensors: Tensor) -> bool | None:
-    """True/False if it can be known here and now; None under compile, vmap or CUDA graph
-    capture (where reading a device value is impossible).
+    """True/False if it can be known here and now; None where reading a value would wait for
+    the device or cannot be done (CUDA, compile, vmap, CUDA graph capture, tensor subclasses).
 
-    Conservative: a finite tensor whose sum overflows reads as non-finite (the exact path then
-    runs, which gives the same result more slowly).
+    Conservative: the fallback reads a finite tensor whose sum overflows as non-finite (the
+    exact path then runs, which gives the same result more slowly).
     """
-    if torch.compiler.is_compiling():
+    for t in tensors:
+        if type(t) not in _PLAIN or t.device.type != "cpu":
+            return None
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return None
-    devices = {t.device.type for t in tensors}
-    if devices - {"cpu", "cuda"}:
-        return None
-    if "cuda" in devices and torch.cuda.is_current_stream_capturing():
-        return None
+    fast = FINITE_CHECKS.get("cpu")
+    if fast is not None:
+        known = fast(tensors)
+        if known is not None:
+            return known
     with torch.no_grad():
         # accumulate half precision in float32: an fp16 sum of many O(1) values overflows
         wide = [t.detach().sum(dtype=torch.float32 if t.dtype in HALF else None) for t in tensors]
-        total = sum(wide)
-        try:
-            return bool(torch.isfinite(total))
-        except RuntimeError:  # a batched tensor under vmap cannot be read
-            return None
+        return bool(torch.isfinite(sum(wide)))
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def row_is_finite(x: Tensor) -> Tensor:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .watched import WatchedDict
+
 
 @dataclass(frozen=True)
 class Normalization:
@@ -47,7 +49,7 @@ class Normalization:
     overflows: bool = False
 
 
-NORMALIZATIONS: dict[str, Normalization] = {}
+NORMALIZATIONS: dict[str, Normalization] = WatchedDict()  # dispatch's plans watch it
 
 
 def register_normalization(norm: Normalization) -> Normalization:

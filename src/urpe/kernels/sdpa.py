@@ -32,7 +32,7 @@ def sdpa_unsupported(spec: AttentionSpec) -> str | None:
 def sdpa_run(spec: AttentionSpec) -> Tensor:
     """Softmax attention with optional bias and masks through `F.scaled_dot_product_attention`."""
     q, k, v = spec.q, spec.k, spec.v
-    lq, lk = spec.lq, spec.lk
+    lq, lk = q.shape[2], k.shape[2]
     additive = None
     for term in (dense_term(spec.bias, lq, lk), spec.attn_mask):
         if term is not None and term.dtype != torch.bool:
@@ -47,14 +47,14 @@ def sdpa_run(spec: AttentionSpec) -> Tensor:
         and spec.key_padding_mask is None
         and spec.attn_mask is None
     )
-    keep = None
-    if not native_causal:
-        keep = keep_mask(spec.key_padding_mask, spec.attn_mask, spec.is_causal, lq, lk, q.device)
     mask = additive
-    if keep is not None:
+    hides = spec.key_padding_mask is not None or (
+        spec.attn_mask is not None and spec.attn_mask.dtype == torch.bool
+    )
+    if hides or (spec.is_causal and not native_causal):
+        keep = keep_mask(spec.key_padding_mask, spec.attn_mask, spec.is_causal, lq, lk, q.device)
         mask = keep if additive is None else additive.masked_fill(~keep, float("-inf"))
-    gqa = dict(enable_gqa=True) if spec.groups > 1 else {}
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=native_causal,
-        scale=spec.scale, **gqa,
+        scale=spec.scale, enable_gqa=spec.groups > 1,
     )  # fmt: skip

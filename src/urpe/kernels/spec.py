@@ -20,9 +20,10 @@ from .ops import checked_relation_index
 from .tables import PositionTerm, Relation, Toeplitz
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)  # not frozen: a frozen init costs 1 us more per call
 class AttentionSpec:
-    """One attention call, resolved. Shapes use B for the flattened leading dims.
+    """One attention call, resolved (treat it as immutable: `replace` makes a changed copy).
+    Shapes use B for the flattened leading dims.
 
     q: (B, H, Lq, D). k: (B, Hkv, Lk, D). v: (B, Hkv, Lk, Dv). H is a multiple of Hkv (grouped
     queries: query head h uses key/value head h // (H / Hkv)).
@@ -73,7 +74,8 @@ class AttentionSpec:
     @property
     def is_empty(self) -> bool:
         """Nothing to compute: the output is empty, or no query has any key (then all 0)."""
-        return self.batch * self.heads * self.lq * self.value_dim == 0 or self.lk == 0
+        b, h, lq, _ = self.q.shape
+        return b * h * lq == 0 or self.v.shape[3] == 0 or self.k.shape[2] == 0
 
     def replace(self, **changes) -> AttentionSpec:
         return replace(self, **changes)
@@ -93,16 +95,20 @@ def _check_qkv(q, k, v, enable_gqa: bool) -> None:
             )
         if not t.is_floating_point():
             raise TypeError(f"{name} must be floating point, got {t.dtype}")
-    if not (q.dim() == k.dim() == v.dim()) or not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if not (len(qs) == len(ks) == len(vs)) or (
+        not (qs[0] == ks[0] == vs[0]) if len(qs) == 4 else not (qs[:-3] == ks[:-3] == vs[:-3])
+    ):
         raise ValueError(
             f"q, k, v must share their leading (batch) dims before (H, L, D): got q "
-            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"{tuple(qs)}, k {tuple(ks)}, v {tuple(vs)}"
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
+    device = q.device
+    if k.device != device or v.device != device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    h, hkv = q.shape[-3], k.shape[-3]
+    h, hkv = qs[-3], ks[-3]
     if hkv != h:
         if not enable_gqa:
             raise ValueError(
@@ -113,25 +119,22 @@ def _check_qkv(q, k, v, enable_gqa: bool) -> None:
             raise ValueError(
                 f"enable_gqa needs q's heads ({h}) to be a multiple of k's and v's ({hkv})"
             )
-    if v.shape[-3] != hkv:
-        raise ValueError(f"k and v must have the same heads, got {hkv} and {v.shape[-3]}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k head dim {k.shape[-1]} does not match q head dim {q.shape[-1]}")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v length {v.shape[-2]} does not match k length {k.shape[-2]}")
+    if vs[-3] != hkv:
+        raise ValueError(f"k and v must have the same heads, got {hkv} and {vs[-3]}")
+    if ks[-1] != qs[-1]:
+        raise ValueError(f"k head dim {ks[-1]} does not match q head dim {qs[-1]}")
+    if vs[-2] != ks[-2]:
+        raise ValueError(f"v length {vs[-2]} does not match k length {ks[-2]}")
 
 
 def _broadcasts(name: str, shape: tuple[int, ...], full: tuple[int, ...], what: str) -> None:
+    """shape broadcasts to full (its dims, right-aligned, are 1 or full's)."""
     if len(shape) > len(full):
         raise ValueError(f"{name} must broadcast to {what} = {full}, got rank {len(shape)}")
-    try:
-        out = torch.broadcast_shapes(shape, full)
-    except RuntimeError:
-        raise ValueError(
-            f"{name} of shape {tuple(shape)} does not broadcast to {what} = {full}"
-        ) from None
-    if out != full:
-        raise ValueError(f"{name} of shape {tuple(shape)} is larger than {what} = {full}")
+    for n, m in zip(reversed(shape), reversed(full), strict=False):  # len(shape) <= len(full)
+        if n != m and n != 1:
+            reason = "is larger than" if m == 1 else "does not broadcast to"
+            raise ValueError(f"{name} of shape {tuple(shape)} {reason} {what} = {full}")
 
 
 def _check_device(name: str, t: Tensor, q: Tensor) -> None:
@@ -175,11 +178,13 @@ def _check_term(name: str, term, q: Tensor, full: tuple[int, ...]) -> None:
     )
 
 
-def _flatten_leading(t: Tensor, batch_shape: tuple[int, ...], trailing: int) -> Tensor:
+def flatten_leading(t: Tensor, batch_shape: tuple[int, ...], trailing: int) -> Tensor:
     """(..., *trailing dims) broadcastable over batch_shape -> (B|1, *trailing dims).
 
     No copy when the leading dims are all 1 or all of batch_shape; a partial broadcast expands.
     """
+    if len(batch_shape) == 1 and t.dim() == trailing + 1:  # (B|1, ...): already the form
+        return t
     t = t.reshape((1,) * (len(batch_shape) + trailing - t.dim()) + tuple(t.shape))
     lead, rest = tuple(t.shape[: len(batch_shape)]), tuple(t.shape[len(batch_shape) :])
     if all(n == 1 for n in lead):
@@ -193,9 +198,9 @@ def _flatten_term(name: str, term, batch_shape: tuple[int, ...]):
     if term is None or isinstance(term, Toeplitz):
         return term
     if isinstance(term, Relation):
-        index = _flatten_leading(term.index, batch_shape, 2)  # (B|1, Lq, Lk)
+        index = flatten_leading(term.index, batch_shape, 2)  # (B|1, Lq, Lk)
         return Relation(term.table, checked_relation_index(index, term.num_relations, name))
-    return _flatten_leading(term, batch_shape, 3)  # (B|1, H|1, Lq|1, Lk|1)
+    return flatten_leading(term, batch_shape, 3)  # (B|1, H|1, Lq|1, Lk|1)
 
 
 def resolve(
@@ -258,18 +263,23 @@ def resolve(
             dropout_seed = torch.tensor(dropout_seed % 2**62, dtype=torch.int64, device=q.device)
         else:
             raise TypeError(f"dropout_seed must be an int or a tensor, got {dropout_seed!r}")
-    b = math.prod(batch_shape)
+    if len(batch_shape) != 1:  # (..., H, L, D) -> (B, H, L, D)
+        b = math.prod(batch_shape)
+        q = q.reshape(b, h, lq, d)
+        k = k.reshape(b, k.shape[-3], lk, d)
+        v = v.reshape(b, v.shape[-3], lk, v.shape[-1])
     return AttentionSpec(
-        q=q.reshape(b, h, lq, d),
-        k=k.reshape(b, k.shape[-3], lk, d),
-        v=v.reshape(b, v.shape[-3], lk, v.shape[-1]),
+        q=q,
+        k=k,
+        v=v,
         bias=_flatten_term("bias", bias, batch_shape),
         gate=_flatten_term("gate", gate, batch_shape),
-        attn_mask=None if attn_mask is None else _flatten_leading(attn_mask, batch_shape, 3),
+        attn_mask=None if attn_mask is None else flatten_leading(attn_mask, batch_shape, 3),
         key_padding_mask=(
-            None if key_padding_mask is None else _flatten_leading(key_padding_mask, batch_shape, 1)
+            None if key_padding_mask is None else flatten_leading(key_padding_mask, batch_shape, 1)
         ),
-        is_causal=is_causal,
+        # one query is aligned with the last key: causality hides nothing from it
+        is_causal=is_causal and lq > 1,
         normalization=normalization,
         scale=float(scale),
         dropout_p=float(dropout_p),

@@ -30,15 +30,17 @@ Function around them (`ops.py`), and the backend here.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..dispatch import Backend
 from ..execute import execute
 from ..fused import fused_defers
 from ..layout import ForwardArgs
+from ..nonfinite import FINITE_CHECKS
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
-from .build import threaded, unavailable
+from .build import is_loaded, threaded, unavailable
 
 __all__ = ["cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
            "unavailable"]  # fmt: skip
@@ -48,11 +50,16 @@ def cpp_unsupported(spec: AttentionSpec) -> str | None:
     """Why the C++ kernel cannot run this call (None: it can). Builds it on the first CPU call."""
     if spec.q.device.type != "cpu":
         return f"the C++ kernel runs on the CPU, not {spec.q.device.type}"
-    from .ops import BUILT_IN
-
-    if BUILT_IN.get(spec.normalization) is not spec.norm:
+    if _built_in().get(spec.normalization) is not spec.norm:
         return f"normalization {spec.normalization!r} has no C++ form (backend 'fused' runs it)"
     return unavailable()
+
+
+def _built_in() -> dict:
+    """The normalisations the C++ loop implements (ops.py, imported on first use)."""
+    from .ops import BUILT_IN
+
+    return BUILT_IN
 
 
 def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
@@ -92,3 +99,12 @@ def cpp_backend() -> Backend:
     """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
     return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
                    devices=("cpu",), available=unavailable)  # fmt: skip
+
+
+def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:
+    """Whether q, k, v hold only finite numbers, by one C++ pass (None: the kernel is not
+    loaded; the non-finite rule then asks torch)."""
+    return torch.ops.urpe_cpp.all_finite(list(tensors)) if is_loaded() else None
+
+
+FINITE_CHECKS["cpu"] = cpp_all_finite

@@ -30,14 +30,15 @@ import torch
 from ...files import atomic_write_text, cache_root
 
 NAMESPACE = "urpe_cpp"  # torch.ops.urpe_cpp.forward / backward (fixed in library.cpp)
-SOURCES = ("library.cpp", "forward.cpp", "backward.cpp", "gemm.cpp")
+SOURCES = ("library.cpp", "forward.cpp", "backward.cpp", "gemm.cpp", "checks.cpp")
 HEADERS = ("tile.h", "loops.h")
 SWITCH = "URPE_CPP_KERNEL"  # "0" / "off": never build or load the kernel
 VERBOSE = "URPE_CPP_VERBOSE"  # "1": show the compiler's output
 HERE = Path(__file__).resolve().parent
 
 _lock = threading.Lock()
-_state: dict[str, str | None] = {}  # "reason": None once loaded, else why not; "error": in full
+# "reason": None once loaded, else why not; "error": in full; "threaded": see `threaded`
+_state: dict[str, str | bool | None] = {}
 
 
 def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
@@ -185,6 +186,11 @@ def _load_reason() -> str | None:
     return f"the build failed: {_first_line(first_error)}"
 
 
+def is_loaded() -> bool:
+    """Whether the kernel is loaded in this process (never builds or loads it)."""
+    return "reason" in _state and _state["reason"] is None
+
+
 def _constant_for_compile(fn):
     """`torch.compiler.assume_constant_result(fn)`: torch.compile calls fn while tracing and
     keeps its answer as a constant, instead of tracing into file checks and a build. That call
@@ -207,7 +213,9 @@ def unavailable() -> str | None:
 @_constant_for_compile
 def threaded() -> bool:
     """Whether the loaded kernel spreads its tiles over torch's threads (built with OpenMP)."""
-    return load() is None and bool(torch.ops.urpe_cpp.threaded())
+    if "threaded" not in _state:  # fixed for the loaded library; asked on every CPU call
+        _state["threaded"] = load() is None and bool(torch.ops.urpe_cpp.threaded())
+    return _state["threaded"]
 
 
 def main(argv: list[str] | None = None) -> int:

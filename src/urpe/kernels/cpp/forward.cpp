@@ -192,7 +192,7 @@ template <typename T>
 void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
-  const int64_t workers = workers_for(count);
+  const int64_t workers = workers_for(count, P.work());
   const int64_t rows = P.batch * P.heads;
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {

@@ -102,6 +102,42 @@ void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
+// Products this small (a decoding step: one query row against a head's keys) cost less as
+// plain loops than a BLAS call's dispatch and packing.
+constexpr int64_t kDirectWork = 1 << 14;
+
+// The same product by loops, for T operands. Row-major: op(A) is (m x k), op(B) is (k x n).
+// a_t: A is stored (k x m) (gemm_tn); b_t: B is stored (n x k) (gemm_nt). beta = 0 overwrites C
+// without reading it, as BLAS does.
+template <typename T>
+void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+            int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t r = 0; r < m; ++r) {
+    T* __restrict row = c + r * ldc;
+    if (b_t) {  // C[r, j] = A[r, :] . B[j, :]
+      for (int64_t j = 0; j < n; ++j) {
+        const T* __restrict x = a + r * lda;
+        const T* __restrict y = b + j * ldb;
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t e = 0; e < k; ++e) sum += x[e] * y[e];
+        row[j] = beta == T(0) ? alpha * sum : alpha * sum + beta * row[j];
+      }
+      continue;
+    }
+    if (beta == T(0)) {
+      std::fill(row, row + n, T(0));
+    } else if (beta != T(1)) {
+      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+    }
+    for (int64_t e = 0; e < k; ++e) {  // C[r, :] += alpha op(A)[r, e] B[e, :]
+      const T x = alpha * (a_t ? a[e * lda + r] : a[r * lda + e]);
+      const T* __restrict y = b + e * ldb;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) row[j] += x * y[j];
+    }
+  }
+}
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C through the column-major routine, called
 // as (ta, tb) with the operands swapped; `fallback` where BLAS is not there.
@@ -111,6 +147,12 @@ void product(char ta, char tb, int64_t m, int64_t n, int64_t k, C alpha, const A
              const Fallback& fallback) {
   if (m == 0 || n == 0) return;
   if (k == 0) return scale_only(m, n, beta, c, ldc);
+  if constexpr (std::is_same_v<A, C>) {
+    if (m * n * k <= kDirectWork) {
+      // (ta, tb) name the swapped column-major call: 'T' for ta means B is stored (n x k)
+      return direct<C>(tb == 'T', ta == 'T', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+  }
   if (blas_call(ta, tb, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc)) return;
   fallback();
 }
@@ -202,8 +244,12 @@ BlasThreadsGuard::~BlasThreadsGuard() {
 #endif
 }
 
-int64_t workers_for(int64_t count) {
-  if (count <= 1 || at::in_parallel_region()) return 1;
+// Below this many multiply-adds (about 20 us on one core) a second thread's wake-up and the
+// shared counter cost more than they save, and make the time jump with the scheduler.
+constexpr double kSerialWork = 1 << 18;
+
+int64_t workers_for(int64_t count, double work) {
+  if (count <= 1 || work < kSerialWork || at::in_parallel_region()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
 }
 

@@ -227,10 +227,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     // their own dk, dv copies (at most kMaxSplits copies), so that a slow thread can be helped.
     const int64_t blocks = (P.lq + P.block_q - 1) / P.block_q;
     const int64_t items = (G.serial_batch ? 1 : P.batch) * (G.serial_heads ? 1 : P.kv_heads);
-    const int64_t wanted = items_per_thread * workers_for(items * blocks);
+    const int64_t wanted = items_per_thread * workers_for(items * blocks, P.work());
     G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
                                                      std::min(blocks, kMaxSplits));
-    const int64_t workers = workers_for(items * G.splits);
+    const int64_t workers = workers_for(items * G.splits, P.work());
     dk = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.dim}, options);
     dv = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.vdim}, options);
     G.dk = dk.data_ptr<scalar_t>();

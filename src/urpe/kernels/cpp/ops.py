@@ -11,6 +11,8 @@ compose with them.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -49,18 +51,41 @@ def toeplitz_columns(table_width: int, lq: int, lk: int, device) -> Tensor:
     return offsets.clamp(-k, k) + k
 
 
+@functools.lru_cache(maxsize=64)
+def _padded_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
+    """`toeplitz_columns`, then LANES more columns for the rows' padding (what the loops read
+    past the last offset is never used as a number: any valid column serves). Cached: a model
+    meets the same few (width, Lq, Lk) in every layer and every decoding step."""
+    columns = toeplitz_columns(table_width, lq, lk, device)
+    return torch.cat([columns, columns[-1:].expand(LANES)])
+
+
+def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor:
+    """(H|1, Lq + Lk - 1 + LANES): the table at every offset of the call, then padding; one
+    gather (with the columns cached) instead of building the rows op by op."""
+    if table.dtype != dtype:
+        table = table.to(dtype)
+    if torch.compiler.is_compiling():
+        columns = toeplitz_columns(table.shape[1], lq, lk, table.device)
+        columns = torch.cat([columns, columns[-1:].expand(LANES)])
+    else:
+        columns = _padded_columns(table.shape[1], lq, lk, table.device)
+    return table.index_select(1, columns)
+
+
 def _term(kind: str, tensor: Tensor | None, index: Tensor | None, lq: int, lk: int, dtype):
     """(code, tensor, index) as the C++ ops take a bias or gate."""
     if kind == "none" or tensor is None:
         return 0, None, None
+    if tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
     if kind == "toeplitz":  # (H|1, Lq + Lk - 1 + LANES): the table at every offset, then padding
-        columns = toeplitz_columns(tensor.shape[1], lq, lk, tensor.device)
-        rows = torch.zeros(tensor.shape[0], lq + lk - 1 + LANES, dtype=dtype, device=tensor.device)
-        rows[:, : lq + lk - 1] = tensor.to(dtype)[:, columns]
-        return KIND_CODES[kind], rows, None
+        return KIND_CODES[kind], toeplitz_rows(tensor, lq, lk, dtype), None
     if kind == "relation":
-        return KIND_CODES[kind], tensor.to(dtype).contiguous(), index.to(torch.int64)
-    return KIND_CODES[kind], tensor.to(dtype), None  # dense, 4-D, strides as they are
+        if index.dtype != torch.int64:
+            index = index.to(torch.int64)
+        return KIND_CODES[kind], tensor.contiguous(), index
+    return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
 
 
 def _statistic(call: ForwardArgs, dtype) -> Tensor | None:
@@ -111,12 +136,23 @@ def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
 def _bf16_products(dtype: torch.dtype) -> bool:
     """Whether the products take bfloat16 operands as they are (bf16 x bf16 -> float BLAS, as
     SDPA multiplies them), instead of converting q, k, v to float32."""
-    return dtype == torch.bfloat16 and bool(torch.ops.urpe_cpp.bf16_products())
+    return dtype == torch.bfloat16 and _has_bf16_products()
+
+
+@functools.cache
+def _has_bf16_products() -> bool:
+    return bool(torch.ops.urpe_cpp.bf16_products())  # fixed for the loaded library
 
 
 def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
     dtype = call.q.dtype if _bf16_products(call.q.dtype) else compute_dtype(call.q.dtype)
-    return tuple(t.to(dtype).contiguous() for t in (call.q, call.k, call.v))
+    return tuple(_as_operand(t, dtype) for t in (call.q, call.k, call.v))
+
+
+def _as_operand(t: Tensor, dtype: torch.dtype) -> Tensor:
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:

@@ -345,6 +345,10 @@ struct Problem {
   bool bf16() const { return q16 != nullptr; }
   // queries and keys (rounded up to kLanes) of the largest tile: what per-worker scratch holds
   int64_t tile_queries() const { return std::min(block_q, lq); }
+  // multiply-adds of the two products of the forward pass (the backward's five scale with it)
+  double work() const {
+    return static_cast<double>(batch) * heads * lq * lk * static_cast<double>(dim + vdim);
+  }
   int64_t tile_keys() const { return padded(std::min(block_k, lk)); }
   T hidden_logit() const {
     return norm == kRelu2 ? T(0) : -std::numeric_limits<T>::infinity();
@@ -428,7 +432,9 @@ T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h
 // the next index as they finish one (a shared counter), so a thread slowed by another process
 // on its core takes fewer items instead of holding everyone back. `worker` < workers(count)
 // names per-worker scratch.
-int64_t workers_for(int64_t count);
+// `work`: the call's multiply-adds; a call too small to repay waking another thread (a decoding
+// step, a short row) runs on the calling thread alone.
+int64_t workers_for(int64_t count, double work = 1e30);
 
 // While alive, BLAS calls from this thread run on this thread alone. torch turns MKL's dynamic
 // thread adjustment off (mkl_set_dynamic(false)), so a product called inside a parallel region

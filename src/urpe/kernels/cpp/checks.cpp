@@ -1,0 +1,100 @@
+// `torch.ops.urpe_cpp.all_finite(tensors) -> bool`: whether every entry of every CPU tensor is
+// finite, answered as a plain bool (no tensor is read on the host, so no `.item()`).
+//
+// urpe.attention asks this of q, k and v on every eager CPU call (the non-finite rule of
+// urpe/kernels/nonfinite.py runs its exact, slower path only when the answer is no). A
+// reduction with torch ops costs several op calls (about 35 us at a decoding shape); this is
+// one call and a vectorised pass over the bits: a float is inf or NaN exactly when its exponent
+// bits are all ones.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace urpe_cpp {
+namespace {
+
+constexpr int64_t kGrain = 1 << 16;  // entries per parallel chunk
+
+// Whether any of n entries of `bits` has all of `mask`'s bits set.
+template <typename Bits>
+bool any_exponent_full(const Bits* __restrict bits, int64_t n, Bits mask) {
+  unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) bad |= static_cast<unsigned>((bits[i] & mask) == mask);
+  return bad != 0;
+}
+
+template <typename Bits>
+bool contiguous_finite(const Bits* bits, int64_t n, Bits mask) {
+  if (n < 2 * kGrain) return !any_exponent_full(bits, n, mask);
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    if (!bad.load(std::memory_order_relaxed) &&
+        any_exponent_full(bits + begin, end - begin, mask))
+      bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad.load();
+}
+
+// Rows along a last dim of stride 1 (a transposed or sliced view, such as q = x.view(B, L, H,
+// D).transpose(1, 2)): walked without a copy.
+template <typename Bits>
+bool strided_finite(const at::Tensor& t, Bits mask) {
+  const Bits* base = reinterpret_cast<const Bits*>(t.const_data_ptr());
+  const int64_t dims = t.dim();
+  const int64_t row = t.size(dims - 1);
+  std::vector<int64_t> at_index(dims - 1, 0);
+  const int64_t rows = t.numel() / row;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t offset = 0;
+    for (int64_t d = 0; d < dims - 1; ++d) offset += at_index[d] * t.stride(d);
+    if (any_exponent_full(base + offset, row, mask)) return false;
+    for (int64_t d = dims - 2; d >= 0; --d) {  // next row index, last dim fastest
+      if (++at_index[d] < t.size(d)) break;
+      at_index[d] = 0;
+    }
+  }
+  return true;
+}
+
+template <typename Bits>
+bool finite_as(const at::Tensor& t, Bits mask) {
+  if (t.is_contiguous())
+    return contiguous_finite(reinterpret_cast<const Bits*>(t.const_data_ptr()), t.numel(), mask);
+  if (t.dim() > 0 && t.stride(-1) == 1 && t.size(-1) > 0) return strided_finite(t, mask);
+  const at::Tensor copy = t.contiguous();
+  return contiguous_finite(reinterpret_cast<const Bits*>(copy.const_data_ptr()), copy.numel(),
+                           mask);
+}
+
+bool all_finite(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.device().is_cpu(), "urpe_cpp::all_finite: CPU tensors only, got ", t.device());
+    if (t.numel() == 0) continue;
+    bool finite = true;
+    switch (t.scalar_type()) {
+      case at::kFloat: finite = finite_as<uint32_t>(t, 0x7f800000u); break;
+      case at::kDouble: finite = finite_as<uint64_t>(t, 0x7ff0000000000000ull); break;
+      case at::kHalf: finite = finite_as<uint16_t>(t, uint16_t{0x7c00}); break;
+      case at::kBFloat16: finite = finite_as<uint16_t>(t, uint16_t{0x7f80}); break;
+      default:
+        TORCH_CHECK(!at::isFloatingType(t.scalar_type()),
+                    "urpe_cpp::all_finite: unsupported dtype ", t.scalar_type());
+        continue;  // integers and bools are always finite
+    }
+    if (!finite) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(urpe_cpp, m) {
+  m.def("all_finite(Tensor[] tensors) -> bool", &all_finite);
+}
+
+}  // namespace urpe_cpp

@@ -1,0 +1,139 @@
+"""Resolved calls, remembered: the checks and the backend choice made once per kind of call.
+
+A model calls `urpe.attention` with the same kind of arguments in every layer and, while
+decoding, in every step. What `resolve` checks and "auto" decides depends only on the call's
+*signature*: the shapes, dtypes, devices and types of q, k, v, of the masks and of the terms,
+and the scalar arguments, never on tensor values. A call whose signature was seen before skips
+both: its `Plan` (the backend, and the spec's scalar fields) builds the spec from the new tensors
+and runs the backend. That is most of a decoding call's cost outside the kernel (issue 28).
+
+Plans hold no tensors (nothing is kept alive) and are kept for the last `CAPACITY` signatures.
+Every registry change clears them: `BACKENDS`, `AUTO_ORDER` and `NORMALIZATIONS` are watched
+(`watched`), and the signature holds the identity and size of `BROKEN` (backends found broken).
+
+Never remembered, so always on the full path: calls under torch.compile or a torch.func
+transform (they trace it), tensor subclasses, `Relation` terms (the index is range-checked on
+each call), an explicit `dropout_seed`, and arguments of unusual types (`scale=1`,
+`is_causal=0`, ...: the full path accepts or refuses those).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .spec import AttentionSpec, flatten_leading
+from .tables import Toeplitz
+from .watched import LISTENERS
+
+CAPACITY = 64
+_PLAIN = (Tensor, torch.nn.Parameter)
+_NOT_CACHED = object()
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    """What a resolved call of one signature keeps: the backend that runs it and the spec's
+    fields that are not the call's tensors."""
+
+    backend: object  # dispatch.Backend (not imported here: dispatch imports this module)
+    is_causal: bool
+    normalization: str
+    scale: float
+    dropout_p: float
+    batch_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, backend, spec: AttentionSpec) -> Plan:
+        return cls(backend, spec.is_causal, spec.normalization, spec.scale, spec.dropout_p,
+                   spec.batch_shape)  # fmt: skip
+
+    def spec(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, bias, gate):
+        """The spec `resolve` would build for these tensors (their signature is this plan's)."""
+        shape = self.batch_shape
+        if len(shape) != 1:  # (..., H, L, D) -> (B, H, L, D)
+            b = q.shape[:-3].numel()
+            q = q.reshape(b, *q.shape[-3:])
+            k = k.reshape(b, *k.shape[-3:])
+            v = v.reshape(b, *v.shape[-3:])
+        return AttentionSpec(
+            q, k, v,
+            bias if bias is None or type(bias) is Toeplitz else flatten_leading(bias, shape, 3),
+            gate if gate is None or type(gate) is Toeplitz else flatten_leading(gate, shape, 3),
+            None if attn_mask is None else flatten_leading(attn_mask, shape, 3),
+            None if key_padding_mask is None else flatten_leading(key_padding_mask, shape, 1),
+            self.is_causal, self.normalization, self.scale, self.dropout_p, None, shape,
+        )  # fmt: skip
+
+
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+
+
+def _tensor_key(t: Tensor | None):
+    if t is None:
+        return None
+    if type(t) not in _PLAIN:
+        return _NOT_CACHED
+    return (t.shape, t.dtype, t.device)
+
+
+def _term_key(term):
+    if term is None:
+        return None
+    if type(term) is Toeplitz:
+        table = term.table
+        if type(table) not in _PLAIN:
+            return _NOT_CACHED
+        return ("toeplitz", table.shape, table.dtype, table.device)
+    if isinstance(term, Tensor):
+        return _tensor_key(term)
+    return _NOT_CACHED  # Relation (its index is checked per call), or not a term at all
+
+
+def signature(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
+              key_padding_mask, normalization, dropout_seed, backend,
+              broken: dict) -> tuple | None:  # fmt: skip
+    """The call's signature, or None when the call is not remembered (module docstring).
+    `broken`: dispatch's BROKEN (a backend found broken changes what "auto" chooses)."""
+    if (
+        dropout_seed is not None
+        or type(q) not in _PLAIN
+        or type(k) not in _PLAIN
+        or type(v) not in _PLAIN
+        or (is_causal is not True and is_causal is not False)
+        or (enable_gqa is not True and enable_gqa is not False)
+        or (scale is not None and type(scale) is not float)
+        or type(dropout_p) is not float
+        or type(normalization) is not str
+        or type(backend) is not str
+        or torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+    ):
+        return None
+    key = (
+        q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+        _tensor_key(attn_mask), _tensor_key(key_padding_mask), _term_key(bias), _term_key(gate),
+        dropout_p, is_causal, scale, enable_gqa, normalization, backend, id(broken), len(broken),
+    )  # fmt: skip
+    return None if _NOT_CACHED in key[9:13] else key
+
+
+def find(key: tuple) -> Plan | None:
+    return _PLANS.get(key)
+
+
+def remember(key: tuple, plan: Plan) -> None:
+    if len(_PLANS) >= CAPACITY:
+        _PLANS.popitem(last=False)  # the oldest: a decoding step's signatures come and go
+    _PLANS[key] = plan
+
+
+def forget() -> None:
+    """Drop every plan (a registry changed: a later call resolves and chooses anew)."""
+    _PLANS.clear()
+
+
+LISTENERS.append(forget)
