@@ -93,4 +93,5 @@ def clipped_table_term(table: Tensor, positions: Positions) -> Toeplitz | Relati
     if positions.is_aligned:
         return Toeplitz(table)
     k = (table.shape[-1] - 1) // 2
-    return Relation(table, positions.offsets().clamp(-k, k) + k)  # index (B or 1, Lq, Lk)
+    index = positions.offsets().clamp(-k, k) + k  # (B or 1, Lq, Lk), in range by construction
+    return Relation(table, index, in_range=True)

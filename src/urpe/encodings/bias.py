@@ -89,7 +89,7 @@ def bucketed_term(
         buckets = t5_buckets(offsets, num_buckets, max_distance, bidirectional)
         return Toeplitz(table[:, buckets])  # (H, 2K+1)
     buckets = t5_buckets(positions.offsets(), num_buckets, max_distance, bidirectional)
-    return Relation(table, buckets)  # index (B or 1, Lq, Lk)
+    return Relation(table, buckets, in_range=True)  # index (B or 1, Lq, Lk), in range
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

@@ -171,4 +171,4 @@ class RelationGate(nn.Module):
     def forward(self, positions: Positions) -> Relation:
         positions.check_relation_range(self.num_relations, "RelationGate")
         table = self.table if self.activation is None else self.activation(self.table)
-        return Relation(table, positions.relation)
+        return Relation(table, positions.relation, in_range=True)  # checked just above

@@ -57,6 +57,8 @@ def _check_relation(relation: Tensor | None, lq: int, lk: int, rows: set[int]) -
 
 def _device_of(device: torch.device | str | None) -> torch.device:
     """The device torch.arange(..., device=device) would put its result on ("cuda" -> "cuda:0")."""
+    if type(device) is torch.device and (device.type == "cpu" or device.index is not None):
+        return device  # a tensor's own device, the usual case
     if device is None:
         getter = getattr(torch, "get_default_device", None)  # torch >= 2.3
         device = getter() if getter is not None else torch.device("cpu")

@@ -36,9 +36,9 @@ class RelationBias(RelativeEncoding):
 
     def bias(self, q: Tensor, positions: Positions, scale: float) -> Relation:
         positions.check_relation_range(self.num_relations, "RelationBias")
-        return self.term(positions.relation)
+        return self.term(positions.relation, in_range=True)  # checked once per positions
 
-    def term(self, relation: Tensor) -> Relation:
+    def term(self, relation: Tensor, in_range: bool = False) -> Relation:
         """The bias for a relation index (B, Lq, Lk) as a structured term (kernels read it tile
-        by tile; `urpe.attention` checks the range)."""
-        return Relation(self.table, relation)
+        by tile; `urpe.attention` checks the range unless `in_range`)."""
+        return Relation(self.table, relation, in_range)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .dtypes import HALF
+from .host import may_read
 from .masks import visible_key_counts
 from .spec import AttentionSpec
 
@@ -50,11 +51,11 @@ def all_finite_now(*tensors: Tensor) -> bool | None:
     exact path then runs, which gives the same result more slowly).
     """
     for t in tensors:
-        if type(t) not in _PLAIN or t.device.type != "cpu":
+        if type(t) not in _PLAIN:
             return None
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+    if not may_read(*tensors):
         return None
-    fast = FINITE_CHECKS.get("cpu")
+    fast = FINITE_CHECKS.get(tensors[0].device.type)
     if fast is not None:
         known = fast(tensors)
         if known is not None:

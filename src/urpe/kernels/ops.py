@@ -15,17 +15,12 @@ import math
 import torch
 from torch import Tensor
 
+from .host import may_read
+
 
 @torch.library.custom_op("urpe::checked_relation_index", mutates_args=())
 def _checked_relation_index(index: Tensor, size: int, name: str) -> Tensor:
-    if index.numel():
-        low, high = (int(x) for x in torch.aminmax(index.to(torch.int64)))
-        if low < 0 or high >= size:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"{name} index must lie in [0, {size}) (the {name} table has {size} "
-                f"relations), got {bad}"
-            )
+    _check_range(index, size, name)
     return index.to(torch.int64, copy=True).contiguous()
 
 
@@ -40,8 +35,34 @@ def _(info, in_dims, index: Tensor, size: int, name: str):
 
 
 def checked_relation_index(index: Tensor, size: int, name: str) -> Tensor:
-    """index as a new int64 tensor; ValueError naming `name` unless every entry is in [0, size)."""
-    return _checked_relation_index(index, size, name)
+    """index as int64; ValueError naming `name` unless every entry is in [0, size).
+
+    Where values may be read (the CPU, eager) the check runs directly; under torch.compile and
+    torch.func through the custom op above. Where they may not (an accelerator) it is a device
+    assertion, which never makes the host wait (the call fails at the next synchronisation,
+    with a device-side assertion naming `name`): see `host`.
+    """
+    if may_read(index):
+        _check_range(index, size, name)
+        return index if index.dtype == torch.int64 else index.long()
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return _checked_relation_index(index, size, name)
+    torch._assert_async(
+        ((index >= 0) & (index < size)).all(),
+        f"{name} index must lie in [0, {size}) (the {name} table has {size} relations)",
+    )
+    return index if index.dtype == torch.int64 else index.long()
+
+
+def _check_range(index: Tensor, size: int, name: str) -> None:
+    if index.numel():
+        low, high = (int(x) for x in torch.aminmax(index.to(torch.int64)))
+        if low < 0 or high >= size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{name} index must lie in [0, {size}) (the {name} table has {size} "
+                f"relations), got {bad}"
+            )
 
 
 @torch.library.custom_op("urpe::checked_finite_output", mutates_args=())

@@ -199,7 +199,9 @@ def _flatten_term(name: str, term, batch_shape: tuple[int, ...]):
         return term
     if isinstance(term, Relation):
         index = flatten_leading(term.index, batch_shape, 2)  # (B|1, Lq, Lk)
-        return Relation(term.table, checked_relation_index(index, term.num_relations, name))
+        if term.in_range:  # built in range, or checked once already
+            return Relation(term.table, index if index.dtype == torch.int64 else index.long(), True)
+        return Relation(term.table, checked_relation_index(index, term.num_relations, name), True)
     return flatten_leading(term, batch_shape, 3)  # (B|1, H|1, Lq|1, Lk|1)
 
 

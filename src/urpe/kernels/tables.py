@@ -79,11 +79,15 @@ class Relation:
     table: (H, R) (or (1, R)); index: (..., Lq, Lk) integer in [0, R), its leading dims
     broadcastable to the call's batch dims (so (B, Lq, Lk), or (Lq, Lk) for one index shared by
     the batch). On graphs the index is the shortest-path distance, as in Graphormer's spatial
-    encoding. `urpe.attention` checks the range (ValueError naming `bias` or `gate`).
+    encoding. `urpe.attention` checks the range (ValueError naming `bias` or `gate`) unless
+    `in_range` says the index was built in range or checked already (clamped offsets, buckets,
+    a relation checked once per forward pass): then no layer reads it again, which on a GPU
+    would make the host wait for the device.
     """
 
     table: Tensor
     index: Tensor
+    in_range: bool = False
 
     def __post_init__(self) -> None:
         _check_table("Relation", self.table, "(H, R)")
