@@ -65,12 +65,8 @@ def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor
     gather (with the columns cached) instead of building the rows op by op."""
     if table.dtype != dtype:
         table = table.to(dtype)
-    if torch.compiler.is_compiling():
-        columns = toeplitz_columns(table.shape[1], lq, lk, table.device)
-        columns = torch.cat([columns, columns[-1:].expand(LANES)])
-    else:
-        columns = _padded_columns(table.shape[1], lq, lk, table.device)
-    return table.index_select(1, columns)
+    # (the ops' bodies run eagerly, also under torch.compile: the cache is always usable here)
+    return table.index_select(1, _padded_columns(table.shape[1], lq, lk, table.device))
 
 
 def _term(kind: str, tensor: Tensor | None, index: Tensor | None, lq: int, lk: int, dtype):
@@ -164,7 +160,7 @@ def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
 def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) -> Tensor:
     """The C++ gradient of a term's tensor as the gradient of the caller's tensor."""
     if kind == "toeplitz":  # per offset (the padding dropped) -> per table column
-        columns = toeplitz_columns(tensor.shape[1], lq, lk, tensor.device)
+        columns = _padded_columns(tensor.shape[1], lq, lk, tensor.device)[: lq + lk - 1]
         grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad[:, : lq + lk - 1])
     return grad.to(tensor.dtype)
 
