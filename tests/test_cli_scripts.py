@@ -28,8 +28,10 @@ def test_output_into_a_folder_that_does_not_exist_is_created(molecule_model, tmp
     assert main(["predict", str(molecule_model), "CCO", "c1ccccc1", "-o", str(output),
                  "--no-progress"]) == 0  # fmt: skip
     rows = _predicted(output)
-    assert rows[0] == ["smiles", "predicted_heavy"] and [r[0] for r in rows[1:]] == ["CCO",
-                                                                                   "c1ccccc1"]
+    assert rows[0] == ["smiles", "predicted_heavy"] and [r[0] for r in rows[1:]] == [
+        "CCO",
+        "c1ccccc1",
+    ]
     assert f"to {output}" in capsys.readouterr().err
 
 

@@ -28,9 +28,7 @@ class Clock:
 def test_in_a_log_progress_is_plain_lines():
     log = io.StringIO()
     assert list(progress_bar(range(7), desc="predict", unit="batch", stream=log)) == list(range(7))
-    assert log.getvalue() == f"predict: 7/7 batches (100%) in {0:.1f} s\n" or re.fullmatch(
-        r"predict: 7/7 batches \(100%\) in \d+\.\d s\n", log.getvalue()
-    )
+    assert re.fullmatch(r"predict: 7/7 batches \(100%\) in \d+\.\d s\n", log.getvalue())
 
 
 def test_a_line_per_tenth_done_at_most_one_per_interval():
@@ -90,7 +88,7 @@ def test_no_module_draws_a_bar_of_its_own():
         str(path.relative_to(root))
         for path in root.rglob("*.py")
         if path.name != "progress.py" or path.parent != root
-        if re.search(r"^\s*(from|import) tqdm|show_progress=progress\b", path.read_text(), re.M)
+        if re.search(r"^\s*(from|import) tqdm|show_progress=progress[,)]", path.read_text(), re.M)
     ]
     assert offenders == []
 

@@ -203,7 +203,8 @@ class MoleculeModel(_Bundle):
         """Predicted target per SMILES, in the target's units; None for a SMILES RDKit cannot
         read."""
         from torch_geometric.data import Batch
-        from tqdm.auto import tqdm
+
+        from ..progress import progress_bar
 
         if isinstance(smiles, str):
             smiles = [smiles]
@@ -213,12 +214,8 @@ class MoleculeModel(_Bundle):
         was_training = self.model.training
         self.model.eval()
         device = self.device
-        for start in tqdm(
-            range(0, len(valid), batch_size),
-            disable=not progress,
-            leave=False,
-            desc="predict",
-            unit="batch",
+        for start in progress_bar(
+            range(0, len(valid), batch_size), desc="predict", unit="batch", enabled=progress
         ):
             chosen = valid[start : start + batch_size]
             batch = Batch.from_data_list([graphs[i] for i in chosen]).to(device)
