@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from urpe.cli import main
-
-PIPE_CLOSED_STATUS = 141
+from urpe.cli import PIPE_CLOSED_STATUS, main
 
 # A peptide of 40 glycines: 288 characters, longer than any file name may be (255).
 PEPTIDE = "NCC(=O)" * 40 + "O"
@@ -127,26 +125,29 @@ def test_generate_into_head_exits_quietly(lm_sweep, tmp_path):
     assert code == PIPE_CLOSED_STATUS and _quiet(err), err
 
 
-@pytest.fixture
-def closed_stdout(monkeypatch):
-    """sys.stdout is a pipe whose reader is gone."""
+def _stdout_without_a_reader(monkeypatch):
+    """sys.stdout becomes a pipe whose reader is gone (set in the test itself: pytest's capture
+    sets sys.stdout again between a fixture and its test)."""
     read, write = os.pipe()
     os.close(read)
     stream = open(write, "w")
     monkeypatch.setattr(sys, "stdout", stream)
-    yield stream
-    stream.close()
+    return stream
 
 
 @pytest.mark.parametrize("command", ["evaluate", "help", "version"])
 def test_every_command_that_prints_ends_quietly_when_its_reader_goes(command, lm_sweep,
-                                                                    closed_stdout):  # fmt: skip
+                                                                    monkeypatch):  # fmt: skip
     out, text = lm_sweep
     argv = {"evaluate": ["evaluate", str(out), str(text), "--no-progress"],
             "help": ["predict", "--help"], "version": ["--version"]}[command]  # fmt: skip
-    assert main(argv) == PIPE_CLOSED_STATUS
-    closed_stdout.write("what is left in the buffer goes nowhere, without an error\n")
-    closed_stdout.flush()
+    stdout = _stdout_without_a_reader(monkeypatch)
+    try:
+        assert main(argv) == PIPE_CLOSED_STATUS
+        stdout.write("what is left in the buffer goes nowhere, without an error\n")
+        stdout.flush()
+    finally:
+        stdout.close()
 
 
 def test_a_broken_pipe_elsewhere_is_not_hidden(monkeypatch, capsys):
