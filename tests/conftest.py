@@ -40,9 +40,13 @@ LM_SWEEP_FLAGS = ["--variants", "rpe+urpe", "--seeds", "0,1", "--steps", "10", "
 @pytest.fixture(scope="session")
 def lm_sweep(tmp_path_factory):
     """A sweep folder of `urpe reproduce lm` on a small byte-level text: two runs (seeds 0 and
-    1). Returns (sweep folder, text file)."""
+    1). Returns (sweep folder, a short text to evaluate)."""
     from urpe.cli import main
+    from urpe.kernels.cpp import build
 
+    # The C++ kernel is loaded once per process, from the usual cache (where `make setup` built
+    # it); loaded first under the run's fresh cache folder below, it would be compiled again.
+    build.load()
     root = tmp_path_factory.mktemp("lm-sweep")
     words = "the cat sat on a mat and saw two dogs run by an old red barn".split()
     picks = torch.randint(0, len(words), (1500,), generator=torch.Generator().manual_seed(0))
@@ -54,7 +58,9 @@ def lm_sweep(tmp_path_factory):
         out = root / "out"
         assert main(["reproduce", "lm", "--dataset", str(text), *LM_SWEEP_FLAGS,
                      "--out", str(out)]) == 0  # fmt: skip
-    return out, text
+    short = root / "short.txt"
+    short.write_text(text.read_text()[:300])
+    return out, short
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ commands' rule (and says which run it took), and `TextModel.generate` takes a pr
 list of ids, or a tensor of ids (one row or a batch)."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -24,7 +25,9 @@ def test_load_model_takes_a_sweep_folder_like_the_commands(loader, lm_sweep):
     out, _ = lm_sweep
     load = urpe.load_model if loader == "urpe.load_model" else urpe.training.load_model
     best = _best_lm_run(out)
-    with pytest.warns(UserWarning, match=f"using run {best['id']} .*the best of 2"):
+    with pytest.warns(
+        UserWarning, match=re.escape(f"using run {best['id']} (") + ".*the best of 2"
+    ):
         from_sweep = load(out)
     assert isinstance(from_sweep, TextModel)
     from_run = load(out / "runs" / best["id"])
