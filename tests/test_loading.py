@@ -82,6 +82,7 @@ def test_generate_continues_each_row_of_a_batch(text_model):
     assert continuations == [text_model.generate("the cat", 6, temperature=0),
                              text_model.generate("a dog s", 6, temperature=0)]  # fmt: skip
     assert text_model.generate(batch.tolist(), 6, temperature=0) == continuations
+    assert text_model.generate([first, second], 6, temperature=0) == continuations
     assert text_model.generate(first[None, :], 6, temperature=0) == continuations[:1]
 
 
@@ -90,8 +91,11 @@ def test_generate_continues_each_row_of_a_batch(text_model):
     [
         (torch.tensor([], dtype=torch.long), "no tokens"),
         (torch.tensor([1.0, 2.0]), "integer"),
+        ([1.5, 2.0], "integer"),
+        ([], "no tokens"),
         (torch.tensor([1, 300]), "ids must lie in [0, 256)"),
         ([[1, 2], [3]], "same length"),
+        (["the cat", "a dog"], "one text at a time"),
         (torch.zeros(1, 1, 2, dtype=torch.long), "(P,) or (B, P)"),
         ("", "empty"),
     ],
