@@ -25,10 +25,10 @@ def test_load_model_takes_a_sweep_folder_like_the_commands(loader, lm_sweep):
     out, _ = lm_sweep
     load = urpe.load_model if loader == "urpe.load_model" else urpe.training.load_model
     best = _best_lm_run(out)
-    with pytest.warns(
-        UserWarning, match=re.escape(f"using run {best['id']} (") + ".*the best of 2"
-    ):
+    note = re.escape(f"using run {best['id']} (") + ".*the best of 2"
+    with pytest.warns(UserWarning, match=note) as said:
         from_sweep = load(out)
+    assert said[0].filename == __file__  # the warning points at the caller's line
     assert isinstance(from_sweep, TextModel)
     from_run = load(out / "runs" / best["id"])
     pairs = zip(from_sweep.state_dict().values(), from_run.state_dict().values(), strict=True)

@@ -252,7 +252,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
 
 def _warn_of_choice(note: str, runs: int) -> None:
     if runs > 1:
-        warnings.warn(f"{note}; to load another, give its folder (runs/<id>)", stacklevel=3)
+        warnings.warn(f"{note}; to load another, give its folder (runs/<id>)", stacklevel=4)
 
 
 def load_module(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
