@@ -33,13 +33,19 @@ def test_output_into_a_folder_that_does_not_exist_is_created(molecule_model, tmp
     assert f"to {output}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("as_json, name", [(False, "predictions.csv"), (True, "predictions.json")])
-def test_output_to_an_existing_folder_writes_predictions_inside(as_json, name, molecule_model,
-                                                                tmp_path, capsys):  # fmt: skip
+@pytest.mark.parametrize(
+    "as_json, name, given",
+    [(False, "predictions.csv", "existing"), (True, "predictions.json", "existing"),
+     (False, "predictions.csv", "new/")],
+)  # fmt: skip
+def test_output_to_a_folder_writes_predictions_inside(as_json, name, given, molecule_model,
+                                                      tmp_path, capsys):  # fmt: skip
     folder = tmp_path / "results"
-    folder.mkdir()
+    if given == "existing":
+        folder.mkdir()
     flags = ["--json"] if as_json else []
-    assert main(["predict", str(molecule_model), "CCO", "-o", str(folder), "--no-progress",
+    output = str(folder) + ("/" if given == "new/" else "")
+    assert main(["predict", str(molecule_model), "CCO", "-o", output, "--no-progress",
                  *flags]) == 0  # fmt: skip
     assert [p.name for p in folder.iterdir()] == [name]
     assert f"to {folder / name}" in capsys.readouterr().err

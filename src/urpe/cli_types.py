@@ -113,12 +113,13 @@ def check_writable_directory(path: Path, argument: str = "--out") -> None:
                                    f"({error.strerror or error})") from None  # fmt: skip
 
 
-def output_file(path: Path, default_name: str, argument: str = "--output") -> Path:
-    """Where a command writes its output: `path`, or `path/default_name` when `path` is an
-    existing folder (as `cp FILE FOLDER` does). Checked before any work: UsageError when the
-    file cannot be written there. Creates nothing; the writer makes the missing folders."""
-    path = Path(path).expanduser()
-    if path.is_dir():
+def output_file(text: str | Path, default_name: str, argument: str = "--output") -> Path:
+    """Where a command writes its output: the path `text`, or `text/default_name` when it is an
+    existing folder or ends with "/" (as `cp FILE FOLDER/` does). Checked before any work:
+    UsageError when the file cannot be written there. Creates nothing; the writer makes the
+    missing folders."""
+    path = Path(text).expanduser()
+    if str(text).endswith(("/", os.sep)) or path.is_dir():
         path = path / default_name
         if path.is_dir():
             raise UsageError(argument, f"{path} is a folder; give a file name")

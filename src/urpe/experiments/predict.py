@@ -46,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output",
         "-o",
-        type=Path,
+        type=str,  # a trailing "/" (a folder) kept
         default=None,
         metavar="FILE",
-        help="write the CSV (or JSON) here instead of stdout; a folder gets predictions.csv "
-        "(predictions.json) inside, and missing folders are created",
+        help="write the CSV (or JSON) here instead of stdout; a folder (or a path ending in /) "
+        "gets predictions.csv (predictions.json) inside; missing folders are created",
     )
     parser.add_argument(
         "--json",
