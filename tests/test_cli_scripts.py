@@ -13,8 +13,8 @@ import pytest
 
 from urpe.cli import PIPE_CLOSED_STATUS, main
 
-# A peptide of 40 glycines: 288 characters, longer than any file name may be (255).
-PEPTIDE = "NCC(=O)" * 40 + "O"
+# A peptide of 18 alanines: 271 characters (91 atoms), longer than a file name may be (255).
+PEPTIDE = "N[C@@H](C)C(=O)" * 18 + "O"
 
 
 def _predicted(path: Path) -> list[list[str]]:
@@ -84,7 +84,7 @@ def test_smiles_longer_than_a_file_name_are_predicted(molecule_model, capsys):
     from urpe import load_model
 
     assert len(PEPTIDE) > 255
-    macrocycle = "C1" + "C" * 300 + "C1"
+    macrocycle = "C1" + "[CH2]" * 52 + "C1"  # 264 characters, 54 atoms
     assert main(["predict", str(molecule_model), PEPTIDE, macrocycle, "C/C=C/C",
                  "--no-progress"]) == 0  # fmt: skip
     captured = capsys.readouterr()
