@@ -24,3 +24,57 @@ def _seed():
 
 def pytest_configure(config):
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+# Trained models shared by the tests of the commands and the Python API: each made once per
+# session, in well under a second, and only read afterwards (tests that change a run make their
+# own).
+
+LM_SWEEP_FLAGS = ["--variants", "rpe+urpe", "--seeds", "0,1", "--steps", "10", "--layers", "1",
+                  "--dim", "16", "--heads", "2", "--ffn-dim", "32", "--segment-length", "16",
+                  "--batch-size", "4", "--eval-tokens", "0", "--factors", "1", "--val-every",
+                  "10", "--jobs", "1", "--threads", "1", "--no-progress",
+                  "--checkpoint-every", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def lm_sweep(tmp_path_factory):
+    """A sweep folder of `urpe reproduce lm` on a small byte-level text: two runs (seeds 0 and
+    1). Returns (sweep folder, a short text to evaluate)."""
+    from urpe.cli import main
+    from urpe.kernels.cpp import build
+
+    # The C++ kernel is loaded once per process, from the usual cache (where `make setup` built
+    # it); loaded first under the run's fresh cache folder below, it would be compiled again.
+    build.load()
+    root = tmp_path_factory.mktemp("lm-sweep")
+    words = "the cat sat on a mat and saw two dogs run by an old red barn".split()
+    picks = torch.randint(0, len(words), (1500,), generator=torch.Generator().manual_seed(0))
+    text = root / "corpus.txt"
+    text.write_text("\n".join(" ".join(words[i] for i in picks[k : k + 12].tolist())
+                              for k in range(0, len(picks), 12)) + "\n")  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("URPE_CACHE_DIR", str(root / "cache"))
+        out = root / "out"
+        assert main(["reproduce", "lm", "--dataset", str(text), *LM_SWEEP_FLAGS,
+                     "--out", str(out)]) == 0  # fmt: skip
+    short = root / "short.txt"
+    short.write_text(text.read_text()[:300])
+    return out, short
+
+
+@pytest.fixture(scope="session")
+def molecule_model(tmp_path_factory):
+    """A tiny untrained Graphormer saved with `save_model` as a model of molecules (target
+    "heavy", in atoms): what `urpe predict` takes, without training one."""
+    from urpe import save_model
+    from urpe.data.molecules import FEATURIZATIONS
+    from urpe.graph import Graphormer, GraphormerConfig
+
+    spec = FEATURIZATIONS["zinc"]
+    model = Graphormer(GraphormerConfig.preset("tiny"), node_cardinalities=spec.node_cardinalities,
+                       edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+    path = tmp_path_factory.mktemp("molecule-model") / "model"
+    inputs = {"kind": "molecules", "features": "zinc", "target": "heavy", "unit": "atoms"}
+    save_model(model, path, inputs=inputs)
+    return path

@@ -7,13 +7,16 @@ provides `add_arguments(parser)` and `run(args) -> int`.
 Errors a user can cause never show a traceback: a bad argument prints one line naming it and
 exits with status 2 (argparse's errors, and `UsageError` raised by a command); a missing
 optional dependency prints the one `pip install` line that fixes it (status 2); Ctrl-C prints
-one line (status 130).
+one line (status 130). When whatever reads stdout goes away (`urpe predict ... | head`), the
+command stops quietly with status 141, as a program killed by SIGPIPE does (what the shell
+reports for `seq 100000 | head`): no traceback, and the unwritten output goes to /dev/null.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -65,6 +68,10 @@ SINGLE_COMMANDS = {
         "accuracy on a task",
     ),
 }
+
+# Exit status when stdout's reader has gone: 128 + SIGPIPE, as the shell reports for a program
+# that the signal ended.
+PIPE_CLOSED_STATUS = 141
 
 GROUP_HELP = {
     "reproduce": "reproduce a paper's experiment and write tables and plots",
@@ -125,7 +132,49 @@ def _missing_extra(error: ModuleNotFoundError) -> str | None:
     return None if extra is None else f"pip install 'urpe[{extra}]'"
 
 
+def _reader_gone(stream) -> bool:
+    """Whether `stream` is a pipe (or socket) whose reading end has closed."""
+    import select
+
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation, closed: no file
+        return False
+    if not hasattr(select, "poll"):  # Windows: no way to ask; a broken pipe there is stdout's
+        return True
+    poller = select.poll()
+    poller.register(fd, 0)  # errors only: POLLERR is reported for a pipe without a reader
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _discard_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so what is still buffered in `sys.stdout`
+    can be flushed at exit without "Exception ignored ... BrokenPipeError"."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the `urpe` command line `argv` (default: sys.argv[1:]); returns the exit status."""
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # --help, --version and argparse's errors: their output, flushed
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        if not _reader_gone(sys.stdout):
+            raise
+        _discard_stdout()
+        return PIPE_CLOSED_STATUS
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in SINGLE_COMMANDS:
         prog = f"urpe {argv[0]}"

@@ -111,3 +111,29 @@ def check_writable_directory(path: Path, argument: str = "--out") -> None:
     except OSError as error:
         raise UsageError(argument, f"{path}: cannot write in {existing} "
                                    f"({error.strerror or error})") from None  # fmt: skip
+
+
+def output_file(text: str | Path, default_name: str, argument: str = "--output") -> Path:
+    """Where a command writes its output: the path `text`, or `text/default_name` when it is an
+    existing folder or ends with "/" (as `cp FILE FOLDER/` does). Checked before any work:
+    UsageError when the file cannot be written there. Creates nothing; the writer makes the
+    missing folders."""
+    path = Path(text).expanduser()
+    if str(text).endswith(("/", os.sep)) or path.is_dir():
+        path = path / default_name
+        if path.is_dir():
+            raise UsageError(argument, f"{path} is a folder; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(argument, f"{path}: cannot write to this file (permission denied)")
+    check_writable_directory(path.parent, argument)
+    return path
+
+
+def existing_file(text: str) -> Path | None:
+    """`text` as the path of an existing file, else None: a SMILES or a name, including text
+    too long to be a file name (a peptide's SMILES), which `stat` refuses with an OSError."""
+    try:
+        path = Path(text).expanduser()
+        return path if path.is_file() else None
+    except (OSError, ValueError):  # ENAMETOOLONG; a NUL byte
+        return None

@@ -157,8 +157,8 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
 
 def _synthetic(trained, args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    from tqdm.auto import tqdm
 
+    from ..progress import progress_bar
     from ..tasks import get_task
 
     run = trained.run
@@ -184,12 +184,8 @@ def _synthetic(trained, args: argparse.Namespace) -> dict[str, Any]:
     batch = args.batch_size or 256
     model.eval()
     with torch.no_grad():
-        for start in tqdm(
-            range(0, count, batch),
-            disable=args.no_progress,
-            leave=False,
-            desc="evaluate",
-            unit="batch",
+        for start in progress_bar(
+            range(0, count, batch), desc="evaluate", unit="batch", enabled=not args.no_progress
         ):
             logits = model(tokens[start : start + batch])
             scored = targets[start : start + batch]

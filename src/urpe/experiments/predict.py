@@ -4,8 +4,9 @@ RUN is a sweep folder of `urpe reproduce graph` (its best run by validation MAE)
 (`OUT/runs/<id>`), a checkpoint, or a folder written by `urpe.save_model`. INPUT is a CSV/TSV
 or SDF file of molecules (its SMILES column chosen with --smiles-column) or SMILES given on the
 command line. The output is a CSV (`smiles`, `predicted_<target>`, in the target's units) on
-stdout or in --output, or JSON with --json. A SMILES RDKit cannot read gets an empty prediction
-and is counted in one line on stderr.
+stdout or in --output (a folder gets predictions.csv inside; missing folders are created), or
+JSON with --json. A SMILES RDKit cannot read gets an empty prediction and is counted in one
+line on stderr.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli_types import UsageError, positive_int
+from ..cli_types import UsageError, existing_file, output_file, positive_int
 
 PROG = "urpe predict"
 
@@ -45,10 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output",
         "-o",
-        type=Path,
+        type=str,  # a trailing "/" (a folder) kept
         default=None,
         metavar="FILE",
-        help="write the CSV (or JSON) here instead of stdout",
+        help="write the CSV (or JSON) here instead of stdout; a folder (or a path ending in /) "
+        "gets predictions.csv (predictions.json) inside; missing folders are created",
     )
     parser.add_argument(
         "--json",
@@ -70,8 +72,8 @@ def read_smiles(inputs: list[str], smiles_column: str) -> list[tuple[str, str]]:
 
     out = []
     for item in inputs:
-        path = Path(item).expanduser()
-        if path.is_file():
+        path = existing_file(item)  # a long SMILES is no file name: never an OSError
+        if path is not None:
             try:
                 rows, _ = read_molecule_table(path, smiles_column)
             except MoleculeFileError as error:
@@ -79,7 +81,7 @@ def read_smiles(inputs: list[str], smiles_column: str) -> list[tuple[str, str]]:
                 raise UsageError(flag, str(error)) from None
             out.extend((f"{path.name}:{row.line}", row.smiles) for row in rows)
         elif any(sep in item for sep in "/\\") and item.lower().endswith((".csv", ".sdf", ".tsv")):
-            raise UsageError("INPUT", f"no such file: {path}")
+            raise UsageError("INPUT", f"no such file: {Path(item).expanduser()}")
         else:
             out.append((f"argument {len(out) + 1}", item.strip()))
     return out
@@ -90,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     from .trained import find_trained
 
     say = lambda line: print(f"{PROG}: {line}", file=sys.stderr)  # noqa: E731
+    if args.output is not None:  # checked before any work
+        args.output = output_file(args.output, f"predictions.{'json' if args.json else 'csv'}")
     trained = find_trained(args.run, "graph", say)
     model = trained.model
     if not isinstance(model, MoleculeModel):
@@ -109,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         shown = ", ".join(skipped[:5]) + (", ..." if len(skipped) > 5 else "")
         say(f"{len(skipped)} of {len(molecules)} SMILES could not be read, left empty: {shown}")
     column = f"predicted_{model.target}"
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
     handle = sys.stdout if args.output is None else open(args.output, "w", newline="")
     try:
         if args.json:

@@ -1,24 +1,24 @@
 """The sweep's one progress bar: runs done / total in its description, time left from the update
-rate, and one line per finished run above it."""
+rate, and one line per finished run above it (in a log: those lines, and a line per tenth of
+the updates; see `urpe.progress`)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 
+from ..progress import progress_bar
 from .records import RunSpec
 
 
 class Progress:
     def __init__(self, specs: Sequence[RunSpec], enabled: bool):
-        from tqdm.auto import tqdm
-
         self.specs = specs
         self.done = 0
         self.steps = {i: 0 for i in range(len(specs))}
-        self.bar = tqdm(total=sum(s.steps for s in specs), disable=not enabled, unit="step",
-                        dynamic_ncols=True, desc=self._description(), file=sys.stderr,
-                        mininterval=0.5, smoothing=0.05)  # fmt: skip
+        self.bar = progress_bar(total=sum(s.steps for s in specs), enabled=enabled, unit="step",
+                                desc=self._description(), leave=True, mininterval=0.5,
+                                smoothing=0.05)  # fmt: skip
 
     def _description(self) -> str:
         return f"runs {self.done}/{len(self.specs)}"
@@ -36,10 +36,7 @@ class Progress:
         self.line(line)
 
     def line(self, text: str) -> None:
-        if self.bar.disable:
-            print(text, file=sys.stderr, flush=True)
-        else:
-            self.bar.write(text, file=sys.stderr)
+        self.bar.write(text, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

@@ -1,7 +1,8 @@
 """Finding a trained model from what a user points at, for `urpe generate`, `predict` and
 `evaluate`: a checkpoint directory (or a file in it), a run folder (`OUT/runs/<id>`, its newest
 checkpoint), or a whole sweep folder (`OUT`, holding records/ and runs/): then the finished run
-with the best validation result (lowest MAE or loss, highest accuracy), named in one line.
+with the best validation result (lowest MAE or loss, highest accuracy), named in one line; the
+same run `urpe.load_model` takes (`urpe.training.sweeps`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_types import UsageError
-
-# experiment -> (result key, True when higher is better)
-BEST_BY = {"graph": ("val_mae", False), "lm": ("val_loss", False), "synthetic": ("accuracy", True)}
 
 
 @dataclass
@@ -35,36 +33,11 @@ class Trained:
         )
 
 
-def best_run(out: Path, experiment: str | None = None, argument: str = "RUN") -> tuple[Path, str]:
-    """The run folder of the best finished run of a sweep folder, and a line saying which."""
-    from .records import RecordStore
-
-    problems: list[str] = []
-    records = RecordStore(out).load_all(problems.append)
-    candidates = []
-    for record in records:
-        kind = record["config"].get("experiment")
-        if experiment is not None and kind != experiment:
-            continue
-        key, higher = BEST_BY.get(kind, (None, False))
-        value = record["result"].get(key) if key else None
-        run_dir = out / "runs" / record["id"]
-        if isinstance(value, int | float) and (run_dir / "checkpoints").is_dir():
-            candidates.append((-value if higher else value, record["id"], run_dir, key, value))
-    if not candidates:
-        what = f"{experiment} " if experiment else ""
-        raise UsageError(argument, f"{out}: no finished {what}run with a checkpoint under runs/")
-    _, run_id, run_dir, key, value = min(candidates)
-    note = f"using run {run_id} ({key} {value:.4g}, the best of {len(candidates)})"
-    return run_dir, note
-
-
 def find_trained(
     path: Path, experiment: str | None = None, say=None, argument: str = "RUN"
 ) -> Trained:
     """The trained model `path` points at (see the module docstring); UsageError if none."""
     from ..training.checkpoint import (
-        CONFIG,
         CheckpointError,
         load_model,
         read_checkpoint_config,
@@ -74,11 +47,9 @@ def find_trained(
     path = Path(path)
     if not path.exists():
         raise UsageError(argument, f"{path}: no such file or folder")
-    if (path / "records").is_dir() and not (path / CONFIG).exists():
-        path, note = best_run(path, experiment, argument)
-        (say or (lambda line: print(line, file=sys.stderr)))(note)
+    say = say or (lambda line: print(line, file=sys.stderr))
     try:
-        directory = resolve_checkpoint(path)
+        directory = resolve_checkpoint(path, experiment, lambda note, runs: say(note))
         config = read_checkpoint_config(directory)
         model = load_model(directory)
     except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:

@@ -4,6 +4,7 @@
 
     lm = load_model("runs/lm/runs/<id>")           # TextModel: the LanguageModel + its tokenizer
     lm.generate("ROMEO:", max_new_tokens=50)       # -> the continuation, a str
+    lm.generate(ids)                               # ids (P,) or a list -> str; (B, P) -> B strs
     lm.score(open("other.txt").read())             # -> {"loss", "tokens", "bpc" or "perplexity"}
 
     gm = load_model("runs/graph/runs/<id>")        # MoleculeModel: Graphormer + featurisation
@@ -28,6 +29,9 @@ import torch
 from torch import nn
 
 PREDICT_BATCH = 256
+
+# A prompt: text, or token ids as a (P,) or (B, P) tensor, a list, or a list of lists.
+Prompt = str | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
 
 
 class _Bundle:
@@ -85,35 +89,77 @@ class TextModel(_Bundle):
             raise ValueError("the prompt encodes to no tokens")
         return ids
 
-    def tokens(
+    def prompt_ids(self, prompt: Prompt) -> tuple[torch.Tensor, bool]:
+        """The prompt as ids (B, P), and whether it was given as a batch. Text is encoded
+        (B = 1); ids come as a (P,) or (B, P) integer tensor, a list of ints, or a list of
+        equally long lists (or 1-D tensors) of ints. ValueError naming what is wrong otherwise."""
+        if isinstance(prompt, str):
+            return self.encode_prompt(prompt)[None, :], False
+        if not isinstance(prompt, torch.Tensor):
+            rows = [row.tolist() if isinstance(row, torch.Tensor) else row for row in prompt]
+            if rows and all(isinstance(row, str) for row in rows):
+                raise ValueError("give one text at a time (a batch of prompts is given as ids)")
+            if (
+                rows
+                and all(isinstance(row, Sequence) for row in rows)
+                and len(set(map(len, rows))) > 1
+            ):
+                raise ValueError("the prompts of a batch must have the same length (no padding)")
+            try:
+                prompt = torch.tensor(rows) if rows else torch.zeros(0, dtype=torch.long)
+            except (TypeError, ValueError, RuntimeError) as error:
+                raise ValueError(f"prompt ids must be integers ({error})") from None
+        if prompt.dim() not in (1, 2):
+            raise ValueError(f"prompt ids must be (P,) or (B, P), got {tuple(prompt.shape)}")
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise ValueError(f"prompt ids must be an integer tensor, got {prompt.dtype}")
+        if prompt.numel() == 0:
+            raise ValueError(f"the prompt holds no tokens (shape {tuple(prompt.shape)})")
+        vocab = self.model.vocab_size
+        if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab})")
+        batched = prompt.dim() == 2
+        return (prompt if batched else prompt[None, :]).long(), batched
+
+    def _draw(
         self,
-        prompt: str,
-        max_new_tokens: int = 200,
+        ids: torch.Tensor,
+        max_new_tokens: int,
         *,
         temperature: float = 0.8,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int = 0,
         use_cache: bool = True,
-    ) -> Iterator[int]:
-        """Stream the ids of a continuation of `prompt` (see `LanguageModel.generate`)."""
-        ids = self.encode_prompt(prompt).to(self.device)
+    ) -> Iterator[torch.Tensor]:
+        """Stream the next token of every row of ids (B, P), each step (B,)."""
+        ids = ids.to(self.device)
         generator = torch.Generator(device=ids.device).manual_seed(seed)
-        for token in self.model.generate(
-            ids[None, :],
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            generator=generator,
-            use_cache=use_cache,
-        ):
+        yield from self.model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                                       top_p=top_p, generator=generator,
+                                       use_cache=use_cache)  # fmt: skip
+
+    def tokens(self, prompt: Prompt, max_new_tokens: int = 200, **sampling: Any) -> Iterator[int]:
+        """Stream the ids of a continuation of one prompt, text or ids (see `prompt_ids` and
+        `LanguageModel.generate`)."""
+        ids, _ = self.prompt_ids(prompt)
+        if ids.shape[0] != 1:
+            raise ValueError(f"tokens() streams one prompt, got {ids.shape[0]}; generate() "
+                             "continues a batch")  # fmt: skip
+        for token in self._draw(ids, max_new_tokens, **sampling):
             yield int(token[0])
 
-    def generate(self, prompt: str, max_new_tokens: int = 200, **sampling: Any) -> str:
+    def generate(self, prompt: Prompt, max_new_tokens: int = 200, **sampling: Any) -> Any:
         """The continuation of `prompt` as text (`join(prompt, continuation)` shows both).
-        Keywords: temperature (0 = greedy), top_k, top_p, seed, use_cache."""
-        return self.tokenizer.decode(list(self.tokens(prompt, max_new_tokens, **sampling)))
+        `prompt`: text, or ids (see `prompt_ids`); a batch (B, P) gives a list of B texts, its
+        rows drawn together from one random stream (so with temperature > 0 a row's text may
+        differ from that row generated alone). Keywords: temperature (0 = greedy), top_k,
+        top_p, seed, use_cache."""
+        ids, batched = self.prompt_ids(prompt)
+        steps = list(self._draw(ids, max_new_tokens, **sampling))  # each (B,)
+        drawn = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(len(ids))]
+        texts = [self.tokenizer.decode(row) for row in drawn]
+        return texts if batched else texts[0]
 
     def join(self, prompt: str, continuation: str) -> str:
         return self.tokenizer.join(prompt, continuation)
@@ -203,7 +249,8 @@ class MoleculeModel(_Bundle):
         """Predicted target per SMILES, in the target's units; None for a SMILES RDKit cannot
         read."""
         from torch_geometric.data import Batch
-        from tqdm.auto import tqdm
+
+        from ..progress import progress_bar
 
         if isinstance(smiles, str):
             smiles = [smiles]
@@ -213,12 +260,8 @@ class MoleculeModel(_Bundle):
         was_training = self.model.training
         self.model.eval()
         device = self.device
-        for start in tqdm(
-            range(0, len(valid), batch_size),
-            disable=not progress,
-            leave=False,
-            desc="predict",
-            unit="batch",
+        for start in progress_bar(
+            range(0, len(valid), batch_size), desc="predict", unit="batch", enabled=progress
         ):
             chosen = valid[start : start + batch_size]
             batch = Batch.from_data_list([graphs[i] for i in chosen]).to(device)

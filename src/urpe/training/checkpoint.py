@@ -36,6 +36,7 @@ import re
 import shutil
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from torch import Tensor, nn
 
 from ..models import TransformerConfig
 from .files import CorruptFileError, atomic_directory, read_json
+from .sweeps import best_run
 
 FORMAT = "urpe-checkpoint/1"
 WEIGHTS, CONFIG, STATE = "model.safetensors", "config.json", "training_state.pt"
@@ -188,10 +190,20 @@ def latest_checkpoint(checkpoints: str | Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(
+    path: str | Path,
+    experiment: str | None = None,
+    say: Callable[[str, int], None] | None = None,
+) -> Path:
     """A checkpoint directory from any of: the directory itself, a file in it, the
-    `checkpoints/` folder (its latest), or a run folder holding `checkpoints/`."""
+    `checkpoints/` folder (its latest), a run folder holding `checkpoints/`, or a sweep folder:
+    its best run (of `experiment`, if given; see `urpe.training.sweeps`), which is named by
+    calling `say(line, number of runs it was chosen from)`."""
     path = Path(path)
+    if (path / "records").is_dir() and not (path / CONFIG).exists():  # a sweep's OUT
+        path, note, runs = best_run(path, experiment)
+        if say is not None:
+            say(note, runs)
     if path.is_file() and path.name in (WEIGHTS, CONFIG, STATE):
         path = path.parent
     if (path / CONFIG).exists() or (path / WEIGHTS).exists():
@@ -221,7 +233,8 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
     """The trained model of a checkpoint, in eval mode: built from config.json, weights from
-    model.safetensors (no pickle involved). `path`: see `resolve_checkpoint`.
+    model.safetensors (no pickle involved). `path`: see `resolve_checkpoint`; from a sweep
+    folder of several runs it takes the one the commands take and says which in a warning.
 
     A model whose inputs need encoding comes as a bundle that carries it (`urpe.training.bundles`):
     a language model with its tokenizer is a `TextModel` (`.generate("text")`, `.score(text)`),
@@ -233,8 +246,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
     """
     from .bundles import bundle
 
-    directory = resolve_checkpoint(path)
+    directory = resolve_checkpoint(path, say=_warn_of_choice)
     return bundle(load_module(directory, device), directory, read_checkpoint_config(directory))
+
+
+def _warn_of_choice(note: str, runs: int) -> None:
+    if runs > 1:
+        warnings.warn(f"{note}; to load another, give its folder (runs/<id>)", stacklevel=4)
 
 
 def load_module(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:

@@ -194,7 +194,7 @@ def evaluate(
         target i of a chunk sees the i earlier tokens of its chunk).
     mode "sliding": windows of `context` inputs advancing by context // 2, each scoring its new
         targets only (every target after the first window sees >= context / 2 earlier tokens).
-    progress: a tqdm bar over the batches.
+    progress: a progress bar over the batches (lines in a log; see `urpe.progress`).
     """
     if mode not in ("chunks", "sliding"):
         raise ValueError(f"mode must be 'chunks' or 'sliding', got {mode!r}")
@@ -211,9 +211,9 @@ def evaluate(
     total, count = 0.0, 0
     memory = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..progress import progress_bar
 
-        segments = tqdm(segments, desc="evaluate", unit="batch", leave=False)
+        segments = progress_bar(segments, desc="evaluate", unit="batch")
     for segment in segments:
         if segment.reset_memory:
             memory = None

@@ -37,9 +37,9 @@ import torch
 from rdkit import RDLogger
 from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.data.collate import collate
-from tqdm.auto import tqdm
 
 from ...graph.paths import ShortestPaths
+from ...progress import progress_bar
 from . import sources
 from .cache import cache_key, cache_root, load_entry, save_entry
 from .featurize import FEATURIZATIONS, FeatureSpec, smiles_to_graph
@@ -152,7 +152,7 @@ def _graphs(
     shortest-path transform. Returns the graphs and how many molecules were dropped."""
     RDLogger.DisableLog("rdApp.*")  # a dropped molecule is counted, not printed
     graphs, dropped = [], 0
-    for smiles, value in tqdm(records, desc=description, disable=not progress, leave=False):
+    for smiles, value in progress_bar(records, desc=description, unit="molecule", enabled=progress):
         parsed = smiles_to_graph(smiles, request.features)
         if parsed is None:
             dropped += 1
@@ -261,8 +261,8 @@ def _zinc_build(subset: bool):
                         ) from refusal
                 counts[split] = len(zinc)
                 graphs = []
-                for i in tqdm(range(min(cap, len(zinc))), desc=f"zinc {split}",
-                              disable=not progress, leave=False):  # fmt: skip
+                for i in progress_bar(range(min(cap, len(zinc))), desc=f"zinc {split}",
+                                      unit="molecule", enabled=progress):  # fmt: skip
                     data = zinc[i]
                     data = Data(
                         x=data.x.long().view(-1, 1),  # (N, 1) ZINC atom type
@@ -356,7 +356,7 @@ def load_molecules(
         shortest_paths: apply `urpe.graph.ShortestPaths` before caching (Graphormer needs it).
         zinc_dir: the folder with PyG's raw ZINC files (else $URPE_ZINC_DIR).
         cache_dir: cache root (else $URPE_CACHE_DIR, else ~/.cache/urpe).
-        progress: tqdm bars while building.
+        progress: progress bars while building (lines in a log).
         rebuild: ignore an existing cache entry.
     """
     file_spec = parse_file_spec(name)

@@ -225,13 +225,13 @@ def featurize_rows(
     """Graphs of the rows (y = the target, when given) and the lines skipped, by reason."""
     import torch
     from rdkit import rdBase
-    from tqdm.auto import tqdm
 
+    from ...progress import progress_bar
     from .featurize import smiles_to_graph
 
     graphs, invalid, no_target = [], [], []
     with rdBase.BlockLogs():  # a skipped molecule is counted, not printed by RDKit
-        for row in tqdm(rows, desc=description, disable=not progress, leave=False):
+        for row in progress_bar(rows, desc=description, unit="molecule", enabled=progress):
             value = None
             if target is not None:
                 value = _number(row.targets.get(target, ""))

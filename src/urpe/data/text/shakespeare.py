@@ -103,10 +103,16 @@ def convert_play(markdown: str) -> str:
 
 def shakespeare_text(progress: bool = False) -> str:
     """All 38 plays in Tiny Shakespeare form, concatenated in path order (about 4.8 MB)."""
-    from tqdm.auto import tqdm
+    from ...progress import progress_bar
 
     plays = [
         convert_play(path.read_text(encoding="utf-8"))
-        for path in tqdm(play_files(), desc="shakespeare: convert plays", disable=not progress)
+        for path in progress_bar(
+            play_files(),
+            desc="shakespeare: convert plays",
+            unit="play",
+            enabled=progress,
+            leave=True,
+        )
     ]
     return "\n\n".join(plays) + "\n"

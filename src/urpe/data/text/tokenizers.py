@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ...progress import on_terminal
 from .errors import INSTALL_LM, DatasetError
 
 FILENAME = "tokenizer.json"
@@ -281,13 +282,11 @@ class _HuggingFaceTokenizer(Tokenizer):
         return cls(backend)
 
     def _encode_lines(self, lines: list[str], progress: bool, eos: int | None = None) -> Tensor:
-        from tqdm.auto import tqdm
+        from ...progress import progress_bar
 
         chunks: list[Tensor] = []
-        bar = tqdm(
-            total=len(lines), unit="line", desc=f"{self.kind} encode", disable=not progress,
-            leave=False,
-        )  # fmt: skip
+        bar = progress_bar(total=len(lines), unit="line", desc=f"{self.kind} encode",
+                           enabled=progress)  # fmt: skip
         for start in range(0, len(lines), _BATCH_LINES):
             batch = lines[start : start + _BATCH_LINES]
             for encoding in self.backend.encode_batch(batch, add_special_tokens=False):
@@ -325,7 +324,7 @@ class BPETokenizer(_HuggingFaceTokenizer):
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=progress,
+            show_progress=progress and on_terminal(),  # its bar: a terminal's only
         )
         lines = text.splitlines(keepends=True) if isinstance(text, str) else text
         backend.train_from_iterator(lines, trainer=trainer)
@@ -369,7 +368,7 @@ class WordTokenizer(_HuggingFaceTokenizer):
             vocab_size=max_vocab_size or 2**31 - 1,
             min_frequency=min_frequency,
             special_tokens=[cls.EOS, cls.UNK],
-            show_progress=progress,
+            show_progress=progress and on_terminal(),  # its bar: a terminal's only
         )
         lines = text.splitlines() if isinstance(text, str) else text
         backend.train_from_iterator(lines, trainer=trainer)
