@@ -1,0 +1,108 @@
+"""No host reads on accelerators: the code that runs where reading a tensor's value would make
+the host wait for the device (CUDA; see `urpe.kernels.host`) never reads one, in the forward or
+the backward pass of any backend.
+
+Without a GPU this runs that code on the CPU: `host.READABLE` is emptied (the CPU is treated as
+an accelerator) and every way of reading a value from Python raises. On a GPU, tests/gpu adds
+`torch.cuda.set_sync_debug_mode("error")` and a CUDA-graph capture of a decode step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+import torch
+
+from urpe.kernels import Relation, Toeplitz, attention, host, native_backends, plans
+
+F64 = dict(dtype=torch.float64)
+B, H, L, D = 2, 2, 7, 4
+
+
+class HostRead(AssertionError):
+    """A tensor's value was read on the host."""
+
+
+def _refuse(name: str):
+    def method(self, *args, **kwargs):
+        raise HostRead(f"Tensor.{name} read a value on the host")
+
+    return method
+
+
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """The accelerators' code path on the CPU, with every value read refused."""
+    saved = set(host.READABLE)
+    host.READABLE.clear()
+    plans.forget()
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+    try:
+        for name in READS:
+            setattr(torch.Tensor, name, _refuse(name))
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+        host.READABLE.update(saved)
+        plans.forget()
+
+
+def test_the_guard_catches_every_kind_of_read():
+    t = torch.ones(())
+    with no_host_reads():
+        for read in (lambda: t.item(), lambda: bool(t), lambda: int(t), lambda: float(t),
+                     lambda: [0, 1][t.long()], lambda: t.tolist()):  # fmt: skip
+            with pytest.raises(HostRead):
+                read()
+
+
+def _calls():
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(H, 2 * L + 1, generator=gen, **F64)
+    index = torch.randint(0, 5, (B, L, L), generator=gen)
+    yield "plain", {}
+    yield "toeplitz B and C", dict(bias=Toeplitz(table), gate=Toeplitz(table.flip(1)))
+    yield "relation B, checked", dict(bias=Relation(torch.randn(H, 5, **F64), index, True))
+    yield "dense bias", dict(bias=torch.randn(B, H, L, L, generator=gen, **F64))
+    yield "causal + padding", dict(
+        is_causal=True, key_padding_mask=torch.arange(L) >= torch.tensor([[L], [L - 2]])
+    )
+    yield "bool mask", dict(attn_mask=torch.rand(L, L, generator=gen) > 0.3)
+    yield "float mask", dict(attn_mask=torch.randn(L, L, generator=gen, **F64))
+    yield "dropout", dict(dropout_p=0.25, dropout_seed=torch.tensor(7))
+
+
+CASES = list(_calls())
+
+
+@pytest.mark.parametrize(
+    ("backend", "case", "norm"),
+    itertools.product(
+        [b for b in native_backends("cpu") if b != "cpp"],  # cpp never runs on an accelerator
+        range(len(CASES)),
+        ("softmax", "l2", "relu2"),  # not "exp": its overflow check must read (documented)
+    ),
+)
+def test_no_backend_reads_a_value_forward_or_backward(backend, case, norm):
+    label, call = CASES[case]
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, L, D, generator=gen, **F64, requires_grad=True) for _ in "qkv")
+    try:
+        attention(q, k, v, **call, normalization=norm, backend=backend)
+    except ValueError:
+        pytest.skip(f"{backend} does not take {label} with {norm}")
+    expected = attention(q, k, v, **call, normalization=norm, backend=backend)
+    upstream = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), upstream)
+    with no_host_reads():
+        out = attention(q, k, v, **call, normalization=norm, backend=backend)
+        grads = torch.autograd.grad(out, (q, k, v), upstream)
+    torch.testing.assert_close(out, expected)
+    for grad, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, want)
