@@ -338,8 +338,8 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
     dtype = compute_dtype(call.q.dtype)
     norm = NORMALIZATIONS[call.normalization]
     mask_r = padded_prefix = None
-    if call.key_padding_mask is not None:
-        mask_r = call.key_padding_mask.flip(-1)
+    if call.key_padding_mask is not None:  # (B|1, Lk|1): a key dim of 1 stands for every key
+        mask_r = call.key_padding_mask.expand(-1, lk).flip(-1)
         # one host sync per call: which key blocks hold any padding at all
         padded_any = mask_r.any(0).to(torch.int64).cumsum(0).tolist()
         padded_prefix = [0, *padded_any]

@@ -60,15 +60,17 @@ def visible_key_counts(
 
     key_flags: (B|1, H|1, Lk) bool or None. Returns int64 (B|1, H|1, Lq). Without a boolean
     attn_mask this never builds an (Lq, Lk) matrix: causal counts are prefix sums over the keys.
+    Either mask may broadcast over the keys (key dim 1): it then counts for all Lk of them.
     """
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         keep = keep_mask(key_padding_mask, attn_mask, is_causal, lq, lk, device)
         if key_flags is not None:
-            keep = keep & key_flags[..., None, :]  # (B|1, H|1, Lq, Lk)
+            keep = keep & key_flags[..., None, :]  # (B|1, H|1, Lq|1, Lk|1)
+        keep = keep.expand(*keep.shape[:-1], lk)  # a broadcast key dim stands for Lk keys
         return keep.sum(-1).expand(*keep.shape[:2], lq)
     keys = torch.ones(1, 1, lk, dtype=torch.bool, device=device)  # (B|1, H|1, Lk)
     if key_padding_mask is not None:
-        keys = keys & ~key_padding_mask[:, None, :]
+        keys = keys & ~key_padding_mask[:, None, :]  # (B|1, Lk|1) broadcasts over the keys
     if key_flags is not None:
         keys = keys & key_flags
     if not is_causal:

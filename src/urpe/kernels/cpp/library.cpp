@@ -19,41 +19,92 @@ constexpr int64_t kMaxSplits = 8;
 
 // float for bfloat16 operands, else their own dtype
 at::ScalarType compute_type(const at::Tensor& q) {
-  return q.scalar_type() == at::kBFloat16 ? at::kFloat : q.scalar_type();
+  const at::ScalarType type = q.scalar_type();
+  TORCH_CHECK(type == at::kDouble || type == at::kFloat || type == at::kBFloat16,
+              "urpe_cpp: q, k, v must be float64, float32 or bfloat16, got ", type);
+  return type == at::kBFloat16 ? at::kFloat : type;
 }
 
 int64_t stride_or_zero(const at::Tensor& t, int64_t dim) {
   return t.size(dim) == 1 ? 0 : t.stride(dim);
 }
 
+// The raw ops are public (torch.ops.urpe_cpp.*): every argument is checked here, cheaply, so
+// that a wrong one raises a RuntimeError instead of reading or writing out of bounds.
+
+void check_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), "urpe_cpp: ", name, " must be a CPU tensor, got ", t.device());
+}
+
+// t has t.dim() == full.size() and each size is 1 (broadcast) or the full one
+void check_broadcasts(const at::Tensor& t, at::IntArrayRef full, const char* name,
+                      const char* dims) {
+  bool ok = t.dim() == static_cast<int64_t>(full.size());
+  for (int64_t d = 0; ok && d < t.dim(); ++d) ok = t.size(d) == 1 || t.size(d) == full[d];
+  TORCH_CHECK(ok, "urpe_cpp: ", name, " must have shape ", dims, " broadcastable to ", full,
+              ", got ", t.sizes());
+}
+
+// t holds `numel` entries (`what`) of dtype `type`, contiguous, on the CPU
+void check_rows(const at::Tensor& t, int64_t numel, at::ScalarType type, const char* name,
+                const char* what) {
+  check_cpu(t, name);
+  TORCH_CHECK(t.scalar_type() == type, "urpe_cpp: ", name, " must be ", type, ", got ",
+              t.scalar_type());
+  TORCH_CHECK(t.is_contiguous() && t.numel() == numel, "urpe_cpp: ", name, " must be ", numel,
+              " contiguous entries ", what, ", got shape ", t.sizes());
+}
+
+// every relation index lies in [0, relations): one min/max pass
+void check_relation_range(const at::Tensor& index, int64_t relations, const char* name) {
+  if (index.numel() == 0) return;
+  const auto [low, high] = at::aminmax(index);
+  const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+  TORCH_CHECK(lo >= 0 && hi < relations, "urpe_cpp: the ", name, " relation index must lie in [0, ",
+              relations, ") (its table's width), got ", lo < 0 ? lo : hi);
+}
+
 template <typename T>
-Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t lq,
-                  int64_t lk) {
+Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t batch,
+                  int64_t heads, int64_t lq, int64_t lk, const char* name) {
+  TORCH_CHECK(kind >= kNone && kind <= kRelation, "urpe_cpp: unknown ", name, " kind ", kind,
+              " (0 none, 1 dense, 2 Toeplitz, 3 relation)");
   Term<T> term;
-  if (kind == kNone || !tensor.has_value()) return term;
+  if (kind == kNone) return term;
+  TORCH_CHECK(tensor.has_value(), "urpe_cpp: a ", name, " of kind ", kind, " needs its tensor");
   const at::Tensor& t = *tensor;
-  TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value,
-              "urpe_cpp: a term is not in the compute dtype");
+  check_cpu(t, name);
+  TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value, "urpe_cpp: the ", name,
+              " must be in the compute dtype ", c10::CppTypeToScalarType<T>::value, ", got ",
+              t.scalar_type());
   term.kind = kind;
   term.data = t.data_ptr<T>();
   term.lq = lq;
   if (kind == kDense) {
-    TORCH_CHECK(t.dim() == 4, "urpe_cpp: a dense term must be 4-D");
+    check_broadcasts(t, {batch, heads, lq, lk}, name, "(B|1, H|1, Lq|1, Lk|1)");
     term.sb = stride_or_zero(t, 0);
     term.sh = stride_or_zero(t, 1);
     term.si = stride_or_zero(t, 2);
     term.sj = stride_or_zero(t, 3);
     return term;
   }
-  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), "urpe_cpp: a table must be 2-D, contiguous");
-  TORCH_CHECK(kind != kToeplitz || t.size(1) == lq + lk - 1 + kLanes,
-              "urpe_cpp: a Toeplitz term must hold Lq + Lk - 1 offsets and ", kLanes,
-              " entries of padding");
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && (t.size(0) == 1 || t.size(0) == heads),
+              "urpe_cpp: a ", name, " table must be 2-D, contiguous, with 1 or H = ", heads,
+              " rows, got shape ", t.sizes());
+  TORCH_CHECK(kind != kToeplitz || t.size(1) == lq + lk - 1 + kLanes, "urpe_cpp: a Toeplitz ",
+              name, " must hold Lq + Lk - 1 = ", lq + lk - 1, " offsets and ", kLanes,
+              " entries of padding, got ", t.size(1));
   term.row_len = t.size(1);
   term.per_head = t.size(0) > 1;
   if (kind == kRelation) {
-    TORCH_CHECK(index.has_value() && index->dim() == 3 && index->scalar_type() == at::kLong,
-                "urpe_cpp: a relation needs a (B|1, Lq, Lk) int64 index");
+    TORCH_CHECK(index.has_value() && index->scalar_type() == at::kLong,
+                "urpe_cpp: a relation ", name, " needs a (B|1, Lq, Lk) int64 index");
+    check_cpu(*index, "relation index");
+    check_broadcasts(*index, {batch, lq, lk}, "relation index", "(B|1, Lq, Lk)");
+    TORCH_CHECK(index->size(1) == lq && index->size(2) == lk, "urpe_cpp: the ", name,
+                " relation index must be (B|1, Lq, Lk) = (B|1, ", lq, ", ", lk, "), got ",
+                index->sizes());
+    check_relation_range(*index, t.size(1), name);
     term.index = index->data_ptr<int64_t>();
     term.ib = stride_or_zero(*index, 0);
     term.ii = index->stride(1);
@@ -74,10 +125,16 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const bool bf16 = std::is_same_v<T, float> && q.scalar_type() == at::kBFloat16;
   for (const at::Tensor* t : {&q, &k, &v}) {
     TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->device().is_cpu(),
-                "urpe_cpp: q, k, v must be contiguous 4-D CPU tensors");
+                "urpe_cpp: q, k, v must be contiguous 4-D CPU tensors, got shapes ", q.sizes(),
+                ", ", k.sizes(), ", ", v.sizes());
     TORCH_CHECK(t->scalar_type() == (bf16 ? at::kBFloat16 : c10::CppTypeToScalarType<T>::value),
-                "urpe_cpp: q, k, v must share the compute dtype (or bfloat16)");
+                "urpe_cpp: q, k, v must share the compute dtype (or bfloat16), got ",
+                q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   }
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && v.size(1) == k.size(1) &&
+                  v.size(2) == k.size(2) && k.size(3) == q.size(3),
+              "urpe_cpp: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) do not agree: "
+              "got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   TORCH_CHECK(!bf16 || bf16_products(), "urpe_cpp: no bf16 x bf16 -> f32 BLAS in this build");
   Problem<T> P;
   P.batch = q.size(0);
@@ -87,7 +144,8 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   P.kv_heads = k.size(1);
   P.lk = k.size(2);
   P.vdim = v.size(3);
-  TORCH_CHECK(P.kv_heads > 0 && P.heads % P.kv_heads == 0, "urpe_cpp: heads and kv heads");
+  TORCH_CHECK(P.kv_heads > 0 && P.heads % P.kv_heads == 0, "urpe_cpp: q's heads (", P.heads,
+              ") must be a multiple of k's and v's (", P.kv_heads, ")");
   P.groups = P.heads / P.kv_heads;
   if (bf16) {
     P.q16 = reinterpret_cast<const uint16_t*>(q.const_data_ptr<at::BFloat16>());
@@ -98,23 +156,26 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
     P.k = k.data_ptr<T>();
     P.v = v.data_ptr<T>();
   }
-  P.bias = make_term<T>(bias_kind, bias, bias_index, P.lq, P.lk);
-  P.gate = make_term<T>(gate_kind, gate, gate_index, P.lq, P.lk);
-  P.float_mask =
-      make_term<T>(float_mask.has_value() ? kDense : kNone, float_mask, {}, P.lq, P.lk);
+  const int64_t B = P.batch, H = P.heads, lq = P.lq, lk = P.lk;
+  P.bias = make_term<T>(bias_kind, bias, bias_index, B, H, lq, lk, "bias");
+  P.gate = make_term<T>(gate_kind, gate, gate_index, B, H, lq, lk, "gate");
+  P.float_mask = make_term<T>(float_mask.has_value() ? kDense : kNone, float_mask, {}, B, H, lq,
+                              lk, "float attn_mask");
   Hiding& hiding = P.hiding;
   hiding.causal = causal;
   hiding.shift = P.lk - P.lq;
-  if (key_padding.has_value()) {
-    TORCH_CHECK(key_padding->dim() == 2 && key_padding->stride(1) == 1 &&
-                    key_padding->scalar_type() == at::kBool,
-                "urpe_cpp: key padding must be (B|1, Lk) bool, contiguous in keys");
+  if (key_padding.has_value()) {  // any strides: a key dim of 1 stands for every key
+    check_cpu(*key_padding, "key_padding");
+    TORCH_CHECK(key_padding->scalar_type() == at::kBool, "urpe_cpp: key_padding must be bool");
+    check_broadcasts(*key_padding, {B, lk}, "key_padding", "(B|1, Lk|1)");
     hiding.pad = key_padding->data_ptr<bool>();
     hiding.pad_sb = stride_or_zero(*key_padding, 0);
+    hiding.pad_sj = stride_or_zero(*key_padding, 1);
   }
   if (bool_mask.has_value()) {
-    TORCH_CHECK(bool_mask->dim() == 4 && bool_mask->scalar_type() == at::kBool,
-                "urpe_cpp: a bool attn_mask must be 4-D");
+    check_cpu(*bool_mask, "bool_mask");
+    TORCH_CHECK(bool_mask->scalar_type() == at::kBool, "urpe_cpp: bool_mask must be bool");
+    check_broadcasts(*bool_mask, {B, H, lq, lk}, "bool_mask", "(B|1, H|1, Lq|1, Lk|1)");
     hiding.keep = bool_mask->data_ptr<bool>();
     hiding.kb = stride_or_zero(*bool_mask, 0);
     hiding.kh = stride_or_zero(*bool_mask, 1);
@@ -124,19 +185,21 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(norm >= kSoftmax && norm <= kRelu2, "urpe_cpp: unknown normalisation ", norm);
   P.norm = norm;
   if (P.power() == 0) {
-    TORCH_CHECK(fixed.has_value() && fixed->is_contiguous() &&
-                    fixed->numel() == P.batch * P.heads * P.lq,
-                "urpe_cpp: this normalisation needs its (B, H, Lq) statistic");
+    TORCH_CHECK(fixed.has_value(), "urpe_cpp: this normalisation needs its (B, H, Lq) statistic");
+    check_rows(*fixed, B * H * lq, c10::CppTypeToScalarType<T>::value, "fixed", "(B, H, Lq)");
     P.fixed = fixed->data_ptr<T>();
   }
   P.scale = static_cast<T>(scale);
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "urpe_cpp: dropout_p must be in [0, 1), got ",
+              dropout_p);
   if (dropout_p > 0.0) {
     P.dropout.on = true;
     P.dropout.threshold = static_cast<uint64_t>(threshold);
     P.dropout.seed(seed);
     P.kept = T(1) / static_cast<T>(1.0 - dropout_p);
   }
-  TORCH_CHECK(block_q > 0 && block_k > 0, "urpe_cpp: tile sizes must be positive");
+  TORCH_CHECK(block_q > 0 && block_k > 0, "urpe_cpp: tile sizes must be positive, got ", block_q,
+              " x ", block_k);
   P.block_q = block_q;
   P.block_k = block_k;
   return P;
@@ -155,10 +218,11 @@ std::tuple<at::Tensor, at::Tensor> forward(
     double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
     int64_t block_q, int64_t block_k) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, options);
-  at::Tensor stat = at::empty({q.size(0), q.size(1), q.size(2)}, options);
+  at::Tensor out, stat;
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::forward", [&] {
     const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
+    out = at::empty({P.batch, P.heads, P.lq, P.vdim}, options);
+    stat = at::empty({P.batch, P.heads, P.lq}, options);
     forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>());
   });
   return {out, stat};
@@ -193,16 +257,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
     int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
     int64_t items_per_thread) {
-  TORCH_CHECK(grad_out.is_contiguous() && stat.is_contiguous() && delta.is_contiguous(),
-              "urpe_cpp: grad_out, stat and delta must be contiguous");
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor dq = at::empty(q.sizes(), options);
   at::Tensor dk, dv, dbias, dgate, dmask;
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::backward", [&] {
     const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
+    const int64_t rows = P.batch * P.heads * P.lq;
+    check_rows(grad_out, rows * P.vdim, q.scalar_type(), "grad_out", "(B, H, Lq, Dv)");
+    TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(3) == P.vdim,
+                "urpe_cpp: grad_out must be (B, H, Lq, Dv) like the output, got ",
+                grad_out.sizes());
+    check_rows(stat, rows, compute_type(q), "stat", "(B, H, Lq)");
+    check_rows(delta, rows, compute_type(q), "delta", "(B, H, Lq)");
     Gradients<scalar_t> G;
     if (P.bf16()) {
-      TORCH_CHECK(grad_out.scalar_type() == at::kBFloat16, "urpe_cpp: grad_out as q (bfloat16)");
       G.grad_out16 = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>());
     } else {
       G.grad_out = grad_out.data_ptr<scalar_t>();

@@ -283,8 +283,8 @@ const T* masked_gate_row(const Term<T>& gate, int64_t b, int64_t h, int64_t i, i
 struct Hiding {
   bool causal = false;
   int64_t shift = 0;              // Lk - Lq: query i sees keys j <= i + shift
-  const bool* pad = nullptr;      // (Bp, Lk), True = padded
-  int64_t pad_sb = 0;
+  const bool* pad = nullptr;      // (B|1, Lk|1), True = padded
+  int64_t pad_sb = 0, pad_sj = 0;  // its strides, 0 along a broadcast dim
   const bool* keep = nullptr;     // bool attn_mask, True = takes part
   int64_t kb = 0, kh = 0, ki = 0, kj = 0;
 
@@ -306,15 +306,18 @@ struct Hiding {
                        uint8_t* buf) const {
     if (keep == nullptr) {
       if (pad == nullptr) return nullptr;
-      const bool* pp = pad + b * pad_sb + j0;
-      if (span == n) return reinterpret_cast<const uint8_t*>(pp);  // past n the mask may end
-      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(pp[j]);
+      const bool* pp = pad + b * pad_sb + j0 * pad_sj;
+      // past n the mask may end
+      if (pad_sj == 1 && span == n) return reinterpret_cast<const uint8_t*>(pp);
+      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(pp[j * pad_sj]);
       return buf;
     }
     const bool* kp = keep + b * kb + h * kh + i * ki + j0 * kj;
     if (pad != nullptr) {
-      const bool* pp = pad + b * pad_sb + j0;
-      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(pp[j] || !kp[j * kj]);
+      const bool* pp = pad + b * pad_sb + j0 * pad_sj;
+      for (int64_t j = 0; j < n; ++j) {
+        buf[j] = static_cast<uint8_t>(pp[j * pad_sj] || !kp[j * kj]);
+      }
     } else {
       for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(!kp[j * kj]);
     }
