@@ -49,7 +49,7 @@ def good_forward() -> dict:
         scale=0.3,
         dropout_p=0.0,
         dropout_threshold=0,
-        dropout_seed=0,
+        dropout_seed=None,
         block_q=2,
         block_k=4,
     )
@@ -118,6 +118,11 @@ BAD_CALLS = {
     "statistic dtype": ("forward", dict(fixed=torch.ones(B, H, LQ))),
     "unknown normalisation": ("forward", dict(norm=9)),
     "dropout of 1": ("forward", dict(dropout_p=1.0)),
+    "dropout without a seed": ("forward", dict(dropout_p=0.5, dropout_threshold=2**31)),
+    "dropout seed not integer": (
+        "forward",
+        dict(dropout_p=0.5, dropout_threshold=2**31, dropout_seed=torch.tensor(1.5)),
+    ),
     "tile size 0": ("forward", dict(block_q=0)),
     "backward relation index too large": ("backward", dict(bias_index=_index(R + 100))),
     "backward grad_out shape": ("backward", dict(grad_out=torch.zeros(B, H, LQ, DV + 1, **F64))),

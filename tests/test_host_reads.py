@@ -70,8 +70,9 @@ def _calls():
     yield "toeplitz B and C", dict(bias=Toeplitz(table), gate=Toeplitz(table.flip(1)))
     yield "relation B, checked", dict(bias=Relation(torch.randn(H, 5, **F64), index, True))
     yield "dense bias", dict(bias=torch.randn(B, H, L, L, generator=gen, **F64))
-    yield "causal + padding", dict(
-        is_causal=True, key_padding_mask=torch.arange(L) >= torch.tensor([[L], [L - 2]])
+    yield (
+        "causal + padding",
+        dict(is_causal=True, key_padding_mask=torch.arange(L) >= torch.tensor([[L], [L - 2]])),
     )
     yield "bool mask", dict(attn_mask=torch.rand(L, L, generator=gen) > 0.3)
     yield "float mask", dict(attn_mask=torch.randn(L, L, generator=gen, **F64))

@@ -34,8 +34,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .dropout import dropout_scale_at
 from .dtypes import compute_dtype
 from .fused_terms import DenseTile, RelationTile, ToeplitzTile, hankel_view
+from .host import may_read
 from .layout import BackwardArgs, ForwardArgs
 from .masks import visible_key_counts
 from .normalization import NORMALIZATIONS, Normalization
@@ -59,10 +61,11 @@ class _Plan:
     norm: Normalization
     is_causal: bool
     key_padding_mask: Tensor | None  # (B|1, Lk), reversed key order
-    padded_prefix: list[int] | None  # padded_prefix[c]: reversed columns < c padded in any row
+    # padded_prefix[c]: reversed columns < c padded in any row (None: not read, any may be)
+    padded_prefix: list[int] | None
     keep: DenseTile | None  # a boolean attn_mask, read per tile
     dropout_p: float
-    seed: int
+    seed: Tensor | None  # int64 scalar tensor (dropout only): never read on the host
     block_q: int
     block_k: int
     one_shot: (
@@ -122,7 +125,8 @@ def _masked_entries(plan: _Plan, i0: int, i1: int, c0: int, c1: int, t: int) -> 
     if t > 0:
         m = torch.arange(i1 - i0 + c1 - c0 - 1, device=plan.device)
         masked = hankel_view(m < t, i1 - i0, c1 - c0)[None, None]
-    if plan.padded_prefix is not None and plan.padded_prefix[c1] > plan.padded_prefix[c0]:
+    prefix = plan.padded_prefix  # None: not known which blocks hold padding (not read)
+    if plan.key_padding_mask is not None and (prefix is None or prefix[c1] > prefix[c0]):
         padded = plan.key_padding_mask[:, None, None, c0:c1]
         masked = padded if masked is None else masked | padded
     if plan.keep is not None:
@@ -131,13 +135,15 @@ def _masked_entries(plan: _Plan, i0: int, i1: int, c0: int, c1: int, t: int) -> 
     return masked
 
 
-def _dropout_keep(plan: _Plan, tile_id: int, keep: Tensor) -> Tensor:
-    """Fill `keep` with the tile's keep mask scaled by 1 / (1 - p); a tile id always gives the
-    same mask."""
-    generator = torch.Generator(device=keep.device)
-    generator.manual_seed((plan.seed + 1_000_003 * tile_id) % (2**63))
-    keep.bernoulli_(1.0 - plan.dropout_p, generator=generator)
-    return keep.div_(1.0 - plan.dropout_p)
+def _dropout_keep(plan: _Plan, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+    """The tile's keep mask scaled by 1 / (1 - p), (B, H, bq, bk): the reference's hash of the
+    seed tensor and of each weight's flat index (b, h, i, j), so the mask is the reference's
+    and the seed is never read on the host."""
+    rows = torch.arange(i0, i1, device=plan.device)
+    keys = plan.lk - 1 - torch.arange(c0, c1, device=plan.device)  # columns are reversed keys
+    heads = torch.arange(plan.batch * plan.heads, device=plan.device)
+    counter = (heads.view(plan.batch, plan.heads, 1, 1) * plan.lq + rows[:, None]) * plan.lk
+    return dropout_scale_at(plan.seed, plan.dropout_p, counter + keys, plan.compute_dtype)
 
 
 def _scores(plan, q_tile, k_blk, additive, i0, i1, c0, c1, masked, out: Tensor) -> Tensor:
@@ -221,7 +227,7 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
             if masked is not None:  # a gate may hold inf/nan far away: hidden pairs stay 0
                 p.masked_fill_(masked, 0.0)
         if plan.dropout_p > 0.0:
-            p.mul_(_dropout_keep(plan, tile_id, work("keep", b, h, bq, bk)))
+            p.mul_(_dropout_keep(plan, i0, i1, c0, c1))
         _accumulate(acc, p.view(n, bq, bk), v_r[:, c0:c1], first)
         if c1 == plan.lk:  # the query block's last key block
             out[:, i0:i1] = acc
@@ -266,7 +272,7 @@ def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
         da = da.view(b, h, bq, bk)
         keep = None
         if plan.dropout_p > 0.0:
-            keep = _dropout_keep(plan, tile_id, work("keep", b, h, bq, bk))
+            keep = _dropout_keep(plan, i0, i1, c0, c1)
             da.mul_(keep)
         a, dp = p, da
         if gate is not None:
@@ -340,11 +346,11 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
     mask_r = padded_prefix = None
     if call.key_padding_mask is not None:  # (B|1, Lk|1): a key dim of 1 stands for every key
         mask_r = call.key_padding_mask.expand(-1, lk).flip(-1)
-        # one host sync per call: which key blocks hold any padding at all
-        padded_any = mask_r.any(0).to(torch.int64).cumsum(0).tolist()
-        padded_prefix = [0, *padded_any]
-        if padded_prefix[-1] == 0:
-            mask_r = padded_prefix = None
+        if may_read(mask_r):  # which key blocks hold any padding at all (one read)
+            padded_any = mask_r.any(0).to(torch.int64).cumsum(0).tolist()
+            padded_prefix = [0, *padded_any]
+            if padded_prefix[-1] == 0:
+                mask_r = padded_prefix = None
     keep = None
     if call.attn_mask is not None and call.attn_mask.dtype == torch.bool:
         keep = DenseTile(call.attn_mask, lk, torch.bool, needs_grad=False)
@@ -359,10 +365,13 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
         padded_prefix=padded_prefix,
         keep=keep,
         dropout_p=float(call.dropout_p),
-        seed=0 if call.dropout_seed is None else int(call.dropout_seed),
+        seed=call.dropout_seed,
         block_q=int(call.block_q) or BLOCK_Q,  # 0: the default tiles
         block_k=int(call.block_k) or BLOCK_K,
-        one_shot=norm.one_shot is not None and not _may_hold_neg_inf(call, dtype),
+        # (where values may not be read the online recurrence runs, which is always right)
+        one_shot=norm.one_shot is not None
+        and may_read(call.q)
+        and not _may_hold_neg_inf(call, dtype),
         compute_dtype=dtype,
         device=call.q.device,
     )

@@ -45,6 +45,11 @@ def keep_threshold(p: float) -> int:
 def dropout_scale(seed: Tensor, p: float, shape: tuple[int, ...], dtype, device) -> Tensor:
     """keep / (1 - p) for a tensor of `shape`; keep has probability 1 - p per entry."""
     counter = torch.arange(int(torch.Size(shape).numel()), device=device).view(shape)
-    threshold = keep_threshold(p)
-    keep = uniform_bits(seed.to(device=device, dtype=torch.int64), counter) < threshold
-    return keep.to(dtype) / (1.0 - p)
+    return dropout_scale_at(seed, p, counter, dtype)
+
+
+def dropout_scale_at(seed: Tensor, p: float, counter: Tensor, dtype) -> Tensor:
+    """keep / (1 - p) for the weights whose flat indices are `counter` (int64, any shape): the
+    entries of `dropout_scale`'s full tensor at those indices (a kernel's tile)."""
+    keep = uniform_bits(seed.to(device=counter.device, dtype=torch.int64), counter)
+    return (keep < keep_threshold(p)).to(dtype) / (1.0 - p)

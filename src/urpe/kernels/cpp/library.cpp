@@ -120,7 +120,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const OptTensor& float_mask, const OptTensor& bool_mask,
                         const OptTensor& key_padding, const OptTensor& fixed, bool causal,
                         int64_t norm, double scale, double dropout_p, int64_t threshold,
-                        int64_t seed, int64_t block_q, int64_t block_k) {
+                        const OptTensor& seed, int64_t block_q, int64_t block_k) {
   // bfloat16 operands are multiplied as they are (the compute dtype T is then float)
   const bool bf16 = std::is_same_v<T, float> && q.scalar_type() == at::kBFloat16;
   for (const at::Tensor* t : {&q, &k, &v}) {
@@ -195,7 +195,11 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   if (dropout_p > 0.0) {
     P.dropout.on = true;
     P.dropout.threshold = static_cast<uint64_t>(threshold);
-    P.dropout.seed(seed);
+    // the seed stays a tensor up to here (no host read in Python); read once, on the CPU
+    TORCH_CHECK(seed.has_value() && seed->numel() == 1 && seed->device().is_cpu() &&
+                    !at::isFloatingType(seed->scalar_type()),
+                "urpe_cpp: dropout needs its seed as a one-element integer CPU tensor");
+    P.dropout.seed(seed->item<int64_t>());
     P.kept = T(1) / static_cast<T>(1.0 - dropout_p);
   }
   TORCH_CHECK(block_q > 0 && block_k > 0, "urpe_cpp: tile sizes must be positive, got ", block_q,
@@ -215,7 +219,7 @@ std::tuple<at::Tensor, at::Tensor> forward(
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
     const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
-    double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
+    double scale, double dropout_p, int64_t dropout_threshold, const OptTensor& dropout_seed,
     int64_t block_q, int64_t block_k) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor out, stat;
@@ -254,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
     const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
-    double scale, double dropout_p, int64_t dropout_threshold, int64_t dropout_seed,
+    double scale, double dropout_p, int64_t dropout_threshold, const OptTensor& dropout_seed,
     int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
     int64_t items_per_thread) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
@@ -339,7 +343,7 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "forward(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, Tensor? bias_index, "
       "int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, "
       "Tensor? key_padding, Tensor? fixed, bool causal, int norm, float scale, "
-      "float dropout_p, int dropout_threshold, int dropout_seed, int block_q, int block_k) "
+      "float dropout_p, int dropout_threshold, Tensor? dropout_seed, int block_q, int block_k) "
       "-> (Tensor, Tensor)",
       &forward);
   m.def(
@@ -347,7 +351,7 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "
       "Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, Tensor? key_padding, "
       "Tensor? fixed, bool causal, int norm, float scale, float dropout_p, "
-      "int dropout_threshold, int dropout_seed, int block_q, int block_k, bool needs_bias, "
+      "int dropout_threshold, Tensor? dropout_seed, int block_q, int block_k, bool needs_bias, "
       "bool needs_gate, bool needs_mask, int items_per_thread) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       &backward);

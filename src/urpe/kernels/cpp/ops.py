@@ -123,7 +123,7 @@ def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
         call.scale,
         call.dropout_p,
         keep_threshold(call.dropout_p) if dropout_on else 0,
-        int(call.dropout_seed) if dropout_on and call.dropout_seed is not None else 0,
+        call.dropout_seed if dropout_on else None,  # a tensor: read in C++, not here
         call.block_q or tiles[0],
         call.block_k or tiles[1],
     )
