@@ -97,20 +97,19 @@ class _Workspace:
 
 
 def _tiles(plan: _Plan):
-    """(query block, key block) pairs: yields tile id, i0, i1, c0, c1, the causal threshold t and
-    whether this is the query block's first key block.
+    """(query block, key block) pairs: yields i0, i1, c0, c1, the causal threshold t and whether
+    this is the query block's first key block.
 
     Causal: query i sees reversed column c iff i + c >= Lq - 1, so in a tile entry (r, s) is
     visible iff r + s >= t with t = Lq - 1 - i0 - c0 (everything visible when t <= 0).
     """
-    n_kblocks = -(-plan.lk // plan.block_k) + 1
-    for qi, i0 in enumerate(range(0, plan.lq, plan.block_q)):
+    for i0 in range(0, plan.lq, plan.block_q):
         i1 = min(i0 + plan.block_q, plan.lq)
         start = _first_column(plan, i1)
-        for kj, c0 in enumerate(range(start, plan.lk, plan.block_k)):
+        for c0 in range(start, plan.lk, plan.block_k):
             c1 = min(c0 + plan.block_k, plan.lk)
             t = plan.lq - 1 - i0 - c0 if plan.is_causal else 0
-            yield qi * n_kblocks + kj, i0, i1, c0, c1, t, kj == 0
+            yield i0, i1, c0, c1, t, c0 == start
 
 
 def _first_column(plan: _Plan, i1: int) -> int:
@@ -194,7 +193,7 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
     row_max = torch.full((b, h, plan.lq, 1), float("-inf"), dtype=dtype, device=device)
     row_sum = torch.zeros(b, h, plan.lq, 1, dtype=dtype, device=device)
     work = _Workspace(plan)
-    for tile_id, i0, i1, c0, c1, t, first in _tiles(plan):
+    for i0, i1, c0, c1, t, first in _tiles(plan):
         bq, bk = i1 - i0, c1 - c0
         rows = slice(None), slice(None), slice(i0, i1)
         if first:  # contiguous operands keep the batched matmuls on their fast path
@@ -250,7 +249,7 @@ def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
         delta = (grad_out * out).sum(-1).view(b, h, plan.lq, 1)
     additive_grads = [term for term in additive if term.grad is not None]
     work = _Workspace(plan)
-    for tile_id, i0, i1, c0, c1, t, first in _tiles(plan):
+    for i0, i1, c0, c1, t, first in _tiles(plan):
         bq, bk = i1 - i0, c1 - c0
         if first:
             q_tile = q_s[:, i0:i1].contiguous()
