@@ -203,7 +203,10 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 def _needs_grad(args: ForwardArgs) -> bool:
     if not torch.is_grad_enabled():
         return False
-    return any(t is not None and t.requires_grad for t in args[:N_TENSORS])
+    for t in args[:N_TENSORS]:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
 
     if spec.dropout_p > 0.0 and spec.dropout_seed is None:
         spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
-    return CPP(ForwardArgs.from_spec(spec, block_q, block_k)).to(spec.q.dtype)
+    out = CPP(ForwardArgs.from_spec(spec, block_q, block_k))
+    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
 
 
 def cpp_attention(
@@ -104,7 +105,14 @@ def cpp_backend() -> Backend:
 def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:
     """Whether q, k, v hold only finite numbers, by one C++ pass (None: the kernel is not
     loaded; the non-finite rule then asks torch)."""
-    return torch.ops.urpe_cpp.all_finite(list(tensors)) if is_loaded() else None
+    if not is_loaded():
+        return None
+    if not _OPS:  # the overload itself: a lookup through torch.ops costs about a microsecond
+        _OPS.append(torch.ops.urpe_cpp.all_finite.default)
+    return _OPS[0](list(tensors))
+
+
+_OPS: list = []
 
 
 FINITE_CHECKS["cpu"] = cpp_all_finite

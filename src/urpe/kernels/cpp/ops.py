@@ -129,6 +129,12 @@ def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
     )
 
 
+@functools.cache
+def _op(name: str):
+    """The C++ op's overload (looked up once: through torch.ops it costs a microsecond a call)."""
+    return getattr(torch.ops.urpe_cpp, name).default
+
+
 def _bf16_products(dtype: torch.dtype) -> bool:
     """Whether the products take bfloat16 operands as they are (bf16 x bf16 -> float BLAS, as
     SDPA multiplies them), instead of converting q, k, v to float32."""
@@ -153,7 +159,7 @@ def _as_operand(t: Tensor, dtype: torch.dtype) -> Tensor:
 
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     """(out (B, H, Lq, Dv), row statistic (B, H, Lq, 1)), both in the compute dtype."""
-    out, stat = torch.ops.urpe_cpp.forward(*_operands(call), *_op_arguments(call, FORWARD_TILES))
+    out, stat = _op("forward")(*_operands(call), *_op_arguments(call, FORWARD_TILES))
     return out, stat.unsqueeze(-1)
 
 
@@ -174,7 +180,7 @@ def cpp_backward(args: BackwardArgs):
     operand = call.q.dtype if _bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
     grad_out = args.grad_out.to(operand).contiguous()
     stat = args.stat.reshape(delta.shape).contiguous()
-    dq, dk, dv, *term_grads = torch.ops.urpe_cpp.backward(
+    dq, dk, dv, *term_grads = _op("backward")(
         grad_out, stat, delta, *_operands(call), *_op_arguments(call, BACKWARD_TILES), *args.needs,
         ITEMS_PER_THREAD,
     )  # fmt: skip
