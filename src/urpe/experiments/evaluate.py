@@ -86,10 +86,13 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("DATA", f"no such file: {path}")
     if args.mode == "memory" and model.memory_length == 0:
         raise UsageError("--mode", "this model has no memory; use sliding or chunks")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise UsageError("DATA", f"{path} is not UTF-8 text ({error.reason})") from None
+    from ..data.text import DatasetError
+    from ..data.text.corpora import read_text_file
+
+    try:  # as training reads it: bytes for a byte-level model, else UTF-8 text
+        text = read_text_file(path, model.tokenizer.kind == "byte")
+    except DatasetError as error:
+        raise UsageError("DATA", str(error)) from None
     try:
         result = model.score(
             text,
@@ -150,7 +153,7 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
         "mae": mae,
         "molecules": len(pairs),
         "skipped": skipped,
-        "line": f"MAE {mae:.4f} ({model.unit}) over {len(pairs)} molecules of "
+        "line": f"MAE {mae:.4f} of {model.quantity} over {len(pairs)} molecules of "
         f"{Path(args.data).name}{note}",
     }
 

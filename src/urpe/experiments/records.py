@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +29,25 @@ def canonical_json(config: Any) -> str:
 
 # Stored with a run's config, not part of its identity: where its data files lie.
 LOCATIONS = "locations"
+FILE_KINDS = ("csv", "sdf", "text")  # a user's file, named by its file name alone
+
+
+def dataset_labels(configs: Iterable[dict]) -> dict[str, str]:
+    """config["dataset"] -> how a report or message names it: a user's file by its name (the
+    start of its digest added where two contents share a name), anything else as it is."""
+    named: dict[str, str] = {}
+    for config in configs:
+        shown, located = config["dataset"], config.get(LOCATIONS, {}).get("dataset")
+        if located:
+            kind, name = shown.partition(":")[0], Path(located).name
+            named[shown] = name if kind in FILE_KINDS else f"{kind}:{name}"
+        else:
+            named.setdefault(shown, shown)
+    clashes = Counter(named.values())
+    return {
+        shown: f"{name} ({shown.partition('sha256-')[2] or shown})" if clashes[name] > 1 else name
+        for shown, name in named.items()
+    }
 
 
 def identity(config: dict) -> dict:
