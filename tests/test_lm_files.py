@@ -64,6 +64,8 @@ def test_bare_path_writes_inside_out_with_the_path_absolute_and_the_content_dige
     assert config["locations"] == {"dataset": f"text:{corpus.resolve()}"}
     assert len(config["data_sha256"]) == 1 and len(config["data_sha256"][0]) == 64
     assert (out / "results.json").is_file()
+    report = (out / "results.md").read_text()  # the file by its name, not its digest
+    assert "| corpus.txt | rpe+urpe |" in report and "sha256" not in report
 
 
 def test_resume_trusts_the_content_not_the_path(trained, capsys):

@@ -10,7 +10,7 @@ from urpe.cli import main
 from urpe.data.molecules import load_molecules, skipped_summary
 from urpe.data.molecules.files import MoleculeFileError, read_molecule_table
 from urpe.data.molecules.sources import moses_file, read_moses_smiles
-from urpe.experiments.graph.molecule_files import dataset_argument
+from urpe.experiments.graph.molecule_files import check_data, dataset_argument
 
 MOLECULES = read_moses_smiles(moses_file("train"))[:40]
 SPLITS = ("train", "val", "test")
@@ -144,3 +144,6 @@ def test_duplicates_are_warned_about_and_never_cross_splits(tmp_path):
                            "them with different values of 'logp' (e.g. ")  # fmt: skip
     assert "all rows kept, each molecule's rows in one split" in line and "\n" not in line
     assert data.info["duplicates"]["conflicting"] == 20
+    said = []
+    check_data(data, said.append)  # what `urpe reproduce graph` prints before training
+    assert said == [line]
