@@ -78,6 +78,20 @@ def test_excels_code_page_and_utf16_exports_are_read(tmp_path):
     assert rows[0].cells["name"] == "Äthanol" and rows[0].targets["logP"] == "-0.0014"
 
 
+def test_a_comma_that_may_separate_thousands_is_not_read_as_a_decimal_one(tmp_path):
+    """In a `;` file a comma is the decimal mark; in a tab file "1,234" may be a thousand."""
+    cells = ["0,25", "1,234", "12,5", "1.5", "n/a"]
+    semicolons, tabs = tmp_path / "a.csv", tmp_path / "b.tsv"
+    semicolons.write_text("smiles;y\n" + "".join(f"C;{c}\n" for c in cells))
+    tabs.write_text("smiles\ty\n" + "".join(f"C\t{c}\n" for c in cells))
+
+    def read(path):
+        return [row.targets["y"] for row in read_molecule_table(path, targets=["y"])[0]]
+
+    assert read(semicolons) == ["0.25", "1.234", "12.5", "1.5", "n/a"]
+    assert read(tabs) == ["0.25", "1,234", "12.5", "1.5", "n/a"]
+
+
 def test_smi_files_with_and_without_a_title_line(tmp_path):
     plain = tmp_path / "plain.smi"  # SMILES, whitespace, an optional name (spaces allowed)
     plain.write_bytes(b"\xef\xbb\xbfCCO ethanol\r\nc1ccccc1\tbenzene ring\r\n\r\nCC(=O)O\r\n")

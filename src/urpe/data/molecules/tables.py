@@ -4,8 +4,9 @@
 
 - Text tables (`.csv`, `.tsv`, `.txt`, optionally `.gz`): the separator is whichever of tab, `;`
   and `,` the header line holds most of (ties in that order; `.tsv` is always tab), so a European
-  spreadsheet's `smiles;logP` with `0,25` in its cells reads as saved. Where the separator is
-  not a comma, a decimal comma in a target cell becomes a point ("0,25" -> "0.25").
+  spreadsheet's `smiles;logP` with `0,25` in its cells reads as saved. In a `;` file a decimal
+  comma in a target cell becomes a point ("0,25" -> "0.25"); in a tab, SMILES or SDF file too,
+  except "1,234", which could be a thousand (left as it is: skipped as not a number, counted).
 - SMILES files (`.smi`, `.smiles`, or a text file whose header line has none of the three):
   RDKit's `SmilesMolSupplier` layout: a SMILES, whitespace, an optional name (the rest of the
   line), as columns `smiles` and `name`. A first line whose first field is a word, not a
@@ -35,6 +36,7 @@ from pathlib import Path
 SEPARATORS = ("\t", ";", ",")  # tie order: a `;` file's decimal commas outnumber nothing
 SMILES_SUFFIXES = (".smi", ".smiles")
 _DECIMAL_COMMA = re.compile(r"[+-]?(\d+,\d*|,\d+)([eE][+-]?\d+)?")
+_THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(,\d{3})+")
 _TITLE_WORD = re.compile(r"[A-Za-z_][A-Za-z_.-]*")
 
 
@@ -111,9 +113,16 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def decimal_point(text: str) -> str:
-    """ "0,25" -> "0.25" (a number written with a decimal comma); anything else unchanged."""
+def decimal_point(text: str, thousands_possible: bool = False) -> str:
+    """ "0,25" -> "0.25" (a number written with a decimal comma); anything else unchanged, and
+    "1,234" too where the comma may separate thousands."""
+    if thousands_possible and _THOUSANDS.fullmatch(text):
+        return text
     return text.replace(",", ".") if _DECIMAL_COMMA.fullmatch(text) else text
+
+
+def _unambiguous_decimal_point(text: str) -> str:
+    return decimal_point(text, thousands_possible=True)
 
 
 def _read_delimited(text: str, separator: str) -> tuple[list[str], list[tuple[int, dict]]]:
@@ -229,7 +238,7 @@ def load_table(
     target_at = [find_column(header, t, "target", path) for t in targets]
     split_at = None if split_column is None else find_column(header, split_column,
                                                              "split_column", path)  # fmt: skip
-    point = decimal_point if separator != "," else str
+    point = {",": str, ";": decimal_point}.get(separator, _unambiguous_decimal_point)
     rows = [
         MoleculeRow(
             line=line,
