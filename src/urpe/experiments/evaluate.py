@@ -77,6 +77,8 @@ def _bundle(trained, kind: type, problem: str, args: argparse.Namespace, missing
 
 
 def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
+    from ..data.text import DatasetError
+    from ..data.text.corpora import read_text_file
     from ..training.bundles import TextModel
 
     model = _bundle(trained, TextModel, f"no tokenizer.json beside {trained.checkpoint}", args,
@@ -86,9 +88,6 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("DATA", f"no such file: {path}")
     if args.mode == "memory" and model.memory_length == 0:
         raise UsageError("--mode", "this model has no memory; use sliding or chunks")
-    from ..data.text import DatasetError
-    from ..data.text.corpora import read_text_file
-
     try:  # as training reads it: bytes for a byte-level model, else UTF-8 text
         text = read_text_file(path, model.tokenizer.kind == "byte")
     except DatasetError as error:

@@ -11,7 +11,8 @@
   RDKit's `SmilesMolSupplier` layout: a SMILES, whitespace, an optional name (the rest of the
   line), as columns `smiles` and `name`. A first line whose first field is a word, not a
   molecule (`SMILES Name logP`), is a title line naming the columns; a line's fields then split
-  on whitespace, the last column taking the rest. Blank lines and `#` comments are skipped.
+  on whitespace, the last of several columns taking the rest. Blank lines and `#` comments are
+  skipped.
 - SDF (`.sdf`, `.sdf.gz`): each record's molecule (canonical SMILES, column `smiles`) and its
   properties as columns.
 - Encodings: UTF-8 with or without Excel's BOM; UTF-16 with a BOM (Excel's "Unicode Text");
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-SEPARATORS = ("\t", ";", ",")  # tie order: a `;` file's decimal commas outnumber nothing
+SEPARATORS = ("\t", ";", ",")  # preferred in this order on a tie
 SMILES_SUFFIXES = (".smi", ".smiles")
 _DECIMAL_COMMA = re.compile(r"[+-]?(\d+,\d*|,\d+)([eE][+-]?\d+)?")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(,\d{3})+")
@@ -149,7 +150,7 @@ def _read_smiles_lines(text: str) -> tuple[list[str], list[tuple[int, dict]]]:
             header = lines.pop(0)[1].split()
     rows = []
     for number, line in lines:
-        fields = line.split(None, len(header) - 1)
+        fields = line.split(None, len(header) - 1) if len(header) > 1 else line.split()[:1]
         fields += [""] * (len(header) - len(fields))
         rows.append((number, dict(zip(header, fields, strict=True))))
     return header, rows
