@@ -210,7 +210,7 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
         lines += [
             "",
             "| dataset | target | URPE - plain test MAE | relative | per seed (paired) | "
-            "URPE better | extra parameters (paper: +2,416) |",
+            f"URPE better | extra parameters{' (paper: +2,416)' if with_paper else ''} |",
             "|---|---|---|---|---|---|---|",
         ]
         for c in comparisons:
