@@ -176,7 +176,7 @@ def _files(groups: list[dict]) -> list[str]:
             f"- {facts['name']} (sha256 {digest}), target {g['target']}: {facts['rows']} rows, "
             f"{facts['skipped']} skipped (SMILES RDKit cannot read, or no number), train/val/"
             f"test {_sizes(g['sizes'])}"
-            + (f"; {repeated} molecules on several rows, each in one split" if repeated else "")
+            + (f"; {repeated} molecule{'s' * (repeated > 1)} on several rows" if repeated else "")
         )
     return list(dict.fromkeys(lines))
 
