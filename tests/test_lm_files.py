@@ -64,6 +64,8 @@ def test_bare_path_writes_inside_out_with_the_path_absolute_and_the_content_dige
     assert config["locations"] == {"dataset": f"text:{corpus.resolve()}"}
     assert len(config["data_sha256"]) == 1 and len(config["data_sha256"][0]) == 64
     assert (out / "results.json").is_file()
+    report = (out / "results.md").read_text()  # the file by its name, not its digest
+    assert "| corpus.txt | rpe+urpe |" in report and "sha256" not in report
 
 
 def test_resume_trusts_the_content_not_the_path(trained, capsys):
@@ -154,3 +156,48 @@ def test_word_prompts_warn_about_unknown_words_and_continue_with_a_space(tmp_pat
     shown = captured.out
     assert shown.startswith("the zebra ") or shown.startswith("the zebra\n"), shown
     assert not shown.startswith("the zebra<")
+
+
+def test_a_file_of_blank_lines_is_refused_before_training(tmp_path, capsys):
+    """It used to train and report a loss on nothing but newlines."""
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n" * 4000 + "  \r\n\t\n")
+    code = main(["reproduce", "lm", "--dataset", str(blank), *TINY, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"argument --dataset: {blank} holds no text (only blank lines or spaces)" in err
+    assert not (tmp_path / "o" / "records").exists()
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory):
+    """An untrained byte-level language model saved as a run would be (no training needed)."""
+    from urpe.models import TransformerConfig
+    from urpe.models.lm import LanguageModel
+    from urpe.training.checkpoint import save_model
+
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=256, num_layers=1, dim=16, num_heads=2)
+    folder = tmp_path_factory.mktemp("byte") / "model"
+    save_model(LanguageModel(config, 16), folder, tokenizer=ByteTokenizer())
+    return folder
+
+
+def test_evaluate_reads_a_file_as_training_does(byte_model, tmp_path, capsys, monkeypatch):
+    """A byte-level model trains on any file's bytes (Latin-1 too); evaluate used to refuse
+    such a file as "not UTF-8" and now scores its bytes, as the training split would be."""
+    monkeypatch.delenv("URPE_CACHE_DIR")  # no data is cached: the user's built kernel serves
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("Grüße aus Köln, à bientôt. ".encode("latin-1") * 8)
+    capsys.readouterr()
+    assert main(["evaluate", str(byte_model), str(latin1), "--json", "--no-progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    expected = load_model(byte_model).score(latin1.read_bytes())
+    assert result["tokens"] == len(latin1.read_bytes()) - 1
+    assert result["bpc"] == pytest.approx(expected["bpc"], rel=1e-6)
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n  \n")
+    code = main(["evaluate", str(byte_model), str(blank)])
+    err = capsys.readouterr().err
+    assert code == 2 and "argument DATA: " in err and "holds no text" in err
+    assert err.count("\n") == 1

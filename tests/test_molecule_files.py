@@ -1,7 +1,8 @@
 """Your own molecules: a CSV (or SDF) read with invalid rows skipped and counted in one line,
 RDKit quiet, the cache keyed by content; `reproduce graph --dataset csv:PATH` with one model per
-target column; `urpe predict` and `urpe evaluate` on the trained runs; bad flags refused up
-front in one line."""
+target column (named in any case); `urpe predict` (the input's other columns kept) and
+`urpe evaluate` on the trained runs; the report naming the file; bad flags refused up front in
+one line. File formats without training: test_molecule_file_formats.py."""
 
 import csv
 import json
@@ -25,7 +26,7 @@ def write_csv(path, count=160, start=0):
     smiles = read_moses_smiles(moses_file("train"))[start : start + count]
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["SMILES", "logp", "heavy", "split"])
+        writer.writerow(["SMILES", "logP", "heavy", "split"])
         for i, text in enumerate(smiles):
             mol = Chem.MolFromSmiles(text)
             line = i + 2
@@ -91,19 +92,31 @@ TINY = ["--steps", "30", "--batch-size", "16", "--lr", "2e-3", "--eval-every", "
         "--checkpoint-every", "0", "--no-progress"]  # fmt: skip
 
 
-@pytest.fixture
-def graph_run(tmp_path):
-    path = write_csv(tmp_path / "mols.csv")
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def graph_run(tmp_path_factory):
+    """Two runs (targets typed `logp,heavy` against the header's `logP`), shared by the tests of
+    this module: they only read them."""
+    root = tmp_path_factory.mktemp("graph_files")
+    path = write_csv(root / "mols.csv")
+    out = root / "out"
     argv = ["reproduce", "graph", "--dataset", f"csv:{path}", "--target-column", "logp,heavy"]
-    assert main([*argv, *TINY, "--out", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("URPE_CACHE_DIR", str(root / "cache"))
+        assert main([*argv, *TINY, "--out", str(out)]) == 0
     return out, path
+
+
+def heavy_run(out):
+    records = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
+    (heavy,) = [r for r in records if r["config"]["target"] == "heavy"]
+    return out / "runs" / heavy["id"]
 
 
 def test_train_on_a_csv_then_predict_and_evaluate(graph_run, tmp_path, capsys):
     out, path = graph_run
     records = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
-    assert sorted(r["config"]["target"] for r in records) == ["heavy", "logp"]  # one per target
+    # one per target, named as the header names it
+    assert sorted(r["config"]["target"] for r in records) == ["heavy", "logP"]
     for record in records:
         assert record["config"]["locations"]["dataset"] == str(path.resolve())
         assert record["config"]["dataset"].startswith("csv:sha256-")
@@ -132,11 +145,51 @@ def test_train_on_a_csv_then_predict_and_evaluate(graph_run, tmp_path, capsys):
               if p is not None]  # fmt: skip
     assert result["molecules"] == 38 and result["skipped"] == 2
     assert result["mae"] == pytest.approx(sum(errors) / len(errors), rel=1e-6)
-    # the whole sweep folder: its best run by validation MAE, said in one line
+    assert result["unit"] == ""  # the file's own units, unnamed
+    # the whole sweep folder holds two targets: no validation MAE ranks them, so it asks
+    code = main(["predict", str(out), str(test_csv), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds runs on 2 different data" in err and err.count("\n") == 1
+    assert "(mols.csv, heavy, finished " in err and "(mols.csv, logP, finished " in err
+
+
+def test_predict_keeps_the_inputs_other_columns(graph_run, tmp_path, capsys):
+    """The user's IDs used to be dropped: the output held only smiles and the prediction."""
+    run_dir = heavy_run(graph_run[0])
+    table = tmp_path / "ids.csv"  # a European spreadsheet's export with an ID column first
+    table.write_bytes("\ufeffID;SMILES;note\r\nA-1;CCO;first\r\nA-2;C1CC;bad\r\n".encode())
+    smi = tmp_path / "more.smi"
+    smi.write_text("c1ccccc1 benzene ring\n")
     output = tmp_path / "predictions.csv"
-    assert main(["predict", str(out), str(test_csv), "-o", str(output), "--no-progress"]) == 0
-    assert "using run" in capsys.readouterr().err
-    assert len(list(csv.reader(output.open()))) == 41
+    capsys.readouterr()
+    argv = ["predict", str(run_dir), str(table), str(smi), "CC", "--no-progress"]
+    assert main([*argv, "-o", str(output)]) == 0
+    rows = list(csv.reader(output.open()))
+    assert rows[0] == ["smiles", "ID", "note", "name", "predicted_heavy"]
+    assert rows[1][:4] == ["CCO", "A-1", "first", ""] and rows[2] == ["C1CC", "A-2", "bad", "", ""]
+    assert rows[3][:4] == ["c1ccccc1", "", "", "benzene ring"] and rows[4][:4] == ["CC", "", "", ""]
+    assert all(float(row[4]) for row in (rows[1], rows[3], rows[4]))
+    err = capsys.readouterr().err
+    assert f"wrote 4 predictions of heavy to {output}" in err and "units of" not in err
+    assert main([*argv, "--json"]) == 0
+    predictions = json.loads(capsys.readouterr().out)["predictions"]
+    assert predictions[0]["columns"] == {"ID": "A-1", "note": "first"}
+    assert "columns" not in predictions[3]
+
+
+def test_the_report_names_the_file_its_rows_and_splits(graph_run):
+    """It named the file only by its content hash, showed a ZINC paper column for the user's
+    data, and wrote "logp (units of 'logp')"."""
+    out, _ = graph_run
+    text = (out / "results.md").read_text()
+    record = json.loads(next((out / "records").glob("*.json")).read_text())
+    digest = record["config"]["data"]["file"]["sha256"][:12]
+    train, val, test = record["result"]["sizes"]
+    assert f"| mols.csv | {record['config']['target']} | " in text
+    assert f"| {train}/{val}/{test} |" in text
+    assert f"- mols.csv (sha256 {digest}), target logP: 160 rows, 2 skipped" in text
+    assert f"- mols.csv (sha256 {digest}), target heavy: 160 rows, 2 skipped" in text
+    assert "paper" not in text.lower() and "units of" not in text and "csv:sha256" not in text
 
 
 @pytest.mark.parametrize(

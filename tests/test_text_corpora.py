@@ -235,11 +235,14 @@ def test_wikitext_missing_file_and_bad_tokenizer(tmp_path):
         load_corpus("shakespeare", tokenizer="bpe", vocab_size=256, cache_dir=tmp_path / "c")
 
 
-@pytest.mark.parametrize("content", ["", "tiny text"])
-def test_a_file_too_small_to_split_is_refused(content, tmp_path):
+@pytest.mark.parametrize(
+    "content, reason", [("", "holds no text"), ("\n \n", "holds no text"),
+                        ("tiny text", "too small to split")]
+)  # fmt: skip
+def test_a_file_too_small_to_split_is_refused(content, reason, tmp_path):
     path = tmp_path / "small.txt"
     path.write_text(content)
-    with pytest.raises(DatasetError, match="too small to split"):
+    with pytest.raises(DatasetError, match=reason):
         load_corpus(str(path), tokenizer="char", cache_dir=tmp_path / "c")
     assert not list((tmp_path / "c" / "text").iterdir())  # nothing half-built is left
 

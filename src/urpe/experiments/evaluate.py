@@ -77,6 +77,8 @@ def _bundle(trained, kind: type, problem: str, args: argparse.Namespace, missing
 
 
 def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
+    from ..data.text import DatasetError
+    from ..data.text.corpora import read_text_file
     from ..training.bundles import TextModel
 
     model = _bundle(trained, TextModel, f"no tokenizer.json beside {trained.checkpoint}", args,
@@ -86,10 +88,10 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("DATA", f"no such file: {path}")
     if args.mode == "memory" and model.memory_length == 0:
         raise UsageError("--mode", "this model has no memory; use sliding or chunks")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise UsageError("DATA", f"{path} is not UTF-8 text ({error.reason})") from None
+    try:  # as training reads it: bytes for a byte-level model, else UTF-8 text
+        text = read_text_file(path, model.tokenizer.kind == "byte")
+    except DatasetError as error:
+        raise UsageError("DATA", str(error)) from None
     try:
         result = model.score(
             text,
@@ -150,7 +152,7 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
         "mae": mae,
         "molecules": len(pairs),
         "skipped": skipped,
-        "line": f"MAE {mae:.4f} ({model.unit}) over {len(pairs)} molecules of "
+        "line": f"MAE {mae:.4f} of {model.quantity} over {len(pairs)} molecules of "
         f"{Path(args.data).name}{note}",
     }
 

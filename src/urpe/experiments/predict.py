@@ -2,11 +2,12 @@
 
 RUN is a sweep folder of `urpe reproduce graph` (its best run by validation MAE), a run folder
 (`OUT/runs/<id>`), a checkpoint, or a folder written by `urpe.save_model`. INPUT is a CSV/TSV
-or SDF file of molecules (its SMILES column chosen with --smiles-column) or SMILES given on the
-command line. The output is a CSV (`smiles`, `predicted_<target>`, in the target's units) on
-stdout or in --output (a folder gets predictions.csv inside; missing folders are created), or
-JSON with --json. A SMILES RDKit cannot read gets an empty prediction and is counted in one
-line on stderr.
+(`;` and decimal commas too), SMILES (.smi) or SDF file of molecules (its SMILES column chosen
+with --smiles-column), or SMILES given on the command line. The output is a CSV on stdout or in
+--output (a folder gets predictions.csv inside; missing folders are created): `smiles`, then
+every other column of the input files as it was (IDs, names, notes), then `predicted_<target>`
+in the target's units; or JSON with --json. A SMILES RDKit cannot read gets an empty prediction
+and is counted in one line on stderr.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="a CSV/TSV/SDF file of molecules, or SMILES strings",
+        help="a CSV/TSV/SMILES/SDF file of molecules (its other columns are kept in the "
+        "output), or SMILES strings",
     )
     parser.add_argument(
         "--smiles-column",
@@ -55,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="JSON instead of CSV: {target, unit, predictions: [{smiles, value}], skipped}",
+        help="JSON instead of CSV: {target, unit, predictions: [{smiles, value, columns}], "
+        "skipped}",
     )
     parser.add_argument(
         "--batch-size",
@@ -66,24 +69,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def read_smiles(inputs: list[str], smiles_column: str) -> list[tuple[str, str]]:
-    """(where, SMILES) for every molecule: files read row by row, other inputs taken as SMILES."""
-    from ..data.molecules.files import MoleculeFileError, read_molecule_table
+def read_smiles(inputs: list[str], smiles_column: str) -> list[tuple[str, str, dict[str, str]]]:
+    """(where, SMILES, the row's other columns) for every molecule: files read row by row, other
+    inputs taken as SMILES."""
+    from ..data.molecules.tables import MoleculeFileError, load_table
 
     out = []
     for item in inputs:
         path = existing_file(item)  # a long SMILES is no file name: never an OSError
         if path is not None:
             try:
-                rows, _ = read_molecule_table(path, smiles_column)
+                table = load_table(path, smiles_column)
             except MoleculeFileError as error:
                 flag = "--smiles-column" if error.setting == "smiles_column" else "INPUT"
                 raise UsageError(flag, str(error)) from None
-            out.extend((f"{path.name}:{row.line}", row.smiles) for row in rows)
+            out.extend((f"{path.name}:{row.line}", row.smiles,
+                        {k: v for k, v in row.cells.items() if k != table.smiles_column})
+                       for row in table.rows)  # fmt: skip
         elif any(sep in item for sep in "/\\") and item.lower().endswith((".csv", ".sdf", ".tsv")):
             raise UsageError("INPUT", f"no such file: {Path(item).expanduser()}")
         else:
-            out.append((f"argument {len(out) + 1}", item.strip()))
+            out.append((f"argument {len(out) + 1}", item.strip(), {}))
     return out
 
 
@@ -106,15 +112,17 @@ def run(args: argparse.Namespace) -> int:
     if not molecules:
         raise UsageError("INPUT", "no molecules to predict")
     values = model.predict(
-        [s for _, s in molecules], batch_size=args.batch_size, progress=not args.no_progress
+        [s for _, s, _ in molecules], batch_size=args.batch_size, progress=not args.no_progress
     )
-    skipped = [where for (where, _), v in zip(molecules, values, strict=True) if v is None]
+    skipped = [where for (where, _, _), v in zip(molecules, values, strict=True) if v is None]
     if skipped:
         shown = ", ".join(skipped[:5]) + (", ..." if len(skipped) > 5 else "")
         say(f"{len(skipped)} of {len(molecules)} SMILES could not be read, left empty: {shown}")
     column = f"predicted_{model.target}"
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
+    kept = list(dict.fromkeys(k for _, _, cells in molecules for k in cells
+                              if k not in ("smiles", column)))  # fmt: skip
     handle = sys.stdout if args.output is None else open(args.output, "w", newline="")
     try:
         if args.json:
@@ -123,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
                     "target": model.target,
                     "unit": model.unit,
                     "predictions": [
-                        {"smiles": s, "value": v}
-                        for (_, s), v in zip(molecules, values, strict=True)
+                        {"smiles": s, "value": v, **({"columns": cells} if cells else {})}
+                        for (_, s, cells), v in zip(molecules, values, strict=True)
                     ],
                     "skipped": len(skipped),
                 },
@@ -134,12 +142,13 @@ def run(args: argparse.Namespace) -> int:
             handle.write("\n")
         else:
             writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(["smiles", column])
-            for (_, smiles), value in zip(molecules, values, strict=True):
-                writer.writerow([smiles, "" if value is None else f"{value:.6g}"])
+            writer.writerow(["smiles", *kept, column])
+            for (_, smiles, cells), value in zip(molecules, values, strict=True):
+                shown = "" if value is None else f"{value:.6g}"
+                writer.writerow([smiles, *(cells.get(k, "") for k in kept), shown])
     finally:
         if handle is not sys.stdout:
             handle.close()
     if args.output is not None:
-        say(f"wrote {len(molecules)} predictions of {model.target} ({model.unit}) to {args.output}")
+        say(f"wrote {len(molecules)} predictions of {model.quantity} to {args.output}")
     return 0

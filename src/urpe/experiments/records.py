@@ -18,16 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ..files import CorruptFileError, atomic_write, atomic_write_json, read_json
+from ..training.sweeps import FILE_KINDS, LOCATIONS, dataset_labels  # noqa: F401 (re-exported)
 
 RECORD_FORMAT = "urpe-record/2"
 
 
 def canonical_json(config: Any) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-# Stored with a run's config, not part of its identity: where its data files lie.
-LOCATIONS = "locations"
 
 
 def identity(config: dict) -> dict:

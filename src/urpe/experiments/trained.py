@@ -2,7 +2,9 @@
 `evaluate`: a checkpoint directory (or a file in it), a run folder (`OUT/runs/<id>`, its newest
 checkpoint), or a whole sweep folder (`OUT`, holding records/ and runs/): then the finished run
 with the best validation result (lowest MAE or loss, highest accuracy), named in one line; the
-same run `urpe.load_model` takes (`urpe.training.sweeps`).
+same run `urpe.load_model` takes (`urpe.training.sweeps`). Only runs of the same data compete: a
+folder with runs on different data (an edited file trained again under --resume, several target
+columns) lists them and asks for one.
 """
 
 from __future__ import annotations
@@ -55,3 +57,15 @@ def find_trained(
     except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:
         raise UsageError(argument, str(error).splitlines()[0]) from None
     return Trained(directory, config, model)
+
+
+def best_run(out: Path, experiment: str | None = None, argument: str = "RUN") -> tuple[Path, str]:
+    """`urpe.training.sweeps.best_run` for a command: (run folder, the line naming it), or a
+    UsageError naming `argument` (no finished run; runs on different data, listed)."""
+    from ..training.sweeps import best_run as choose
+
+    try:
+        run_dir, note, _ = choose(out, experiment)
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(argument, str(error)) from None
+    return run_dir, note

@@ -166,7 +166,7 @@ class TextModel(_Bundle):
 
     def score(
         self,
-        text: str,
+        text: str | bytes,
         *,
         context: int | None = None,
         mode: str = "sliding",
@@ -176,7 +176,8 @@ class TextModel(_Bundle):
         """Mean next-token loss of `text` as `urpe reproduce lm` reports it: every target
         scored once, in windows of `context` tokens (default: the training segment length)
         advancing by half of it ("sliding"), or in consecutive chunks ("chunks"), or chunks
-        with the trained memory carried across ("memory"). Returns {"loss" (nats per token),
+        with the trained memory carried across ("memory"). A byte-level model also takes
+        bytes (a file in any encoding, as it trained). Returns {"loss" (nats per token),
         "tokens", <metric>}."""
         from .lm import evaluate, report_metric
 
@@ -200,8 +201,9 @@ class TextModel(_Bundle):
 
 class MoleculeModel(_Bundle):
     """A Graphormer trained on molecules, with the featurisation it was trained on and its
-    target's name and unit. Its normalisation (target mean and sd of the training set) is in
-    the weights (`target_shift`, `target_scale`), so predictions come in the target's units."""
+    target's name and unit ("" where the data names none, as a user's file). Its normalisation
+    (target mean and sd of the training set) is in the weights (`target_shift`,
+    `target_scale`), so predictions come in the target's units."""
 
     def __init__(
         self,
@@ -222,6 +224,11 @@ class MoleculeModel(_Bundle):
             "unit": self.unit,
             "max_distance": self.max_distance,
         }
+
+    @property
+    def quantity(self) -> str:
+        """The target with its unit where one is known: "gap (eV)", "logP"."""
+        return f"{self.target} ({self.unit})" if self.unit else self.target
 
     @property
     def normalization(self) -> dict[str, float]:
@@ -272,9 +279,9 @@ class MoleculeModel(_Bundle):
 
 
 def molecule_unit(dataset: str, target: str) -> str:
-    """The unit a graph run's target is in."""
+    """The unit a graph run's target is in; "" for a user's file (its own, unnamed)."""
     if dataset.partition(":")[0] in ("csv", "sdf"):
-        return f"units of {target!r}"
+        return ""
     from ..data.molecules.datasets import _unit
 
     return _unit(dataset, target)

@@ -1,60 +1,54 @@
-"""The user's own molecules: a CSV (or TSV, or SDF) file with SMILES and one or more targets.
+"""The user's own molecules: a CSV (or TSV, SMILES or SDF) file with SMILES and one or more targets.
 
     data = load_molecule_file("my.csv", target="solubility")            # 80/10/10, seed 0
     data = load_molecule_file("my.csv", target="y", split_column="split")  # the file's split
 
-- CSV / TSV (`.csv`, `.tsv`, `.txt`, optionally `.gz`): a header row; the SMILES column is found
-  by name (case-insensitive, default "smiles"); each target column must hold numbers. Read with
-  the standard `csv` module (no pandas). SDF (`.sdf`, `.sdf.gz`): each record's molecule
-  (written out as canonical SMILES) and its properties as columns. Parquet is not read: save it
-  as CSV first.
+- Reading (`tables.py`): CSV / TSV / `;`-separated with decimal commas (`.csv`, `.tsv`, `.txt`,
+  optionally `.gz`), SMILES files (`.smi`), SDF; a header row names the columns, found in any
+  case (the SMILES column by default "smiles"); each target column must hold numbers. Read with
+  the standard `csv` module (no pandas). Parquet is not read: save it as CSV first.
 - A row whose SMILES RDKit cannot read, or whose target is empty or not a number, is skipped and
   counted; `skipped_summary(dataset)` gives the one line that says how many and on which lines.
   RDKit's own parse messages are kept off stderr.
 - Split: with `split_column`, its values say train / val (or valid, validation) / test per row;
-  without, one seeded permutation gives 80/10/10. `sizes` caps each split (its first rows).
+  without, one seeded permutation of the file's distinct molecules (canonical SMILES) gives
+  80/10/10 of them, every row of a molecule in its molecule's split, so no test molecule is
+  also trained on. `sizes` caps each split (its first rows).
+- Duplicates (one molecule on several rows) are kept and counted; `duplicates_summary(dataset)`
+  says how many, how many with different values, and (with a split column) how many sit in
+  more than one split.
 - The cache entry is keyed by the file's content (SHA-256), never by its path: an edited file is
   rebuilt, a moved or renamed one is found again.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...files import file_sha256
+from .tables import MoleculeFileError, MoleculeRow, load_table, read_molecule_table
+
+__all__ = [
+    "MoleculeFileError",
+    "MoleculeRow",
+    "assign_splits",
+    "duplicates_summary",
+    "load_molecule_file",
+    "read_molecule_table",
+    "skipped_summary",
+]
 
 FILE_KINDS = ("csv", "sdf")  # dataset spec prefixes: csv:PATH, sdf:PATH
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 SHOWN_LINES = 5  # line numbers named in the skipped-rows summary
-
-
-class MoleculeFileError(ValueError):
-    """The file cannot be used as asked; the message says why in one line. `setting` names the
-    argument at fault ("smiles_column", "target", "split_column") or None for the file."""
-
-    def __init__(self, message: str, setting: str | None = None):
-        super().__init__(message)
-        self.setting = setting
-
-
-@dataclass(frozen=True)
-class MoleculeRow:
-    line: int  # 1-based line (CSV) or record (SDF) number, for messages
-    smiles: str
-    targets: dict[str, str]  # column -> text as read
-    split: str | None
 
 
 def parse_file_spec(spec: str) -> tuple[str, Path] | None:
@@ -65,95 +59,6 @@ def parse_file_spec(spec: str) -> tuple[str, Path] | None:
     return kind, Path(rest).expanduser().resolve()
 
 
-def _open_text(path: Path):
-    if path.name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
-
-
-def _column(header: Sequence[str], wanted: str, setting: str, path: Path) -> str:
-    """The header's name for `wanted` (exact, else case-insensitive)."""
-    if wanted in header:
-        return wanted
-    folded = [h for h in header if h.strip().lower() == wanted.strip().lower()]
-    if len(folded) == 1:
-        return folded[0]
-    raise MoleculeFileError(
-        f"{path.name} has no column {wanted!r}; its columns: {', '.join(header)}", setting
-    )
-
-
-def _read_csv(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    csv.field_size_limit(10**9)
-    try:
-        with _open_text(path) as handle:
-            sample = handle.read(65536)
-            handle.seek(0)
-            tabs = ".tsv" in path.name or sample.count("\t") > sample.count(",")
-            delimiter = "\t" if tabs else ","
-            reader = csv.reader(handle, delimiter=delimiter)
-            header = next(reader, None)
-            if not header:
-                raise MoleculeFileError(f"{path} is empty (a header row is needed)")
-            header = [h.strip() for h in header]
-            rows = []
-            for row in reader:
-                if not any(cell.strip() for cell in row):
-                    continue
-                rows.append((reader.line_num, dict(zip(header, row, strict=False))))
-    except UnicodeDecodeError as error:
-        raise MoleculeFileError(f"{path} is not UTF-8 text ({error.reason})") from None
-    except csv.Error as error:
-        raise MoleculeFileError(f"{path} is not a readable CSV file ({error})") from None
-    return header, rows
-
-
-def _read_sdf(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    from rdkit import Chem, rdBase
-
-    opener = gzip.open if path.name.endswith(".gz") else open
-    header: dict[str, None] = {"smiles": None}
-    rows = []
-    with opener(path, "rb") as handle, rdBase.BlockLogs():
-        for number, mol in enumerate(Chem.ForwardSDMolSupplier(handle), start=1):
-            if mol is None:
-                rows.append((number, {"smiles": ""}))
-                continue
-            values = {name: str(mol.GetProp(name)) for name in mol.GetPropNames()}
-            header.update(dict.fromkeys(values))
-            rows.append((number, {"smiles": Chem.MolToSmiles(mol), **values}))
-    return list(header), rows
-
-
-def read_molecule_table(
-    path: str | os.PathLike,
-    smiles_column: str = "smiles",
-    targets: Sequence[str] = (),
-    split_column: str | None = None,
-) -> tuple[list[MoleculeRow], list[str]]:
-    """Rows of a molecule file with the chosen columns, and the file's header."""
-    path = Path(path)
-    if not path.is_file():
-        raise MoleculeFileError(f"no such file: {path}")
-    sdf = path.name.endswith((".sdf", ".sdf.gz"))
-    if path.name.endswith((".parquet", ".pq")):
-        raise MoleculeFileError(f"{path.name}: Parquet is not read; save it as CSV first")
-    header, raw = _read_sdf(path) if sdf else _read_csv(path)
-    smiles_at = "smiles" if sdf else _column(header, smiles_column, "smiles_column", path)
-    target_at = [_column(header, t, "target", path) for t in targets]
-    split_at = None if split_column is None else _column(header, split_column, "split_column", path)
-    rows = [
-        MoleculeRow(
-            line=line,
-            smiles=(cells.get(smiles_at) or "").strip(),
-            targets={t: (cells.get(t) or "").strip() for t in target_at},
-            split=None if split_at is None else (cells.get(split_at) or "").strip(),
-        )
-        for line, cells in raw
-    ]
-    return rows, header
-
-
 def _number(text: str) -> float | None:
     try:
         value = float(text)
@@ -162,10 +67,36 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def molecule_keys(rows: Sequence[MoleculeRow]) -> list[str | None]:
+    """Each row's canonical SMILES (one molecule, however written); None where RDKit cannot
+    read it (such a row is skipped later)."""
+    from rdkit import Chem, rdBase
+
+    keys: list[str | None] = []
+    with rdBase.BlockLogs():
+        for row in rows:
+            mol = Chem.MolFromSmiles(row.smiles) if row.smiles else None
+            keys.append(None if mol is None else Chem.MolToSmiles(mol))
+    return keys
+
+
+def _groups(keys: Sequence[str | None]) -> list[list[int]]:
+    """Row indices per distinct molecule, in order of first appearance (an unreadable row alone)."""
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(("row", i) if key is None else key, []).append(i)
+    return list(groups.values())
+
+
 def assign_splits(
-    rows: Sequence[MoleculeRow], split_column: str | None, seed: int
+    rows: Sequence[MoleculeRow],
+    keys: Sequence[str | None],
+    split_column: str | None,
+    seed: int,
 ) -> dict[str, list[int]]:
-    """Row indices per split: the split column's values, else an 80/10/10 seeded permutation."""
+    """Row indices per split: the split column's values, else an 80/10/10 seeded permutation of
+    the distinct molecules (`keys`), each molecule's rows together. A file without duplicates
+    gets the permutation of its rows."""
     if split_column is not None:
         out: dict[str, list[int]] = {"train": [], "val": [], "test": []}
         bad: dict[str, int] = {}
@@ -183,14 +114,71 @@ def assign_splits(
                 "split_column",
             )
         return out
-    order = np.random.default_rng(seed).permutation(len(rows)).tolist()
-    n_train = int(len(rows) * DEFAULT_FRACTIONS[0])
-    n_val = int(len(rows) * DEFAULT_FRACTIONS[1])
+    groups = _groups(keys)
+    order = np.random.default_rng(seed).permutation(len(groups)).tolist()
+    n_train = int(len(groups) * DEFAULT_FRACTIONS[0])
+    n_val = int(len(groups) * DEFAULT_FRACTIONS[1])
+    blocks = {"train": order[:n_train], "val": order[n_train : n_train + n_val],
+              "test": order[n_train + n_val :]}  # fmt: skip
+    return {split: [i for g in block for i in groups[g]] for split, block in blocks.items()}
+
+
+def find_duplicates(
+    rows: Sequence[MoleculeRow], keys: Sequence[str | None], target: str, split_column: str | None
+) -> dict[str, Any]:
+    """How many molecules sit on several rows; how many of them with different values of the
+    target, or (with a split column) in more than one split; the first conflict as an example."""
+    repeated = [g for g in _groups(keys) if len(g) > 1 and keys[g[0]] is not None]
+    conflicting, example = 0, None
+    for group in repeated:
+        values = [_number(rows[i].targets.get(target, "")) for i in group]
+        if len({v for v in values if v is not None}) > 1:
+            conflicting += 1
+            example = example or {
+                "smiles": keys[group[0]],
+                "lines": [rows[i].line for i in group],
+                "values": [rows[i].targets.get(target, "") for i in group],
+            }
+    across = None
+    if split_column is not None:
+        across = sum(
+            len({SPLIT_NAMES.get((rows[i].split or "").lower()) for i in g}) > 1 for g in repeated
+        )
     return {
-        "train": order[:n_train],
-        "val": order[n_train : n_train + n_val],
-        "test": order[n_train + n_val :],
+        "molecules": len(repeated),
+        "rows": sum(map(len, repeated)),
+        "conflicting": conflicting,
+        "across_splits": across,
+        "example": example,
     }
+
+
+def duplicates_summary(dataset: Any) -> str | None:
+    """One line on the molecules a file dataset holds on several rows, or None."""
+    info = getattr(dataset, "info", None) or {}
+    found = info.get("duplicates")
+    if not found or not found["molecules"]:
+        return None
+    line = (
+        f"{info.get('file', 'the file')}: {found['molecules']} molecules appear on more than "
+        f"one row ({found['rows']} rows)"
+    )
+    if found["conflicting"]:
+        example = found["example"]
+        shown = ", ".join(map(str, example["lines"][:SHOWN_LINES]))
+        line += (
+            f"; {found['conflicting']} of them with different values of {dataset.target!r} (e.g. "
+            f"{example['smiles']} on lines {shown}: {', '.join(example['values'][:SHOWN_LINES])})"
+        )
+    line += "; all rows kept"
+    if found["across_splits"] is None:  # the seeded split: by molecule
+        line += ", each molecule's rows in one split"
+    elif found["across_splits"]:
+        line += (
+            f", but {found['across_splits']} of them in more than one split of the split column "
+            "(a molecule tested on is also trained on)"
+        )
+    return line
 
 
 def skipped_summary(dataset: Any) -> str | None:
@@ -272,9 +260,10 @@ def load_molecule_file(
     """A `MoleculeDataset` from the user's file (see the module docstring), cached by content.
 
     Args:
-        path: a CSV/TSV (optionally gzipped) or SDF file.
-        target: the target column (numbers; its units are the file's).
-        smiles_column: the SMILES column (case-insensitive; SDF files give the molecule itself).
+        path: a CSV/TSV/SMILES (optionally gzipped) or SDF file.
+        target: the target column, any case (numbers; its units are the file's, unnamed: the
+            dataset's `unit` is ""); the dataset's `target` is the header's spelling.
+        smiles_column: the SMILES column (any case; SDF files give the molecule itself).
         split_column: a column of train / val / test per row; None: a seeded 80/10/10 split.
         sizes: (train, val, test) caps; None: every row.
         seed, features, max_distance, cache_dir, progress, rebuild: as `load_molecules`.
@@ -296,7 +285,9 @@ def load_molecule_file(
         "smiles_column": smiles_column,
         "target": target,
         "split_column": split_column,
-        "split": None if split_column else {"fractions": list(DEFAULT_FRACTIONS), "seed": seed},
+        "split": None
+        if split_column
+        else {"fractions": list(DEFAULT_FRACTIONS), "seed": seed, "by": "molecule"},
         "sizes": None if sizes is None else list(sizes),
         "features": features,
         "transform": repr(transform),
@@ -306,14 +297,16 @@ def load_molecule_file(
     payload = None if rebuild else load_entry(entry)
     if payload is None:
         started = time.perf_counter()
-        rows, _ = read_molecule_table(path, smiles_column, [target], split_column)
-        picked = assign_splits(rows, split_column, seed)
+        table = load_table(path, smiles_column, [target], split_column)
+        rows, column = table.rows, table.targets[0]  # the header's own spelling from here on
+        keys = molecule_keys(rows)
+        picked = assign_splits(rows, keys, table.split_column, seed)
         splits, reasons = {}, {}
         for index, split in enumerate(SPLITS):
             chosen = picked[split] if sizes is None else picked[split][: sizes[index]]
             graphs, why = featurize_rows(
                 [rows[i] for i in chosen],
-                target,
+                column,
                 features,
                 transform,
                 progress,
@@ -325,8 +318,10 @@ def load_molecule_file(
         reasons = {reason: sorted(lines) for reason, lines in reasons.items()}
         info = {
             "file": path.name,
+            "target": column,
             "source_rows": len(rows),
             "skipped": {"count": sum(map(len, reasons.values())), "reasons": reasons},
+            "duplicates": find_duplicates(rows, keys, column, table.split_column),
             "build_seconds": round(time.perf_counter() - started, 2),
             "sizes": {split: len(splits[split]) for split in SPLITS},
             "target_stats": {split: _stats(splits[split]) for split in SPLITS},
@@ -339,8 +334,8 @@ def load_molecule_file(
         name=f"csv:{path.name}"
         if not path.name.endswith((".sdf", ".sdf.gz"))
         else f"sdf:{path.name}",
-        target=target,
-        unit=f"units of {target!r}",
+        target=payload["info"]["target"],
+        unit="",  # the file's own units, unnamed
         features=features,
         feature_spec=FEATURIZATIONS[features],
         info={**payload["info"], "path": str(path)},

@@ -249,17 +249,27 @@ def _locate_text(path: Path | None) -> list[Path]:
     return [resolved]
 
 
+def read_text_file(path: Path, byte_level: bool) -> Content:
+    """A user's text file as a model reads it, in training (`text:PATH`) and in `urpe evaluate`
+    alike: its bytes for a byte-level tokenizer (any encoding), else its UTF-8 text.
+    DatasetError for a file with nothing but blank lines and spaces, or not UTF-8 where text is
+    needed."""
+    data = path.read_bytes()
+    if not data or data.isspace():
+        raise DatasetError(f"{path} holds no text (only blank lines or spaces); nothing to model")
+    if byte_level:
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DatasetError(
+            f"{path} is not UTF-8 ({error.reason} at byte {error.start}); save it as UTF-8, or "
+            "use the byte tokenizer, which reads any file"
+        ) from None
+
+
 def _read_text(files: list[Path], byte_level: bool, progress: bool):
-    data = files[0].read_bytes()
-    if not byte_level:
-        try:
-            return split_90_5_5(data.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            raise DatasetError(
-                f"text: {files[0]} is not UTF-8 ({error.reason} at byte {error.start}); "
-                "use the byte tokenizer"
-            ) from None
-    return split_90_5_5(data)
+    return split_90_5_5(read_text_file(files[0], byte_level))
 
 
 CORPORA: dict[str, CorpusSource] = {

@@ -216,6 +216,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "target_std": {"train": float(train_y.std()), "test": float(data.test._data.y.std())},
         "initial_val_mae": initial_val_mae,
         "curve": read_curve(context.run_dir),  # as logged; see report.curve_points
+        **molecule_files.file_facts(data),
     }
     gates = model.gate_tables()
     tensors = {"C": torch.stack(gates).detach().clone()} if gates else None  # (layers, H, R)

@@ -18,12 +18,12 @@ COLOURS = {"graphormer": "tab:blue", "graphormer-urpe": "tab:red"}
 
 
 def curves_chart(table: list[dict], path: Path) -> None:
-    """Validation MAE against updates, one panel per dataset: each seed faint, the mean over
-    seeds bold (steps where every seed has a value)."""
-    datasets = list(dict.fromkeys(row["dataset"] for row in table))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 3.8), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=True):
-        rows = [r for r in table if r["dataset"] == dataset and r["curve"]]
+    """Validation MAE against updates, one panel per dataset and target: each seed faint, the
+    mean over seeds bold (steps where every seed has a value)."""
+    panels = list(dict.fromkeys((row["dataset"], row["target"]) for row in table))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        rows = [r for r in table if (r["dataset"], r["target"]) == panel and r["curve"]]
         variants = sorted({r["variant"] for r in rows}, key=_variant_rank)
         for variant in variants:
             colour = COLOURS.get(variant)
@@ -38,9 +38,9 @@ def curves_chart(table: list[dict], path: Path) -> None:
                 steps, means, color=colour, linewidth=2, label=f"{variant} (mean of {len(runs)})"
             )
         unit = rows[0]["unit"] if rows else ""
-        ax.set_title(f"{dataset}")
+        ax.set_title(f"{rows[0]['data']}, {panel[1]}" if rows else panel[0])
         ax.set_xlabel("updates")
-        ax.set_ylabel(f"validation MAE ({unit})")
+        ax.set_ylabel(f"validation MAE ({unit})" if unit else "validation MAE")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -119,7 +119,7 @@ def figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
             continue
         title = (
             f"learned C (after softmax) per layer and head, against shortest-path distance: "
-            f"{row['dataset']}, seed {row['seed']}, test MAE {row['test_mae']:.4f}"
+            f"{row['data']}, {row['target']}, seed {row['seed']}, test MAE {row['test_mae']:.4f}"
         )
         written.append(out / "gate.png")
         gate_chart(gates.float(), title, written[-1])

@@ -99,8 +99,9 @@ OPTIONS = (
     Option(("--dataset",), "dataset", "moses-plogp: MOSES molecules (ZINC-derived, not ZINC), "
            "penalised logP by RDKit; qm9: QM9 HOMO-LUMO gap (eV); zinc / zinc-full: the real ZINC "
            f"benchmark from PyG's raw files in --zinc-dir or ${ZINC_ENV_VAR}; csv:PATH or "
-           "sdf:PATH (or a .csv/.tsv/.sdf path): your own molecules, with --target-column "
-           "(default: %(default)s)", dataset_argument, default="moses-plogp"),
+           "sdf:PATH (or a .csv/.tsv/.smi/.sdf path; `;` and decimal commas read too): your "
+           "own molecules, with --target-column (default: %(default)s)", dataset_argument,
+           default="moses-plogp"),
     Option(("--target",), "target", "regression target (qm9: gap, homo, lumo, mu, alpha, ... ; "
            "moses-plogp: plogp or plogp-normalized; default: the dataset's)"),
     *FILE_OPTIONS,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ...files import atomic_write, atomic_write_json
+from ..records import dataset_labels
 
 # The paper's Table (Graphormer + URPE on ZINC): test MAE mean ± sd, parameters.
 PAPER = {
@@ -33,7 +34,8 @@ def curve_points(record: dict) -> list[list[float]]:
 
 
 def rows(records: list[dict]) -> list[dict]:
-    """One flat row per record."""
+    """One flat row per record; a user's file shown by its name (`data`), grouped by content."""
+    labels = dataset_labels(record["config"] for record in records)
     out = []
     for record in records:
         c, r = record["config"], record["result"]
@@ -41,6 +43,8 @@ def rows(records: list[dict]) -> list[dict]:
             {
                 "id": record["id"],
                 "dataset": c["dataset"],
+                "data": labels[c["dataset"]],
+                "data_file": r.get("data_file"),
                 "target": c["target"],
                 "variant": c["variant"],
                 "seed": c["seed"],
@@ -101,6 +105,8 @@ def summary(table: list[dict]) -> list[dict]:
                 "params": members[0]["params"],
                 "unit": members[0]["unit"],
                 "sizes": members[0]["sizes"],
+                "data": members[0]["data"],
+                "data_file": members[0]["data_file"],
                 "paper_test_mae": PAPER.get(dataset, {}).get(variant),
             }
         )
@@ -135,6 +141,7 @@ def _comparisons(groups: list[dict], table: list[dict]) -> list[dict]:
         out.append(
             {
                 "dataset": setting[0],
+                "data": urpe["data"],
                 "target": setting[1],
                 "paired_seeds": seeds,
                 "paired_test_mae_change": paired_mean,
@@ -148,32 +155,63 @@ def _comparisons(groups: list[dict], table: list[dict]) -> list[dict]:
     return out
 
 
+def _quantity(target: str, unit: str | None) -> str:
+    return f"{target} ({unit})" if unit else target
+
+
+def _sizes(sizes: list[int] | None) -> str:
+    return "/".join(map(str, sizes)) if sizes else "-"
+
+
+def _files(groups: list[dict]) -> list[str]:
+    """A line per (user's file, target): its name and digest, rows read, skipped and repeated."""
+    lines = []
+    for g in groups:
+        facts = g["data_file"]
+        if not facts:
+            continue
+        digest = g["dataset"].partition("sha256-")[2]
+        repeated = facts["repeated_molecules"]
+        lines.append(
+            f"- {facts['name']} (sha256 {digest}), target {g['target']}: {facts['rows']} rows, "
+            f"{facts['skipped']} skipped (SMILES RDKit cannot read, or no number), train/val/"
+            f"test {_sizes(g['sizes'])}"
+            + (f"; {repeated} molecule{'s' * (repeated > 1)} on several rows" if repeated else "")
+        )
+    return list(dict.fromkeys(lines))
+
+
 def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
+    with_paper = any(g["paper_test_mae"] for g in groups)  # ZINC only: not for the user's data
     lines = ["# Graphormer vs Graphormer + URPE", ""]
     lines += [
         "Test and validation MAE (mean ± sd over seeds; L1-trained), in the target's units.",
         "",
         "| dataset | target | model (layers/dim/ffn/heads) | steps | variant | seeds | "
-        "val MAE | test MAE | params | paper test MAE (ZINC) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "train/val/test | val MAE | test MAE | params |"
+        + (" paper test MAE (ZINC) |" if with_paper else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_paper else ""),
     ]
     for g in sorted(groups, key=lambda g: (g["dataset"], g["steps"], _variant_rank(g["variant"]))):
         m = g["model"]
         paper = g["paper_test_mae"]
         lines.append(
-            f"| {g['dataset']} | {g['target']} ({g['unit']}) | "
+            f"| {g['data']} | {_quantity(g['target'], g['unit'])} | "
             f"{m['num_layers']}/{m['dim']}/{m['ffn_dim']}/{m['num_heads']} | {g['steps']} | "
-            f"{g['variant']} | {len(g['seeds'])} | {_fmt(g['val_mae'], g['val_mae_sd'])} | "
-            f"{_fmt(g['test_mae'], g['test_mae_sd'])} | {g['params']:,} | "
-            f"{_fmt(*paper) if paper else '-'} |"
+            f"{g['variant']} | {len(g['seeds'])} | {_sizes(g['sizes'])} | "
+            f"{_fmt(g['val_mae'], g['val_mae_sd'])} | {_fmt(g['test_mae'], g['test_mae_sd'])} | "
+            f"{g['params']:,} |" + (f" {_fmt(*paper) if paper else '-'} |" if with_paper else "")
         )
+    files = _files(groups)
+    if files:
+        lines += ["", "Your files (a run's data is identified by the file's content):", "", *files]
     comparisons = _comparisons(groups, table)
     if comparisons:
         lines += [
             "",
-            "| dataset | URPE - plain test MAE | relative | per seed (paired) | URPE better "
-            "| extra parameters (paper: +2,416) |",
-            "|---|---|---|---|---|---|",
+            "| dataset | target | URPE - plain test MAE | relative | per seed (paired) | "
+            f"URPE better | extra parameters{' (paper: +2,416)' if with_paper else ''} |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c in comparisons:
             paired = (
@@ -184,7 +222,7 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
                    else f" ± {c['paired_test_mae_change_sd']:.4f}")
             )  # fmt: skip
             lines.append(
-                f"| {c['dataset']} | {c['test_mae_change']:+.4f} | "
+                f"| {c['data']} | {c['target']} | {c['test_mae_change']:+.4f} | "
                 f"{100 * c['relative_change']:+.1f}% | {paired} | "
                 f"{c['urpe_better_seeds']} of {len(c['paired_seeds'])} seeds | "
                 f"+{c['extra_params']:,} |"
@@ -193,20 +231,23 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
         "",
         "Per run:",
         "",
-        "| dataset | variant | seed | val MAE | test MAE | seconds |",
-        "|---|---|---|---|---|---|",
+        "| dataset | target | variant | seed | val MAE | test MAE | seconds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in table:
         seconds = f"{row['seconds']:.0f}" if row["seconds"] is not None else "-"
         lines.append(
-            f"| {row['dataset']} | {row['variant']} | {row['seed']} | "
+            f"| {row['data']} | {row['target']} | {row['variant']} | {row['seed']} | "
             f"{row['val_mae']:.4f} | {row['test_mae']:.4f} | {seconds} |"
         )
+    lines.append("")
+    if with_paper:
+        lines.append(
+            f"Paper (Graphormer / + URPE): {PAPER_PARAMS['graphormer']:,} / "
+            f"{PAPER_PARAMS['graphormer-urpe']:,} parameters; ZINC-subset test MAE "
+            "0.122 ± 0.006 / 0.086 ± 0.007, ZINC-full 0.052 ± 0.005 / 0.028 ± 0.002."
+        )
     lines += [
-        "",
-        f"Paper (Graphormer / + URPE): {PAPER_PARAMS['graphormer']:,} / "
-        f"{PAPER_PARAMS['graphormer-urpe']:,} parameters; ZINC-subset test MAE "
-        "0.122 ± 0.006 / 0.086 ± 0.007, ZINC-full 0.052 ± 0.005 / 0.028 ± 0.002.",
         "Run times are in each record (`seconds`) and in the Per run table; "
         f"{'' if wall < 1 else f'this command ran {wall:.0f} s; '}"
         f"built on {platform.machine()} ({platform.system()}).",

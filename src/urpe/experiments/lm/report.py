@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...training.lm import report_metric
+from ..records import dataset_labels
 from .variants import parse_variant
 
 MODES = {
@@ -25,13 +26,14 @@ def _key(record: dict) -> tuple[str, str]:
 
 
 def rows(records: list[dict]) -> list[dict]:
-    """One flat row per run."""
+    """One flat row per run; a user's file shown by its name (`dataset_labels`)."""
+    labels = dataset_labels(record["config"] for record in records)
     out = []
     for record in records:
         c, r = record["config"], record["result"]
         metric = r["metric"]
         out.append({
-            "id": record["id"], "dataset": c["dataset"], "variant": c["variant"],
+            "id": record["id"], "dataset": labels[c["dataset"]], "variant": c["variant"],
             "seed": c["seed"], "metric": metric, "params": r["params"],
             "val": report_metric(r["val_loss"], metric),
             "test": report_metric(r["test_loss"], metric),
