@@ -41,7 +41,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
 # On a machine with a CUDA GPU: the kernel tests natively (no Triton interpreter).
-GPU_TESTS := tests/test_triton.py tests/test_triton_fallback.py tests/test_triton_overflow.py \
+GPU_TESTS := tests/test_triton.py tests/test_triton_fallback.py tests/test_triton_overflow.py tests/test_host_reads.py \
 	tests/test_hostile.py tests/test_dispatch.py tests/test_flex.py tests/test_sdpa_parity.py
 test-gpu: $(STAMP)
 	URPE_TEST_DEVICE=cuda $(PY) -m pytest $(GPU_TESTS)

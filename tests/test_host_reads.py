@@ -107,3 +107,68 @@ def test_no_backend_reads_a_value_forward_or_backward(backend, case, norm):
     torch.testing.assert_close(out, expected)
     for grad, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU (make test-gpu): the real thing, checked by CUDA itself.
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["auto", "triton", "fused", "sdpa", "reference"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_no_synchronisation_on_cuda_forward_or_backward(backend, case):
+    label, call = CASES[case]
+    call = {
+        k: (v.cuda() if isinstance(v, torch.Tensor) else _term_to(v, "cuda"))
+        for k, v in call.items()
+    }
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", requires_grad=True) for _ in "qkv")
+    try:
+        attention(q, k, v, **call, backend=backend)  # warm up: compile, autotune, plans
+    except ValueError:
+        pytest.skip(f"{backend} does not take {label}")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = attention(q, k, v, **call, backend=backend)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _term_to(term, device):
+    if isinstance(term, Toeplitz):
+        return Toeplitz(term.table.to(device))
+    if isinstance(term, Relation):
+        return Relation(term.table.to(device), term.index.to(device), term.in_range)
+    return term
+
+
+@cuda
+def test_a_decode_step_of_a_gated_hf_model_is_captured_in_a_cuda_graph():
+    transformers = pytest.importorskip("transformers")
+    import urpe.hf
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    model.set_attn_implementation("sdpa")
+    urpe.hf.add_urpe(model)
+    cache = transformers.StaticCache(config=config, max_cache_len=32)
+    ids = torch.randint(0, 64, (1, 8), device="cuda")
+    token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    position = torch.tensor([8], device="cuda")
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+        for _ in range(2):  # warm up on a side stream, as CUDA graphs require
+            model(token, past_key_values=cache, cache_position=position, use_cache=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = model(token, past_key_values=cache, cache_position=position).logits
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.isfinite(logits).all()

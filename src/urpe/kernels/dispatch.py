@@ -226,6 +226,12 @@ def attention(
     zeros and makes exactly the output rows that see it NaN (a non-finite key or value that a
     query cannot see never reaches it); those rows pass no gradient. `exp` raises ValueError
     instead of overflowing. Every backend behaves the same way on all of this.
+
+    Cost around the kernel: a call whose signature (shapes, dtypes, devices, masks' and terms'
+    kinds, scalar arguments) was seen before skips the checks and the backend choice (see
+    `urpe.kernels.plans`). On a GPU no value is read on the host, forward or backward, so the
+    call never waits for the device and a CUDA graph can capture it; the one exception is
+    `normalization="exp"`, whose overflow check must read the result (see `urpe.kernels.host`).
     """
     key = plans.signature(
         q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,

@@ -7,6 +7,9 @@ blocks that padding hides, check a relation index's range with one exact error. 
 accelerator each read is a host-device synchronisation: it stalls the stream, and a CUDA graph
 cannot capture it. There the same work is done by tensor ops that never read a value, and
 checks run on the device (issue 28). Under torch.compile and torch.func no value can be read.
+
+One read is left on an accelerator: `normalization="exp"` raises ValueError when its result
+overflows, which needs the result on the host (every other normalisation is bounded).
 """
 
 from __future__ import annotations
