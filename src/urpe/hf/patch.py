@@ -16,6 +16,7 @@ from torch import nn
 from ..encodings import ToeplitzGate
 from .attention import base_of, implementation_name, register
 from .discovery import select_layers
+from .guards import install, load_note, route_through_urpe
 from .options import (
     BASE_IMPLEMENTATIONS,
     NO_CONTEXT_DISTANCE,
@@ -135,15 +136,10 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
             module.add_module(GATE, _new_gate(options, _num_heads(module, model.config), module))
         module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
     register()
-    model.config.urpe = options.to_dict()
+    model.config.urpe = {**options.to_dict(), "load": load_note(model)}
     model.set_attn_implementation(implementation_name(options.attn_implementation))
-    # transformers < 5.20 leaves copied sub-configs (T5's encoder and decoder stacks) on their
-    # own implementation; each config the modules read gets the urpe_ name of its own base.
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        own = getattr(config, "_attn_implementation", None)
-        if own in BASE_IMPLEMENTATIONS:
-            config._attn_implementation = implementation_name(own)
+    route_through_urpe(model)
+    install(model)
 
 
 def gate_parameters(model: nn.Module) -> list[nn.Parameter]:
