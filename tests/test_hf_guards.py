@@ -130,3 +130,10 @@ def test_a_saved_folder_says_how_to_load_it(tmp_path):
     (tmp_path / "README.md").write_text("my card\n")
     gated.save_pretrained(tmp_path)
     assert (tmp_path / "README.md").read_text() == "my card\n"
+
+
+def test_from_pretrained_refuses_an_implementation_that_bypasses_the_gates(tmp_path):
+    urpe.hf.add_urpe(FAMILIES["llama"].build("sdpa", torch.float32)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="URPE gates, which run on 'eager' or 'sdpa'"):
+        urpe.hf.from_pretrained(tmp_path, transformers.AutoModelForCausalLM,
+                                attn_implementation="flex_attention")  # fmt: skip

@@ -61,6 +61,13 @@ C = 1.
 """
 
 
+def bypass_error(model_class: str, request, remedy: str) -> ValueError:
+    return ValueError(
+        f"{model_class} has URPE gates, which run on 'eager' or 'sdpa' attention only; "
+        f"{request!r} would bypass them: {remedy}"
+    )
+
+
 def _translated(model: nn.Module, request):
     """`request` with "eager"/"sdpa" replaced by their urpe_ names (dicts: every value)."""
     if isinstance(request, dict):
@@ -69,10 +76,8 @@ def _translated(model: nn.Module, request):
         return implementation_name(request)
     if base_of(request) in BASE_IMPLEMENTATIONS:
         return request
-    raise ValueError(
-        f"{type(model).__name__} has URPE gates, which run on 'eager' or 'sdpa' attention only; "
-        f"{request!r} would bypass them: call set_attn_implementation('sdpa') or ('eager')"
-    )
+    raise bypass_error(type(model).__name__, request,
+                       "call set_attn_implementation('sdpa') or ('eager')")  # fmt: skip
 
 
 def route_through_urpe(model: nn.Module) -> None:

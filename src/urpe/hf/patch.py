@@ -96,8 +96,11 @@ def add_urpe(
 
     Gate parameters have "urpe" in their names. Cross-attention keeps the model's own attention;
     naming it in `layers` raises ValueError. Models that do not route attention through the
-    interface raise `urpe.hf.UnsupportedModelError` naming their class. The options are stored
-    in `model.config.urpe`, so `save_pretrained` + `urpe.hf.from_pretrained` rebuild the gates.
+    interface, or that use soft-capping or attention sinks, raise `urpe.hf.UnsupportedModelError`
+    naming their class. The options are stored in `model.config.urpe`, so `save_pretrained` +
+    `urpe.hf.from_pretrained` rebuild the gates (transformers' own `from_pretrained` drops them;
+    the saved README.md and config.urpe["load"] say so). Afterwards the model's
+    `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see `guards`).
     """
     base = _base_implementation(model)
     chosen, indices = select_layers(model, layers)
