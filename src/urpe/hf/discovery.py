@@ -102,7 +102,7 @@ def select_layers(
     chosen module uses an attention variant urpe.attention does not compute."""
     chosen, indices = _select(model, layers)
     for _, module in chosen:
-        feature = refused_feature(module, model.config)
+        feature = refused_feature(module, getattr(module, "config", None) or model.config)
         if feature is not None:
             raise UnsupportedModelError(
                 f"urpe.hf cannot add URPE to {type(model).__name__}: its attention uses "
