@@ -2,7 +2,10 @@
 
     model = urpe.hf.add_urpe(model)                        # a gate C per self-attention, C = 1
     model.save_pretrained(out)                             # gates saved with the weights
-    model = urpe.hf.from_pretrained(out, AutoModelForCausalLM)
+    model = urpe.hf.from_pretrained(out, AutoModelForCausalLM)  # gates rebuilt and loaded
+
+transformers' own `from_pretrained` loads such a folder without its gates (the folder's README.md
+and config.json say so).
 
 Importing this package registers the attention functions "urpe_eager" and "urpe_sdpa" with
 transformers. Needs transformers >= 5.15 (tests pass on 5.15.1 to 5.24.0; 5.4 to 5.14 serve every

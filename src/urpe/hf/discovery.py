@@ -17,6 +17,10 @@ from torch import nn
 # Names transformers gives to cross-attention modules or their parents: T5 (EncDecAttention),
 # BART/Marian/Whisper (encoder_attn), GPT-2 and BERT (crossattention).
 CROSS_NAMES = ("encdecattention", "encoder_attn", "crossattention", "cross_attn", "cross_attention")
+# Keyword arguments an attention class may pass to its attention function for variants that
+# urpe.attention does not compute (Gemma 2's soft-capping; gpt-oss's and others' sinks).
+SOFTCAP = "softcap"
+SINKS = ("s_aux", "sinks")
 
 
 class UnsupportedModelError(TypeError):
@@ -29,6 +33,29 @@ def routes_through_interface(cls: type) -> bool:
     forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
     code = getattr(forward, "__code__", None)
     return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+@cache
+def _passed_keywords(cls: type) -> frozenset[str]:
+    """Keyword names cls.forward passes in its calls (read from its bytecode's constants)."""
+    forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    code = getattr(forward, "__code__", None)
+    consts = () if code is None else code.co_consts
+    return frozenset(k for c in consts if isinstance(c, tuple) for k in c if isinstance(k, str))
+
+
+def refused_feature(module: nn.Module, config) -> str | None:
+    """The attention variant this module uses that urpe.attention does not compute, or None:
+    logit soft-capping (passed as softcap=, Gemma 2) or attention sinks (s_aux= / sinks=)."""
+    passed = _passed_keywords(type(module))
+    if SOFTCAP in passed:
+        cap = getattr(module, "attn_logit_softcapping", None)
+        cap = getattr(config, "attn_logit_softcapping", None) if cap is None else cap
+        if cap is not None:
+            return f"logit soft-capping (attn_logit_softcapping={cap})"
+    if passed & set(SINKS):
+        return "attention sinks"
+    return None
 
 
 def is_cross_attention(name: str, module: nn.Module) -> bool:
@@ -71,7 +98,20 @@ def select_layers(
     model: nn.Module, layers
 ) -> tuple[list[tuple[str, nn.Module]], tuple[int, ...] | None]:
     """The modules to gate and their indices (None: all). `layers` holds indices into
-    `self_attention_modules(model)` and/or qualified module names."""
+    `self_attention_modules(model)` and/or qualified module names. UnsupportedModelError when a
+    chosen module uses an attention variant urpe.attention does not compute."""
+    chosen, indices = _select(model, layers)
+    for _, module in chosen:
+        feature = refused_feature(module, getattr(module, "config", None) or model.config)
+        if feature is not None:
+            raise UnsupportedModelError(
+                f"urpe.hf cannot add URPE to {type(model).__name__}: its attention uses "
+                f"{feature}, which urpe.attention does not compute"
+            )
+    return chosen, indices
+
+
+def _select(model: nn.Module, layers) -> tuple[list[tuple[str, nn.Module]], tuple[int, ...] | None]:
     candidates = self_attention_modules(model)
     if layers is None:
         return candidates, None

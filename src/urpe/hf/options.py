@@ -3,7 +3,8 @@
 The entry is a plain dict (it travels in config.json):
 
     {"max_distance": 63, "num_buckets": null, "bucket_max_distance": 128, "shared": false,
-     "layers": null, "attn_implementation": "sdpa", "version": 1}
+     "layers": null, "attn_implementation": "sdpa", "version": 1,
+     "load": "URPE gates (the urpe_gate tensors) are part of this model: load it with ..."}
 
 `layers` lists indices into `self_attention_modules(model)` (None: every one), so the entry is the
 same for `LlamaForCausalLM` and the `LlamaModel` inside it.
@@ -23,6 +24,8 @@ MAX_DEFAULT_DISTANCE = 1024
 NO_CONTEXT_DISTANCE = 128
 BASE_IMPLEMENTATIONS = ("eager", "sdpa")
 VERSION = 1
+# Entries of config.urpe that describe rather than configure: its format and how to load it.
+NOTES = ("version", "load")
 
 
 def context_length(config: Any) -> int | None:
@@ -69,7 +72,7 @@ class UrpeOptions:
         version = entry.get("version", VERSION)
         if version != VERSION:
             raise ValueError(f"config.urpe has version {version}; this urpe reads {VERSION}")
-        known = {k: v for k, v in entry.items() if k != "version"}
+        known = {k: v for k, v in entry.items() if k not in NOTES}
         unknown = set(known) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"config.urpe has unknown entries {sorted(unknown)}")

@@ -16,6 +16,7 @@ from torch import nn
 from ..encodings import ToeplitzGate
 from .attention import base_of, implementation_name, register
 from .discovery import select_layers
+from .guards import install, load_note, route_through_urpe
 from .options import (
     BASE_IMPLEMENTATIONS,
     NO_CONTEXT_DISTANCE,
@@ -95,8 +96,11 @@ def add_urpe(
 
     Gate parameters have "urpe" in their names. Cross-attention keeps the model's own attention;
     naming it in `layers` raises ValueError. Models that do not route attention through the
-    interface raise `urpe.hf.UnsupportedModelError` naming their class. The options are stored
-    in `model.config.urpe`, so `save_pretrained` + `urpe.hf.from_pretrained` rebuild the gates.
+    interface, or that use soft-capping or attention sinks, raise `urpe.hf.UnsupportedModelError`
+    naming their class. The options are stored in `model.config.urpe`, so `save_pretrained` +
+    `urpe.hf.from_pretrained` rebuild the gates (transformers' own `from_pretrained` drops them;
+    the saved README.md and config.urpe["load"] say so). Afterwards the model's
+    `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see `guards`).
     """
     base = _base_implementation(model)
     chosen, indices = select_layers(model, layers)
@@ -135,15 +139,10 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
             module.add_module(GATE, _new_gate(options, _num_heads(module, model.config), module))
         module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
     register()
-    model.config.urpe = options.to_dict()
+    model.config.urpe = {**options.to_dict(), "load": load_note(model)}
     model.set_attn_implementation(implementation_name(options.attn_implementation))
-    # transformers < 5.20 leaves copied sub-configs (T5's encoder and decoder stacks) on their
-    # own implementation; each config the modules read gets the urpe_ name of its own base.
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        own = getattr(config, "_attn_implementation", None)
-        if own in BASE_IMPLEMENTATIONS:
-            config._attn_implementation = implementation_name(own)
+    route_through_urpe(model)
+    install(model)
 
 
 def gate_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -20,7 +20,8 @@ from torch import nn
 from transformers import AutoConfig
 
 from .discovery import select_layers
-from .options import UrpeOptions
+from .guards import bypass_error
+from .options import BASE_IMPLEMENTATIONS, UrpeOptions
 from .patch import attach
 
 GATE_KEYS = r"urpe_gate"
@@ -103,8 +104,8 @@ def from_pretrained(path: str | os.PathLike, model_class: type, **kwargs) -> nn.
     (e.g. `AutoModelForCausalLM`), rebuild its URPE gates and load their values.
 
     Keyword arguments go to `model_class.from_pretrained`; `attn_implementation` defaults to the
-    one the gates were added on ("sdpa" or "eager"). A folder without `config.urpe` raises
-    ValueError (use `add_urpe` on a plain model).
+    one the gates were added on and must be "sdpa" or "eager". A folder without `config.urpe`
+    raises ValueError (use `add_urpe` on a plain model).
     """
     config = kwargs.pop("config", None) or AutoConfig.from_pretrained(path)
     entry = getattr(config, "urpe", None)
@@ -114,8 +115,11 @@ def from_pretrained(path: str | os.PathLike, model_class: type, **kwargs) -> nn.
             "urpe.hf.add_urpe; load it normally and call add_urpe"
         )
     options = UrpeOptions.from_dict(entry)
-    kwargs.setdefault("attn_implementation", options.attn_implementation)
+    requested = kwargs.setdefault("attn_implementation", options.attn_implementation)
     cls = _concrete_class(model_class, config)
+    if requested not in BASE_IMPLEMENTATIONS:
+        raise bypass_error(cls.__name__, requested, "load it with attn_implementation='sdpa' or "
+                                                    "'eager'")  # fmt: skip
     with _gate_keys_expected(cls):
         model = cls.from_pretrained(path, config=config, **kwargs)
     base = model.config._attn_implementation

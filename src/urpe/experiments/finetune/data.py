@@ -151,9 +151,32 @@ def load_tokens(dataset: str, tokenizer: str | None, vocab_size: int | None, mod
                         corpus.vocab_size, corpus.metric, f"urpe {kind} tokenizer "
                         "(the model folder has none)")  # fmt: skip
     if tokens.vocab_size > model_vocab:
-        raise DataError(
-            f"the {tokens.tokenizer} has {tokens.vocab_size} ids, more than the model's "
-            f"vocabulary of {model_vocab}: use a tokenizer that fits (e.g. --tokenizer byte, "
-            "256 ids) or a model folder with its tokenizer"
-        )
+        too_many = (f"the {tokens.tokenizer} has {tokens.vocab_size} ids, more than the model's "
+                    f"vocabulary of {model_vocab}")  # fmt: skip
+        if source is not None:
+            raise DataError(f"{too_many}: the folder's tokenizer does not belong to its model")
+        raise DataError(f"{too_many}; what fits: {fitting_tokenizers(dataset, model_vocab)}")
     return tokens
+
+
+def fitting_tokenizers(dataset: str, model_vocab: int) -> str:
+    """urpe's tokenizers whose ids fit a vocabulary of `model_vocab` on this data set, as flags:
+    char needs one id per distinct character, byte 256, bpe at least 257, word at least 3."""
+    from ...data.text import DatasetError, load_corpus
+
+    fits = []
+    try:  # cached, like any corpus: following the advice reuses it
+        characters = load_corpus(dataset, tokenizer="char", progress=False).vocab_size
+    except DatasetError:
+        characters = None
+    if characters is not None and characters <= model_vocab:
+        fits.append(f"--tokenizer char ({characters} ids, the data set's characters)")
+    if model_vocab >= 256:
+        fits.append("--tokenizer byte (256 ids)")
+    if model_vocab >= 257:
+        fits.append(f"--tokenizer bpe --vocab-size {model_vocab}")
+    if model_vocab >= 3:
+        fits.append(f"--tokenizer word --vocab-size {model_vocab} (the {model_vocab - 2} most "
+                    "frequent words, <eos> and <unk>)")  # fmt: skip
+    choices = ", ".join(fits) if fits else "none of urpe's tokenizers"
+    return f"{choices}; or a model folder with its own tokenizer"

@@ -13,8 +13,9 @@ the first `eval_tokens` tokens of the validation and test splits:
   model as loaded, before any update (the same for every variant: the gates start at 1);
 - length extrapolation as `urpe reproduce lm` reports it: the same weights at contexts of
   factor x L, in "chunks" (consecutive chunks, full context inside each) and "sliding" (windows
-  advancing by half their length). A context the model cannot run (learned absolute positions
-  shorter than it) is left out of the table;
+  advancing by half their length). A context beyond the model's table of learned absolute
+  positions (GPT-2, OPT) is left out, and so is one that fails (out of memory, ...): both are
+  noted in the record (`extrapolation_skipped`) and the report, and the trained run is kept;
 - how far the gates moved from 1 (max |C - 1|), and the gate tensors, saved beside the record.
 
 The fine-tuned model is saved with `save_pretrained` in `runs/<id>/model/`
@@ -83,7 +84,7 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     from ...data.text import DatasetError
     from ...hf import UnsupportedModelError
     from .data import DataError, load_tokens
-    from .model_folder import ModelFolderError, check_urpe_supported, context_limit, read_config
+    from .model_folder import ModelFolderError, check_model, context_limit, read_config
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if preset.model is None:  # checked here, not in resolve: --report-only needs no model
@@ -92,8 +93,7 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     path = Path(preset.model).expanduser()
     try:
         config = read_config(path)
-        if any(VARIANTS[v].urpe is not None for v in preset.variants):
-            check_urpe_supported(config)
+        check_model(config, any(VARIANTS[v].urpe is not None for v in preset.variants), path)
     except (ModelFolderError, UnsupportedModelError) as error:
         raise UsageError("--model", str(error)) from None
     limit = context_limit(config)
@@ -142,21 +142,37 @@ def _head(tokens: torch.Tensor, count: int) -> torch.Tensor:
     return tokens if count <= 0 else tokens[: count + 1]
 
 
-def extrapolation(model, tokens: torch.Tensor, factors: list[int]) -> dict[str, dict[str, float]]:
-    """{mode: {factor: loss in nats}} at contexts factor x L; contexts the model cannot run are
-    left out."""
-    from ...training.lm import evaluate
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
-    limit = getattr(model.model.config, "n_positions", None)  # learned absolute table (GPT-2)
+
+def extrapolation(model, tokens: torch.Tensor, factors: list[int]
+                  ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:  # fmt: skip
+    """({mode: {factor: loss in nats}}, {factor: why it was left out}) at contexts factor x L.
+    Contexts beyond a table of learned positions are left out unrun; a context that fails
+    (out of memory, ...) is left out with its error, so the trained run is kept."""
+    from ...training.lm import evaluate
+    from .model_folder import position_table_limit
+
+    limit = position_table_limit(model.model)
     out: dict[str, dict[str, float]] = {"chunks": {}, "sliding": {}}
+    skipped: dict[str, str] = {}
     for factor in factors:
         context = factor * model.segment_length
         if limit is not None and context > limit:
+            skipped[str(factor)] = (f"{context} tokens exceed the {limit} positions of "
+                                    f"{type(model.model).__name__}'s position table")  # fmt: skip
             continue
-        for mode in out:
-            result = evaluate(model, tokens, context, mode=mode, batch_size=EVAL_BATCH)
-            out[mode][str(factor)] = result["loss"]
-    return out
+        try:
+            for mode in out:
+                result = evaluate(model, tokens, context, mode=mode, batch_size=EVAL_BATCH)
+                out[mode][str(factor)] = result["loss"]
+        except Exception as error:  # a measurement after training: noted, never fatal
+            for mode in out:
+                out[mode].pop(str(factor), None)
+            skipped[str(factor)] = _first_line(error)
+    return out, skipped
 
 
 def quiet_transformers() -> None:
@@ -213,7 +229,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     start = evaluate(model.to(device), val_tokens, length, batch_size=ev["batch_size"])  # C = 1
     stream = RandomWindows(tokens.train, train["batch_size"], length, seed)
     fit_text(context, objective, stream, tokens.valid, config, length, log_every=5)
-    model = model.to(device).float().eval()
+    model = model.float().eval()
+    hf_model.save_pretrained(context.run_dir / "model")  # first: no measurement can lose it
+    model = model.to(device)
     val = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])
     test = evaluate(model, test_tokens, length, batch_size=ev["batch_size"])
     gates = {n: p.detach() for n, p in hf_model.named_parameters() if "urpe" in n}
@@ -232,9 +250,10 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "step_seconds_median": median,
         "tokens_per_second": train["batch_size"] * length / median if steps else None,
         "curve": objective.curve,
-        "extrapolation": extrapolation(model, val_tokens, ev["factors"]),
     }  # fmt: skip
-    hf_model.cpu().save_pretrained(context.run_dir / "model")
+    record["extrapolation"], record["extrapolation_skipped"] = extrapolation(
+        model, val_tokens, ev["factors"]
+    )
     return RunResult(record, tensors=gates or None)
 
 

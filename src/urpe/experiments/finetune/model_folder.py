@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,64 @@ def context_limit(config) -> int | None:
     return None
 
 
-def check_urpe_supported(config) -> None:
-    """UnsupportedModelError (naming the class) when add_urpe cannot gate this model; the model
-    is built on the meta device, so no memory is spent on its weights."""
+@contextmanager
+def _transformers_quiet():
+    """No warnings of transformers' own while a model is built only to be inspected (BERT's
+    "add is_decoder=True" would reach the user beside the one-line error)."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def bidirectional(model: nn.Module) -> bool:
+    """True for an encoder loaded as a causal LM: a config with is_decoder=False that its layers
+    read (BERT, RoBERTa, ELECTRA, ... then build BertLMHeadModel & co. with full attention).
+    GPT-NeoX and others carry is_decoder=False in their configs too but never read it: causal."""
+    text = model.config.get_text_config()
+    if getattr(text, "is_decoder", None) is not False:
+        return False
+    return any(getattr(m, "is_decoder", None) is False for m in model.modules())
+
+
+def check_model(config, gated: bool, path: Path | None = None) -> None:
+    """ModelFolderError when the folder's causal-LM class would see the tokens it predicts;
+    with `gated`, UnsupportedModelError (naming the class and why) when add_urpe cannot gate it.
+    The model is built on the meta device, so no memory is spent on its weights."""
     from transformers import AutoModelForCausalLM
 
-    from ...hf import self_attention_modules
+    from ...hf.discovery import select_layers
 
-    with torch.device("meta"):
+    with torch.device("meta"), _transformers_quiet():
         model = AutoModelForCausalLM.from_config(config)
-    self_attention_modules(model)
+    if bidirectional(model):
+        where = f"{path} holds" if path is not None else "this is"
+        raise ModelFolderError(
+            f"{where} a {type(config).__name__} encoder (is_decoder=False): as "
+            f"{type(model).__name__} it would attend to the tokens it predicts; give a causal LM "
+            "folder (a decoder trained left to right: GPT-2, Llama, ...)"
+        )
+    if gated:
+        select_layers(model, None)
+
+
+def position_table_limit(model: nn.Module) -> int | None:
+    """The longest context a model with a table of absolute positions beside its token
+    embeddings can run (GPT-2's wpe, OPT's embed_positions, BERT's position_embeddings, Marian's
+    sinusoids: one row per position); None for schemes that take any length (RoPE, ALiBi, T5)."""
+    weight = model.get_input_embeddings().weight
+    tables = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    # Where token embeddings sit (BART's decoder shares the model's): positions sit beside them.
+    beside = {n.rpartition(".")[0] for n, m in tables if m.weight is weight}
+    for name, module in tables:
+        where, _, last = name.rpartition(".")
+        if where in beside and module.weight is not weight and ("pos" in last or last == "wpe"):
+            return context_limit(model.config.get_text_config()) or module.num_embeddings
+    return None
 
 
 def load_model(path: str | Path, urpe_options: dict | None) -> nn.Module:

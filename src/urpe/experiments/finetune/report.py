@@ -46,6 +46,17 @@ def summary_table(records: list[dict], table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def skipped_contexts(records: list[dict], length: int) -> str:
+    """The extrapolation contexts runs left out and why (empty when none were)."""
+    notes: dict[tuple[int, str], list[str]] = defaultdict(list)
+    for r in records:
+        for factor, why in r["result"].get("extrapolation_skipped", {}).items():
+            notes[(int(factor), why)].append(f"{r['config']['variant']} seed {r['config']['seed']}")
+    lines = [f"- {factor}x ({factor * length} tokens), {', '.join(runs)}: {why}"
+             for (factor, why), runs in sorted(notes.items())]  # fmt: skip
+    return "Contexts left out:\n" + "\n".join(lines) if lines else ""
+
+
 def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[str, list[Path]]:
     from ...files import atomic_write_json
 
@@ -82,5 +93,6 @@ def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[s
         "the CPU, so read it as a rough ratio).",
         "## Extrapolation: the same fine-tuned weights at longer contexts",
         "Validation split; columns: context as a multiple of the training length (tokens).",
+        *filter(None, [skipped_contexts(records, m["segment_length"])]),
     ])  # fmt: skip
     return finish_report(text, records, table, out, wall_seconds)
