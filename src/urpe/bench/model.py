@@ -97,20 +97,22 @@ def _failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0][:160]}"
 
 
-def measure_groups(names, sizes, conditions, repeats, compile_backend, say) -> dict:
-    """{records: of every group under every condition, about: what each group's cases share,
-    failed: the groups that could not be built, with the reason}. A group is built once
-    (idle), then timed under each condition in turn."""
-    records, about, failed, registry = [], {}, {}, groups(compile_backend)
+def measure_groups(registry: dict, names, sizes, conditions, repeats, say) -> dict:
+    """{records: of every group under every condition, groups: name -> what the report says
+    of it (title, baseline, unit, what its cases share, or why it could not be built)}. A
+    group is built once (idle), then timed under each condition in turn."""
+    records, info = [], {}
     for name in names:
+        group = registry[name]
+        info[name] = dict(title=group.title, baseline=group.baseline, unit=group.unit)
         say(f"{name}: building")
         try:
-            built = registry[name].build(sizes, say)
+            built = group.build(sizes, say)
         except Exception as error:  # noqa: BLE001 - one group failing must not stop the rest
-            failed[name] = _failure(error)
-            say(f"{name}: not measured ({failed[name]})")
+            info[name]["failed"] = _failure(error)
+            say(f"{name}: not measured ({info[name]['failed']})")
             continue
-        about[name] = built.about
+        info[name]["about"] = built.about
         for condition in conditions:
             say(f"{name}: timing, {condition.label}")
             with condition.applied():
@@ -118,7 +120,7 @@ def measure_groups(names, sizes, conditions, repeats, compile_backend, say) -> d
             records += [dict(r, group=name, **condition.fields) for r in block]
         del built
     compare(records, {name: group.baseline for name, group in registry.items()})
-    return dict(records=records, about=about, failed=failed)
+    return dict(records=records, groups=info)
 
 
 def machine() -> dict:
@@ -161,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     conditions = [Condition(threads, busy=c == "busy") for c in args.conditions]
     if len({c.busy for c in conditions}) != len(conditions):
-        raise UsageError("--conditions: name each condition once")
+        raise UsageError("--conditions", "name each condition once")
     results = dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         command=command_line(),
@@ -171,10 +173,9 @@ def run(args: argparse.Namespace) -> int:
         load_start=os.getloadavg(),
         busy_core=busy_core_index() if "busy" in args.conditions else None,
         conditions=[c.fields for c in conditions],
-        groups=list(args.groups),
     )
-    results.update(measure_groups(args.groups, sizes, conditions, repeats,
-                                  args.compile_backend, progress))  # fmt: skip
+    registry = groups(args.compile_backend)
+    results.update(measure_groups(registry, args.groups, sizes, conditions, repeats, progress))
     results["machine"] = machine()
     results["targets"] = judge(results["records"], results["conditions"])
     print_records(results["records"])

@@ -3,7 +3,6 @@ run (what `model.json` holds), between markers so that the rest of the file stay
 
 from __future__ import annotations
 
-from .model_groups import groups
 from .model_targets import condition_label
 from .report import MET, fmt, table
 from .sections import MODEL
@@ -63,7 +62,7 @@ def _cell(r: dict | None, unit: str) -> str:
 def _group(name: str, results: dict) -> list[str]:
     """A group's table: rows (name and mode) against cases and conditions, turned so that the
     longer of the two lists runs down the table."""
-    group, conditions = groups()[name], results["conditions"]
+    group, conditions = results["groups"][name], results["conditions"]
     records = [r for r in results["records"] if r["group"] == name]
     cases = list(dict.fromkeys(r["case"] for r in records))
     rows = list(dict.fromkeys((r["name"], r["mode"]) for r in records))
@@ -73,7 +72,7 @@ def _group(name: str, results: dict) -> list[str]:
     def cell(row: tuple[str, str], case: str, condition: dict) -> str:
         fields = dict(name=row[0], mode=row[1], case=case, **condition)
         found = (r for r in records if all(r.get(k) == v for k, v in fields.items()))
-        return _cell(next(found, None), group.unit)
+        return _cell(next(found, None), group["unit"])
 
     if len(cases) > len(rows):
         header = ["case", *(f"{labels[row]}, {condition_label(c)}" for row in rows
@@ -85,8 +84,8 @@ def _group(name: str, results: dict) -> list[str]:
         body = [[labels[row], *(cell(row, case, c) for case in cases for c in conditions)]
                 for row in rows]  # fmt: skip
     shapes = dict.fromkeys(f"{r['case']}: {r['shape']}" for r in records if "shape" in r)
-    about = results["about"].get(name, "")
-    lines = ["", f"### {group.title}", "", f"{about} Baseline: `{group.baseline}`. Cases: "
+    about = group.get("about", "")
+    lines = ["", f"### {group['title']}", "", f"{about} Baseline: `{group['baseline']}`. Cases: "
              + "; ".join(shapes) + ".", "", *table(header, body)]  # fmt: skip
     skipped = dict.fromkeys(
         f"{r['name']} ({r['case']}): {r['skipped']}" for r in records if "skipped" in r
@@ -99,10 +98,9 @@ def _group(name: str, results: dict) -> list[str]:
 def section_markdown(results: dict) -> str:
     """The model section, markers included."""
     lines = [MODEL.begin, "", TITLE, "", *_header(results), *_targets(results)]
-    for name in results["groups"]:
-        failed = results["failed"].get(name)
-        if failed:
-            lines += ["", f"### {groups()[name].title}", "", f"Not measured: {failed}."]
+    for name, group in results["groups"].items():
+        if "failed" in group:
+            lines += ["", f"### {group['title']}", "", f"Not measured: {group['failed']}."]
         else:
             lines += _group(name, results)
     return "\n".join([*lines, "", MODEL.end]) + "\n"
