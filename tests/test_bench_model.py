@@ -217,35 +217,45 @@ def test_a_target_holds_only_when_met_under_every_condition_measured():
     assert target.judge([], [idle, busy])["met"] is None
 
 
-def test_a_group_that_cannot_be_built_is_reported_and_the_rest_measured():
+def test_a_failing_group_is_reported_and_the_rest_measured():
+    """A group that cannot be built is reported with the reason; one that fails under the
+    second condition keeps what it measured under the first."""
+
     class Built:
         about = "two trivial calls."
+        conditions_left = 1
 
         def measure(self, repeats, progress):
+            if self.conditions_left == 0:
+                raise RuntimeError("lost the model")
+            self.conditions_left -= 1
             calls = {("sdpa", "fwd"): lambda: None, ("auto_none", "fwd"): lambda: sum(range(99))}
             return timed.Timed({"decode": calls}, {"decode": "no shape"}).measure(repeats, progress)
 
     def broken(sizes, progress):
         raise RuntimeError("no such model\nsecond line")
 
-    registry = {"calls": Group("Calls", "sdpa", lambda s, p: Built(), unit="us"),
-                "broken": Group("Broken", "x", broken)}  # fmt: skip
-    conditions = [Condition(1, busy=False)]
+    registry = {"broken": Group("Broken", "x", broken),
+                "calls": Group("Calls", "sdpa", lambda s, p: Built(), unit="us")}  # fmt: skip
+    conditions = [Condition(1, busy=False), Condition(1, busy=True)]
     results = model.measure_groups(registry, list(registry), QUICK, conditions, 2, lambda m: None)
     assert results["groups"]["broken"]["failed"] == "RuntimeError: no such model"
-    assert {r["name"] for r in results["records"]} == {"sdpa", "auto_none"}
+    assert results["groups"]["calls"]["failed"] == "RuntimeError: lost the model"
+    measured = {(r["name"], r["busy"]) for r in results["records"]}
+    assert measured == {("sdpa", False), ("auto_none", False)}
     results.update(date="today", command="urpe bench model", sizes_name="quick", repeats=2,
-                   load_start=(0.0, 0.0, 0.0), busy_core=None,
+                   load_start=(0.0, 0.0, 0.0), busy_core=1,
                    conditions=[c.fields for c in conditions],
                    machine=dict(cpu="cpu", cores=2, threads=1, capability="AVX2", torch="2",
                                 transformers=None, python="3", load_average=(0.0, 0.0, 0.0))
                    )  # fmt: skip
     results["targets"] = model_targets.judge(results["records"], results["conditions"])
     text = model_report.section_markdown(results)
-    assert "### Broken\n\nNot measured: RuntimeError: no such model." in text
+    assert "### Broken\n\nStopped: RuntimeError: no such model." in text
     assert "two trivial calls. Baseline: `sdpa`. Cases: decode: no shape." in text
+    assert "| row | decode, idle | decode, one core busy |" in text
+    assert "| auto_none | " in text and "\n\nStopped: RuntimeError: lost the model." in text
     assert "| one decoding call, no terms: us over SDPA | " in text
-    assert "| row | decode, idle |" in text and "| auto_none | " in text
 
 
 @pytest.mark.parametrize("flag", [["--groups", "nothing"], ["--repeats", "0"],

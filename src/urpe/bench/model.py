@@ -25,6 +25,7 @@ import torch
 from ..cli_types import UsageError, non_negative_int, positive_int
 from .contention import Condition, busy_core_index
 from .machine import cpu_info
+from .measure import failure_reason
 from .model_groups import GROUP_NAMES, groups
 from .model_report import section_markdown
 from .model_sizes import FULL, QUICK
@@ -92,15 +93,11 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _failure(error: BaseException) -> str:
-    lines = str(error).splitlines() or [""]
-    return f"{type(error).__name__}: {lines[0][:160]}"
-
-
 def measure_groups(registry: dict, names, sizes, conditions, repeats, say) -> dict:
     """{records: of every group under every condition, groups: name -> what the report says
-    of it (title, baseline, unit, what its cases share, or why it could not be built)}. A
-    group is built once (idle), then timed under each condition in turn."""
+    of it (title, baseline, unit, what its cases share, and why it stopped if it failed)}. A
+    group is built once (idle), then timed under each condition in turn; one that fails keeps
+    the records it has, and the run goes on with the next."""
     records, info = [], {}
     for name in names:
         group = registry[name]
@@ -108,17 +105,16 @@ def measure_groups(registry: dict, names, sizes, conditions, repeats, say) -> di
         say(f"{name}: building")
         try:
             built = group.build(sizes, say)
+            info[name]["about"] = built.about
+            for condition in conditions:
+                say(f"{name}: timing, {condition.label}")
+                with condition.applied():
+                    block = built.measure(repeats, say)
+                records += [dict(r, group=name, **condition.fields) for r in block]
         except Exception as error:  # noqa: BLE001 - one group failing must not stop the rest
-            info[name]["failed"] = _failure(error)
-            say(f"{name}: not measured ({info[name]['failed']})")
-            continue
-        info[name]["about"] = built.about
-        for condition in conditions:
-            say(f"{name}: timing, {condition.label}")
-            with condition.applied():
-                block = built.measure(repeats, say)
-            records += [dict(r, group=name, **condition.fields) for r in block]
-        del built
+            info[name]["failed"] = failure_reason(error)
+            say(f"{name}: stopped ({info[name]['failed']})")
+        built = None  # its models go before the next group's are built
     compare(records, {name: group.baseline for name, group in registry.items()})
     return dict(records=records, groups=info)
 
@@ -150,9 +146,10 @@ def print_records(records: list[dict]) -> None:
         if "time_ms" not in r:
             print(f"{where} skipped: {r['skipped']}")
             continue
-        ratio = r.get("ratio")
-        print(f"{where} {r['time_ms']:10.3f} ms" + ("" if ratio is None else f"  x{ratio:.2f}")
-              + ("" if ratio is None else f"  {r['extra_us']:+9.1f} us"))  # fmt: skip
+        line = f"{where} {r['time_ms']:10.3f} ms"
+        if "ratio" in r:
+            line += f"  x{r['ratio']:.2f}  {r['extra_us']:+9.1f} us"
+        print(line)
 
 
 def run(args: argparse.Namespace) -> int:

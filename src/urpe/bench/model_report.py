@@ -99,8 +99,10 @@ def section_markdown(results: dict) -> str:
     """The model section, markers included."""
     lines = [MODEL.begin, "", TITLE, "", *_header(results), *_targets(results)]
     for name, group in results["groups"].items():
-        if "failed" in group:
-            lines += ["", f"### {group['title']}", "", f"Not measured: {group['failed']}."]
-        else:
+        if any(r["group"] == name for r in results["records"]):
             lines += _group(name, results)
+        else:
+            lines += ["", f"### {group['title']}"]
+        if "failed" in group:
+            lines += ["", f"Stopped: {group['failed']}."]
     return "\n".join([*lines, "", MODEL.end]) + "\n"
