@@ -54,15 +54,23 @@ def decoder_generation(sizes: Sizes, progress) -> Timed:
              f"LanguageModel, pre-LN, {d.layers} layers, width {d.dim}, {d.heads} heads, FFN "
              f"{d.ffn}, vocab {d.vocab}; urpe: Toeplitz bias and gate, rpe: the bias alone, "
              "nope: no positions.")  # fmt: skip
+    return per_batch(sizes, models, _greedy, about, progress)
+
+
+def per_batch(sizes: Sizes, models: dict, greedy, about: str, progress, warmups: int = 1,
+              note: str = "") -> Timed:  # fmt: skip
+    """Greedy generation by each model (name -> model) at each batch size, a case per batch,
+    warmed up; `greedy(model, prompt, new_tokens)` makes one generation's call."""
     timed = Timed(cases={}, shapes={}, about=about)
-    for batch, prompt in prompts(sizes, d.vocab).items():
+    for batch, prompt in prompts(sizes, sizes.decoder.vocab).items():
         case = f"batch {batch}"
         timed.cases[case] = {
-            (name, "generate"): _greedy(model, prompt, sizes.new_tokens)
+            (name, "generate"): greedy(model, prompt, sizes.new_tokens)
             for name, model in models.items()
         }
         timed.shapes[case] = f"B={batch}"
-        for call in timed.cases[case].values():
-            call()  # warm-up
-    progress("  built and warmed up")
+        for (name, _), call in timed.cases[case].items():
+            progress(f"  warm-up {case} {name}{note}")
+            for _ in range(warmups):
+                call()
     return timed

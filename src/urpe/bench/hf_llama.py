@@ -16,7 +16,7 @@ import copy
 
 import torch
 
-from .generation import prompts
+from .generation import per_batch
 from .model_sizes import DecoderSize, Sizes
 from .timed import Timed
 
@@ -77,19 +77,8 @@ def _generation(sizes: Sizes, progress, compile_backend: str | None) -> Timed:
            else "eager, dynamic cache")  # fmt: skip
     about = (f"{sizes.new_tokens} tokens after a {sizes.prompt}-token prompt, greedy "
              f"(min_new_tokens={sizes.new_tokens}); {_llama(d)}; {how}.")  # fmt: skip
-    timed = Timed(cases={}, shapes={}, about=about)
-    for batch, prompt in prompts(sizes, d.vocab).items():
-        case = f"batch {batch}"
-        timed.cases[case] = {
-            (name, "generate"): _greedy(model, prompt, sizes.new_tokens)
-            for name, model in models.items()
-        }
-        timed.shapes[case] = f"B={batch}"
-        for name, call in timed.cases[case].items():
-            progress(f"  warm-up {case} {name[0]}" + (" (compiles)" if compile_backend else ""))
-            call()
-            call()
-    return timed
+    note = " (compiles)" if compile_backend else ""
+    return per_batch(sizes, models, _greedy, about, progress, warmups=2, note=note)
 
 
 def hf_generation(sizes: Sizes, progress) -> Timed:
