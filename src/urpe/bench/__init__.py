@@ -18,5 +18,20 @@
     report       BENCHMARKS.md's CPU report; gpu_section its GPU section; plots the PNG
     cpu, cuda    the run on each device
 
+`urpe bench model` (what URPE costs inside a model, issue 28) reuses clocks, contention,
+measure, rows, end_to_end and machine, and adds:
+
+    model            the command: flags in, groups measured under each condition, files out
+    model_groups     its groups (what is measured, against which baseline)
+    model_sizes      issue 28's sizes and a tiny set for a smoke run
+    timed            calls built once, timed per case under each condition; ratios
+    attention_calls  one decoding call, short rows, bfloat16 long rows
+    generation       greedy generation with urpe's LanguageModel and its KV cache
+    hf_llama         a Hugging Face Llama with and without add_urpe: generate (eager, static
+                     cache compiled), a training step
+    whole_steps      end_to_end's steps and the LM experiment's step times
+    model_targets    issue 28's targets, as data; model_report its section of BENCHMARKS.md
+    sections         the marked sections of BENCHMARKS.md (GPU, model)
+
 Every other `urpe bench` subcommand is a module of its own here, registered in `urpe.cli`.
 """

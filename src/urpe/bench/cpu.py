@@ -11,7 +11,7 @@ import torch
 
 from .contention import Condition, conditions
 from .end_to_end import end_to_end
-from .gpu_section import keep_section, print_targets
+from .gpu_section import print_targets
 from .inputs import make_inputs
 from .machine import cpu_info
 from .measure import Method, measure_setting
@@ -20,6 +20,7 @@ from .plots import plot_memory
 from .profiling import profile_row
 from .report import markdown
 from .rows import rows_for
+from .sections import keep_sections
 from .targets import cpu_targets
 
 
@@ -105,6 +106,6 @@ def run(args, progress, command: str) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
-    if args.markdown:  # a GPU section already in the file is carried over
-        args.markdown.write_text(keep_section(args.markdown, markdown(results)))
+    if args.markdown:  # the GPU and model sections already in the file are carried over
+        args.markdown.write_text(keep_sections(args.markdown, markdown(results)))
     return 0

@@ -11,10 +11,10 @@ from .clocks import MODES
 from .measure import add_ratios
 from .report import MET, cell, find, fmt, table
 from .rows import RENAMED
+from .sections import GPU
 from .targets import gpu_targets
 
-SECTION_BEGIN = "<!-- gpu-section:begin (written by urpe bench attention --gpu-report) -->"
-SECTION_END = "<!-- gpu-section:end -->"
+SECTION_BEGIN, SECTION_END = GPU.begin, GPU.end
 
 
 def _gpu_cell(r: dict) -> str:
@@ -153,25 +153,8 @@ def section_markdown(runs: list[dict]) -> str:
 
 def write_section(path: Path, section: str) -> None:
     """Put the GPU section into the Markdown file at `path`, replacing an earlier one and
-    keeping everything else (the CPU report)."""
-    text = path.read_text() if path.exists() else ""
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, rest = text.split(SECTION_BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(SECTION_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def keep_section(path: Path, new_text: str) -> str:
-    """`new_text` (a freshly written CPU report) with the GPU section of the file at `path`
-    carried over, so that a CPU run does not erase GPU figures."""
-    old = path.read_text() if path.exists() else ""
-    if SECTION_BEGIN not in old or SECTION_END not in old:
-        return new_text
-    section = SECTION_BEGIN + old.split(SECTION_BEGIN, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
-    return new_text.rstrip("\n") + "\n\n" + section + "\n"
+    keeping everything else (the CPU report, the model section)."""
+    GPU.write(path, section)
 
 
 def print_targets(targets: list[dict]) -> None:

@@ -20,7 +20,8 @@ SETTING_FIELDS = ("length", "head_dim", "causal", "dtype", "batch", "heads", "th
 BASELINE = {"cpu": "sdpa", "cuda": "sdpa_flash"}
 
 
-def _failure(error: BaseException) -> str:
+def failure_reason(error: BaseException) -> str:
+    """One line for a record: the error's type and the first line of its message."""
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return "out of memory"
     lines = str(error).splitlines() or [""]
@@ -58,7 +59,7 @@ def build_calls(
                     calls[(row.name, mode)] = call
                     continue
                 except Exception as error:  # noqa: BLE001 - one row failing must not stop the rest
-                    reason = _failure(error)
+                    reason = failure_reason(error)
                     method.progress(f"  {row.name} {mode}: failed ({reason})")
             skipped.append(dict(name=row.name, mode=mode, **setting, skipped=reason))
     return calls, skipped
@@ -73,7 +74,7 @@ def time_calls(calls: dict, setting: dict, method: Method) -> list[dict]:
             try:
                 record.update(cuda_measure(call))
             except Exception as error:  # noqa: BLE001
-                record["skipped"] = _failure(error)
+                record["skipped"] = failure_reason(error)
             torch.cuda.empty_cache()
             records.append(record)
         return records

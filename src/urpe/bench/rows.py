@@ -105,7 +105,9 @@ def _flex_rpe(inputs: Inputs, causal: bool):
     return lambda: _compiled_flex["flex"](q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
-def _backend_row(backend: str, gated: bool) -> Build:
+def backend_row(backend: str, gated: bool) -> Build:
+    """urpe.attention(backend=...) with the Toeplitz bias B, and the gate C when `gated`."""
+
     def build(inputs: Inputs, causal: bool):
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         bias = Toeplitz(inputs["table_b"])
@@ -155,7 +157,7 @@ def backend_rows(device: str) -> list[Row]:
         Row(
             f"{name}_{kind}",
             f"urpe.attention(backend={name!r}), {terms}",
-            _backend_row(name, gated=gated),
+            backend_row(name, gated=gated),
             length_limit=BACKEND_LENGTH_LIMITS.get(name),
         )
         for kind, gated, terms in kinds
