@@ -240,20 +240,23 @@ from urpe.kernels.cpp import build
 from tests.test_cpp_build import attends
 build.BUILDS = build.BUILDS[:1]  # one failing build is enough (each starts a process)
 specs = [RunSpec(f"x{x}", {"x": x}) for x in range(3)]
-outcome = sweep(attends, specs, sys.argv[1], Execution(jobs=2, threads=1, progress=False),
-                resume=False)
-print("TRAINED", outcome.trained)
+execution = Execution(jobs=int(sys.argv[2]), threads=1, progress=True)
+print("TRAINED", sweep(attends, specs, sys.argv[1], execution, resume=False).trained)
 """
 
 
-def test_a_sweep_says_once_that_it_compiles_the_kernel(tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path, jobs):
     """Not once per worker (each used to compile or wait on its own, and say so in its own
-    stderr): the sweep builds it before it starts its workers, and says why it cannot."""
+    stderr): a parallel sweep builds it before it starts its workers, and says why it cannot.
+    The line goes above the progress bar, not after it."""
     env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"),
                CXX=fake_compiler(tmp_path, "exit 1"))  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", SWEEP, str(tmp_path / "out")], env=env,
-                          cwd=Path(__file__).parents[1], capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", SWEEP, str(tmp_path / "out"), str(jobs)],
+                          env=env, cwd=Path(__file__).parents[1], capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
     assert "TRAINED 3" in done.stdout, done.stderr[-3000:]
-    assert done.stderr.count("urpe: compiling the C++ CPU attention kernel") == 1, done.stderr
+    lines = done.stderr.replace("\r", "\n").splitlines()
+    compiling = [line for line in lines if "urpe: compiling the C++ CPU" in line]
+    assert len(compiling) == 1 and compiling[0].startswith("urpe: compiling"), done.stderr
     assert done.stderr.count("the C++ CPU attention kernel is unavailable") == 1, done.stderr
