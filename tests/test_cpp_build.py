@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from urpe.kernels.cpp import build, toolchain
+from urpe.kernels.cpp.packaged import this_torch, wheel_builds
 from urpe.kernels.cpp.toolchain import TORCH_LOCK, build_lock
 from urpe.kernels.cpp.verified import mismatch, read_record, write_record
 
@@ -208,6 +209,59 @@ def test_a_record_tells_a_damaged_library_from_the_built_one(tmp_path):
     assert "has 500 bytes, its build wrote 1004" in mismatch(record, library)
     (tmp_path / "ready").write_text("urpe_cpp_0123\n")  # an older urpe's record: built again
     assert read_record(tmp_path / "ready") is None
+
+
+# A packaged kernel (what a wheel built with URPE_BUILD_KERNEL=1 holds), in place of the
+# install's own folder: tests/test_wheel.py builds and installs a real wheel (slow).
+PACKAGED = """
+import json, sys
+from pathlib import Path
+from urpe.kernels.cpp import build
+build.packaged_kernel = lambda: (Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()))
+"""
+
+
+@pytest.mark.parametrize("case", ["fits", "damaged", "other torch", "other cpu"])
+def test_a_packaged_kernel_comes_first_where_it_fits(tmp_path, built_library, case):
+    library = tmp_path / "packaged" / "urpe_cpp.so"
+    library.parent.mkdir()
+    shutil.copyfile(built_library, library)
+    facts = {**this_torch(), "cpu_features": ["sse2"]}
+    if case == "other torch":
+        facts["torch"] = "0.0.0"
+    if case == "other cpu":
+        facts["cpu_features"] = ["avx2", "a-set-no-cpu-has"]
+    write_record(tmp_path / "kernel.json", library, **facts)
+    if case == "damaged":
+        os.truncate(library, library.stat().st_size // 2)
+    (tmp_path / "empty").mkdir()
+    code = PACKAGED + "print('LOADED', build.loaded())\n"
+    done = subprocess.run([sys.executable, "-c", code, str(library), str(tmp_path / "kernel.json")],
+                          env=dict(os.environ, PATH=str(tmp_path / "empty"),
+                                   URPE_CACHE_DIR=str(tmp_path / "cache")),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("urpe: not loading")]
+    if case == "fits":
+        assert f"'source': 'packaged', 'library': '{library}'" in done.stdout
+        assert done.stderr == ""
+        return
+    assert "LOADED None" in done.stdout and len(said) == 1, done.stderr
+    assert said[0].startswith("urpe: not loading the C++ kernel packaged with urpe (")
+    assert {
+        "damaged": "(damaged)",
+        "other torch": "built for torch 0.0.0; this is",
+        "other cpu": "built for CPUs with a-set-no-cpu-has, which this one lacks",
+    }[case] in said[0]
+
+
+def test_a_wheel_is_compiled_for_other_machines():
+    portable = [build.compile_flags(**b) for b in build.BUILDS if not b["native"]]
+    builds = wheel_builds(portable)
+    assert builds and not any("native" in f for flags, _ in builds for f in flags)
+    if build.platform.machine().lower() in ("x86_64", "amd64"):
+        assert builds[0][0][-1] == "-march=x86-64-v3" and "avx2" in builds[0][1]
+        assert builds[-1] == (portable[-1], ())  # a compiler without x86-64-v3 still builds one
 
 
 @pytest.mark.slow

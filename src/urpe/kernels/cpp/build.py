@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ...files import cache_root
-from .packaged import package_kernel, packaged_kernel, unsuitable
+from .packaged import package_kernel, packaged_kernel, unsuitable, wheel_builds
 from .toolchain import BuildError, BuildTimeout, build_lock, clear_stale_torch_lock, compile_library
 from .verified import mismatch, read_record, write_record
 
@@ -170,13 +170,13 @@ def _load_packaged() -> str | None:
     if found is None:
         return ""
     library, record = found
-    why = unsuitable(record) or mismatch(record, library)
+    why = unsuitable(record, set(_cpu_features().split())) or mismatch(record, library)
     if why is not None:
-        return f"the packaged C++ kernel {why}"
+        return why
     try:
         _load_library(library, "packaged")
     except Exception as error:  # noqa: BLE001 - a kernel built here may still load
-        return f"the packaged C++ kernel does not load ({_first_line(error)})"
+        return f"it does not load: {_first_line(error)}"
     return None
 
 
@@ -281,8 +281,8 @@ def _load_reason() -> str | None:
     packaged = _load_packaged()
     if packaged is None:
         return None
-    if packaged:
-        _say(f"urpe: {packaged}; using a C++ kernel built on this machine instead")
+    if packaged:  # the next step says what comes instead (or a cached kernel loads quietly)
+        _say(f"urpe: not loading the C++ kernel packaged with urpe ({packaged})")
     unusable = ""
     for build in BUILDS:  # a good build in the cache needs no compiler
         cached = _load_cached(compile_flags(**build))
@@ -334,17 +334,18 @@ def threaded() -> bool:
 
 def build_for_wheel(target: Path) -> Path:
     """Compile the kernel for a platform wheel into `target/packaged` (`target`: the wheel's
-    copy of this folder) with portable flags; returns the library. `setup.py` calls it."""
+    copy of this folder) with portable flags (`packaged.wheel_builds`); returns the library.
+    `setup.py` calls it."""
 
     def compile_into(flags: list[str], scratch: Path, name: str) -> Path:
-        directory = scratch / build_key(flags)
+        directory = scratch / hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16]
         directory.mkdir(parents=True)
         compile_library(name, [str(HERE / s) for s in SOURCES], flags, [str(HERE)], directory,
                         _timeout(), os.environ.get(VERBOSE, "") == "1")  # fmt: skip
         return _library_file(directory, name)
 
     portable = [compile_flags(**build) for build in BUILDS if not build["native"]]
-    return package_kernel(target, portable, compile_into)
+    return package_kernel(target, wheel_builds(portable), compile_into)
 
 
 def main(argv: list[str] | None = None) -> int:
