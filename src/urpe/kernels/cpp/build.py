@@ -50,8 +50,9 @@ RECORD = "ready"  # beside a cached library: its size and hash (`verified`)
 
 _lock = threading.Lock()
 # "reason": None once loaded, else why not; "error": the build's error in full; "source" and
-# "library": where the loaded kernel came from; "compiling": said once.
-_state: dict[str, str | None] = {}
+# "library": where the loaded kernel came from; "compiling": said once; "threaded": see
+# `threaded`.
+_state: dict[str, str | bool | None] = {}
 
 
 def _print(message: str) -> None:
@@ -267,6 +268,11 @@ def adopt(reason: str | None) -> None:
             _state.setdefault("reason", reason)
 
 
+def is_loaded() -> bool:
+    """Whether the kernel is loaded in this process (never builds or loads it)."""
+    return "reason" in _state and _state["reason"] is None
+
+
 def loaded() -> dict[str, str] | None:
     """Where the loaded kernel came from ("source": packaged, cache or built; "library": its
     file), or None where none is loaded."""
@@ -329,7 +335,9 @@ def unavailable() -> str | None:
 @_constant_for_compile
 def threaded() -> bool:
     """Whether the loaded kernel spreads its tiles over torch's threads (built with OpenMP)."""
-    return load() is None and bool(torch.ops.urpe_cpp.threaded())
+    if "threaded" not in _state:  # fixed for the loaded library; asked on every CPU call
+        _state["threaded"] = load() is None and bool(torch.ops.urpe_cpp.threaded())
+    return _state["threaded"]
 
 
 def build_for_wheel(target: Path) -> Path:
