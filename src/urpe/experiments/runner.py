@@ -166,8 +166,11 @@ def _sequential(run_one, todo, store, execution, resume, progress, describe, out
     threads = torch.get_num_threads()
     if execution.threads:
         torch.set_num_threads(execution.threads)
+    from ..kernels.cpp.build import report_to
+
     try:
-        _run_in_turn(run_one, todo, store, execution, resume, progress, describe, outcome)
+        with report_to(progress.line):  # "compiling the C++ kernel" above the bar, not in it
+            _run_in_turn(run_one, todo, store, execution, resume, progress, describe, outcome)
     finally:  # the caller's own setting, also after Ctrl-C (this may run inside a notebook)
         torch.set_num_threads(threads)
 

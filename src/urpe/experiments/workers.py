@@ -1,6 +1,11 @@
 """Parallel runs: `execution.jobs` spawned worker processes (CUDA and thread pools start clean),
 one GPU each when there are GPUs, fed from a queue; the parent follows their events (start,
-step, warn, done, failed) and books every run exactly once, also when a worker dies."""
+step, warn, done, failed) and books every run exactly once, also when a worker dies.
+
+On the CPU the parent loads the C++ attention kernel before it starts the workers, compiling it
+if the cache lacks it: its "compiling" line (or why the kernel is unavailable) is said once,
+above the progress bar, instead of once per worker, and no worker's first step waits on
+another's build. Workers send any line of their own builds to the parent as "warn" events."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import os
 import queue
 import signal
 import traceback
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .execution import Execution, RunOne, execute_run, one_line, record_failure
@@ -18,7 +25,7 @@ from .stopping import die_with_parent
 
 def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
             run_one: RunOne, out: str, execution: Execution, resume: bool,
-            parent: int | None = None) -> None:  # fmt: skip
+            parent: int | None = None, cpu_kernel: str | None = None) -> None:  # fmt: skip
     # Ctrl-C reaches the whole process group; the parent decides and stops workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent is not None:  # SIGKILL of the parent cannot be handled: the worker ends itself
@@ -27,8 +34,15 @@ def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     import torch
 
+    from ..kernels.cpp.build import adopt, report_to
+
     torch.set_num_threads(threads)
-    store = RecordStore(out)
+    adopt(cpu_kernel)  # unavailable, as the parent found and said: no warning per worker
+    with report_to(lambda message: events.put(("warn", -1, message))):
+        _take_runs(slot, tasks, events, run_one, RecordStore(out), execution, resume)
+
+
+def _take_runs(slot, tasks, events, run_one, store, execution, resume) -> None:
     while True:
         item = tasks.get()
         if item is None:
@@ -46,7 +60,23 @@ def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
             events.put(("failed", index, one_line(error), traceback.format_exc()))
 
 
+def prepare_cpu_kernel(execution: Execution, say: Callable[[str], None]) -> str | None:
+    """Load (or build) the C++ CPU kernel here, its lines and its warning through `say`, where
+    the runs train on the CPU; why it is unavailable (None: loaded, or not needed)."""
+    if execution.gpus or execution.accelerator not in ("cpu", "auto"):
+        return None
+    from ..kernels.cpp.build import load, report_to
+
+    with report_to(say), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reason = load()
+    for warning in caught:
+        say(str(warning.message))
+    return reason
+
+
 def run_parallel(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
+    cpu_kernel = prepare_cpu_kernel(execution, progress.line)
     context = mp.get_context("spawn")
     tasks, events = context.Queue(), context.Queue()
     for item in enumerate(todo):
@@ -60,7 +90,7 @@ def run_parallel(run_one, todo, store, execution, resume, progress, describe, ou
         worker = context.Process(
             target=_worker,
             args=(slot, tasks, events, execution.threads, gpu, run_one, str(store.out),
-                  execution, resume, os.getpid()),
+                  execution, resume, os.getpid(), cpu_kernel),
             daemon=True,
         )  # fmt: skip
         worker.start()

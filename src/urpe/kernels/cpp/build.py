@@ -1,17 +1,22 @@
-"""Building and loading the C++ kernel: torch's extension tools, compiled once per machine.
+"""Loading the C++ kernel: a packaged build, else a cached one, else one compiled now.
 
-The sources beside this file are compiled on first use with `torch.utils.cpp_extension.load`
-(ninja and a C++ compiler; `-O3 -march=native` where the compiler takes it) into the urpe cache
-(`urpe.files.cache_root() / "cpp-kernel" / <key>`), and loaded with `torch.ops.load_library`.
+In order, the first that works:
+1. **Packaged**: a platform wheel built with `make wheel` carries the compiled kernel
+   (`packaged`); it loads where torch's version and C++ ABI are those it was built against.
+2. **Cached**: a kernel compiled earlier on this machine, in the urpe cache
+   (`urpe.files.cache_root() / "cpp-kernel" / <key>`). No compiler is needed to load it.
+3. **Compiled now** with `torch.utils.cpp_extension` (ninja and a C++ compiler; `-O3
+   -march=native` where the compiler takes it), about 20 s on 2 cores, said on one line.
+   `make setup` does it ahead (`python -m urpe.kernels.cpp`).
+4. **None**: "auto" runs the eager blockwise kernel ("fused") after one warning that says why,
+   and `backend="cpp"` raises with that reason. Also where URPE_CPP_KERNEL=0 switches it off.
+
 The key hashes the sources, the flags, torch's version, the Python version and this CPU's
 instruction sets, so an edit, a new torch or another machine sharing the home directory builds
-anew instead of loading a library built for something else. A build takes about 20 s on 2
-cores; later processes only load the library (milliseconds). `make setup` builds it ahead
-(`python -m urpe.kernels.cpp`).
-
-Where the build cannot happen (no compiler, no ninja, a compiler error) or is switched off with
-URPE_CPP_KERNEL=0, `unavailable()` says why: "auto" then runs the eager blockwise kernel
-("fused") after one warning, and `backend="cpp"` raises with that reason. Nothing fails.
+anew instead of loading a library built for something else. What can go wrong with a shared
+cache is handled in `toolchain` (one builder at a time, killed builds, builds that hang) and
+`verified` (a library is loaded only if it is the file its build wrote: a truncated one would
+kill the process with SIGBUS).
 """
 
 from __future__ import annotations
@@ -23,22 +28,53 @@ import shutil
 import sys
 import threading
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from ...files import atomic_write_text, cache_root
+from ...files import cache_root
+from .packaged import package_kernel, packaged_kernel, unsuitable, wheel_builds
+from .toolchain import BuildError, BuildTimeout, build_lock, clear_stale_torch_lock, compile_library
+from .verified import mismatch, read_record, write_record
 
 NAMESPACE = "urpe_cpp"  # torch.ops.urpe_cpp.forward / backward (fixed in library.cpp)
-SOURCES = ("library.cpp", "forward.cpp", "backward.cpp", "gemm.cpp", "checks.cpp")
-HEADERS = ("tile.h", "loops.h")
+HERE = Path(__file__).resolve().parent
+SOURCES = tuple(sorted(path.name for path in HERE.glob("*.cpp")))
+HEADERS = tuple(sorted(path.name for path in HERE.glob("*.h")))
 SWITCH = "URPE_CPP_KERNEL"  # "0" / "off": never build or load the kernel
 VERBOSE = "URPE_CPP_VERBOSE"  # "1": show the compiler's output
-HERE = Path(__file__).resolve().parent
+TIMEOUT = "URPE_CPP_BUILD_TIMEOUT"  # seconds a build may run, or be waited for (default 600)
+RECORD = "ready"  # beside a cached library: its size and hash (`verified`)
 
 _lock = threading.Lock()
-# "reason": None once loaded, else why not; "error": in full; "threaded": see `threaded`
+# "reason": None once loaded, else why not; "error": the build's error in full; "source" and
+# "library": where the loaded kernel came from; "compiling": said once; "threaded": see
+# `threaded`.
 _state: dict[str, str | bool | None] = {}
+
+
+def _print(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+_report: list[Callable[[str], None]] = [_print]
+
+
+@contextmanager
+def report_to(say: Callable[[str], None]) -> Iterator[None]:
+    """Send the build's lines ("compiling ...", "waiting ...") to `say` instead of stderr: a
+    progress bar's line writer, or a sweep worker's channel to its parent."""
+    _report.append(say)
+    try:
+        yield
+    finally:
+        _report.remove(say)
+
+
+def _say(message: str) -> None:
+    _report[-1](message)
 
 
 def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
@@ -59,8 +95,9 @@ def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
 
 
 # Tried in this order until one builds: tuned to this CPU, then portable code (a compiler that
-# has no -march=native), then without OpenMP (Apple's clang has no -fopenmp: the tiles then run
-# on one thread, and "auto" prefers the eager kernel, which uses torch's threads).
+# has no -march=native; also the packaged kernel's flags), then without OpenMP (Apple's clang
+# has no -fopenmp: the tiles then run on one thread, and "auto" prefers the eager kernel, which
+# uses torch's threads).
 BUILDS = (dict(native=True, openmp=True), dict(native=False, openmp=True),
           dict(native=False, openmp=False))  # fmt: skip
 
@@ -95,8 +132,21 @@ def build_key(flags: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
+def build_directory(flags: list[str]) -> Path:
+    """Where the kernel built with these flags is cached."""
+    return cache_root() / "cpp-kernel" / build_key(flags)
+
+
 def _library_file(directory: Path, name: str) -> Path:
     return directory / f"{name}{'.pyd' if sys.platform == 'win32' else '.so'}"  # torch's names
+
+
+def _timeout() -> float:
+    value = os.environ.get(TIMEOUT, "").strip()
+    try:
+        return float(value) if value else 600.0
+    except ValueError:
+        raise ValueError(f"{TIMEOUT} must be a number of seconds, got {value!r}") from None
 
 
 def _missing_tools() -> str | None:
@@ -110,36 +160,77 @@ def _missing_tools() -> str | None:
     return None
 
 
-def _build_and_load(flags: list[str]) -> None:
-    """Load the library built with these flags, building it first if the cache lacks it."""
-    from torch.utils import cpp_extension
+def _load_library(library: Path, source: str) -> None:
+    torch.ops.load_library(str(library))
+    _state.update(source=source, library=str(library))
 
+
+def _load_packaged() -> str | None:
+    """Load the wheel's kernel: None when loaded, "" when there is none, else why not."""
+    found = packaged_kernel()
+    if found is None:
+        return ""
+    library, record = found
+    why = unsuitable(record, set(_cpu_features().split())) or mismatch(record, library)
+    if why is not None:
+        return why
+    try:
+        _load_library(library, "packaged")
+    except Exception as error:  # noqa: BLE001 - a kernel built here may still load
+        return f"it does not load: {_first_line(error)}"
+    return None
+
+
+def _load_cached(flags: list[str]) -> str | None:
+    """Load the cached build for these flags without a compiler: None when loaded, "" when
+    there is none, else why it cannot be used (a build compiles it again)."""
+    directory = build_directory(flags)
+    record = read_record(directory / RECORD)
+    if record is None:
+        return ""
+    why = mismatch(record, directory / record["library"])
+    if why is not None:
+        return f"the cached build is unusable: {why}"
+    try:
+        _load_library(directory / record["library"], "cache")
+    except Exception as error:  # noqa: BLE001 - compiling it again may mend it
+        return f"the cached build does not load ({_first_line(error)})"
+    return None
+
+
+def _build_and_load(flags: list[str]) -> None:
+    """Compile the library for these flags into the cache (one process at a time), record it,
+    and load it. Raises on a compiler error, BuildTimeout after the time allowed."""
     key = build_key(flags)
     name = f"{NAMESPACE}_{key}"
-    directory = cache_root() / "cpp-kernel" / key
+    directory = build_directory(flags)
     library = _library_file(directory, name)
-    ready = directory / "ready"
-    if ready.exists() and library.exists():
-        torch.ops.load_library(str(library))
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    print(
-        f"urpe: compiling the C++ CPU attention kernel (once per machine, about 20 s) in "
-        f"{directory}",
-        file=sys.stderr,
-        flush=True,
-    )
-    cpp_extension.load(
-        name=name,
-        sources=[str(HERE / source) for source in SOURCES],
-        extra_cflags=flags,
-        extra_ldflags=[flag for flag in flags if "openmp" in flag],
-        extra_include_paths=[str(HERE)],
-        build_directory=str(directory),
-        is_python_module=False,
-        verbose=os.environ.get(VERBOSE, "") == "1",
-    )
-    atomic_write_text(ready, f"{name}\n")  # later processes load without asking the toolchain
+    timeout = _timeout()
+
+    def waiting(who: str) -> None:
+        who = who or f"lock {directory}.lock"
+        _say(f"urpe: waiting for another process to finish compiling the C++ CPU kernel "
+             f"({who}; at most {timeout:.0f} s)")  # fmt: skip
+
+    with build_lock(directory.parent / f"{key}.lock", timeout, waiting):
+        if _load_cached(flags) is None:  # built by the process waited for
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        clear_stale_torch_lock(directory)  # left by a build that was killed: we hold the lock
+        for unverified in (directory / RECORD, library):
+            unverified.unlink(missing_ok=True)  # relinked, never trusted without a record
+        if "compiling" not in _state:
+            _state["compiling"] = str(directory)
+            _say(f"urpe: compiling the C++ CPU attention kernel (once per machine, about 20 s) "
+                 f"in {directory}")  # fmt: skip
+        try:
+            compile_library(name, [str(HERE / s) for s in SOURCES], flags, [str(HERE)],
+                            directory, timeout, os.environ.get(VERBOSE, "") == "1")  # fmt: skip
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)  # the next build starts clean
+            raise
+        write_record(directory / RECORD, library, flags=flags, torch=torch.__version__)
+        _load_library(library, "built")
 
 
 def _first_line(error: BaseException) -> str:
@@ -148,7 +239,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def load() -> str | None:
-    """Build (where needed) and load the kernel once per process; None when it is loaded,
+    """Load the kernel once per process (building it where needed); None when it is loaded,
     else why it is not (then, once per process, a warning says so)."""
     if "reason" in _state:
         return _state["reason"]
@@ -169,26 +260,57 @@ def load() -> str | None:
     return reason
 
 
-def _load_reason() -> str | None:
-    if os.environ.get(SWITCH, "").strip().lower() in ("0", "off", "false", "no"):
-        return f"switched off with {SWITCH}={os.environ[SWITCH]}"
-    missing = _missing_tools()
-    if missing is not None:
-        return missing
-    first_error = None
-    for build in BUILDS:
-        try:
-            _build_and_load(compile_flags(**build))
-            return None
-        except Exception as error:  # noqa: BLE001 - the next, plainer build may work
-            first_error = first_error or error
-    _state["error"] = str(first_error)
-    return f"the build failed: {_first_line(first_error)}"
+def adopt(reason: str | None) -> None:
+    """Take another process's finding that the kernel is unavailable, without a warning of
+    this process's own: a sweep's workers after their parent tried (and said why once)."""
+    if reason is not None:
+        with _lock:
+            _state.setdefault("reason", reason)
 
 
 def is_loaded() -> bool:
     """Whether the kernel is loaded in this process (never builds or loads it)."""
     return "reason" in _state and _state["reason"] is None
+
+
+def loaded() -> dict[str, str] | None:
+    """Where the loaded kernel came from ("source": packaged, cache or built; "library": its
+    file), or None where none is loaded."""
+    if load() is not None:
+        return None
+    return {"source": str(_state["source"]), "library": str(_state["library"])}
+
+
+def _load_reason() -> str | None:
+    if os.environ.get(SWITCH, "").strip().lower() in ("0", "off", "false", "no"):
+        return f"switched off with {SWITCH}={os.environ[SWITCH]}"
+    packaged = _load_packaged()
+    if packaged is None:
+        return None
+    if packaged:  # the next step says what comes instead (or a cached kernel loads quietly)
+        _say(f"urpe: not loading the C++ kernel packaged with urpe ({packaged})")
+    unusable = ""
+    for build in BUILDS:  # a good build in the cache needs no compiler
+        cached = _load_cached(compile_flags(**build))
+        if cached is None:
+            return None
+        unusable = unusable or cached
+    missing = _missing_tools()
+    if missing is not None:
+        return f"{missing}; {unusable}" if unusable else missing
+    first_error = None
+    for build in BUILDS:
+        try:
+            _build_and_load(compile_flags(**build))
+            return None
+        except BuildTimeout as error:  # the next build would wait or hang as long
+            _state["error"] = str(error)
+            return str(error)
+        except Exception as error:  # noqa: BLE001 - the next, plainer build may work
+            first_error = first_error or error
+    _state["error"] = getattr(first_error, "details", "") or str(first_error)
+    said = str(first_error) if isinstance(first_error, BuildError) else _first_line(first_error)
+    return f"the build failed: {said}"
 
 
 def _constant_for_compile(fn):
@@ -218,6 +340,22 @@ def threaded() -> bool:
     return _state["threaded"]
 
 
+def build_for_wheel(target: Path) -> Path:
+    """Compile the kernel for a platform wheel into `target/packaged` (`target`: the wheel's
+    copy of this folder) with portable flags (`packaged.wheel_builds`); returns the library.
+    `setup.py` calls it."""
+
+    def compile_into(flags: list[str], scratch: Path, name: str) -> Path:
+        directory = scratch / hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16]
+        directory.mkdir(parents=True)
+        compile_library(name, [str(HERE / s) for s in SOURCES], flags, [str(HERE)], directory,
+                        _timeout(), os.environ.get(VERBOSE, "") == "1")  # fmt: skip
+        return _library_file(directory, name)
+
+    portable = [compile_flags(**build) for build in BUILDS if not build["native"]]
+    return package_kernel(target, wheel_builds(portable), compile_into)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m urpe.kernels.cpp`: build the kernel now and say whether it loads."""
     import argparse
@@ -225,10 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m urpe.kernels.cpp",
         description="Build urpe's C++ CPU attention kernel now (otherwise it is built on first "
-        "use) and say whether it loads. It is cached under the urpe cache "
-        f"({cache_root() / 'cpp-kernel'}) and rebuilt only when its sources, torch or the CPU "
+        "use) and say whether it loads. A kernel packaged in urpe's wheel is used where it "
+        "fits this torch; otherwise it is compiled once and cached under the urpe cache "
+        f"({cache_root() / 'cpp-kernel'}), and rebuilt only when its sources, torch or the CPU "
         f"change. Without a C++ compiler or ninja, urpe runs its eager kernel instead. "
-        f"{SWITCH}=0 switches the C++ kernel off.",
+        f"{SWITCH}=0 switches the C++ kernel off; {TIMEOUT} (seconds, default 600) bounds a "
+        "build and the wait for another process's build.",
     )
     parser.add_argument("--verbose", action="store_true", help="show the compiler's commands")
     if parser.parse_args(argv).verbose:
@@ -243,5 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             print(details, file=sys.stderr)
         return 1
     threads = "torch's threads" if threaded() else "one thread (built without OpenMP)"
-    print(f"urpe: the C++ kernel is ready ({torch.ops.urpe_cpp.gemm_route()} products, {threads})")
+    where = {"packaged": "packaged with urpe", "cache": "cached", "built": "built now"}
+    print(f"urpe: the C++ kernel is ready ({where[str(_state['source'])]}: {_state['library']}; "
+          f"{torch.ops.urpe_cpp.gemm_route()} products, {threads})")  # fmt: skip
     return 0
