@@ -16,6 +16,14 @@ if os.environ.get("URPE_TEST_DEVICE") == "cuda":
 elif not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Tests that move the urpe cache (URPE_CACHE_DIR, in this process or in the commands they start)
+# keep the compiled C++ kernel where `make setup` built it, instead of compiling it again (20-60
+# s each). The kernel build tests set their own.
+if not os.environ.get("URPE_KERNEL_CACHE_DIR"):
+    from urpe.kernels.cpp.build import kernel_cache
+
+    os.environ["URPE_KERNEL_CACHE_DIR"] = str(kernel_cache())
+
 
 @pytest.fixture(autouse=True)
 def _seed():

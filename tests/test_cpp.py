@@ -258,7 +258,9 @@ print("WARNINGS", [str(w.message) for w in caught if "C++" in str(w.message)])
 
 
 def _run_without(env_changes: dict, tmp_path) -> str:
-    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), **env_changes)
+    env = dict(
+        os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), URPE_KERNEL_CACHE_DIR="", **env_changes
+    )
     result = subprocess.run([sys.executable, "-c", _WITHOUT_IT], env=env, capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -338,7 +340,7 @@ got = attention(q, q, q, gate=gate, is_causal=True, backend="cpp")
 torch.testing.assert_close(got, reference_attention(q, q, q, gate=gate, is_causal=True))
 print("PLAIN OK")
 """
-    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path), URPE_KERNEL_CACHE_DIR="")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
     assert "PLAIN OK" in result.stdout, result.stderr[-3000:]

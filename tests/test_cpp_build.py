@@ -47,7 +47,7 @@ print("WARNINGS", sum("C++" in str(w.message) for w in caught))
 
 def probe(tmp_path: Path, timeout: float = 60, **env: str) -> tuple[str, str]:
     """Run PROBE with the cache in tmp_path/cache; (stdout, stderr). Fails if it hangs."""
-    full = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), **env)
+    full = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), URPE_KERNEL_CACHE_DIR="", **env)
     try:
         done = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True,
                               text=True, timeout=timeout)  # fmt: skip
@@ -237,7 +237,8 @@ def test_a_packaged_kernel_comes_first_where_it_fits(tmp_path, built_library, ca
     code = PACKAGED + "print('LOADED', build.loaded())\n"
     done = subprocess.run([sys.executable, "-c", code, str(library), str(tmp_path / "kernel.json")],
                           env=dict(os.environ, PATH=str(tmp_path / "empty"),
-                                   URPE_CACHE_DIR=str(tmp_path / "cache")),
+                                   URPE_CACHE_DIR=str(tmp_path / "cache"),
+                                   URPE_KERNEL_CACHE_DIR=""),
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("urpe: not loading")]
@@ -303,7 +304,7 @@ def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path,
     """Not once per worker (each used to compile or wait on its own, and say so in its own
     stderr): a parallel sweep builds it before it starts its workers, and says why it cannot.
     The line goes above the progress bar, not after it."""
-    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"),
+    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), URPE_KERNEL_CACHE_DIR="",
                CXX=fake_compiler(tmp_path, "exit 1"))  # fmt: skip
     done = subprocess.run([sys.executable, "-c", SWEEP, str(tmp_path / "out"), str(jobs)],
                           env=env, cwd=Path(__file__).parents[1], capture_output=True,

@@ -4,7 +4,9 @@ In order, the first that works:
 1. **Packaged**: a platform wheel built with `make wheel` carries the compiled kernel
    (`packaged`); it loads where torch's version and C++ ABI are those it was built against.
 2. **Cached**: a kernel compiled earlier on this machine, in the urpe cache
-   (`urpe.files.cache_root() / "cpp-kernel" / <key>`). No compiler is needed to load it.
+   (`urpe.files.cache_root() / "cpp-kernel" / <key>`, or $URPE_KERNEL_CACHE_DIR / <key>: a
+   data cache moved elsewhere need not compile the kernel again). No compiler is needed to
+   load it.
 3. **Compiled now** with `torch.utils.cpp_extension` (ninja and a C++ compiler; `-O3
    -march=native` where the compiler takes it), about 20 s on 2 cores, said on one line.
    `make setup` does it ahead (`python -m urpe.kernels.cpp`).
@@ -132,9 +134,18 @@ def build_key(flags: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
+KERNEL_CACHE = "URPE_KERNEL_CACHE_DIR"  # where compiled kernels are kept (module docstring)
+
+
+def kernel_cache() -> Path:
+    """The folder of compiled kernels: $URPE_KERNEL_CACHE_DIR, else the urpe cache's."""
+    chosen = os.environ.get(KERNEL_CACHE, "").strip()
+    return Path(chosen).expanduser() if chosen else cache_root() / "cpp-kernel"
+
+
 def build_directory(flags: list[str]) -> Path:
     """Where the kernel built with these flags is cached."""
-    return cache_root() / "cpp-kernel" / build_key(flags)
+    return kernel_cache() / build_key(flags)
 
 
 def _library_file(directory: Path, name: str) -> Path:
@@ -365,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Build urpe's C++ CPU attention kernel now (otherwise it is built on first "
         "use) and say whether it loads. A kernel packaged in urpe's wheel is used where it "
         "fits this torch; otherwise it is compiled once and cached under the urpe cache "
-        f"({cache_root() / 'cpp-kernel'}), and rebuilt only when its sources, torch or the CPU "
+        f"({kernel_cache()}), and rebuilt only when its sources, torch or the CPU "
         f"change. Without a C++ compiler or ninja, urpe runs its eager kernel instead. "
         f"{SWITCH}=0 switches the C++ kernel off; {TIMEOUT} (seconds, default 600) bounds a "
         "build and the wait for another process's build.",
