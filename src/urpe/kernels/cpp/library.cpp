@@ -4,8 +4,11 @@
 // (float or double) and contiguous, each bias or gate as (kind, tensor, index):
 //   dense     (B|1, H|1, Lq|1, Lk|1), any strides
 //   Toeplitz  (H|1, Lq + Lk - 1): the table read at every offset j - pos(i), entry j - i + Lq - 1
-//   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, range-checked
-// and gets back, for a term whose gradient is asked for, the gradient of that same tensor.
+//   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
+// and the masks as bool (B|1, H|1, Lq|1, Lk|1) and key padding (B|1, Lk|1), any strides; it
+// gets back, for a term whose gradient is asked for, the gradient of that same tensor.
+// The ops are public, so every argument is checked here (`make_problem`): a wrong one raises
+// a RuntimeError naming it, never reads or writes out of bounds.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -10,9 +10,11 @@ L2, and axis 0 takes 2^31 - 1 programs, where axes 1 and 2 stop at 65,535 (b * h
 would not fit there).
 
 Tile configurations. (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, per padded head
-dim and per dtype family, each one compiled for sm_80 and sm_90 by `urpe bench compile` and kept
-only if it spills nothing (fp16 / bf16) and fits the shared memory of both. The autotuner gets
-the union and prunes to the entry of the call's (BLOCK_D, dtype) before timing.
+dim and per dtype family, each one compiled for sm_80 and sm_90 by `urpe bench compile` (with
+every pair of the call features that change the program) and kept only if it spills nothing
+(fp16 / bf16) and fits the shared memory of both. Every configuration states the register cap
+(`MAX_REGISTERS`). The autotuner gets the union and prunes to the entry of the call's
+(BLOCK_D, dtype) before timing.
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ from . import kernels as K
 
 # Under the interpreter: small tiles, so that tests at small lengths cross several of them.
 INTERPRETER_BLOCK = 16
+# Registers a thread may use (ptx .maxnreg), stated for every configuration: the hardware's
+# maximum. Left unstated, ptxas picks its own budget by an occupancy estimate and spills
+# below it: the 32 x 32 dK/dV kernel came out at 128 registers and 8 B of spills for a
+# relation-bias call, 198 registers and none with the cap stated (`urpe bench compile`).
+MAX_REGISTERS = 255
 
 # (kernel, BLOCK_D bucket, dtype family) -> (BLOCK_M, BLOCK_N, num_warps, num_stages), best
 # first. "half": fp16 / bf16; "fp32" and "fp64" multiply exactly ("ieee"). BLOCK_D > 128 uses
 # the 128 entry.
 CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("forward", 64, "half"): ((128, 32, 8, 3), (64, 32, 4, 3)),
-    ("forward", 128, "half"): ((64, 64, 8, 3), (128, 32, 8, 3)),
+    # 64 x 64 and 128 x 32 spilled 8 to 48 B at the 255-register cap for relation/relation
+    # and Toeplitz + every mask (sm_80, bf16): 32 keys per tile leave 8 warps room
+    ("forward", 128, "half"): ((64, 32, 8, 3),),
     ("backward_kv", 64, "half"): ((32, 32, 4, 2),),
     ("backward_kv", 128, "half"): ((16, 64, 8, 2),),
     ("backward_q", 64, "half"): ((32, 64, 8, 2), (32, 32, 4, 2)),
@@ -140,9 +149,10 @@ def tuned(kernel: str):
     if kernel not in _autotuned:
         shapes = sorted({s for (name, _, _), v in CONFIGS.items() if name == kernel for s in v})
         configs = [
-            triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s)
+            triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s,
+                          maxnreg=MAX_REGISTERS)
             for m, n, w, s in shapes
-        ]
+        ]  # fmt: skip
         options = dict(key=TUNING_KEY, prune_configs_by={"early_config_prune": _prune(kernel)})
         if kernel == "backward_q":
             options["key"] = [*TUNING_KEY, "B_GRAD", "C_GRAD"]
@@ -179,6 +189,8 @@ def run_launch(launch: Launch, blocks: tuple[int, int] | None) -> None:
             tuned(launch.kernel)[grid](*launch.args, **launch.meta)
         else:
             meta = tile_meta(launch.kernel, *blocks)
+            if not interpreting():
+                meta["maxnreg"] = MAX_REGISTERS
             KERNELS[launch.kernel][grid_size(launch, meta)](*launch.args, **launch.meta, **meta)
     except (torch.OutOfMemoryError, KeyboardInterrupt):
         raise
