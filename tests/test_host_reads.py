@@ -82,10 +82,14 @@ def _calls():
 CASES = list(_calls())
 
 
+# The CPU backends but cpp (it never runs on an accelerator), and Triton under its interpreter.
+BACKENDS = [b for b in native_backends("cpu") if b != "cpp"] + ["triton"]
+
+
 @pytest.mark.parametrize(
     ("backend", "case", "norm"),
     itertools.product(
-        [b for b in native_backends("cpu") if b != "cpp"],  # cpp never runs on an accelerator
+        BACKENDS,
         range(len(CASES)),
         ("softmax", "l2", "relu2"),  # not "exp": its overflow check must read (documented)
     ),

@@ -60,9 +60,9 @@ from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CO
 )
 
 
-@triton.jit(do_not_specialize=["seed", "offset"])  # a new seed never recompiles
+@triton.jit(do_not_specialize=["offset"])  # the seed is read on the device
 def dropout_mask_kernel(
-    keep_ptr, seed, offset, lq, lk, heads, dropout_p, BLOCK_M: tl.constexpr,
+    keep_ptr, seed_ptr, offset, lq, lk, heads, dropout_p, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Write the keep mask (B, H, Lq, Lk) that the attention kernels use (for tests)."""
@@ -70,20 +70,20 @@ def dropout_mask_kernel(
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p)
+    keep = _dropout_keep(tl.load(seed_ptr), offset, bh, offs_m, offs_n, lk, dropout_p)
     off = (bh.to(tl.int64) * lq + offs_m[:, None]) * lk + offs_n[None, :]
     tl.store(
         keep_ptr + off, keep.to(tl.uint8), mask=(offs_m[:, None] < lq) & (offs_n[None, :] < lk)
     )
 
 
-@triton.jit(do_not_specialize=["seed", "rng_offset"])  # a new seed never recompiles
+@triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
+    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed_ptr, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
@@ -158,7 +158,9 @@ def attention_fwd_kernel(
             )  # fmt: skip
             p = tl.where(keep, p * c, 0.0)  # hidden keys stay 0 even where C is inf or nan
         if DROPOUT:
-            drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+            drop_keep = _dropout_keep(
+                tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
+            )
             p = tl.where(drop_keep, p / (1.0 - dropout_p), 0.0)
         vt = tl.load(
             _tile(v_base + _wide(n0) * svn, cols, offs_dv, svn, svd),
@@ -187,14 +189,14 @@ def attention_fwd_kernel(
     tl.store(stat_ptr + _wide(bh) * lq + offs_m, stat, mask=offs_m < lq)
 
 
-@triton.jit(do_not_specialize=["seed", "rng_offset"])  # a new seed never recompiles
+@triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
 def attention_bwd_kv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dk_ptr, dv_ptr,
     pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
+    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed_ptr, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
@@ -261,7 +263,9 @@ def attention_bwd_kv_kernel(
             p, r = _weights(s, keep, stat, NORM)
             da = _dot(do, vt, PRECISION, UPCAST).to(ACC)  # dO V^T, (BLOCK_M, BLOCK_N)
             if DROPOUT:
-                drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+                drop_keep = _dropout_keep(
+                    tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
+                )
                 da = tl.where(drop_keep, da / (1.0 - dropout_p), 0.0)
             a = p
             dp = da
@@ -303,14 +307,14 @@ def attention_bwd_kv_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["seed", "rng_offset"])  # a new seed never recompiles
+@triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
 def attention_bwd_q_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dq_ptr,
     pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr, dB_sh,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, dC_ptr, dC_sh,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed, rng_offset,
+    heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed_ptr, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
@@ -380,7 +384,9 @@ def attention_bwd_q_kernel(
         p, r = _weights(s, keep, stat, NORM)
         dp = _dot(do, vt, PRECISION, UPCAST).to(ACC)
         if DROPOUT:
-            drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+            drop_keep = _dropout_keep(
+                tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
+            )
             dp = tl.where(drop_keep, dp / (1.0 - dropout_p), 0.0)
         if C_KIND != NO_TERM:
             c = _term_tile(

@@ -155,9 +155,12 @@ def _launch_meta(args: ForwardArgs, kinds: tuple[int, int]) -> dict:
     )
 
 
-def _seed_value(seed: Tensor | None) -> int:
-    # the op bodies run eagerly, so reading the seed tensor here costs no graph break
-    return 0 if seed is None else int(seed)
+def _seed_tensor(seed: Tensor | None, device: torch.device) -> Tensor:
+    """The seed as the kernels read it: an int64 tensor of one element on q's device (the
+    kernels load it: the host never reads it, so a launch never waits for the device)."""
+    if seed is None:  # no dropout: never loaded
+        return torch.zeros(1, dtype=torch.int64, device=device)
+    return seed.to(device=device, dtype=torch.int64).reshape(1)
 
 
 def forward_launch(args: ForwardArgs) -> tuple[Launch, Tensor, Tensor]:
@@ -177,7 +180,8 @@ def forward_launch(args: ForwardArgs) -> tuple[Launch, Tensor, Tensor]:
         *_mask_args(q, k, args.attn_mask),
         *_term_args(q, k, args.bias, args.bias_index, kinds[0]),
         *_term_args(q, k, args.gate, args.gate_index, kinds[1]),
-        *_common_args(q, k, v), args.scale, args.dropout_p, _seed_value(args.dropout_seed), 0,
+        *_common_args(q, k, v), args.scale, args.dropout_p,
+        _seed_tensor(args.dropout_seed, q.device), 0,
         *_buckets(q, k),
     )  # fmt: skip
     return Launch("forward", launch, _launch_meta(args, kinds), lq, b * h), out, stat
@@ -280,7 +284,7 @@ def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
     d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, bias_grad)
     d_gate, d_gate_sh = _term_grad_buffer(q, k, args.gate, gate_grad)
     common = (*_common_args(q, k, v), args.scale, args.dropout_p,
-              _seed_value(args.dropout_seed), 0, *_buckets(q, k))  # fmt: skip
+              _seed_tensor(args.dropout_seed, q.device), 0, *_buckets(q, k))  # fmt: skip
     meta = _launch_meta(args, kinds)
     kv_args = (q, k, v, grad_out, grads.stat, delta, dk, dv_, *masks, *bias_args, *gate_args,
                *common)  # fmt: skip
@@ -432,6 +436,7 @@ def dropout_keep_mask(
     keep = torch.empty(batch, heads, lq, lk, dtype=torch.bool, device=device)
     block = 16
     grid = (triton.cdiv(lq, block) * batch * heads, triton.cdiv(lk, block))
+    seed = torch.as_tensor(seed, dtype=torch.int64, device=device).reshape(1)
     K.dropout_mask_kernel[grid](
         keep.view(torch.uint8), seed, 0, lq, lk, heads, dropout_p, BLOCK_M=block, BLOCK_N=block
     )

@@ -133,7 +133,8 @@ def _term_grad(
 @triton.jit
 def _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
     """Bool (BLOCK_M, BLOCK_N): keep entry (i, j) of head bh. Counter-based, so the backward
-    kernels regenerate exactly the forward pass's mask."""
+    kernels regenerate exactly the forward pass's mask. `seed`: the int64 loaded from the seed
+    tensor (never read on the host)."""
     # i Lk + j is exact in 32 bits: the launcher refuses dropout where Lq Lk >= 2^32
     c0 = offs_m[:, None].to(tl.uint32) * tl.to_tensor(lk).to(tl.uint32) + offs_n[None, :].to(
         tl.uint32
