@@ -176,3 +176,33 @@ def test_a_decode_step_of_a_gated_hf_model_is_captured_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
     assert torch.isfinite(logits).all()
+
+
+def test_a_gated_hf_decode_step_with_a_static_cache_compiles_as_one_graph():
+    """transformers' own fast path (a static cache, torch.compile): one graph, so no value is
+    read on the host anywhere in a decoding step (Dynamo breaks the graph at every read)."""
+    transformers = pytest.importorskip("transformers")
+    import urpe.hf
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    urpe.hf.add_urpe(model)
+    prompt = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+    position, token = torch.tensor([5]), torch.tensor([[7]])
+
+    def decode_step(forward):
+        cache = transformers.StaticCache(config=config, max_cache_len=16)
+        model(prompt, past_key_values=cache, use_cache=True)
+        return forward(token, past_key_values=cache, cache_position=position).logits
+
+    with torch.no_grad():
+        for name, table in model.named_parameters():
+            if "urpe" in name:
+                table.uniform_(0.5, 1.5)  # a gate that changes the result
+        eager = decode_step(model.forward)
+        compiled = decode_step(torch.compile(model.forward, fullgraph=True, backend="eager"))
+    torch.testing.assert_close(compiled, eager)
