@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..encodings import Positions
 
@@ -23,12 +24,14 @@ _LAYOUT = "_urpe_cache_layout"
 
 
 def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook: store (query start, key start) for this call, or None without a cache."""
+    """Forward pre-hook: store (query start, key start) for this call, or None where the keys
+    start at 0 and end with the queries (no cache, or a plain dynamic cache: the usual
+    `generate`, asked nothing more, as this runs in every layer of every step)."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     layer = getattr(module, "layer_idx", None)
     hidden = args[0] if args else kwargs.get("hidden_states")
     layout = None
-    if cache is not None and layer is not None and hidden is not None:
+    if cache is not None and layer is not None and hidden is not None and not _plain(cache, layer):
         # get_query_offset (transformers >= 5.13 or so) equals get_seq_length but for MTP caches.
         query_start = getattr(cache, "get_query_offset", cache.get_seq_length)(layer)
         key_start = cache.get_mask_sizes(hidden.shape[1], layer)[1]
@@ -37,6 +40,14 @@ def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
             x.clone() if isinstance(x, torch.Tensor) else x for x in (query_start, key_start)
         )
     module.__dict__[_LAYOUT] = layout
+
+
+def _plain(cache, layer: int) -> bool:
+    """A DynamicCache whose layer keeps every key from position 0 on (not a sliding window)."""
+    if type(cache) is not DynamicCache:
+        return False
+    layers = cache.layers
+    return layer < len(layers) and type(layers[layer]) is DynamicLayer
 
 
 def call_positions(
