@@ -147,7 +147,10 @@ def test_registered_restores_the_registry_even_when_the_block_raises():
 def test_a_spec_is_a_name_or_a_dict_and_round_trips_through_json():
     assert EncodingSpec.of("toeplitz") == EncodingSpec("toeplitz")
     spec = EncodingSpec.of({"name": "toeplitz", "init": "normal"})
-    assert spec == EncodingSpec("toeplitz", {"init": "normal"}) and str(spec) == "toeplitz(init='normal')"
+    assert (
+        spec == EncodingSpec("toeplitz", {"init": "normal"})
+        and str(spec) == "toeplitz(init='normal')"
+    )
     assert spec.to_json() == {"name": "toeplitz", "init": "normal"}
     assert EncodingSpec.of(spec.to_json()) == spec and EncodingSpec("t5").to_json() == "t5"
     with pytest.raises(ValueError, match="needs a 'name'"):

@@ -87,8 +87,9 @@ def test_an_old_transformer_config_loads_as_the_same_model(old, new, tables):
 
 
 def test_old_keyword_arguments_warn_and_build_the_same_model():
+    spec = {"name": "t5", "init": "normal", "num_buckets": 8}
     new = urpe.TransformerConfig(vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2,
-                                 gate={"name": "t5", "init": "normal", "num_buckets": 8})  # fmt: skip
+                                 gate=spec)  # fmt: skip
     with pytest.warns(DeprecationWarning, match="gate_init, num_buckets are deprecated"):
         old = urpe.TransformerConfig(vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2,
                                      gate="t5", gate_init="normal", num_buckets=8)  # fmt: skip
@@ -192,7 +193,9 @@ def test_an_hf_folder_with_a_version_1_entry_loads_its_gates(tmp_path, kind):
 def test_add_urpe_num_buckets_still_means_buckets_over_the_context():
     with pytest.warns(DeprecationWarning, match="gate=\\{'name': 't5'"):
         old = urpe.hf.add_urpe(LLAMA.build("sdpa", torch.float32), num_buckets=8)
-    new = urpe.hf.add_urpe(LLAMA.build("sdpa", torch.float32), gate={"name": "t5", "num_buckets": 8})
+    new = urpe.hf.add_urpe(
+        LLAMA.build("sdpa", torch.float32), gate={"name": "t5", "num_buckets": 8}
+    )
     assert old.config.urpe == new.config.urpe
     assert old.config.urpe["gate"] == {"name": "t5", "num_buckets": 8, "bucket_max_distance": 64}
     from urpe.experiments.finetune.presets import VARIANTS

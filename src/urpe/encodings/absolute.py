@@ -52,9 +52,7 @@ def _check_positions(x: Tensor, positions: int | Tensor) -> None:
         raise TypeError(f"positions must be an int offset or a tensor, got {positions!r}")
 
 
-@register_absolute(
-    "learned", lambda s: LearnedAbsolute(s.max_length, s.dim), uses_order=True
-)
+@register_absolute("learned", lambda s: LearnedAbsolute(s.max_length, s.dim), uses_order=True)
 class LearnedAbsolute(nn.Module):
     """A learned vector per position up to max_len; positions outside [0, max_len) are an error."""
 

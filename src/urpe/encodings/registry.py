@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -78,7 +78,7 @@ class EncodingSpec:
         return hash((self.name, tuple(sorted((k, repr(v)) for k, v in self.options.items()))))
 
 
-SpecLike = Union[EncodingSpec, str, Mapping[str, Any]]
+SpecLike = EncodingSpec | str | Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,9 @@ def build_absolute(c: TransformerConfig, length: int) -> nn.Module | None:
 
 def uses_relation(c: TransformerConfig) -> bool:
     """Whether the model's encoding or gate reads `Positions.relation` (graph relations)."""
-    return POSITION_REGISTRY[c.position.name].uses_relation or (
-        c.gate is not None and GATE_REGISTRY[c.gate.name].uses_relation
+    chosen = c.specs()
+    return POSITION_REGISTRY[chosen["position"].name].uses_relation or (
+        "gate" in chosen and GATE_REGISTRY[chosen["gate"].name].uses_relation
     )
 
 

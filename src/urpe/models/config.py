@@ -132,7 +132,7 @@ class TransformerConfig:
 
     def specs(self) -> dict[str, EncodingSpec]:
         """The chosen encodings by field ("position", and "absolute", "gate" when set)."""
-        return {name: getattr(self, name) for name, _, _ in SPEC_FIELDS
+        return {name: EncodingSpec.of(getattr(self, name)) for name, _, _ in SPEC_FIELDS
                 if getattr(self, name) is not None}  # fmt: skip
 
     @property
