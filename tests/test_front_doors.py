@@ -169,3 +169,11 @@ def test_the_same_spec_builds_the_same_gate_in_each_door():
         assert gate.table.shape[1] == 8 and gate.bucket_max_distance == 16
         assert gate.activation is torch.nn.functional.softplus
     assert llama.config.urpe["gate"] == spec
+
+
+def test_an_option_may_not_hide_a_size_the_door_gives():
+    build = lambda s: HeadGate(s.num_heads, "ones")  # noqa: E731
+    with pytest.raises(ValueError, match=r"declares options \['num_heads'\], names"):
+        with registered(register_gate, "test-head", HeadGate, build, options={"num_heads": 2}):
+            pass
+    assert "test-head" not in GATE_REGISTRY

@@ -170,15 +170,16 @@ class Registered:
         refusal = self.refusal(settings)
         if refusal is not None:
             raise ValueError(refusal)
-        door = {k: v for k, v in settings.option_defaults.items() if k in self.options}
-        options = {**self.options, **door, **settings.options}
+        options = {**self.options, **self._door_defaults(settings), **settings.options}
         return self.builder(replace(settings, options=options))
 
-    def door_options(self, spec: EncodingSpec, settings: EncodingSettings) -> EncodingSpec:
-        """`spec` with the door's defaults written in (what a saved model must record to be
-        rebuilt the same)."""
-        door = {k: v for k, v in settings.option_defaults.items() if k in self.options}
-        return EncodingSpec(spec.name, {**door, **spec.options})
+    def with_door_defaults(self, spec: EncodingSpec, settings: EncodingSettings) -> EncodingSpec:
+        """`spec` with the door's defaults written in (what a saved model records, so that it
+        is rebuilt the same)."""
+        return EncodingSpec(spec.name, {**self._door_defaults(settings), **spec.options})
+
+    def _door_defaults(self, settings: EncodingSettings) -> dict[str, Any]:
+        return {k: v for k, v in settings.option_defaults.items() if k in self.options}
 
 
 POSITION_REGISTRY: dict[str, Registered] = {}

@@ -176,7 +176,7 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
     _, entry = resolve(GATE_REGISTRY, options.gate, "gate")
     settings = gate_settings(model, chosen[0][1], options.max_distance)
     check_runs(GATE_REGISTRY, entry, settings)
-    options = replace(options, gate=entry.door_options(options.gate, settings))
+    options = replace(options, gate=entry.with_door_defaults(options.gate, settings))
     heads = {_num_heads(m, model.config) for _, m in chosen}
     if options.shared:
         if len(heads) != 1:
