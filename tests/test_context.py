@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import urpe
-from urpe.encodings import POSITION_REGISTRY, RelativeEncoding, register_position
+from urpe.encodings import (
+    POSITION_REGISTRY,
+    EncodingSpec,
+    RelativeEncoding,
+    register_position,
+    registered,
+)
 from urpe.graph import GraphormerConfig
 from urpe.nn import MIXER_REGISTRY, AttentionContext, KVCache, register_mixer
 
@@ -153,13 +159,11 @@ class ShiftMixer(torch.nn.Module):
 
 
 def test_a_registered_mixer_is_a_config_choice_with_no_other_edit():
-    register_mixer("shift", lambda s: ShiftMixer(s.dim))(ShiftMixer)
-    try:
+    with registered(register_mixer, "shift", ShiftMixer, lambda s: ShiftMixer(s.dim)):
         model = urpe.TransformerEncoder(_config(mixers={1: "shift"}))
         assert isinstance(model.layers[1].mixer, ShiftMixer)
         assert model(torch.randint(0, 11, (2, 5))).shape == (2, 5, 16)
-    finally:
-        del MIXER_REGISTRY["shift"]
+    assert "shift" not in MIXER_REGISTRY
     with pytest.raises(ValueError, match="mixers\\[1\\] must be one of"):
         _config(mixers={1: "shift"})
 
@@ -178,18 +182,17 @@ def test_an_encoding_option_is_declared_beside_the_encoding():
             far = positions.offsets().abs()[:, None] > self.window  # (B or 1, 1, Lq, Lk)
             return torch.zeros(far.shape, dtype=q.dtype).masked_fill(far, float("-inf"))
 
-    register_position("window", lambda s: WindowBias(s.window), options={"window": 2})(WindowBias)
-    try:
+    build = lambda s: WindowBias(s.window)  # noqa: E731
+    with registered(register_position, "window", WindowBias, build, options={"window": 2}):
         default = urpe.TransformerEncoder(_config(position="window"))
         assert default.layers[0].mixer.position.window == 2
-        wide = urpe.TransformerEncoder(_config(position="window", encoding_options={"window": 5}))
+        wide = urpe.TransformerEncoder(_config(position={"name": "window", "window": 5}))
         assert wide.layers[2].mixer.position.window == 5
         again = urpe.TransformerConfig.from_dict(wide.config.to_dict())
-        assert again.encoding_options == {"window": 5}
-        with pytest.raises(ValueError, match="not declared by position='rpe'"):
-            _config(position="rpe", encoding_options={"window": 5})
-    finally:
-        del POSITION_REGISTRY["window"]
+        assert again.position == EncodingSpec("window", {"window": 5})
+        with pytest.raises(ValueError, match="position encoding 'rpe' has no option 'window'"):
+            _config(position={"name": "rpe", "window": 5})
+    assert "window" not in POSITION_REGISTRY
 
 
 def test_every_module_honours_backend():

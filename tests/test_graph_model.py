@@ -29,7 +29,7 @@ def molecules(smiles=SMILES):
 def model(urpe=False, seed=0, **changes):
     config = GraphormerConfig(**{
         "num_layers": 2, "dim": 16, "ffn_dim": 24, "num_heads": 4, "attention_dropout": 0.0,
-        "max_distance": 3, "max_hops": 3, "urpe": urpe, **changes,
+        "max_distance": 3, "max_hops": 3, "gate": "relation" if urpe else None, **changes,
     })  # fmt: skip
     torch.manual_seed(seed)
     net = Graphormer(
@@ -199,7 +199,7 @@ def test_urpe_adds_one_gate_entry_per_head_for_every_relation_the_data_can_hold(
 @pytest.mark.parametrize("name", sorted(GRAPHORMER_PRESETS))
 def test_every_preset_builds_and_predicts(name):
     net = Graphormer(
-        GraphormerConfig.preset(name, num_layers=1, urpe=True),
+        GraphormerConfig.preset(name, num_layers=1, gate="relation"),
         node_cardinalities=SPEC.node_cardinalities,
         edge_cardinalities=SPEC.edge_cardinalities,
     ).eval()
@@ -223,7 +223,7 @@ def test_dense_batch_and_pyg_batch_give_the_same_predictions():
 
 
 def test_graph_with_a_single_atom_and_real_valued_features():
-    config = GraphormerConfig(num_layers=1, dim=8, ffn_dim=8, num_heads=2, urpe=True)
+    config = GraphormerConfig(num_layers=1, dim=8, ffn_dim=8, num_heads=2, gate="relation")
     net = Graphormer(config, node_features=3, edge_features=2).double().eval()
     single = ShortestPaths()(
         Data(x=torch.randn(1, 3, dtype=torch.float64),

@@ -206,9 +206,12 @@ def test_sliding_window_is_honoured_and_cached_generate_matches():
 
 
 def test_options_shared_buckets_layers():
-    _, _, gated = pair("llama", "sdpa", shared=True, num_buckets=8)
+    _, _, gated = pair("llama", "sdpa", shared=True, gate={"name": "t5", "num_buckets": 8})
     names = [n for n, _ in gated.named_parameters() if "urpe" in n]
     assert names == ["urpe_gate.table"] and gated.urpe_gate.table.shape == (4, 8)
+    # The door's default reach of the buckets (the context) is recorded with the spec.
+    t5 = {"name": "t5", "num_buckets": 8, "bucket_max_distance": 64}
+    assert gated.config.urpe["gate"] == t5 and gated.urpe_gate.bucket_max_distance == 64
     family, base, gated = pair("gpt2", "sdpa", layers=[1], max_distance=5)
     names = [n for n, _ in gated.named_parameters() if "urpe" in n]
     assert names == ["transformer.h.1.attn.urpe_gate.table"]
@@ -258,7 +261,7 @@ def test_refusals():
         urpe.hf.add_urpe(other)
     with pytest.raises(ValueError, match="out of range"):
         urpe.hf.add_urpe(FAMILIES["llama"].build("sdpa", torch.float32), layers=[5])
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
         urpe.hf.add_urpe(
             FAMILIES["llama"].build("sdpa", torch.float32), max_distance=4, num_buckets=8
         )

@@ -35,7 +35,11 @@ def perturbed(name: str, **options):
 
 @pytest.mark.parametrize(
     ("name", "options"),
-    [("llama", {}), ("gpt2", {"layers": [1], "num_buckets": 8}), ("t5", {"shared": True})],
+    [
+        ("llama", {}),
+        ("gpt2", {"layers": [1], "gate": {"name": "t5", "num_buckets": 8}}),
+        ("t5", {"shared": True}),
+    ],
 )
 def test_save_pretrained_and_from_pretrained_round_trip(tmp_path, caplog, name, options):
     family, model = perturbed(name, **options)

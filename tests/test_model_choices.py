@@ -108,3 +108,14 @@ def test_the_graph_command_takes_the_backend():
     args = build_parser(argv).parse_args(argv)
     plain = specs(resolve(_command(args.module), args), "32-true")
     assert {s.config["model"]["graphormer"]["backend"] for s in plain} == {"auto"}
+
+
+def test_a_chosen_gate_keeps_the_variants_gate_options_it_also_takes():
+    """--gate replaces the variant's gate name; its init carries over, as the flat gate_init
+    field did before gate specs (so a run's model is the one it always was)."""
+    argv = ["reproduce", "synthetic", "--tasks", "probe", "--variants", "urpe-gate-normal,urpe"]
+    assert [c["gate"] for c in _configs(argv)] == [{"name": "toeplitz", "init": "normal"},
+                                                   "toeplitz"]  # fmt: skip
+    chosen = _configs([*argv, "--gate", "t5", "--position", "t5"])
+    assert [c["gate"] for c in chosen] == [{"name": "t5", "init": "normal"}, "t5"]
+    assert [c["position"] for c in chosen] == ["t5", "t5"]

@@ -436,9 +436,8 @@ def test_loading_across_share_position_fails_loudly():
 
 # --------------------------------------------------------------------------------- registries
 def test_a_registered_encoding_needs_no_other_edit():
-    from urpe.encodings import RelativeEncoding, register_gate, register_position
+    from urpe.encodings import RelativeEncoding, register_gate, register_position, registered
 
-    @register_position("test-constant", lambda s: ConstantBias(s.num_heads))
     class ConstantBias(RelativeEncoding):
         def __init__(self, heads):
             super().__init__()
@@ -447,21 +446,22 @@ def test_a_registered_encoding_needs_no_other_edit():
         def bias(self, q, positions, scale):
             return self.value.to(q.dtype)
 
-    @register_gate("test-half", lambda s: HalfGate())
     class HalfGate(torch.nn.Module):
         def forward(self, positions):
             return torch.full((1, 1, 1, 1), 0.5, dtype=torch.float64)
 
-    try:
+    constant = lambda s: ConstantBias(s.num_heads)  # noqa: E731
+    with (
+        registered(register_position, "test-constant", ConstantBias, constant),
+        registered(register_gate, "test-half", HalfGate, lambda s: HalfGate()),
+    ):
         assert "test-constant" in urpe.models.POSITIONS and "test-half" in urpe.models.GATES
         model = build(urpe.TransformerEncoder, position="test-constant", gate="test-half")
         assert isinstance(model.layers[1].mixer.position, ConstantBias)
         assert isinstance(model.layers[1].mixer.gate, HalfGate)
         assert model(torch.randint(0, 11, (1, 4))).shape == (1, 4, 16)
         with pytest.raises(ValueError, match="already taken"):
-            register_position("rpe", lambda s: ConstantBias(s.num_heads))(ConstantBias)
-    finally:
-        POSITION_REGISTRY.pop("test-constant")
-        GATE_REGISTRY.pop("test-half")
+            register_position("rpe", constant)(ConstantBias)
+    assert "test-constant" not in POSITION_REGISTRY and "test-half" not in GATE_REGISTRY
     with pytest.raises(ValueError, match="position must be one of"):
         urpe.TransformerConfig(vocab_size=5, position="test-constant")

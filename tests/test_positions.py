@@ -16,8 +16,8 @@ from urpe.kernels import Relation, Toeplitz
 
 F64 = dict(dtype=torch.float64)
 H, D, E = 2, 4, 8
-SETTINGS = EncodingSettings(num_heads=H, head_dim=D, dim=E, max_length=6, num_buckets=8,
-                            bucket_max_distance=16, num_relations=5)  # fmt: skip
+SETTINGS = EncodingSettings(num_heads=H, head_dim=D, dim=E, max_length=6, num_relations=5,
+                            options={"num_buckets": 8, "bucket_max_distance": 16})  # fmt: skip
 SEQUENCE_ENCODINGS = [n for n, r in POSITION_REGISTRY.items() if not r.uses_relation]
 SEQUENCE_GATES = [None, *(n for n, r in GATE_REGISTRY.items() if not r.uses_relation)]
 

@@ -1,8 +1,9 @@
 """Positional encodings and URPE's gate: small modules with one interface each.
 
 Each is declared under its config name in a registry (`POSITION_REGISTRY`, `GATE_REGISTRY`,
-`ABSOLUTE_REGISTRY`) beside its class; every one reads where queries and keys sit from a
-`Positions` object.
+`ABSOLUTE_REGISTRY`) beside its class, with its options; an `EncodingSpec` (a name and options)
+names one in every front door. Every one reads where queries and keys sit from a `Positions`
+object.
 """
 
 from .absolute import LearnedAbsolute, SinusoidalAbsolute, sinusoid, sinusoid_frequencies
@@ -16,11 +17,17 @@ from .registry import (
     GATE_REGISTRY,
     POSITION_REGISTRY,
     EncodingSettings,
+    EncodingSpec,
     Registered,
     RegisteredNames,
+    SpecLike,
+    build_encoding,
+    check_runs,
     register_absolute,
     register_gate,
     register_position,
+    registered,
+    resolve,
 )
 from .relation import RelationBias
 from .rotary import RotaryEncoding
@@ -31,6 +38,7 @@ __all__ = [
     "ABSOLUTE_REGISTRY",
     "ALiBi",
     "EncodingSettings",
+    "EncodingSpec",
     "FireBias",
     "GATE_REGISTRY",
     "KerpleBias",
@@ -45,16 +53,21 @@ __all__ = [
     "RelativeBias",
     "RelativeEncoding",
     "RotaryEncoding",
+    "SpecLike",
     "ShawRelative",
     "SinusoidalAbsolute",
     "T5Bias",
     "ToeplitzGate",
     "TransformerXLRelative",
     "alibi_slopes",
+    "build_encoding",
+    "check_runs",
     "clipped_table_term",
     "register_absolute",
     "register_gate",
     "register_position",
+    "registered",
+    "resolve",
     "sinusoid",
     "sinusoid_frequencies",
     "t5_buckets",

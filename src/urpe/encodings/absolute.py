@@ -52,7 +52,7 @@ def _check_positions(x: Tensor, positions: int | Tensor) -> None:
         raise TypeError(f"positions must be an int offset or a tensor, got {positions!r}")
 
 
-@register_absolute("learned", lambda s: LearnedAbsolute(s.max_length, s.dim))
+@register_absolute("learned", lambda s: LearnedAbsolute(s.max_length, s.dim), uses_order=True)
 class LearnedAbsolute(nn.Module):
     """A learned vector per position up to max_len; positions outside [0, max_len) are an error."""
 
@@ -83,7 +83,7 @@ class LearnedAbsolute(nn.Module):
         return x + self.table[positions.long()].to(x.dtype)  # (L or B, L, E) broadcast
 
 
-@register_absolute("sinusoidal", lambda s: SinusoidalAbsolute(s.dim))
+@register_absolute("sinusoidal", lambda s: SinusoidalAbsolute(s.dim), uses_order=True)
 class SinusoidalAbsolute(nn.Module):
     """Fixed sinusoids added to the embeddings; defined at every position."""
 

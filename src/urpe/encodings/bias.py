@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..kernels import PositionTerm, Relation, Toeplitz
 from .base import RelativeEncoding, clipped_table_term
-from .buckets import t5_buckets
+from .buckets import BUCKET_OPTIONS, t5_buckets
 from .positions import Positions
 from .registry import register_position
 
@@ -32,7 +32,7 @@ def distances(positions: Positions) -> Tensor:
     return positions.offsets().abs()[:, None]
 
 
-@register_position("rpe", lambda s: RelativeBias(s.num_heads, s.max_distance))
+@register_position("rpe", lambda s: RelativeBias(s.num_heads, s.max_distance), uses_order=True)
 class RelativeBias(RelativeEncoding):
     """The paper's RPE ("unique" mode): one learned scalar per head per offset, b_ij = m(j - i).
 
@@ -55,6 +55,8 @@ class RelativeBias(RelativeEncoding):
 @register_position(
     "t5",
     lambda s: T5Bias(s.num_heads, s.num_buckets, s.bucket_max_distance, bidirectional=not s.causal),
+    uses_order=True,
+    options=BUCKET_OPTIONS,
 )
 class T5Bias(RelativeEncoding):
     """T5's relative bias: one learned scalar per head per log-spaced bucket of offsets."""
@@ -106,7 +108,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(powers(lower) + powers(2 * lower)[0::2][: num_heads - lower])
 
 
-@register_position("alibi", lambda s: ALiBi(s.num_heads))
+@register_position("alibi", lambda s: ALiBi(s.num_heads), uses_order=True)
 class ALiBi(RelativeEncoding):
     """ALiBi: a fixed linear penalty b_ij = -m_h |j - i| (no parameters)."""
 
@@ -126,8 +128,8 @@ class ALiBi(RelativeEncoding):
         return (-slopes[:, None, None] * distances(positions).to(slopes.dtype)).to(q.dtype)
 
 
-@register_position("kerple-power", lambda s: KerpleBias(s.num_heads, "power"))
-@register_position("kerple-log", lambda s: KerpleBias(s.num_heads, "log"))
+@register_position("kerple-power", lambda s: KerpleBias(s.num_heads, "power"), uses_order=True)
+@register_position("kerple-log", lambda s: KerpleBias(s.num_heads, "log"), uses_order=True)
 class KerpleBias(RelativeEncoding):
     """KERPLE (Chi et al. 2022): conditionally positive definite kernels of the distance.
 
@@ -202,7 +204,9 @@ class KerpleBias(RelativeEncoding):
         return Toeplitz(term.to(q.dtype)) if positions.is_aligned else term.to(q.dtype)
 
 
-@register_position("fire", lambda s: FireBias(s.num_heads, init_threshold=float(s.max_length)))
+@register_position(
+    "fire", lambda s: FireBias(s.num_heads, init_threshold=float(s.max_length)), uses_order=True
+)
 class FireBias(RelativeEncoding):
     """FIRE (Li et al. 2024): a learned function of the distance, normalised by the query position.
 

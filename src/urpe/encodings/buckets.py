@@ -7,6 +7,9 @@ import math
 import torch
 from torch import Tensor
 
+# The options of every bucketed encoding and gate ("t5"), with T5's defaults.
+BUCKET_OPTIONS = {"num_buckets": 32, "bucket_max_distance": 128}
+
 
 def t5_buckets(
     offsets: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True

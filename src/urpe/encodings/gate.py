@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ..kernels import Relation, Toeplitz
 from .base import clipped_table_term
 from .bias import bucketed_term
+from .buckets import BUCKET_OPTIONS
 from .positions import Positions
 from .registry import register_gate
 
@@ -49,22 +50,24 @@ def _activation(
     return activation
 
 
+# Every gate's own options (a spec sets them: {"name": "toeplitz", "init": "normal"}).
+GATE_OPTIONS = {"init": "ones", "activation": None}
+
+
 def _toeplitz_gate(s):
     # At least one offset either side: with K = 0 the gate would be one constant per head.
-    return ToeplitzGate(
-        s.num_heads, max(s.max_distance, 1), init=s.gate_init, activation=s.gate_activation
-    )
+    return ToeplitzGate(s.num_heads, max(s.max_distance, 1), init=s.init, activation=s.activation)
 
 
 def _bucketed_gate(s):
     return ToeplitzGate(
         s.num_heads, num_buckets=s.num_buckets, bucket_max_distance=s.bucket_max_distance,
-        init=s.gate_init, activation=s.gate_activation,
+        init=s.init, activation=s.activation,
     )  # fmt: skip
 
 
-@register_gate("t5", _bucketed_gate)
-@register_gate("toeplitz", _toeplitz_gate)
+@register_gate("t5", _bucketed_gate, uses_order=True, options={**GATE_OPTIONS, **BUCKET_OPTIONS})
+@register_gate("toeplitz", _toeplitz_gate, uses_order=True, options=GATE_OPTIONS)
 class ToeplitzGate(nn.Module):
     """c_ij = act(table[h, offset(j - i)]), per head.
 
@@ -136,10 +139,9 @@ class ToeplitzGate(nn.Module):
 
 @register_gate(
     "relation",
-    lambda s: RelationGate(
-        s.num_heads, s.num_relations, init=s.gate_init, activation=s.gate_activation
-    ),  # fmt: skip
+    lambda s: RelationGate(s.num_heads, s.num_relations, init=s.init, activation=s.activation),
     uses_relation=True,
+    options=GATE_OPTIONS,
 )
 class RelationGate(nn.Module):
     """URPE on graphs: c_ij = act(table[h, relation_ij]), C indexed by a pairwise relation.

@@ -1,33 +1,101 @@
-"""Config names of encodings and gates, each declared once beside the class it builds.
+"""Config names of encodings and gates, each declared once beside the class it builds, with the
+options it takes and their defaults:
 
-    @register_position("rpe", lambda s: RelativeBias(s.num_heads, s.max_distance))
-    class RelativeBias(RelativeEncoding): ...
+    @register_gate("toeplitz", lambda s: ToeplitzGate(s.num_heads, ..., init=s.init),
+                   options={"init": "ones", "activation": None}, uses_order=True)
+    class ToeplitzGate(nn.Module): ...
 
-`TransformerConfig` accepts exactly the registered names and the model builders look them up
-here, so a new encoding needs no edit of the config, the builders or the tests that enumerate
-the registry. An encoding's own options are declared beside it too, with their defaults:
+Every front door (`TransformerConfig`, `urpe.graph.GraphormerConfig`, `urpe.hf.add_urpe`) takes
+the same `EncodingSpec`, a name plus some of those options ("toeplitz", or
+{"name": "toeplitz", "init": "normal"} in configs and JSON), and builds it through the registry:
+the door supplies the sizes it knows (`EncodingSettings`: heads, widths, the longest sequence,
+the relation count), the spec the options. A new encoding or gate needs no edit of any door, of
+the builders or of the tests that enumerate the registry. A door that cannot run an entry (a
+gate that reads graph relations in a model of token sequences) refuses it in one line.
 
-    @register_position("window", lambda s: Window(s.num_heads, s.window), options={"window": 16})
-
-`TransformerConfig(position="window", encoding_options={"window": 32})` then sets it, and the
-builder reads it as `s.window`: one edit adds an option.
+`registered(...)` scopes a registration to a `with` block (tests, examples): the registry is
+restored on exit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from torch import nn
 
 
 @dataclass(frozen=True)
+class EncodingSpec:
+    """A registered encoding or gate by name, with the options it is given (the rest take the
+    defaults declared beside its class, or the front door's).
+
+    `EncodingSpec.of` accepts a name ("toeplitz"), a dict {"name": "toeplitz", "init": "normal"}
+    (configs, JSON) or a spec; `to_json` gives the name alone when no option is set.
+    """
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"an encoding name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.options, Mapping):
+            raise TypeError(f"options of {self.name!r} must be a dict, got {self.options!r}")
+        bad = [k for k in self.options if not isinstance(k, str) or k == "name"]
+        if bad:
+            raise ValueError(f"option names of {self.name!r} must be strings other than 'name'")
+        object.__setattr__(self, "options", dict(self.options))
+
+    @classmethod
+    def of(cls, value: SpecLike) -> EncodingSpec:
+        if isinstance(value, EncodingSpec):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, Mapping):
+            if "name" not in value:
+                raise ValueError(f"an encoding spec needs a 'name', got {dict(value)!r}")
+            return cls(value["name"], {k: v for k, v in value.items() if k != "name"})
+        raise TypeError(
+            "an encoding spec is a name, a dict like {'name': 'toeplitz', 'init': 'normal'} or "
+            f"an EncodingSpec, got {value!r}"
+        )
+
+    def to_json(self) -> str | dict[str, Any]:
+        return self.name if not self.options else {"name": self.name, **self.options}
+
+    def with_options(self, **changes: Any) -> EncodingSpec:
+        return EncodingSpec(self.name, {**self.options, **changes})
+
+    def __str__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{self.name}({given})" if given else self.name
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted((k, repr(v)) for k, v in self.options.items()))))
+
+
+SpecLike = EncodingSpec | str | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class EncodingSettings:
-    """What a builder may read: the model's sizes and the encoding options of its config.
+    """What a builder may read: the sizes its front door knows, and the encoding's options.
 
     max_length: the longest sequence the model is built for (markers included); per-offset
-    tables get offsets -(max_length - 1) .. max_length - 1 and clip beyond.
+        tables get offsets -(max_length - 1) .. max_length - 1 and clip beyond (`max_distance`).
+    num_relations: R, the range of the relation index the inputs carry (`Positions.relation` in
+        [0, R)); None where the door has none (urpe.hf: token sequences only).
+    ordered: queries and keys sit in a sequence, so offsets key - query mean something; False
+        for a graph's nodes (Graphormer).
+    model: the door, as refusals name it.
+    options: the options of the encoding being built, read as `s.<name>`; `Registered.build`
+        completes them with `option_defaults` and the declared defaults.
+    option_defaults: the door's own defaults for options of these names, where an encoding
+        declares them (urpe.hf: a bucketed table reaches across the model's context).
     """
 
     num_heads: int
@@ -35,12 +103,11 @@ class EncodingSettings:
     dim: int
     max_length: int
     causal: bool = False
-    num_buckets: int = 32
-    bucket_max_distance: int = 128
-    num_relations: int = 32
-    gate_init: str = "ones"
-    gate_activation: str | None = None
+    num_relations: int | None = None
+    ordered: bool = True
+    model: str = "this model"
     options: Mapping[str, Any] = field(default_factory=dict)
+    option_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def max_distance(self) -> int:
@@ -54,21 +121,65 @@ class EncodingSettings:
         raise AttributeError(f"EncodingSettings has no field or declared option {name!r}")
 
 
+# Names an option may not take: `s.<name>` would read the settings' own field instead.
+_SETTINGS_NAMES = {f.name for f in fields(EncodingSettings)} | {"max_distance", "name"}
+
+
 @dataclass(frozen=True)
 class Registered:
-    """One config name: the class, how to build it, and what it needs from `Positions`.
+    """One config name: the class, how to build it, what it reads and the options it takes.
 
-    uses_relation: the module reads `positions.relation` (graph relations); models built from
-    sequence lengths alone cannot run it.
-    options: the encoding's own options and their defaults, read by `build` as `s.<name>` and
-    set through `TransformerConfig.encoding_options`.
+    uses_relation: the module reads `positions.relation` (graph relations); a door whose inputs
+        carry none (urpe.hf) refuses it.
+    uses_order: the module reads where queries and keys sit in a sequence (offsets, positions);
+        a door without sequence order (Graphormer's nodes) refuses it.
+    options: the module's own options and their defaults, read by `builder` as `s.<name>` and
+        set through an `EncodingSpec`.
     """
 
     name: str
     cls: type
-    build: Callable[[EncodingSettings], nn.Module]
+    builder: Callable[[EncodingSettings], nn.Module]
     uses_relation: bool = False
+    uses_order: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "encoding"
+
+    def refusal(self, settings: EncodingSettings) -> str | None:
+        """Why the door that made `settings` cannot run this entry (one line), or None."""
+        if self.uses_relation and settings.num_relations is None:
+            return (f"{self.kind} {self.name!r} reads a relation index (Positions.relation, "
+                    f"e.g. graph distances), which {settings.model} does not have")  # fmt: skip
+        if self.uses_order and not settings.ordered:
+            return (f"{self.kind} {self.name!r} reads sequence order (offsets key - query), "
+                    f"which the inputs of {settings.model} do not have")  # fmt: skip
+        return None
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            declared = ", ".join(self.options) or "none"
+            raise ValueError(
+                f"{self.kind} {self.name!r} has no option {', '.join(map(repr, unknown))} "
+                f"(it declares: {declared})"
+            )
+
+    def build(self, settings: EncodingSettings) -> nn.Module:
+        """The module for `settings`; options it does not give take the door's default, else
+        the declared one."""
+        refusal = self.refusal(settings)
+        if refusal is not None:
+            raise ValueError(refusal)
+        options = {**self.options, **self._door_defaults(settings), **settings.options}
+        return self.builder(replace(settings, options=options))
+
+    def with_door_defaults(self, spec: EncodingSpec, settings: EncodingSettings) -> EncodingSpec:
+        """`spec` with the door's defaults written in (what a saved model records, so that it
+        is rebuilt the same)."""
+        return EncodingSpec(spec.name, {**self._door_defaults(settings), **spec.options})
+
+    def _door_defaults(self, settings: EncodingSettings) -> dict[str, Any]:
+        return {k: v for k, v in settings.option_defaults.items() if k in self.options}
 
 
 POSITION_REGISTRY: dict[str, Registered] = {}
@@ -84,20 +195,29 @@ def _register(registry: dict[str, Registered], kind: str):
         build: Callable[[EncodingSettings], nn.Module],
         *,
         uses_relation: bool = False,
+        uses_order: bool = False,
         options: Mapping[str, Any] | None = None,
     ) -> Callable[[T], T]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {kind} name must be a non-empty string, got {name!r}")
+        hidden = sorted(set(options or {}) & _SETTINGS_NAMES)
+        if hidden:
+            raise ValueError(
+                f"{kind} {name!r} declares options {hidden}, names EncodingSettings uses itself"
+            )
 
         def decorate(cls: T) -> T:
             existing = registry.get(name)
             if existing is not None and existing.cls.__qualname__ != cls.__qualname__:
                 raise ValueError(f"{kind} name {name!r} is already taken by {existing.cls}")
-            registry[name] = Registered(name, cls, build, uses_relation, dict(options or {}))
+            registry[name] = Registered(
+                name, cls, build, uses_relation, uses_order, dict(options or {}), kind
+            )
             return cls
 
         return decorate
 
+    register.registry = registry  # for `registered`
     return register
 
 
@@ -107,6 +227,60 @@ register_gate = _register(GATE_REGISTRY, "gate")
 register_gate.__doc__ = "Class decorator: declare a gate's config name."
 register_absolute = _register(ABSOLUTE_REGISTRY, "absolute encoding")
 register_absolute.__doc__ = "Class decorator: declare an absolute encoding's config name."
+
+
+@contextmanager
+def registered(register: Callable, name: str, cls: type, build: Callable, **declaration):
+    """`register(name, build, **declaration)(cls)` for the `with` block only (tests, examples):
+    on exit the registry is exactly what it was (also when the block raises, and also undoing
+    whatever else the block registered). Works with `register_position`, `register_gate`,
+    `register_absolute` and `urpe.nn.register_mixer`; yields the registry entry.
+
+        with registered(register_gate, "half", HalfGate, lambda s: HalfGate()):
+            TransformerConfig(vocab_size=5, gate="half")
+    """
+    registry = register.registry
+    saved = dict(registry)
+    try:
+        register(name, build, **declaration)(cls)
+        yield registry[name]
+    finally:
+        registry.clear()
+        registry.update(saved)
+
+
+def resolve(
+    registry: Mapping[str, Registered], value: SpecLike, what: str, allowed: Sequence | None = None
+) -> tuple[EncodingSpec, Registered]:
+    """The spec `value` stands for and its registry entry; ValueError in one line for an
+    unregistered name (naming `what` and the `allowed` names) or an option it does not declare."""
+    spec = EncodingSpec.of(value)
+    entry = registry.get(spec.name)
+    if entry is None:
+        allowed = tuple(registry) if allowed is None else tuple(allowed)
+        raise ValueError(f"{what} must be one of {allowed}, got {spec.name!r}")
+    entry.check_options(spec.options)
+    return spec, entry
+
+
+def build_encoding(
+    registry: Mapping[str, Registered], value: SpecLike, settings: EncodingSettings, what: str
+) -> nn.Module:
+    """The module `value` names, built with the door's `settings` and the spec's options; a
+    door that cannot run it gets one line naming the entries it can run."""
+    spec, entry = resolve(registry, value, what)
+    check_runs(registry, entry, settings)
+    return entry.build(replace(settings, options=spec.options))
+
+
+def check_runs(
+    registry: Mapping[str, Registered], entry: Registered, settings: EncodingSettings
+) -> None:
+    """ValueError (one line) when the door that made `settings` cannot run `entry`."""
+    refusal = entry.refusal(settings)
+    if refusal is not None:
+        usable = [n for n, e in registry.items() if e.refusal(settings) is None]
+        raise ValueError(f"{refusal}: choose one of {', '.join(usable) or 'none'}")
 
 
 class RegisteredNames(Sequence):

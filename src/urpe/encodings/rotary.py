@@ -9,7 +9,7 @@ from .base import RelativeEncoding
 from .registry import register_position
 
 
-@register_position("rope", lambda s: RotaryEncoding(s.head_dim))
+@register_position("rope", lambda s: RotaryEncoding(s.head_dim), uses_order=True)
 class RotaryEncoding(RelativeEncoding):
     """Rotates pairs of channels (first half, second half) by angle pos * base^(-2c/D)."""
 

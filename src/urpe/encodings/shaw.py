@@ -18,7 +18,7 @@ from .positions import Positions
 from .registry import register_position
 
 
-@register_position("shaw", lambda s: ShawRelative(s.head_dim, s.max_distance))
+@register_position("shaw", lambda s: ShawRelative(s.head_dim, s.max_distance), uses_order=True)
 class ShawRelative(RelativeEncoding):
     """Relative key (and optionally value) embeddings, shared across heads as in the paper.
 

@@ -19,7 +19,9 @@ from .positions import Positions
 from .registry import register_position
 
 
-@register_position("txl", lambda s: TransformerXLRelative(s.dim, s.num_heads, s.head_dim))
+@register_position(
+    "txl", lambda s: TransformerXLRelative(s.dim, s.num_heads, s.head_dim), uses_order=True
+)
 class TransformerXLRelative(RelativeEncoding):
     def __init__(self, dim: int, num_heads: int, head_dim: int, init_std: float = 0.02):
         super().__init__()

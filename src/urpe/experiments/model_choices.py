@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..encodings import GATE_REGISTRY, POSITION_REGISTRY, EncodingSpec
 from ..models import TransformerConfig
 from .experiment import Option, Preset
 
@@ -34,14 +35,12 @@ def _sequence_names(registry_names, registry) -> list[str]:
 
 
 def _positions() -> list[str]:
-    from ..encodings import POSITION_REGISTRY
     from ..models import POSITIONS
 
     return _sequence_names(POSITIONS, POSITION_REGISTRY)
 
 
 def _gates() -> list[str]:
-    from ..encodings import GATE_REGISTRY
     from ..models import GATES
 
     return ["none", *_sequence_names(GATES, GATE_REGISTRY)]
@@ -85,15 +84,26 @@ class ModelChoices(Preset):
     backend: str | None = None
 
 
+def _switched(spec: EncodingSpec | None, name: str | None, registry) -> EncodingSpec | None:
+    """The encoding `name` with the options of `spec` that it also declares (a variant's gate
+    init carries over to the gate a flag chooses, as its flat field once did)."""
+    if name is None:
+        return None
+    declared = registry[name].options
+    kept = {k: v for k, v in (spec.options if spec else {}).items() if k in declared}
+    return EncodingSpec(name, kept)
+
+
 def apply_model_choices(config: TransformerConfig, choices: ModelChoices) -> TransformerConfig:
     """`config` with every given choice set; unchanged when none is given."""
     changes: dict = {}
     if choices.normalization is not None:
         changes["normalization"] = choices.normalization
     if choices.position is not None:
-        changes["position"] = choices.position
+        changes["position"] = _switched(config.position, choices.position, POSITION_REGISTRY)
     if choices.gate is not None:
-        changes["gate"] = None if choices.gate == "none" else choices.gate
+        chosen = None if choices.gate == "none" else choices.gate
+        changes["gate"] = _switched(config.gate, chosen, GATE_REGISTRY)
     if choices.mixer is not None:
         kinds = {layer: choices.mixer for layer in range(config.num_layers)}
         changes["mixers"] = {} if choices.mixer == "attention" else kinds

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def relation_count(max_distance: int) -> int:
+    """R: entries of the relation index (distances 0..max_distance, far, unreachable, the graph
+    token's virtual distance)."""
+    return max_distance + 4
+
+
 @dataclass(frozen=True)
 class GraphEncodingConfig:
     """What `urpe.graph.GraphormerEncodings` builds.
@@ -68,6 +74,5 @@ class GraphEncodingConfig:
 
     @property
     def num_relations(self) -> int:
-        """R: entries of the relation index (distances 0..max_distance, far, unreachable, the
-        graph token's virtual distance)."""
-        return self.max_distance + 4
+        """R: entries of the relation index (`relation_count`)."""
+        return relation_count(self.max_distance)

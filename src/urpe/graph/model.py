@@ -1,7 +1,7 @@
 """Graphormer (Ying et al. 2021) with URPE on graphs as a switch (torch only, plus PyTorch Geometric
 when it is called on a PyG `Batch`).
 
-    config = GraphormerConfig.preset("slim", urpe=True)
+    config = GraphormerConfig.preset("slim", gate="relation")
     model = Graphormer(config, node_cardinalities=(28,), edge_cardinalities=(4,))
     prediction = model(batch)                      # a torch_geometric Batch -> (num_graphs,)
 
@@ -25,16 +25,26 @@ stored in the model (`set_target_statistics`), so predictions are in the data's 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..encodings import Positions, RelationGate
+from ..encodings import (
+    GATE_REGISTRY,
+    EncodingSettings,
+    EncodingSpec,
+    Positions,
+    SpecLike,
+    build_encoding,
+    check_runs,
+    resolve,
+)
 from ..kernels import BACKENDS
 from ..nn import AttentionContext, MultiheadAttention, TransformerLayer
-from .config import GraphEncodingConfig
+from .config import GraphEncodingConfig, relation_count
 from .dense import DenseGraphBatch
 from .encodings import GraphormerEncodings
 
@@ -54,7 +64,11 @@ class GraphormerConfig:
         max_hops: K, edges per shortest path read by the edge encoding.
         max_degree: degrees above it share one embedding.
         readout: "graph-token" (Graphormer) or "mean" over the real nodes.
-        urpe: a gate C per layer, indexed like the spatial bias, ones at init.
+        gate: URPE's gate C, one per layer: None, or a gate spec (`urpe.encodings.EncodingSpec`:
+            a name in GATE_REGISTRY or {"name": ..., <option>: ...}) whose gate reads relations
+            or nothing positional; "relation" (URPE on graphs) is indexed like the spatial bias,
+            ones at init. Gates that read sequence order are refused: nodes have none.
+        urpe: deprecated alias, True for gate="relation" (older configs load).
         backend: `urpe.attention` backend ("auto": the C++ tile loop on CPU, Triton on CUDA).
         init_std: std of the embeddings' normal initialisation.
     """
@@ -73,8 +87,14 @@ class GraphormerConfig:
     urpe: bool = False
     backend: str = "auto"
     init_std: float = 0.02
+    gate: SpecLike | None = None
 
     def __post_init__(self) -> None:
+        if self.urpe:
+            warnings.warn("GraphormerConfig(urpe=True) is deprecated: give gate='relation'",
+                          DeprecationWarning, stacklevel=3)  # fmt: skip
+        object.__setattr__(self, "gate", _gate_of(self.gate, self.urpe))
+        object.__setattr__(self, "urpe", False)
         for name in ("num_layers", "dim", "ffn_dim", "num_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -93,6 +113,18 @@ class GraphormerConfig:
             )
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
+        if self.gate is not None:
+            _, entry = resolve(GATE_REGISTRY, self.gate, "gate", (None, *GATE_REGISTRY))
+            check_runs(GATE_REGISTRY, entry, self.gate_settings())
+
+    def gate_settings(self) -> EncodingSettings:
+        """What a gate of this model is built from: its sizes and the relation count; the nodes
+        of a graph have no order."""
+        return EncodingSettings(
+            num_heads=self.num_heads, head_dim=self.dim // self.num_heads, dim=self.dim,
+            max_length=0, num_relations=relation_count(self.max_distance), ordered=False,
+            model="a Graphormer",
+        )  # fmt: skip
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> GraphormerConfig:
@@ -104,15 +136,30 @@ class GraphormerConfig:
         return replace(GRAPHORMER_PRESETS[name], **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field but the deprecated `urpe`, JSON-ready (the gate as a name or a dict)."""
+        data = {k: v for k, v in asdict(self).items() if k != "urpe"}
+        data["gate"] = None if self.gate is None else self.gate.to_json()
+        return data
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GraphormerConfig:
+        """The inverse of `to_dict`; also reads older configs' `urpe: true` (no warning)."""
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown GraphormerConfig fields {sorted(unknown)}")
+        values = dict(values)
+        values["gate"] = _gate_of(values.get("gate"), values.pop("urpe", False))
         return cls(**values)
+
+
+def _gate_of(gate: SpecLike | None, urpe: bool) -> EncodingSpec | None:
+    """The gate spec of a config that may use the deprecated `urpe` switch."""
+    if urpe:
+        if gate is not None and EncodingSpec.of(gate).name != "relation":
+            raise ValueError(f"urpe=True means gate='relation'; give gate={gate!r} alone")
+        return EncodingSpec.of(gate or "relation")
+    return None if gate is None else EncodingSpec.of(gate)
 
 
 GRAPHORMER_PRESETS: dict[str, GraphormerConfig] = {
@@ -165,14 +212,13 @@ class Graphormer(nn.Module):
         )
         self.encodings = GraphormerEncodings(self.encoding_config)
         self.input_dropout = nn.Dropout(config.dropout)
-        num_relations = self.encoding_config.num_relations
         self.layers = nn.ModuleList(
             TransformerLayer(
                 MultiheadAttention(
                     config.dim,
                     config.num_heads,
                     # One gate per layer (B is shared: computed once per batch by the encodings).
-                    gate=RelationGate(config.num_heads, num_relations) if config.urpe else None,
+                    gate=self._new_gate(),
                     dropout=config.attention_dropout,
                     backend=config.backend,
                 ),
@@ -194,6 +240,11 @@ class Graphormer(nn.Module):
         # prediction = shift + scale * head(h): the head learns standardised targets.
         self.register_buffer("target_shift", torch.zeros(()))
         self.register_buffer("target_scale", torch.ones(()))
+
+    def _new_gate(self) -> nn.Module | None:
+        if self.config.gate is None:
+            return None
+        return build_encoding(GATE_REGISTRY, self.config.gate, self.config.gate_settings(), "gate")
 
     # -------------------------------------------------------------------------------- set-up
     def set_target_statistics(self, mean: float, std: float) -> None:

@@ -2,18 +2,25 @@
 
 The entry is a plain dict (it travels in config.json):
 
-    {"max_distance": 63, "num_buckets": null, "bucket_max_distance": 128, "shared": false,
-     "layers": null, "attn_implementation": "sdpa", "version": 1,
+    {"gate": "toeplitz", "max_distance": 63, "shared": false, "layers": null,
+     "attn_implementation": "sdpa", "version": 2,
      "load": "URPE gates (the urpe_gate tensors) are part of this model: load it with ..."}
 
-`layers` lists indices into `self_attention_modules(model)` (None: every one), so the entry is the
-same for `LlamaForCausalLM` and the `LlamaModel` inside it.
+`gate` is the gate's spec (a name in `urpe.encodings.GATE_REGISTRY`, or {"name": ..., options},
+with the options this door chose written in, such as a bucketed gate's bucket_max_distance).
+`max_distance` is K, the reach of per-offset tables: the gates are built for sequences of up to
+K + 1 tokens, farther offsets share the edge entries. `layers` lists indices into
+`self_attention_modules(model)` (None: every one), so the entry is the same for
+`LlamaForCausalLM` and the `LlamaModel` inside it. Entries of version 1 (max_distance,
+num_buckets, bucket_max_distance instead of gate) still load.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from ..encodings import EncodingSpec
 
 # Offsets farther than this share the edge entries of the gate's table (clipping). 1024 keeps a
 # per-layer table small beside the model ((H, 2049) per layer) while covering every offset of
@@ -23,9 +30,11 @@ MAX_DEFAULT_DISTANCE = 1024
 # bias gives one entry to every offset farther than relative_attention_max_distance (128).
 NO_CONTEXT_DISTANCE = 128
 BASE_IMPLEMENTATIONS = ("eager", "sdpa")
-VERSION = 1
+VERSION = 2
 # Entries of config.urpe that describe rather than configure: its format and how to load it.
 NOTES = ("version", "load")
+VERSION_1 = ("attn_implementation", "max_distance", "num_buckets", "bucket_max_distance",
+             "shared", "layers")  # fmt: skip
 
 
 def context_length(config: Any) -> int | None:
@@ -47,35 +56,61 @@ def default_max_distance(config: Any) -> int:
     return max(1, min(context - 1, MAX_DEFAULT_DISTANCE))
 
 
+def bucket_reach(config: Any) -> int:
+    """The default bucket_max_distance of a bucketed gate: the context length; for models
+    without one, T5's relative_attention_max_distance (default 128)."""
+    return context_length(config) or int(
+        getattr(config, "relative_attention_max_distance", None) or NO_CONTEXT_DISTANCE
+    )
+
+
 @dataclass(frozen=True)
 class UrpeOptions:
-    """The gates' layout. Exactly one of max_distance (an entry per offset -K..K, farther offsets
-    clipped) and num_buckets (T5-style log buckets up to bucket_max_distance) is set."""
+    """The gates' layout: the gate spec, K (max_distance, None: the model's default), one gate
+    for all layers or one per module, which modules, and the attention underneath."""
 
     attn_implementation: str
+    gate: EncodingSpec = field(default_factory=lambda: EncodingSpec("toeplitz"))
     max_distance: int | None = None
-    num_buckets: int | None = None
-    bucket_max_distance: int = 128
     shared: bool = False
     layers: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["layers"] = None if self.layers is None else list(self.layers)
-        out["version"] = VERSION
-        return out
+        return {
+            "gate": self.gate.to_json(),
+            "max_distance": self.max_distance,
+            "shared": self.shared,
+            "layers": None if self.layers is None else list(self.layers),
+            "attn_implementation": self.attn_implementation,
+            "version": VERSION,
+        }
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> UrpeOptions:
         if not isinstance(entry, dict):
             raise TypeError(f"config.urpe must be a dict, got {type(entry).__name__}")
-        version = entry.get("version", VERSION)
-        if version != VERSION:
-            raise ValueError(f"config.urpe has version {version}; this urpe reads {VERSION}")
+        version = entry.get("version", 1)
+        if version not in (1, VERSION):
+            raise ValueError(f"config.urpe has version {version}; this urpe reads 1 and {VERSION}")
         known = {k: v for k, v in entry.items() if k not in NOTES}
-        unknown = set(known) - set(cls.__dataclass_fields__)
+        fields = VERSION_1 if version == 1 else cls.__dataclass_fields__
+        unknown = set(known) - set(fields)
         if unknown:
             raise ValueError(f"config.urpe has unknown entries {sorted(unknown)}")
+        if version == 1:
+            known = _from_version_1(known)
         if known.get("layers") is not None:
             known["layers"] = tuple(known["layers"])
+        if "gate" in known:
+            known["gate"] = EncodingSpec.of(known["gate"])
         return cls(**known)
+
+
+def _from_version_1(entry: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 entry (a Toeplitz gate, or T5 buckets when num_buckets is set) as fields."""
+    out = dict(entry)
+    buckets = out.pop("num_buckets", None)
+    reach = out.pop("bucket_max_distance", 128)
+    if buckets is not None:
+        out["gate"] = {"name": "t5", "num_buckets": buckets, "bucket_max_distance": reach}
+    return out

@@ -8,22 +8,26 @@ URPE multiplies the attention weights by C after the softmax, as in the paper.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from ..encodings import ToeplitzGate
+from ..encodings import (
+    GATE_REGISTRY,
+    EncodingSettings,
+    EncodingSpec,
+    SpecLike,
+    build_encoding,
+    check_runs,
+    resolve,
+)
 from .attention import base_of, implementation_name, register
 from .discovery import select_layers
 from .guards import install, load_note, route_through_urpe
-from .options import (
-    BASE_IMPLEMENTATIONS,
-    NO_CONTEXT_DISTANCE,
-    UrpeOptions,
-    context_length,
-    default_max_distance,
-)
+from .options import BASE_IMPLEMENTATIONS, UrpeOptions, bucket_reach, default_max_distance
 from .positions import record_cache_layout
 
 GATE = "urpe_gate"
@@ -46,15 +50,55 @@ def _float_dtype(module: nn.Module) -> tuple[torch.dtype, torch.device]:
     return torch.get_default_dtype(), torch.device("cpu")
 
 
-def _new_gate(options: UrpeOptions, heads: int, like: nn.Module) -> ToeplitzGate:
-    dtype, device = _float_dtype(like)
-    if options.num_buckets is not None:
-        gate = ToeplitzGate(
-            heads, num_buckets=options.num_buckets, bucket_max_distance=options.bucket_max_distance
-        )
-    else:
-        gate = ToeplitzGate(heads, options.max_distance)
+def _head_dim(module: nn.Module, heads: int, dim: int) -> int:
+    for name in ("head_dim", "attention_head_size", "key_value_proj_dim"):
+        value = getattr(module, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return dim // heads
+
+
+def gate_settings(model: nn.Module, module: nn.Module, max_distance: int) -> EncodingSettings:
+    """What this door knows for a gate on `module`: its heads and widths, and sequences of up to
+    K + 1 tokens (per-offset tables clip farther offsets); token sequences carry no relation.
+    A bucketed table reaches across the model's context unless its spec says otherwise."""
+    heads = _num_heads(module, model.config)
+    dim = int(getattr(model.config.get_text_config(), "hidden_size", 0) or 0)
+    return EncodingSettings(
+        num_heads=heads, head_dim=_head_dim(module, heads, dim), dim=dim,
+        max_length=max_distance + 1,
+        causal=bool(getattr(module, "is_causal", False)), num_relations=None,
+        model=f"urpe.hf ({type(model).__name__})",
+        option_defaults={"bucket_max_distance": bucket_reach(model.config)},
+    )  # fmt: skip
+
+
+def _new_gate(options: UrpeOptions, model: nn.Module, module: nn.Module) -> nn.Module:
+    dtype, device = _float_dtype(module)
+    settings = gate_settings(model, module, options.max_distance)
+    gate = build_encoding(GATE_REGISTRY, options.gate, settings, "gate")
     return gate.to(device=device, dtype=dtype)
+
+
+def _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance) -> EncodingSpec:
+    """The gate spec of add_urpe's deprecated num_buckets / bucket_max_distance arguments."""
+    spec = EncodingSpec.of(gate)
+    if num_buckets is None and bucket_max_distance is None:
+        return spec
+    warnings.warn(
+        "add_urpe(num_buckets=..., bucket_max_distance=...) is deprecated: give "
+        "gate={'name': 't5', 'num_buckets': N, 'bucket_max_distance': D}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if num_buckets is None:
+        return spec  # bucket_max_distance alone never changed a per-offset gate
+    if max_distance is not None:
+        raise ValueError("give add_urpe max_distance or num_buckets, not both")
+    if spec != EncodingSpec("toeplitz"):
+        raise ValueError(f"give add_urpe gate={gate!r} or num_buckets, not both")
+    given = {"bucket_max_distance": bucket_max_distance} if bucket_max_distance else {}
+    return EncodingSpec("t5", {"num_buckets": num_buckets, **given})
 
 
 def _base_implementation(model: nn.Module) -> str:
@@ -72,11 +116,12 @@ def _base_implementation(model: nn.Module) -> str:
 def add_urpe(
     model: nn.Module,
     *,
+    gate: SpecLike = "toeplitz",
     max_distance: int | None = None,
-    num_buckets: int | None = None,
-    bucket_max_distance: int | None = None,
     shared: bool = False,
     layers: Iterable[int | str] | int | str | None = None,
+    num_buckets: int | None = None,
+    bucket_max_distance: int | None = None,
 ) -> nn.Module:
     """Attach URPE gates (ones at init) to a transformers model, in place; returns the model.
 
@@ -84,15 +129,20 @@ def add_urpe(
         model: a `PreTrainedModel` whose attention goes through transformers' AttentionInterface
             (Llama, Mistral, Qwen2, GPT-2, BERT, RoBERTa, T5, BART, ...), loaded with
             attn_implementation "sdpa" or "eager" (the baseline the gated model equals at init).
-        max_distance: K: offsets -K..K get their own entry, farther ones share the edge entries.
-            Default: min(context length - 1, 1024), the context length read from
-            max_position_embeddings / n_positions; T5 (none): relative_attention_max_distance.
-        num_buckets: instead of max_distance, T5-style log buckets (even, >= 4; half per
-            direction) up to bucket_max_distance (default: the context length, T5: its own).
+        gate: the gate's spec, as `TransformerConfig.gate` takes it: a name in
+            `urpe.encodings.GATE_REGISTRY` ("toeplitz": an entry per offset; "t5": T5-style log
+            buckets, even num_buckets >= 4, half per direction, up to bucket_max_distance,
+            default here the context length) or {"name": ..., <option>: ...}. Gates that read
+            graph relations are refused: token sequences have none.
+        max_distance: K, the reach of per-offset tables: offsets -K..K get their own entry,
+            farther ones share the edge entries. Default: min(context length - 1, 1024), the
+            context length read from max_position_embeddings / n_positions; T5 (none):
+            relative_attention_max_distance.
         shared: one gate for all layers (`model.urpe_gate`, as the official code shares B and C)
             instead of one per self-attention module (`<module>.urpe_gate`).
         layers: which self-attention modules get a gate: indices into
             `urpe.hf.self_attention_modules(model)` and/or qualified module names; None: all.
+        num_buckets, bucket_max_distance: deprecated, for gate={"name": "t5", ...}.
 
     Gate parameters have "urpe" in their names. Cross-attention keeps the model's own attention;
     naming it in `layers` raises ValueError. Models that do not route attention through the
@@ -104,39 +154,40 @@ def add_urpe(
     """
     base = _base_implementation(model)
     chosen, indices = select_layers(model, layers)
-    if max_distance is not None and num_buckets is not None:
-        raise ValueError("give add_urpe max_distance or num_buckets, not both")
-    if num_buckets is None and max_distance is None:
+    spec = _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance)
+    if max_distance is None:
         max_distance = default_max_distance(model.config)
-    if bucket_max_distance is None:
-        bucket_max_distance = context_length(model.config) or getattr(
-            model.config, "relative_attention_max_distance", NO_CONTEXT_DISTANCE
-        )
+    elif not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 1:
+        raise ValueError(f"add_urpe max_distance must be an int >= 1, got {max_distance!r}")
     options = UrpeOptions(
-        attn_implementation=base,
-        max_distance=max_distance,
-        num_buckets=num_buckets,
-        bucket_max_distance=bucket_max_distance,
-        shared=shared,
+        attn_implementation=base, gate=spec, max_distance=max_distance, shared=shared,
         layers=indices,
-    )
+    )  # fmt: skip
     attach(model, options, chosen)
     return model
 
 
 def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Module]]) -> None:
-    """Build the gates for `options` on the chosen modules and switch the attention function."""
+    """Build the gates for `options` on the chosen modules and switch the attention function.
+    The gate spec is checked (registered, its options declared, runnable on token sequences)
+    before the model changes; config.urpe records it with this door's defaults written in."""
+    if options.max_distance is None:  # version-1 entries of bucketed gates
+        options = replace(options, max_distance=default_max_distance(model.config))
+    _, entry = resolve(GATE_REGISTRY, options.gate, "gate")
+    settings = gate_settings(model, chosen[0][1], options.max_distance)
+    check_runs(GATE_REGISTRY, entry, settings)
+    options = replace(options, gate=entry.with_door_defaults(options.gate, settings))
     heads = {_num_heads(m, model.config) for _, m in chosen}
     if options.shared:
         if len(heads) != 1:
             raise ValueError(f"a shared gate needs one head count, the layers have {heads}")
-        model.add_module(GATE, _new_gate(options, heads.pop(), chosen[0][1]))
+        model.add_module(GATE, _new_gate(options, model, chosen[0][1]))
     for _, module in chosen:
         if options.shared:
             # A plain reference (not a submodule): the gate is saved once, under the model.
             module.__dict__["_urpe_owner"] = model
         else:
-            module.add_module(GATE, _new_gate(options, _num_heads(module, model.config), module))
+            module.add_module(GATE, _new_gate(options, model, module))
         module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
     register()
     model.config.urpe = {**options.to_dict(), "load": load_note(model)}

@@ -1,4 +1,4 @@
-"""Turn config names into the modules they stand for, through the encodings' registries.
+"""Turn config specs into the modules they stand for, through the encodings' registries.
 
 The names themselves are declared beside their classes (`urpe.encodings.register_position`,
 `register_gate`, `register_absolute`, `urpe.nn.register_mixer`); nothing here lists them.
@@ -7,7 +7,6 @@ The names themselves are declared beside their classes (`urpe.encodings.register
 from __future__ import annotations
 
 import copy
-from dataclasses import fields
 
 from torch import nn
 
@@ -17,49 +16,48 @@ from ..encodings import (
     POSITION_REGISTRY,
     EncodingSettings,
     RelativeEncoding,
+    build_encoding,
 )
 from ..nn import MIXER_REGISTRY, MixerSettings, MultiheadAttention, TransformerLayer
 from .config import TransformerConfig
 
-# The sizes the builders derive; every other EncodingSettings field is the config's own.
-_DERIVED = {"num_heads", "head_dim", "dim", "max_length", "causal", "options"}
-_COPIED = tuple(f.name for f in fields(EncodingSettings) if f.name not in _DERIVED)
-
 
 def encoding_settings(c: TransformerConfig, causal: bool, length: int) -> EncodingSettings:
-    """What the registered builders read. length: the longest sequence the model is built for
-    (max_len plus marker tokens). Options declared beside the chosen encodings come with their
-    defaults, overridden by `c.encoding_options`."""
+    """The sizes the registered builders read. length: the longest sequence the model is built
+    for (max_len plus marker tokens). A Transformer runs every encoding: its inputs are
+    sequences, and relations come with `positions` when an encoding reads them."""
     return EncodingSettings(
         num_heads=c.num_heads, head_dim=c.head_dim, dim=c.dim, max_length=length, causal=causal,
-        options={**c.declared_options(), **c.encoding_options},
-        **{name: getattr(c, name) for name in _COPIED},
+        num_relations=c.num_relations, model="a Transformer",
     )  # fmt: skip
 
 
 def build_position(c: TransformerConfig, causal: bool, length: int) -> RelativeEncoding:
-    """The relative encoding named by `c.position`."""
-    return POSITION_REGISTRY[c.position].build(encoding_settings(c, causal, length))
+    """The relative encoding `c.position` names."""
+    settings = encoding_settings(c, causal, length)
+    return build_encoding(POSITION_REGISTRY, c.position, settings, "position")
 
 
 def build_gate(c: TransformerConfig, length: int, causal: bool = False) -> nn.Module | None:
-    """The gate named by `c.gate`, or None."""
+    """The gate `c.gate` names, or None."""
     if c.gate is None:
         return None
-    return GATE_REGISTRY[c.gate].build(encoding_settings(c, causal, length))
+    return build_encoding(GATE_REGISTRY, c.gate, encoding_settings(c, causal, length), "gate")
 
 
 def build_absolute(c: TransformerConfig, length: int) -> nn.Module | None:
-    """The absolute encoding named by `c.absolute`, or None."""
+    """The absolute encoding `c.absolute` names, or None."""
     if c.absolute is None:
         return None
-    return ABSOLUTE_REGISTRY[c.absolute].build(encoding_settings(c, False, length))
+    settings = encoding_settings(c, False, length)
+    return build_encoding(ABSOLUTE_REGISTRY, c.absolute, settings, "absolute")
 
 
 def uses_relation(c: TransformerConfig) -> bool:
     """Whether the model's encoding or gate reads `Positions.relation` (graph relations)."""
-    return POSITION_REGISTRY[c.position].uses_relation or (
-        c.gate is not None and GATE_REGISTRY[c.gate].uses_relation
+    chosen = c.specs()
+    return POSITION_REGISTRY[chosen["position"].name].uses_relation or (
+        "gate" in chosen and GATE_REGISTRY[chosen["gate"].name].uses_relation
     )
 
 

@@ -117,7 +117,8 @@ class _Transformer(_LoadGuard, nn.Module):
         if positions is None:
             if uses_relation(self.config):
                 raise ValueError(
-                    f"this model (position={self.config.position!r}, gate={self.config.gate!r}) "
+                    f"this model (position={str(self.config.position)!r}, "
+                    f"gate={self.config.gate and str(self.config.gate)!r}) "
                     "reads a relation index: pass positions=urpe.Positions.graph(relation)"
                 )
             positions = Positions.sequence(length, past=past, device=device)

@@ -54,6 +54,9 @@ def register_mixer(name: str, build: Callable[[MixerSettings], nn.Module]) -> Ca
     return decorate
 
 
+register_mixer.registry = MIXER_REGISTRY  # for `urpe.encodings.registered`
+
+
 def _prepare(
     name: str, context: AttentionContext | None, past: KVCache | None, keywords: dict,
     from_zero: bool,

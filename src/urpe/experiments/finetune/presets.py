@@ -31,7 +31,8 @@ VARIANTS: dict[str, Variant] = {
     "urpe": Variant("a URPE gate C per self-attention module (add_urpe's defaults)", {}),
     "urpe-shared": Variant("one gate C shared by every layer", {"shared": True}),
     "urpe-buckets": Variant(
-        "a gate per layer over 32 log-spaced offset buckets", {"num_buckets": 32}
+        "a gate per layer over 32 log-spaced offset buckets",
+        {"gate": {"name": "t5", "num_buckets": 32}},
     ),  # fmt: skip
     "urpe-gates-only": Variant(
         "a gate per layer; only the gates train, the model is frozen", {}, "gates"

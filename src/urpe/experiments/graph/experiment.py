@@ -49,7 +49,8 @@ def model_config(variant: str, preset: Preset) -> dict[str, Any]:
 
     spec = FEATURIZATIONS[FEATURES]
     changes = {} if preset.backend is None else {"backend": preset.backend}
-    graphormer = GraphormerConfig.preset(preset.model, urpe=variant == "graphormer-urpe", **changes)
+    gate = "relation" if variant == "graphormer-urpe" else None
+    graphormer = GraphormerConfig.preset(preset.model, gate=gate, **changes)
     return {
         "graphormer": graphormer.to_dict(),
         "node_cardinalities": list(spec.node_cardinalities),

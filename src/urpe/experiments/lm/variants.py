@@ -37,7 +37,7 @@ BASES: dict[str, Base] = {
 }
 ALIASES = {"urpe": "rpe+urpe"}
 DEFAULT_VARIANTS = ("nope", "ape", "rope", "alibi", "t5", "rpe", "urpe", "txl", "txl+urpe")
-GATE = {"gate": "toeplitz", "gate_init": "ones"}
+GATE = {"gate": "toeplitz"}
 
 
 @dataclass(frozen=True)
