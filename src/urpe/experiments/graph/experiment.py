@@ -120,7 +120,7 @@ def plan_file_runs(preset: Preset, precision: str, file: Any) -> list[RunSpec]:
     an edited file trains again and a moved or renamed one does not."""
     kind = preset.dataset.partition(":")[0]
     smiles_column, targets, split_column = molecule_files.file_columns(preset, file)
-    specs = []
+    runs = []
     for target in targets:
         for seed in preset.seeds:
             for variant in preset.variants:
@@ -133,8 +133,8 @@ def plan_file_runs(preset: Preset, precision: str, file: Any) -> list[RunSpec]:
                 }
                 config[LOCATIONS] = {"dataset": str(file.path)}
                 name = f"{file.path.stem}-{target}-{variant}-S{preset.steps}-seed{seed}"
-                specs.append(RunSpec(name, config, preset.steps))
-    return specs
+                runs.append(RunSpec(name, config, preset.steps))
+    return runs
 
 
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
