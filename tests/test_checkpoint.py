@@ -8,9 +8,9 @@ import torch
 
 from urpe.cli import main
 from urpe.models import TransformerConfig, TransformerDecoder
+from urpe.training.bundles import load_model
 from urpe.training.checkpoint import (
     CheckpointError,
-    load_model,
     load_training_state,
     load_weights,
     read_checkpoint,

@@ -78,7 +78,7 @@ def test_two_variants_train_report_and_resume(workspace, capsys):
     text = (out / "results.md").read_text()
     assert "| urpe |" in text and "sha256" in text and "### chunks" in text
     # The run's checkpoint rebuilds the same model without the folder (from its config alone).
-    from urpe.training.checkpoint import load_model
+    from urpe.training.bundles import load_model
 
     rebuilt = load_model(run / "checkpoints")
     tokens = torch.randint(0, 256, (2, 20))

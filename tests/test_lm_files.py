@@ -13,8 +13,7 @@ import torch
 
 from urpe.cli import main
 from urpe.data.text import ByteTokenizer, WordTokenizer, load_tokenizer
-from urpe.training.bundles import TextModel
-from urpe.training.checkpoint import load_model
+from urpe.training.bundles import TextModel, load_model
 
 TINY = ["--variants", "rpe+urpe", "--seeds", "0", "--steps", "20", "--layers", "1", "--dim",
         "32", "--heads", "2", "--ffn-dim", "64", "--segment-length", "32", "--batch-size", "4",

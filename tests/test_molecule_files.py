@@ -4,8 +4,11 @@ target column (named in any case); `urpe predict` (the input's other columns kep
 `urpe evaluate` on the trained runs; the report naming the file; bad flags refused up front in
 one line. File formats without training: test_molecule_file_formats.py."""
 
+import builtins
 import csv
+import io
 import json
+from pathlib import Path
 
 import lightning  # noqa: F401  (the train extra)
 import pytest
@@ -17,6 +20,7 @@ from urpe.cli import main
 from urpe.data.molecules import load_molecules, skipped_summary
 from urpe.data.molecules.files import read_molecule_table
 from urpe.data.molecules.sources import moses_file, read_moses_smiles
+from urpe.experiments import runner
 
 BAD_LINES = {5: "not_a_smiles", 9: "C1CC"}  # 1-based file lines (line 1 is the header)
 
@@ -248,3 +252,46 @@ def test_saved_graphormer_predicts_in_the_targets_units(tmp_path):
     shifted = scaled.predict(["CCO", "bad(", "c1ccccc1"])
     for a, b in ((plain[0], shifted[0]), (plain[2], shifted[2])):
         assert b == pytest.approx(10.0 + 3.0 * a, rel=1e-5)
+
+
+def test_the_users_file_is_read_once_before_the_first_run(tmp_path, monkeypatch):
+    """It was read or hashed six times (columns checked, hashed for the plan, columns again,
+    hashed to check it, hashed for the cache key, read into graphs) before any run began."""
+    path = write_csv(tmp_path / "mols.csv", count=40)
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, Path)) and Path(file).resolve() == path.resolve():
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)  # what Path.read_bytes and gzip open with
+    started = []
+    monkeypatch.setattr(runner, "sweep_command", lambda *args: started.append(len(opened)) or 0)
+    argv = ["reproduce", "graph", "--dataset", f"csv:{path}", "--target-column", "logp,heavy",
+            *TINY, "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 0
+    assert started == [1]  # the plan, both targets' columns and the data from one read
+
+
+def test_training_predict_and_evaluate_share_one_featurizer(graph_run):
+    """The run's checkpoint records the featuriser its data was made with; the loaded model
+    turns a SMILES into exactly the graph the training data holds for it."""
+    out, path = graph_run
+    run_dir = heavy_run(out)
+    step = next((run_dir / "checkpoints").glob("step-*"))
+    record = json.loads((step / "config.json").read_text())["inputs"]
+    assert record == {"kind": "molecules", "target": "heavy", "unit": "",
+                      "featurizer": {"features": "zinc", "max_distance": None,
+                                     "shortest_paths": True}}  # fmt: skip
+    from urpe import load_model
+
+    model = load_model(run_dir)
+    data = load_molecules(f"csv:{path}", target="heavy", progress=False)
+    assert model.featurizer == data.featurizer
+    graphs = [data.test[i] for i in range(len(data.test))]
+    for graph, made in zip(graphs, model.graphs([g.smiles for g in graphs]), strict=True):
+        for name in ("x", "edge_index", "edge_attr", "spd", "path_next_edge"):
+            assert torch.equal(getattr(graph, name), getattr(made, name))

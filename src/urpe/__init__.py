@@ -63,7 +63,7 @@ __version__ = "0.1.0"
 
 # Saving and loading trained models needs safetensors (the `train` extra): imported on first use,
 # so `import urpe` stays torch-only.
-_LAZY = {"load_model": "urpe.training.checkpoint", "save_model": "urpe.training.checkpoint"}
+_LAZY = {"load_model": "urpe.training.bundles", "save_model": "urpe.training.checkpoint"}
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""`urpe reproduce NAME`: one command for every `Experiment`.
+"""`urpe reproduce NAME`: one command for every `Experiment` (the functions take it as the
+`experiment` argument; its class's methods call them, so this module does not import it).
 
 argv -> flags (the experiment's options, the model choices it takes, the sweep flags) -> the
 preset with every given flag applied (`resolve`) -> `Execution` and precision checked against
@@ -16,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_types import UsageError, check_writable_directory
-from .experiment import Experiment, Option
 from .options import (
     add_sweep_arguments,
     require_training_extra,
     resolve_execution,
     resolve_precision,
 )
+from .settings import Option
 
 
-def _preset_values(experiment: Experiment, name: str) -> str:
+def _preset_values(experiment: Any, name: str) -> str:
     def fmt(value: Any) -> str:
         return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
@@ -33,7 +34,7 @@ def _preset_values(experiment: Experiment, name: str) -> str:
                      for preset, settings in experiment.presets.items())  # fmt: skip
 
 
-def _add(parser: argparse.ArgumentParser, experiment: Experiment, option: Option) -> None:
+def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> None:
     kwargs: dict[str, Any] = {"dest": option.field, "default": option.default}
     if option.type is not None:
         kwargs["type"] = option.type
@@ -48,7 +49,7 @@ def _add(parser: argparse.ArgumentParser, experiment: Experiment, option: Option
     parser.add_argument(*option.flags, help=help_text, **kwargs)
 
 
-def add_arguments(experiment: Experiment, parser: argparse.ArgumentParser) -> None:
+def add_arguments(experiment: Any, parser: argparse.ArgumentParser) -> None:
     if experiment.description is not None:
         parser.description = experiment.description
     parser.add_argument("--preset", choices=sorted(experiment.presets), default="quick",
@@ -62,7 +63,7 @@ def add_arguments(experiment: Experiment, parser: argparse.ArgumentParser) -> No
     )  # fmt: skip
 
 
-def resolve(experiment: Experiment, args: argparse.Namespace) -> Any:
+def resolve(experiment: Any, args: argparse.Namespace) -> Any:
     """The preset with every explicitly given flag applied; UsageError names a bad flag."""
     base = experiment.presets[args.preset]
     changes = {}
@@ -85,7 +86,7 @@ def resolve(experiment: Experiment, args: argparse.Namespace) -> Any:
     return settings
 
 
-def run(experiment: Experiment, args: argparse.Namespace) -> int:
+def run(experiment: Any, args: argparse.Namespace) -> int:
     from .records import RecordStore
     from .runner import sweep_command
 

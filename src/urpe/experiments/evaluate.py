@@ -118,7 +118,7 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
-    from ..data.molecules.files import MoleculeFileError, _number, read_molecule_table
+    from ..data.molecules.files import MoleculeFileError, finite_number, read_molecule_table
     from ..training.bundles import MoleculeModel
 
     model = _bundle(trained, MoleculeModel, f"{trained.checkpoint} is not a model of molecules",
@@ -132,7 +132,7 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
         )
         raise UsageError(flag, str(error)) from None
     column = next(iter(rows[0].targets)) if rows else target
-    truths = [_number(row.targets.get(column, "")) for row in rows]
+    truths = [finite_number(row.targets.get(column, "")) for row in rows]
     values = model.predict(
         [row.smiles for row in rows],
         batch_size=args.batch_size or 256,
@@ -208,7 +208,9 @@ def _synthetic(trained, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-EVALUATORS = {"lm": _text, "graph": _graph, "synthetic": _synthetic}
+# By what the model reads, as its checkpoint records it; a model of tensors is a synthetic
+# run's (evaluated on freshly drawn sequences of its task).
+EVALUATORS = {"text": _text, "molecules": _graph, "tensors": _synthetic}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
 
     say = lambda line: print(f"{PROG}: {line}", file=sys.stderr)  # noqa: E731
     trained = find_trained(args.run, None, say)
-    kind = trained.experiment
+    kind = trained.reads
+    if kind == "tensors" and trained.run.get("experiment") != "synthetic":
+        kind = None
     if kind not in EVALUATORS:
         raise UsageError(
             "RUN",

@@ -28,7 +28,7 @@ from ..cli_types import (
 )
 from ..training.precision import PRECISIONS, STRATEGIES, normalize_precision
 from .execution import Execution, world_size_from_environment
-from .experiment import Option
+from .settings import Option
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 

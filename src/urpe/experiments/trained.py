@@ -29,22 +29,20 @@ class Trained:
         return self.config.get("run") or {}
 
     @property
-    def experiment(self) -> str | None:
-        return self.run.get("experiment") or {"text": "lm", "molecules": "graph"}.get(
-            (self.config.get("inputs") or {}).get("kind")
-        )
+    def reads(self) -> str:
+        """What the model reads, as its checkpoint records it: "text", "molecules", or
+        "tensors" (`urpe.training.inputs`)."""
+        from ..training.inputs import input_record
+
+        return input_record(self.config)["kind"]
 
 
 def find_trained(
     path: Path, experiment: str | None = None, say=None, argument: str = "RUN"
 ) -> Trained:
     """The trained model `path` points at (see the module docstring); UsageError if none."""
-    from ..training.checkpoint import (
-        CheckpointError,
-        load_model,
-        read_checkpoint_config,
-        resolve_checkpoint,
-    )
+    from ..training.bundles import load_model
+    from ..training.checkpoint import CheckpointError, read_checkpoint_config, resolve_checkpoint
 
     path = Path(path)
     if not path.exists():

@@ -13,7 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "CheckpointError": "checkpoint",
-    "load_model": "checkpoint",
+    "load_model": "bundles",
     "save_model": "checkpoint",
     "MoleculeModel": "bundles",
     "TextModel": "bundles",

@@ -10,23 +10,27 @@
     gm = load_model("runs/graph/runs/<id>")        # MoleculeModel: Graphormer + featurisation
     gm.predict(["CCO", "c1ccccc1"])                # -> [float, float] in the target's units
 
-A bundle's `.model` is the `nn.Module`; calling the bundle calls the module, and any other
-attribute is the module's (`bundle.parameters()`, `bundle.config`), so code written for the bare
-module keeps working. `save_model(bundle, path)` writes it back with its encoding.
+A bundle's `.model` is the `nn.Module` and its `.inputs` the encoding (`urpe.training.inputs`:
+`TextInputs`, `MoleculeInputs`); calling the bundle calls the module, and any other attribute is
+the module's (`bundle.parameters()`, `bundle.config`), so code written for the bare module keeps
+working. `save_model(bundle, path)` writes it back with its encoding.
 
-What a checkpoint says about its inputs: config.json's "inputs" (written by `save_model`), else
-the training run's own config ("run"): a graph run names its featurisation and target, an LM
-run its metric, and its tokenizer sits in the run folder (two levels above `step-N`).
+Which bundle a checkpoint becomes is what its config.json records under "inputs" (written by
+every training run and by `save_model`; older checkpoints' are read by `inputs.input_record`).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from .checkpoint import load_module, read_checkpoint_config, resolve_checkpoint, save_model
+from .inputs import InputEncoding, MoleculeInputs, TextInputs, read_inputs
 
 PREDICT_BATCH = 256
 
@@ -38,6 +42,7 @@ class _Bundle:
     """Passes calls and unknown attributes on to `self.model`."""
 
     model: nn.Module
+    inputs: InputEncoding  # how raw data becomes the model's input
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
@@ -59,13 +64,8 @@ class _Bundle:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def checkpoint_inputs(self) -> dict[str, Any]:
-        raise NotImplementedError
-
     def save(self, path: str | Path, run: dict[str, Any] | None = None) -> Path:
         """`save_model(self, path)`: the module, its encoding (and tokenizer)."""
-        from .checkpoint import save_model
-
         return save_model(self, path, run=run)
 
 
@@ -74,11 +74,15 @@ class TextModel(_Bundle):
     losses are reported (bits per token for character or byte tokens)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, metric: str | None = None):
-        self.model, self.tokenizer = model, tokenizer
-        self.metric = metric or ("bpc" if tokenizer.kind in ("char", "byte") else "perplexity")
+        self.model, self.inputs = model, TextInputs(tokenizer, metric)
 
-    def checkpoint_inputs(self) -> dict[str, Any]:
-        return {"kind": "text", "metric": self.metric}
+    @property
+    def tokenizer(self) -> Any:
+        return self.inputs.tokenizer
+
+    @property
+    def metric(self) -> str:
+        return self.inputs.metric
 
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """The prompt as ids (P,); ValueError when it is empty or encodes to nothing."""
@@ -200,30 +204,31 @@ class TextModel(_Bundle):
 
 
 class MoleculeModel(_Bundle):
-    """A Graphormer trained on molecules, with the featurisation it was trained on and its
+    """A Graphormer trained on molecules, with the featuriser its training data was made with
+    (`urpe.data.molecules.MoleculeFeaturizer`: SMILES -> graph -> shortest paths) and its
     target's name and unit ("" where the data names none, as a user's file). Its normalisation
     (target mean and sd of the training set) is in the weights (`target_shift`,
     `target_scale`), so predictions come in the target's units."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        features: str,
-        target: str,
-        unit: str = "",
-        max_distance: int | None = None,
-    ):
-        self.model, self.features, self.target = model, features, target
-        self.unit, self.max_distance = unit, max_distance
+    def __init__(self, model: nn.Module, featurizer: Any, target: str, unit: str = ""):
+        self.model, self.inputs = model, MoleculeInputs(featurizer, target, unit)
 
-    def checkpoint_inputs(self) -> dict[str, Any]:
-        return {
-            "kind": "molecules",
-            "features": self.features,
-            "target": self.target,
-            "unit": self.unit,
-            "max_distance": self.max_distance,
-        }
+    @property
+    def featurizer(self) -> Any:
+        return self.inputs.featurizer
+
+    @property
+    def target(self) -> str:
+        return self.inputs.target
+
+    @property
+    def unit(self) -> str:
+        return self.inputs.unit
+
+    @property
+    def features(self) -> str:
+        """The featurisation's name ("zinc", "rdkit")."""
+        return self.featurizer.features
 
     @property
     def quantity(self) -> str:
@@ -236,18 +241,7 @@ class MoleculeModel(_Bundle):
 
     def graphs(self, smiles: Sequence[str]) -> list[Any]:
         """Each SMILES as the model's input graph, None where RDKit cannot read it."""
-        from rdkit import rdBase
-
-        from ..data.molecules.featurize import smiles_to_graph
-        from ..graph.paths import ShortestPaths
-
-        transform = ShortestPaths(max_distance=self.max_distance)
-        out = []
-        with rdBase.BlockLogs():
-            for text in smiles:
-                parsed = smiles_to_graph(text, self.features) if text else None
-                out.append(None if parsed is None else transform(parsed[0]))
-        return out
+        return self.featurizer.graphs(smiles)
 
     @torch.no_grad()
     def predict(
@@ -278,33 +272,33 @@ class MoleculeModel(_Bundle):
         return out
 
 
-def molecule_unit(dataset: str, target: str) -> str:
-    """The unit a graph run's target is in; "" for a user's file (its own, unnamed)."""
-    if dataset.partition(":")[0] in ("csv", "sdf"):
-        return ""
-    from ..data.molecules.datasets import _unit
-
-    return _unit(dataset, target)
-
-
-def bundle(model: nn.Module, directory: Path, config: dict[str, Any]) -> Any:
-    """The model with its input encoding attached, when the checkpoint has one (see the module
-    docstring); the bare model otherwise."""
-    inputs = dict(config.get("inputs") or {})
-    run = config.get("run") or {}
-    kind = inputs.get("kind") or {"lm": "text", "graph": "molecules"}.get(run.get("experiment"))
-    if kind == "text":
-        from ..data.text.errors import DatasetError
-        from ..data.text.tokenizers import load_tokenizer
-
-        try:
-            tokenizer = load_tokenizer(directory)
-        except DatasetError:
-            return model  # a tokenizer can still be given to TextModel by hand
-        return TextModel(model, tokenizer, inputs.get("metric") or run.get("metric"))
-    if kind == "molecules":
-        features = inputs.get("features") or run.get("data", {}).get("features", "zinc")
-        target = inputs.get("target") or run.get("target", "target")
-        unit = inputs.get("unit") or molecule_unit(run.get("dataset", ""), target)
-        return MoleculeModel(model, features, target, unit, inputs.get("max_distance"))
+def with_inputs(model: nn.Module, inputs: InputEncoding | None) -> Any:
+    """The model in the bundle its encoding calls for; the model itself when it has none."""
+    if isinstance(inputs, TextInputs):
+        return TextModel(model, inputs.tokenizer, inputs.metric)
+    if isinstance(inputs, MoleculeInputs):
+        return MoleculeModel(model, inputs.featurizer, inputs.target, inputs.unit)
     return model
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
+    """The trained model of a checkpoint, in eval mode: built from config.json, weights from
+    model.safetensors (no pickle involved). `path`: see `checkpoint.resolve_checkpoint`; from a
+    sweep folder of several runs it takes the one the commands take and says which in a warning.
+
+    A model whose inputs need encoding comes as a bundle that carries it, as its config.json
+    records: a language model with its tokenizer is a `TextModel` (`.generate("text")`,
+    `.score(text)`), a Graphormer trained on molecules a `MoleculeModel` (`.predict(["CCO"])`,
+    in the target's units); a bundle's `.model` is the module, and it passes calls and
+    attributes on to it. Any other model comes as the module itself.
+
+    >>> model = load_model("runs/synthetic/runs/pi-urpe-.../checkpoints")  # doctest: +SKIP
+    """
+    directory = resolve_checkpoint(path, say=_warn_of_choice)
+    inputs = read_inputs(read_checkpoint_config(directory), directory)
+    return with_inputs(load_module(directory, device), inputs)
+
+
+def _warn_of_choice(note: str, runs: int) -> None:
+    if runs > 1:
+        warnings.warn(f"{note}; to load another, give its folder (runs/<id>)", stacklevel=4)

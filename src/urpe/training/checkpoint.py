@@ -9,15 +9,18 @@ directory named `step-NNNNNNNN` is always complete:
         model.safetensors     every tensor of the training module's state_dict (the wrapped
                               model's under the prefix named in config.json)
         config.json           {"format", "step", "model": {"class", "config"}, "objective",
-                              "run", "state_dict_prefix"}: enough to rebuild the model
+                              "run", "inputs", "state_dict_prefix"}: enough to rebuild the
+                              model, and how raw data becomes its input (`inputs.py`)
         training_state.pt     Lightning's checkpoint dict minus the weights: optimiser and
                               scheduler states, loop progress, callback states (RNG states)
+        tokenizer.json        a text model's tokenizer, when "inputs" names it
 
 Lightning reads and writes checkpoints through `SafeCheckpointIO`, so `Trainer.fit(ckpt_path=)`
 resumes from these directories, and nothing urpe writes or reads is an arbitrary pickle:
 `torch.load(..., weights_only=True)` only rebuilds tensors and plain containers, and refuses
-anything else with an error (it never runs the file's code). `load_model(path)` rebuilds a
-trained model from config.json + model.safetensors alone.
+anything else with an error (it never runs the file's code). `load_module(path)` rebuilds a
+trained model from config.json + model.safetensors alone; `urpe.training.bundles.load_model`
+adds its input encoding.
 
 A model can be saved when urpe can describe how to build it: either it has a `config`
 attribute that is a `TransformerConfig` and is constructed as `cls(config)`
@@ -47,6 +50,7 @@ from torch import Tensor, nn
 
 from ..models import TransformerConfig
 from .files import CorruptFileError, atomic_directory, read_json
+from .inputs import InputEncoding, encoding_to_save
 from .sweeps import best_run
 
 FORMAT = "urpe-checkpoint/1"
@@ -231,32 +235,9 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
-    """The trained model of a checkpoint, in eval mode: built from config.json, weights from
-    model.safetensors (no pickle involved). `path`: see `resolve_checkpoint`; from a sweep
-    folder of several runs it takes the one the commands take and says which in a warning.
-
-    A model whose inputs need encoding comes as a bundle that carries it (`urpe.training.bundles`):
-    a language model with its tokenizer is a `TextModel` (`.generate("text")`, `.score(text)`),
-    a Graphormer trained on molecules a `MoleculeModel` (`.predict(["CCO"])`, in the target's
-    units); a bundle's `.model` is the module, and it passes calls and attributes on to it. Any
-    other model comes as the module itself.
-
-    >>> model = load_model("runs/synthetic/runs/pi-urpe-.../checkpoints")  # doctest: +SKIP
-    """
-    from .bundles import bundle
-
-    directory = resolve_checkpoint(path, say=_warn_of_choice)
-    return bundle(load_module(directory, device), directory, read_checkpoint_config(directory))
-
-
-def _warn_of_choice(note: str, runs: int) -> None:
-    if runs > 1:
-        warnings.warn(f"{note}; to load another, give its folder (runs/<id>)", stacklevel=4)
-
-
 def load_module(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """The checkpoint's model as a bare `nn.Module` (no tokenizer or featuriser attached)."""
+    """The checkpoint's model as a bare `nn.Module` in eval mode (no tokenizer or featuriser
+    attached; `urpe.training.bundles.load_model` attaches them)."""
     directory = resolve_checkpoint(path)
     config = read_checkpoint_config(directory)
     model = build_model(config["model"])
@@ -274,11 +255,11 @@ def load_module(path: str | Path, device: str | torch.device = "cpu") -> nn.Modu
 
 
 def save_model(
-    model: nn.Module,
+    model: Any,
     path: str | Path,
     *,
     tokenizer: Any = None,
-    inputs: dict[str, Any] | None = None,
+    inputs: InputEncoding | dict[str, Any] | None = None,
     run: dict[str, Any] | None = None,
 ) -> Path:
     """Write `model` as a checkpoint directory that `load_model`, `urpe generate`, `urpe
@@ -286,32 +267,39 @@ def save_model(
 
     Args:
         model: a model urpe can describe (see the module docstring), or a bundle from
-            `load_model` (its tokenizer and inputs are saved with it).
+            `load_model` (its input encoding is saved with it).
         path: the directory to write (replaced whole, atomically).
-        tokenizer: a `urpe.data.text` tokenizer, saved as tokenizer.json (language models).
-        inputs: how raw inputs become the model's, as JSON: for a Graphormer on molecules
-            {"kind": "molecules", "features": "zinc", "target": NAME, "unit": TEXT}; with a
-            tokenizer, {"kind": "text"} by default (add "metric": "bpc" or "perplexity").
+        tokenizer: a `urpe.data.text` tokenizer: the model reads text; saved as tokenizer.json.
+        inputs: how raw inputs become the model's (`urpe.training.inputs`): an encoding
+            (`MoleculeInputs(MoleculeFeaturizer("zinc"), "gap", "eV")`), or its record as JSON
+            ({"kind": "molecules", "featurizer": {"features": "zinc"}, "target": NAME, "unit":
+            TEXT}; the older {"kind": "molecules", "features": "zinc", ...} reads the same);
+            with a tokenizer, {"metric": "bpc" or "perplexity"} (default: by token kind).
         run: any JSON about how the model was made (kept in config.json).
     """
-    if hasattr(model, "checkpoint_inputs"):  # a bundle
-        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        inputs = {**model.checkpoint_inputs(), **(inputs or {})}
-        model = model.model
-    inputs = dict(inputs or {})
-    if tokenizer is not None:
-        inputs.setdefault("kind", "text")
+    current = None
+    if not isinstance(model, nn.Module):  # a bundle: its module, and what the module reads
+        model, current = model.model, model.inputs
+    encoding = encoding_to_save(current, tokenizer, inputs)
+    files = encoding.files()
     config = {"format": FORMAT, "step": 0, "model": model_spec(model), "state_dict_prefix": "",
-              "objective": None, "run": dict(run or {}), "inputs": inputs}  # fmt: skip
+              "objective": None, "run": dict(run or {}), "inputs": encoding.record()}  # fmt: skip
     text = json.dumps(config, indent=1, allow_nan=False) + "\n"
 
     def fill(temporary: Path) -> None:
         save_weights(model.state_dict(), temporary / WEIGHTS)
         (temporary / CONFIG).write_text(text)
-        if tokenizer is not None:
-            tokenizer.save(temporary)  # tokenizer.json beside the weights
+        write_files(temporary, files)
 
     return atomic_directory(Path(path), fill)
+
+
+def write_files(directory: Path, files: dict[str, str]) -> None:
+    """The files of an input encoding (tokenizer.json), beside the weights."""
+    for name, text in files.items():
+        if Path(name).name != name or name in (WEIGHTS, CONFIG, STATE):
+            raise ValueError(f"an input encoding cannot write {name!r} into a checkpoint")
+        (directory / name).write_text(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,19 +349,22 @@ def write_checkpoint(checkpoint: dict[str, Any], directory: str | Path, keep: in
     """Write Lightning's checkpoint dict as a urpe checkpoint directory, atomically, then delete
     all but the newest `keep` step directories beside it.
 
-    `checkpoint["urpe"]` (added by the objective's `on_save_checkpoint`) becomes config.json;
+    `checkpoint["urpe"]` (added by the objective's `on_save_checkpoint`) becomes config.json,
+    its "files" (the input encoding's, a tokenizer.json) files beside it;
     `checkpoint["state_dict"]` becomes model.safetensors; the rest becomes training_state.pt.
     """
     directory = Path(directory)
     checkpoint = dict(checkpoint)
     weights = checkpoint.pop("state_dict")
-    described = checkpoint.pop("urpe", None) or {}
+    described = dict(checkpoint.pop("urpe", None) or {})
+    files = described.pop("files", None) or {}
     step = int(checkpoint.get("global_step", 0))
     config = {"format": FORMAT, "step": step, **described}
 
     def fill(temporary: Path) -> None:
         save_weights(weights, temporary / WEIGHTS)
         (temporary / CONFIG).write_text(json.dumps(config, indent=1, allow_nan=False) + "\n")
+        write_files(temporary, files)
         torch.save(checkpoint, temporary / STATE)
 
     atomic_directory(directory, fill)

@@ -30,6 +30,7 @@ from torchmetrics import MeanMetric
 
 from ..data.text import IGNORE_INDEX, ContiguousBatches, SlidingWindows
 from ..models.lm import LanguageModel
+from .inputs import InputEncoding
 from .objectives import Objective
 from .optim import OptimConfig
 
@@ -90,8 +91,8 @@ class CausalLM(Objective):
     """
 
     def __init__(self, model: LanguageModel, optim: OptimConfig, metric: str = "bpc",
-                 run: dict | None = None):  # fmt: skip
-        super().__init__(model, optim, run)
+                 run: dict | None = None, inputs: InputEncoding | None = None):  # fmt: skip
+        super().__init__(model, optim, run, inputs)
         report_metric(1.0, metric)  # checks the name
         self.metric = metric
         self.val_loss = MeanMetric()

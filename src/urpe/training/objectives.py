@@ -2,7 +2,9 @@
 
 An objective owns the loss, the metrics (torchmetrics, synchronised across devices) and the
 optimiser; the model is any `nn.Module`, passed in. Checkpoints store the model's description
-(`checkpoint.model_spec`) so `load_model` rebuilds it without the objective.
+(`checkpoint.model_spec`) so `load_model` rebuilds it without the objective, and the run's input
+encoding (`inputs=`, see `inputs.py`: the tokenizer, or the molecule featuriser with the target
+and its unit) so that it comes back with its inputs.
 
 `TokenClassification`: a model mapping tokens (B, L) to logits (B, L, C), trained with
 per-token cross-entropy; reports token accuracy. The graph-regression and causal-LM objectives
@@ -22,16 +24,21 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from .checkpoint import model_spec
+from .inputs import InputEncoding
 from .optim import OptimConfig, build_optimizer
 
 
 class Objective(L.LightningModule):
     """What every urpe objective shares: the wrapped `model`, Adam with warm-up and polynomial
-    decay stepped every update, and a description of itself in each checkpoint."""
+    decay stepped every update, and a description of itself in each checkpoint: the model, the
+    run's config (`run`) and how raw data becomes the model's input (`inputs`; default: the
+    model takes tensors as they are)."""
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, run: dict | None = None):
+    def __init__(self, model: nn.Module, optim: OptimConfig, run: dict | None = None,
+                 inputs: InputEncoding | None = None):  # fmt: skip
         super().__init__()
         self.model, self.optim, self.run = model, optim, dict(run or {})
+        self.inputs = inputs or InputEncoding()
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer, scheduler = build_optimizer(self.model.parameters(), self.optim)
@@ -51,6 +58,8 @@ class Objective(L.LightningModule):
             "state_dict_prefix": "model.",
             "objective": self.describe(),
             "run": self.run,
+            "inputs": self.inputs.record(),
+            "files": self.inputs.files(),  # written beside config.json (tokenizer.json)
         }
 
 
@@ -63,8 +72,9 @@ class TokenClassification(Objective):
     """
 
     def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig,
-                 ignore_index: int = -100, run: dict | None = None):  # fmt: skip
-        super().__init__(model, optim, run)
+                 ignore_index: int = -100, run: dict | None = None,
+                 inputs: InputEncoding | None = None):  # fmt: skip
+        super().__init__(model, optim, run, inputs)
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         self.num_classes, self.ignore_index = num_classes, ignore_index

@@ -28,83 +28,23 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from rdkit import RDLogger
-from torch_geometric.data import Data, InMemoryDataset
-from torch_geometric.data.collate import collate
+from torch_geometric.data import Data
 
-from ...graph.paths import ShortestPaths
 from ...progress import progress_bar
 from . import sources
 from .cache import cache_key, cache_root, load_entry, save_entry
-from .featurize import FEATURIZATIONS, FeatureSpec, smiles_to_graph
-from .files import load_molecule_file, parse_file_spec
+from .featurize import FEATURIZATIONS
+from .featurizer import MoleculeFeaturizer
+from .files import is_file_spec, load_molecule_file, parse_file_spec
+from .splits import SPLITS, GraphSplit, MoleculeDataset, target_stats
 from .targets import PLOGP_TARGETS
-
-SPLITS = ("train", "val", "test")
-
-
-class GraphSplit(InMemoryDataset):
-    """One split of a dataset, in memory: a PyTorch Geometric dataset (index it, slice it, give
-    it to `torch_geometric.loader.DataLoader`).
-
-    Each graph: x (N, F) long, edge_index (2, E), edge_attr (E, Fe) long, y (1,) float32,
-    smiles (str; absent for ZINC), and from `ShortestPaths`: spd and path_next_edge (N * N,).
-    """
-
-    def __init__(self, data: Data, slices: dict[str, torch.Tensor], transform=None) -> None:
-        super().__init__(root=None, transform=transform, log=False)
-        self._data, self.slices = data, slices
-
-    @classmethod
-    def from_graphs(cls, graphs: Sequence[Data]) -> GraphSplit:
-        if not graphs:
-            return cls(Data(), {})
-        # PyG's InMemoryDataset.collate skips the slices for a single graph; keep them always.
-        data, slices, _ = collate(Data, list(graphs), increment=False, add_batch=False)
-        return cls(data, slices)
-
-    def to_storage(self) -> dict[str, Any]:
-        """Tensors, strings and numbers only: what the cache can load without unpickling."""
-        return {"data": self._data.to_dict(), "slices": dict(self.slices)}
-
-    @classmethod
-    def from_storage(cls, storage: dict[str, Any]) -> GraphSplit:
-        return cls(Data.from_dict(storage["data"]), storage["slices"])
-
-
-@dataclass
-class MoleculeDataset:
-    """Three splits plus what a model and a report need to know about them.
-
-    Attributes:
-        name, target, unit: the dataset, its target's name and unit.
-        features: featurisation name; `feature_spec` gives the categories per column.
-        train, val, test: `GraphSplit`s.
-        info: sizes, dropped molecules, target mean/sd per split, build time, source details.
-        path: the cache entry the data was read from.
-    """
-
-    name: str
-    target: str
-    unit: str
-    features: str
-    feature_spec: FeatureSpec
-    train: GraphSplit
-    val: GraphSplit
-    test: GraphSplit
-    info: dict[str, Any] = field(default_factory=dict)
-    path: Path | None = None
-
-    def split(self, name: str) -> GraphSplit:
-        if name not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
-        return getattr(self, name)
 
 
 @dataclass(frozen=True)
@@ -112,8 +52,7 @@ class _Request:
     target: str
     sizes: tuple[int, int, int]
     seed: int
-    features: str
-    transform: ShortestPaths | None
+    featurizer: MoleculeFeaturizer
     zinc_dir: str | None
     scratch: Path  # where a build may write temporary files (not part of the cache key)
 
@@ -148,12 +87,12 @@ def _graphs(
     description: str,
     progress: bool,
 ) -> tuple[list[Data], int]:
-    """Featurise SMILES (with the target given or computed from the molecule) and apply the
-    shortest-path transform. Returns the graphs and how many molecules were dropped."""
+    """Featurise SMILES (with the target given or computed from the molecule) and add the
+    relation. Returns the graphs and how many molecules were dropped."""
     RDLogger.DisableLog("rdApp.*")  # a dropped molecule is counted, not printed
     graphs, dropped = [], 0
     for smiles, value in progress_bar(records, desc=description, unit="molecule", enabled=progress):
-        parsed = smiles_to_graph(smiles, request.features)
+        parsed = request.featurizer.parse(smiles)
         if parsed is None:
             dropped += 1
             continue
@@ -165,9 +104,7 @@ def _graphs(
             continue
         data.y = torch.tensor([value], dtype=torch.float32)
         data.smiles = smiles
-        if request.transform is not None:
-            data = request.transform(data)
-        graphs.append(data)
+        graphs.append(request.featurizer.relate(data))
     return graphs, dropped
 
 
@@ -270,9 +207,7 @@ def _zinc_build(subset: bool):
                         edge_attr=data.edge_attr.long().view(-1, 1),  # (E, 1) bond type
                         y=data.y.float().view(1),
                     )
-                    if request.transform is not None:
-                        data = request.transform(data)
-                    graphs.append(data)
+                    graphs.append(request.featurizer.relate(data))
                 splits[split] = graphs
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -319,7 +254,10 @@ MOLECULE_DATASETS: dict[str, MoleculeSource] = {
 }
 
 
-def _unit(name: str, target: str) -> str:
+def molecule_unit(name: str, target: str) -> str:
+    """The unit of a dataset's target; "" for a user's file (its own, unnamed)."""
+    if is_file_spec(name):
+        return ""
     if name == "qm9":
         return sources.QM9_TARGETS[target][2] if target in sources.QM9_TARGETS else "CSV units"
     return "logP units" if target == "plogp" else "standardised"
@@ -386,9 +324,9 @@ def load_molecules(
     too_big = [f"{s} {n} > {m}" for s, n, m in zip(sizes, SPLITS, standard, strict=True) if s > m]
     if too_big:
         raise ValueError(f"{name}'s standard split is {standard}; sizes cap it: {too_big}")
-    transform = ShortestPaths(max_distance=max_distance) if shortest_paths else None
+    featurizer = MoleculeFeaturizer(features, max_distance, shortest_paths)
     root = cache_root(cache_dir)
-    request = _Request(target, sizes, seed, features, transform, zinc_dir, root)
+    request = _Request(target, sizes, seed, featurizer, zinc_dir, root)
 
     key_inputs = {
         "name": name,
@@ -396,7 +334,7 @@ def load_molecules(
         "sizes": list(sizes),
         "seed": seed if not name.startswith("zinc") else None,
         "features": features,
-        "transform": repr(transform),
+        "transform": repr(featurizer.paths),  # as named before the featuriser: same entries
         "source": source.identity(request),
     }
     entry = root / f"{name}-{cache_key(key_inputs)}"
@@ -408,7 +346,7 @@ def load_molecules(
         info.update(
             build_seconds=round(time.perf_counter() - started, 2),
             sizes={split: len(splits[split]) for split in SPLITS},
-            target_stats={split: _stats(splits[split]) for split in SPLITS},
+            target_stats={split: target_stats(splits[split]) for split in SPLITS},
             key_inputs=key_inputs,
         )
         payload = {"splits": {s: splits[s].to_storage() for s in SPLITS}, "info": info}
@@ -417,17 +355,9 @@ def load_molecules(
     return MoleculeDataset(
         name=name,
         target=target,
-        unit=_unit(name, target),
-        features=features,
-        feature_spec=FEATURIZATIONS[features],
+        unit=molecule_unit(name, target),
+        featurizer=featurizer,
         info=payload["info"],
         path=entry,
         **splits,
     )
-
-
-def _stats(split: GraphSplit) -> dict[str, float]:
-    if len(split) == 0:
-        return {"mean": float("nan"), "std": float("nan")}
-    y = split._data.y.double()
-    return {"mean": float(y.mean()), "std": float(y.std()) if y.numel() > 1 else 0.0}

@@ -19,28 +19,42 @@
   more than one split.
 - The cache entry is keyed by the file's content (SHA-256), never by its path: an edited file is
   rebuilt, a moved or renamed one is found again.
+- The file is read once: `read_molecule_file` gives its bytes and their SHA-256 together, and
+  both the cache key and the table come from them (`load_molecule_file` takes either a path or
+  such a `MoleculeFile`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from rdkit import Chem, rdBase
 
-from ...files import file_sha256
-from .tables import MoleculeFileError, MoleculeRow, load_table, read_molecule_table
+from ...progress import progress_bar
+from .cache import cache_key, cache_root, load_entry, save_entry
+from .featurize import FEATURIZATIONS
+from .featurizer import MoleculeFeaturizer
+from .splits import SPLITS, GraphSplit, MoleculeDataset, target_stats
+from .tables import MoleculeFileError, MoleculeRow, MoleculeTable, load_table, read_molecule_table
 
 __all__ = [
+    "MoleculeFile",
     "MoleculeFileError",
     "MoleculeRow",
     "assign_splits",
     "duplicates_summary",
+    "is_file_spec",
     "load_molecule_file",
+    "read_molecule_file",
     "read_molecule_table",
     "skipped_summary",
 ]
@@ -51,15 +65,50 @@ DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 SHOWN_LINES = 5  # line numbers named in the skipped-rows summary
 
 
+def is_file_spec(spec: str) -> bool:
+    """Whether a dataset name is the user's file: "csv:..." or "sdf:..." (a path, or in a run's
+    config "csv:sha256-<digest>")."""
+    kind, sep, rest = spec.partition(":")
+    return bool(sep) and kind in FILE_KINDS and bool(rest)
+
+
 def parse_file_spec(spec: str) -> tuple[str, Path] | None:
     """ "csv:PATH" / "sdf:PATH" -> (kind, absolute path); None for anything else."""
-    kind, sep, rest = spec.partition(":")
-    if not sep or kind not in FILE_KINDS or not rest:
+    if not is_file_spec(spec):
         return None
+    kind, _, rest = spec.partition(":")
     return kind, Path(rest).expanduser().resolve()
 
 
-def _number(text: str) -> float | None:
+@dataclass(frozen=True)
+class MoleculeFile:
+    """The user's file, read once: its bytes and their SHA-256, and its tables parsed from them."""
+
+    path: Path
+    content: bytes
+    sha256: str
+
+    def table(
+        self,
+        smiles_column: str = "smiles",
+        targets: Sequence[str] = (),
+        split_column: str | None = None,
+    ) -> MoleculeTable:
+        """`tables.load_table` of the bytes read (the file is not opened again)."""
+        return load_table(self.path, smiles_column, targets, split_column, content=self.content)
+
+
+def read_molecule_file(path: str | os.PathLike) -> MoleculeFile:
+    """Read the file at `path` (made absolute); MoleculeFileError when there is none."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise MoleculeFileError(f"no such file: {path}")
+    content = path.read_bytes()
+    return MoleculeFile(path, content, hashlib.sha256(content).hexdigest())
+
+
+def finite_number(text: str) -> float | None:
+    """A target cell as a finite number; None for an empty cell, text, inf or nan."""
     try:
         value = float(text)
     except ValueError:
@@ -70,8 +119,6 @@ def _number(text: str) -> float | None:
 def molecule_keys(rows: Sequence[MoleculeRow]) -> list[str | None]:
     """Each row's canonical SMILES (one molecule, however written); None where RDKit cannot
     read it (such a row is skipped later)."""
-    from rdkit import Chem, rdBase
-
     keys: list[str | None] = []
     with rdBase.BlockLogs():
         for row in rows:
@@ -131,7 +178,7 @@ def find_duplicates(
     repeated = [g for g in _groups(keys) if len(g) > 1 and keys[g[0]] is not None]
     conflicting, example = 0, None
     for group in repeated:
-        values = [_number(rows[i].targets.get(target, "")) for i in group]
+        values = [finite_number(rows[i].targets.get(target, "")) for i in group]
         if len({v for v in values if v is not None}) > 1:
             conflicting += 1
             example = example or {
@@ -205,28 +252,21 @@ def skipped_line(skipped: dict[str, Any], total: int, name: str | None) -> str:
 def featurize_rows(
     rows: Sequence[MoleculeRow],
     target: str | None,
-    features: str,
-    transform: Callable | None,
+    featurizer: MoleculeFeaturizer,
     progress: bool = False,
     description: str = "molecules",
 ) -> tuple[list[Any], dict[str, list[int]]]:
     """Graphs of the rows (y = the target, when given) and the lines skipped, by reason."""
-    import torch
-    from rdkit import rdBase
-
-    from ...progress import progress_bar
-    from .featurize import smiles_to_graph
-
     graphs, invalid, no_target = [], [], []
     with rdBase.BlockLogs():  # a skipped molecule is counted, not printed by RDKit
         for row in progress_bar(rows, desc=description, unit="molecule", enabled=progress):
             value = None
             if target is not None:
-                value = _number(row.targets.get(target, ""))
+                value = finite_number(row.targets.get(target, ""))
                 if value is None:
                     no_target.append(row.line)
                     continue
-            parsed = smiles_to_graph(row.smiles, features) if row.smiles else None
+            parsed = featurizer.parse(row.smiles)
             if parsed is None:
                 invalid.append(row.line)
                 continue
@@ -234,9 +274,7 @@ def featurize_rows(
             if value is not None:
                 data.y = torch.tensor([value], dtype=torch.float32)
             data.smiles = row.smiles
-            if transform is not None:
-                data = transform(data)
-            graphs.append(data)
+            graphs.append(featurizer.relate(data))
     reasons = {"invalid SMILES": invalid}
     if target is not None:
         reasons[f"without a number in {target!r}"] = no_target
@@ -244,7 +282,7 @@ def featurize_rows(
 
 
 def load_molecule_file(
-    path: str | os.PathLike,
+    path: str | os.PathLike | MoleculeFile,
     *,
     target: str,
     smiles_column: str = "smiles",
@@ -256,11 +294,11 @@ def load_molecule_file(
     cache_dir: str | None = None,
     progress: bool = True,
     rebuild: bool = False,
-):
+) -> MoleculeDataset:
     """A `MoleculeDataset` from the user's file (see the module docstring), cached by content.
 
     Args:
-        path: a CSV/TSV/SMILES (optionally gzipped) or SDF file.
+        path: a CSV/TSV/SMILES (optionally gzipped) or SDF file, or its `read_molecule_file`.
         target: the target column, any case (numbers; its units are the file's, unnamed: the
             dataset's `unit` is ""); the dataset's `target` is the header's spelling.
         smiles_column: the SMILES column (any case; SDF files give the molecule itself).
@@ -268,20 +306,14 @@ def load_molecule_file(
         sizes: (train, val, test) caps; None: every row.
         seed, features, max_distance, cache_dir, progress, rebuild: as `load_molecules`.
     """
-    from ...graph.paths import ShortestPaths
-    from .cache import cache_key, cache_root, load_entry, save_entry
-    from .datasets import SPLITS, GraphSplit, MoleculeDataset, _stats
-    from .featurize import FEATURIZATIONS
-
-    path = Path(path).expanduser().resolve()
     if features not in FEATURIZATIONS:
         raise MoleculeFileError(f"features must be one of {', '.join(FEATURIZATIONS)}")
-    if not path.is_file():
-        raise MoleculeFileError(f"no such file: {path}")
+    file = path if isinstance(path, MoleculeFile) else read_molecule_file(path)
+    path = file.path
     sizes = None if sizes is None else tuple(int(s) for s in sizes)
-    transform = ShortestPaths(max_distance=max_distance)
+    featurizer = MoleculeFeaturizer(features, max_distance)
     key_inputs = {
-        "file_sha256": file_sha256(path),
+        "file_sha256": file.sha256,
         "smiles_column": smiles_column,
         "target": target,
         "split_column": split_column,
@@ -290,14 +322,14 @@ def load_molecule_file(
         else {"fractions": list(DEFAULT_FRACTIONS), "seed": seed, "by": "molecule"},
         "sizes": None if sizes is None else list(sizes),
         "features": features,
-        "transform": repr(transform),
+        "transform": repr(featurizer.paths),  # as named before the featuriser: same entries
     }
     root = cache_root(cache_dir)
     entry = root / f"file-{cache_key(key_inputs)}"
     payload = None if rebuild else load_entry(entry)
     if payload is None:
         started = time.perf_counter()
-        table = load_table(path, smiles_column, [target], split_column)
+        table = file.table(smiles_column, [target], split_column)
         rows, column = table.rows, table.targets[0]  # the header's own spelling from here on
         keys = molecule_keys(rows)
         picked = assign_splits(rows, keys, table.split_column, seed)
@@ -307,8 +339,7 @@ def load_molecule_file(
             graphs, why = featurize_rows(
                 [rows[i] for i in chosen],
                 column,
-                features,
-                transform,
+                featurizer,
                 progress,
                 f"{path.name} {split}",
             )
@@ -324,7 +355,7 @@ def load_molecule_file(
             "duplicates": find_duplicates(rows, keys, column, table.split_column),
             "build_seconds": round(time.perf_counter() - started, 2),
             "sizes": {split: len(splits[split]) for split in SPLITS},
-            "target_stats": {split: _stats(splits[split]) for split in SPLITS},
+            "target_stats": {split: target_stats(splits[split]) for split in SPLITS},
             "key_inputs": key_inputs,
         }
         payload = {"splits": {s: splits[s].to_storage() for s in SPLITS}, "info": info}
@@ -336,8 +367,7 @@ def load_molecule_file(
         else f"sdf:{path.name}",
         target=payload["info"]["target"],
         unit="",  # the file's own units, unnamed
-        features=features,
-        feature_spec=FEATURIZATIONS[features],
+        featurizer=featurizer,
         info={**payload["info"], "path": str(path)},
         path=entry,
         **splits,

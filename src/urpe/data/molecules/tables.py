@@ -83,10 +83,11 @@ def _decode(raw: bytes, path: Path) -> str:
         return raw.decode("cp1252", errors="replace")
 
 
-def _read_text(path: Path) -> str:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as handle:
-        return _decode(handle.read(), path)
+def _raw(path: Path, content: bytes | None) -> bytes:
+    """The file's bytes, uncompressed: `content` when the caller has read them already."""
+    if content is None:
+        content = path.read_bytes()
+    return gzip.decompress(content) if path.name.endswith(".gz") else content
 
 
 def _separator(first_line: str, name: str) -> str | None:
@@ -156,14 +157,13 @@ def _read_smiles_lines(text: str) -> tuple[list[str], list[tuple[int, dict]]]:
     return header, rows
 
 
-def _read_sdf(path: Path) -> tuple[list[str], list[tuple[int, dict]]]:
+def _read_sdf(raw: bytes) -> tuple[list[str], list[tuple[int, dict]]]:
     from rdkit import Chem, rdBase
 
-    opener = gzip.open if path.name.endswith(".gz") else open
     header: dict[str, None] = {"smiles": None}
     rows = []
-    with opener(path, "rb") as handle, rdBase.BlockLogs():
-        for number, mol in enumerate(Chem.ForwardSDMolSupplier(handle), start=1):
+    with rdBase.BlockLogs():
+        for number, mol in enumerate(Chem.ForwardSDMolSupplier(io.BytesIO(raw)), start=1):
             if mol is None:
                 rows.append((number, {"smiles": ""}))
                 continue
@@ -205,20 +205,22 @@ def load_table(
     smiles_column: str = "smiles",
     targets: Sequence[str] = (),
     split_column: str | None = None,
+    content: bytes | None = None,
 ) -> MoleculeTable:
-    """The rows of a molecule file (see the module docstring) and its columns' own names."""
+    """The rows of a molecule file (see the module docstring) and its columns' own names.
+    `content`: the file's bytes, when already read (the file is then not opened)."""
     path = Path(path)
-    if not path.is_file():
+    if content is None and not path.is_file():
         raise MoleculeFileError(f"no such file: {path}")
     name = path.name.lower()
     if name.endswith((".parquet", ".pq")):
         raise MoleculeFileError(f"{path.name}: Parquet is not read; save it as CSV first")
     separator = None
     if name.endswith((".sdf", ".sdf.gz")):
-        header, raw = _read_sdf(path)
+        header, raw = _read_sdf(_raw(path, content))
         smiles_column = "smiles"  # the molecule itself
     else:
-        text = _read_text(path)
+        text = _decode(_raw(path, content), path)
         if not text.strip():
             raise MoleculeFileError(f"{path} is empty (a header row is needed)")
         first_line = next(line for line in text.splitlines() if line.strip())

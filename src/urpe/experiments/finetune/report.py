@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...training.lm import report_metric
-from ..lm.report import _cell, _mean_sd, finish_report, rows
+from ..lm.report import cell, finish_report, mean_sd, rows
 from .presets import VARIANTS
 
 
@@ -25,10 +25,10 @@ def summary_table(records: list[dict], table: list[dict]) -> str:
     lines = [f"| variant | trained params | gate params | val {metric} before | val {metric} | "
              f"test {metric} | max abs(C - 1) | step time vs base | seeds |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    base = _mean_sd([table[i]["step_seconds_median"] for i in groups.get("base", [])])[0]
+    base = mean_sd([table[i]["step_seconds_median"] for i in groups.get("base", [])])[0]
     for variant in sorted(groups, key=_order):
         runs = [records[i]["result"] for i in groups[variant]]
-        speed = _mean_sd([table[i]["step_seconds_median"] for i in groups[variant]])[0]
+        speed = mean_sd([table[i]["step_seconds_median"] for i in groups[variant]])[0]
         ratio = "-" if variant == "base" or "base" not in groups else f"{speed / base:.2f}x"
         moved = [r["gate_max_change"] for r in runs if r["gate_max_change"] is not None]
         seeds = ",".join(
@@ -36,10 +36,10 @@ def summary_table(records: list[dict], table: list[dict]) -> str:
         )
         lines.append(
             f"| {variant} | {runs[0]['trained_params']:,} | {runs[0]['gate_params']:,} | "
-            f"{_cell([report_metric(r['val_loss_start'], metric) for r in runs])} | "
-            f"{_cell([table[i]['val'] for i in groups[variant]])} | "
-            f"{_cell([table[i]['test'] for i in groups[variant]])} | "
-            f"{_cell(moved) if moved else '-'} | {ratio} | {seeds} |"
+            f"{cell([report_metric(r['val_loss_start'], metric) for r in runs])} | "
+            f"{cell([table[i]['val'] for i in groups[variant]])} | "
+            f"{cell([table[i]['test'] for i in groups[variant]])} | "
+            f"{cell(moved) if moved else '-'} | {ratio} | {seeds} |"
         )  # fmt: skip
     unit = "bits per token" if metric == "bpc" else "perplexity"
     lines.append(f"\nLoss in {unit} ({metric}) at the training length; mean ± sd over seeds.")

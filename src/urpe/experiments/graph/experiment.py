@@ -1,4 +1,5 @@
-"""The graph experiment on the shared runner: its run configs, `run_one` and `EXPERIMENT`.
+"""The graph experiment on the shared runner: its run configs, `run_one`, the report with its
+figures, and `EXPERIMENT`.
 
 A run is (dataset, variant, seed) under a preset's settings: Graphormer with or without URPE's
 gate, trained with the L1 loss on one molecule dataset. The data split is fixed (split seed 0)
@@ -33,7 +34,7 @@ from .presets import (
     ZINC_ENV_VAR,
     Preset,
 )
-from .report import report
+from .report import rows, write_report
 
 SPLIT_SEED = 0  # the same train/val/test molecules for every run
 FEATURES = "zinc"  # atom type and bond type, as ZINC
@@ -112,17 +113,49 @@ def specs(preset: Preset, precision: str) -> list[RunSpec]:
     ]
 
 
+def plan_file_runs(preset: Preset, precision: str, file: Any) -> list[RunSpec]:
+    """Every (target column, seed, variant) on the user's file (its `MoleculeFile`), its
+    columns named as its header names them (so `logp` and `logP` are one run). The file enters
+    each run's identity as its SHA-256 and its columns (shown as "csv:sha256-<12 hex digits>");
+    its absolute path is stored under the config's `locations` (not part of the identity), so
+    an edited file trains again and a moved or renamed one does not."""
+    kind = preset.dataset.partition(":")[0]
+    smiles_column, targets, split_column = molecule_files.file_columns(preset, file)
+    runs = []
+    for target in targets:
+        for seed in preset.seeds:
+            for variant in preset.variants:
+                config = run_config(preset.dataset, target, variant, seed, preset, precision)
+                config["dataset"] = f"{kind}:sha256-{file.sha256[:12]}"  # not the name: see above
+                config["data"]["file"] = {
+                    "sha256": file.sha256,
+                    "smiles_column": smiles_column,
+                    "split_column": split_column,
+                }
+                config[LOCATIONS] = {"dataset": str(file.path)}
+                name = f"{file.path.stem}-{target}-{variant}-S{preset.steps}-seed{seed}"
+                runs.append(RunSpec(name, config, preset.steps))
+    return runs
+
+
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
     """Every run; the dataset's cache is built (or checked) once, here, before any run starts,
     so that parallel runs read the same cache instead of each building it. A user's file
-    (--dataset csv:PATH) makes one run per target column, identified by the file's content."""
-    from_file = molecule_files.is_file_dataset(preset.dataset)
-    runs = (molecule_files.plan_file_runs if from_file else specs)(preset, precision)
+    (--dataset csv:PATH) is read once, here, and makes one run per target column, identified
+    by the file's content."""
+    from ...data.molecules.files import is_file_spec
+
+    file = None
+    if is_file_spec(preset.dataset):
+        file = molecule_files.read_file(preset)
+        runs = plan_file_runs(preset, precision, file)
+    else:
+        runs = specs(preset, precision)
     if preset.zinc_dir is not None:
         # Spawned runs inherit the environment: the folder is not part of any run's identity.
         os.environ[ZINC_ENV_VAR] = str(preset.zinc_dir)
     try:
-        data = load_data(runs[0].config, progress=progress)
+        data = load_data(runs[0].config, progress=progress, file=file)
     except (ValueError, FileNotFoundError) as error:
         raise UsageError("--dataset", str(error).splitlines()[0]) from None
     molecule_files.check_data(data, lambda line: print(f"urpe reproduce graph: {line}",
@@ -130,12 +163,14 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     return runs
 
 
-def load_data(config: dict[str, Any], progress: bool = False):
-    """The run's molecules (from the cache after the first call; built by the command first)."""
+def load_data(config: dict[str, Any], progress: bool = False, file: Any = None):
+    """The run's molecules (from the cache after the first call; built by the command first);
+    `file`: the user's file already read (its `MoleculeFile`), for a run on one."""
     from ...data.molecules import load_molecules
+    from ...data.molecules.files import is_file_spec
 
-    if LOCATIONS in config:  # the user's own file
-        return molecule_files.load_data(config, progress)
+    if is_file_spec(config["dataset"]):  # the user's own file
+        return molecule_files.load_data(config, progress, file)
     sizes = config["data"]["sizes"]
     return load_molecules(
         config["dataset"],
@@ -185,6 +220,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
 
     from ...graph import Graphormer
     from ...training import IndexedStream, StepDataModule
+    from ...training.inputs import MoleculeInputs
     from ...training.regression import GraphRegression, mean_absolute_error
 
     seed = config["seed"]
@@ -194,7 +230,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     train_y = data.train._data.y.double()
     # The head learns standardised targets; predictions come out in the data's units.
     model.set_target_statistics(float(train_y.mean()), float(train_y.std().clamp(min=1e-8)))
-    objective = GraphRegression(model, OptimConfig.from_dict(config["optim"]), run=config)
+    inputs = MoleculeInputs(data.featurizer, data.target, data.unit)  # in every checkpoint
+    objective = GraphRegression(model, OptimConfig.from_dict(config["optim"]), run=config,
+                                inputs=inputs)  # fmt: skip
     train = config["train"]
     stream = IndexedStream(len(data.train), train["batch_size"], seed, _Collate(data.train))
     module = StepDataModule(
@@ -228,6 +266,14 @@ def describe(record: dict) -> str:
     """The line printed when a run finishes."""
     r = record["result"]
     return f"test MAE {r['test_mae']:.4f}, val MAE {r['val_mae']:.4f} in {record['seconds']:.0f} s"
+
+
+def report(records: list[dict], out: Path, wall: float) -> tuple[str, list[Path]]:
+    """results.json, results.md and the figures; returns the markdown and the figures' paths."""
+    from .plots import figures  # matplotlib, imported when a report is drawn
+
+    text = write_report(records, out, wall)
+    return text, figures(records, rows(records), out)
 
 
 def check(preset: Preset) -> None:

@@ -6,11 +6,10 @@ The experiment (presets.py, experiment.py) calls these few functions (its hooks)
   of a .csv/.tsv/.sdf file, made absolute); `FILE_OPTIONS` are --smiles-column,
   --target-column and --split-column;
 - `check_file_settings(preset)` refuses settings that do not fit the dataset, up front;
-  `file_columns(preset)` gives the header's own spelling of the column flags (any case);
-- `plan_file_runs(preset, precision)` makes one run per (target column, variant, seed): the file
-  enters each run's identity as its SHA-256 and its columns (and is shown as
-  "csv:sha256-<12 hex digits>"); its absolute path is stored under the config's `locations`
-  (not part of the identity), so an edited file trains again and a moved or renamed one does not;
+- `read_file(preset)` reads the file, once per command (its bytes and their SHA-256: the plan,
+  the columns and the first run's data all come from that one read); `file_columns(preset,
+  file)` gives the header's own spelling of the column flags (any case), or a UsageError naming
+  the flag;
 - `load_data(config)` reads such a run's molecules, refusing a file whose content changed;
 - `check_data(data, say)` prints the skipped-rows and repeated-molecules lines and refuses splits
   too small to report; `file_facts(data)` is what a record keeps about the file.
@@ -24,7 +23,7 @@ from typing import Any
 
 from ...cli_types import UsageError, name_list
 from ..experiment import Option
-from ..records import LOCATIONS, RunSpec
+from ..records import LOCATIONS
 
 DATASETS = ("moses-plogp", "qm9", "zinc", "zinc-full")  # the packaged ones
 FILE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".smi": "csv", ".smiles": "csv",
@@ -36,8 +35,10 @@ def dataset_argument(text: str) -> str:
     """--dataset's type: a packaged name, or "csv:ABSOLUTE_PATH" / "sdf:ABSOLUTE_PATH"."""
     if text in DATASETS:
         return text
-    kind, sep, rest = text.partition(":")
-    if sep and kind in ("csv", "sdf"):
+    from ...data.molecules.files import is_file_spec
+
+    kind, _, rest = text.partition(":")
+    if is_file_spec(text):
         path = Path(rest).expanduser()
     else:
         path = Path(text).expanduser()
@@ -53,10 +54,6 @@ def dataset_argument(text: str) -> str:
     return f"{kind}:{path.resolve()}"
 
 
-def is_file_dataset(spec: str) -> bool:
-    return spec.partition(":")[0] in ("csv", "sdf")
-
-
 FILE_OPTIONS = (
     Option(("--smiles-column",), "smiles_column", "with --dataset csv:PATH: the column of SMILES, "
            "any case (default: smiles). Rows whose SMILES RDKit cannot read, or whose target is "
@@ -70,8 +67,11 @@ FILE_OPTIONS = (
 
 
 def check_file_settings(preset: Any) -> None:
-    """UsageError for settings that do not fit the dataset (before anything is built)."""
-    if is_file_dataset(preset.dataset):
+    """UsageError for settings that do not fit the dataset (before anything is read or built;
+    the columns are checked against the file when it is read, before anything is built)."""
+    from ...data.molecules.files import is_file_spec
+
+    if is_file_spec(preset.dataset):
         if not preset.target_columns:
             raise UsageError(
                 "--target-column",
@@ -79,7 +79,6 @@ def check_file_settings(preset: Any) -> None:
             )
         if preset.target is not None:
             raise UsageError("--target", "with a file, name the target with --target-column")
-        file_columns(preset)  # the columns exist: checked now, not after the data is built
     elif preset.target_columns or preset.split_column or preset.smiles_column != "smiles":
         raise UsageError(
             "--target-column",
@@ -87,14 +86,24 @@ def check_file_settings(preset: Any) -> None:
         )
 
 
-def file_columns(preset: Any) -> tuple[str, list[str], str | None]:
-    """The header's own names for --smiles-column, --target-column and --split-column (any case
-    on the command line); UsageError naming the flag when one is missing."""
-    from ...data.molecules.tables import MoleculeFileError, load_table
+def read_file(preset: Any):
+    """The user's file of --dataset csv:PATH, read (a `MoleculeFile`); UsageError if it is gone."""
+    from ...data.molecules.files import MoleculeFileError, read_molecule_file
 
-    path = preset.dataset.partition(":")[2]
     try:
-        table = load_table(path, preset.smiles_column, preset.target_columns, preset.split_column)
+        return read_molecule_file(preset.dataset.partition(":")[2])
+    except MoleculeFileError as error:
+        raise UsageError("--dataset", str(error)) from None
+
+
+def file_columns(preset: Any, file: Any) -> tuple[str, list[str], str | None]:
+    """The header's own names in `file` (a `MoleculeFile`) for --smiles-column, --target-column
+    and --split-column (any case on the command line); UsageError naming the flag when one is
+    missing."""
+    from ...data.molecules.files import MoleculeFileError
+
+    try:
+        table = file.table(preset.smiles_column, preset.target_columns, preset.split_column)
     except MoleculeFileError as error:
         flag = {
             "smiles_column": "--smiles-column",
@@ -105,50 +114,25 @@ def file_columns(preset: Any) -> tuple[str, list[str], str | None]:
     return table.smiles_column, list(dict.fromkeys(table.targets)), table.split_column
 
 
-def plan_file_runs(preset: Any, precision: str) -> list[RunSpec]:
-    """Every (target column, seed, variant) on the user's file, its columns named as its
-    header names them (so `logp` and `logP` are one run)."""
-    from ...files import file_sha256
-    from .experiment import run_config
-
-    path = Path(preset.dataset.partition(":")[2])
-    kind = preset.dataset.partition(":")[0]
-    digest = file_sha256(path)
-    smiles_column, targets, split_column = file_columns(preset)
-    specs = []
-    for target in targets:
-        for seed in preset.seeds:
-            for variant in preset.variants:
-                config = run_config(preset.dataset, target, variant, seed, preset, precision)
-                config["dataset"] = f"{kind}:sha256-{digest[:12]}"  # not the name: see above
-                config["data"]["file"] = {
-                    "sha256": digest,
-                    "smiles_column": smiles_column,
-                    "split_column": split_column,
-                }
-                config[LOCATIONS] = {"dataset": str(path)}
-                name = f"{path.stem}-{target}-{variant}-S{preset.steps}-seed{seed}"
-                specs.append(RunSpec(name, config, preset.steps))
-    return specs
-
-
-def load_data(config: dict[str, Any], progress: bool = False):
-    """The molecules of a run on a user's file (its content checked against the run's)."""
-    from ...data.molecules.files import load_molecule_file
-    from ...files import file_sha256
+def load_data(config: dict[str, Any], progress: bool = False, file: Any = None):
+    """The molecules of a run on a user's file (its content checked against the run's); `file`:
+    the file already read (a `MoleculeFile`), else it is read here."""
+    from ...data.molecules.files import load_molecule_file, read_molecule_file
 
     path = Path(config[LOCATIONS]["dataset"])
-    file = config["data"]["file"]
-    if not path.is_file():
-        raise FileNotFoundError(f"the run's data file {path} is gone")
-    if file_sha256(path) != file["sha256"]:
+    planned = config["data"]["file"]
+    if file is None:
+        if not path.is_file():
+            raise FileNotFoundError(f"the run's data file {path} is gone")
+        file = read_molecule_file(path)
+    if file.sha256 != planned["sha256"]:
         raise ValueError(f"{path} changed since this run was planned; run the command again")
     sizes = config["data"]["sizes"]
     return load_molecule_file(
-        path,
+        file,
         target=config["target"],
-        smiles_column=file["smiles_column"],
-        split_column=file["split_column"],
+        smiles_column=planned["smiles_column"],
+        split_column=planned["split_column"],
         sizes=None if sizes is None else tuple(sizes),
         seed=config["data"]["split_seed"],
         features=config["data"]["features"],
@@ -159,7 +143,7 @@ def load_data(config: dict[str, Any], progress: bool = False):
 def check_data(data: Any, say) -> None:
     """Say which rows were skipped and which molecules repeat; refuse splits too small to train
     and report on."""
-    from ...data.molecules.files import duplicates_summary, skipped_summary
+    from ...data.molecules.files import duplicates_summary, is_file_spec, skipped_summary
 
     for line in (skipped_summary(data), duplicates_summary(data)):
         if line:
@@ -169,7 +153,7 @@ def check_data(data: Any, say) -> None:
     if small:
         sizes = ", ".join(f"{s} {n}" for s, n in small.items())
         raise UsageError(
-            "--sizes" if not is_file_dataset(data.name) else "--dataset",
+            "--sizes" if not is_file_spec(data.name) else "--dataset",
             f"every split needs at least {MIN_SPLIT} molecules; {data.name} gives {sizes}",
         )
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from .report import VARIANT_ORDER, _variant_rank  # noqa: E402
+from .report import VARIANT_ORDER, variant_rank  # noqa: E402
 
 COLOURS = {"graphormer": "tab:blue", "graphormer-urpe": "tab:red"}
 
@@ -24,7 +24,7 @@ def curves_chart(table: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         rows = [r for r in table if (r["dataset"], r["target"]) == panel and r["curve"]]
-        variants = sorted({r["variant"] for r in rows}, key=_variant_rank)
+        variants = sorted({r["variant"] for r in rows}, key=variant_rank)
         for variant in variants:
             colour = COLOURS.get(variant)
             runs = [r for r in rows if r["variant"] == variant]

@@ -59,10 +59,10 @@ def rows(records: list[dict]) -> list[dict]:
                 "seconds": record.get("seconds"),
             }
         )
-    return sorted(out, key=lambda row: (row["dataset"], _variant_rank(row["variant"]), row["seed"]))
+    return sorted(out, key=lambda row: (row["dataset"], variant_rank(row["variant"]), row["seed"]))
 
 
-def _variant_rank(variant: str) -> int:
+def variant_rank(variant: str) -> int:
     return VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
 
 
@@ -192,7 +192,7 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
         + (" paper test MAE (ZINC) |" if with_paper else ""),
         "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_paper else ""),
     ]
-    for g in sorted(groups, key=lambda g: (g["dataset"], g["steps"], _variant_rank(g["variant"]))):
+    for g in sorted(groups, key=lambda g: (g["dataset"], g["steps"], variant_rank(g["variant"]))):
         m = g["model"]
         paper = g["paper_test_mae"]
         lines.append(
@@ -268,11 +268,3 @@ def write_report(records: list[dict], out: Path, wall: float) -> str:
     text = markdown(groups, table, wall)
     atomic_write(out / "results.md", lambda path: path.write_text(text))
     return text
-
-
-def report(records: list[dict], out: Path, wall: float) -> tuple[str, list[Path]]:
-    """results.json, results.md and the figures; returns the markdown and the figures' paths."""
-    from .plots import figures
-
-    text = write_report(records, out, wall)
-    return text, figures(records, rows(records), out)

@@ -180,6 +180,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     import statistics
 
     from ...models.lm import LanguageModel
+    from ...training.inputs import TextInputs
     from ...training.lm import CausalLM, SegmentStream, evaluate
 
     cpu_start, load_start = time.process_time(), os.getloadavg()[0]
@@ -190,8 +191,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     corpus.tokenizer.save(context.run_dir / "tokenizer")
     context.start(seed)
     model = LanguageModel.from_model_config(config["model"])
+    inputs = TextInputs(corpus.tokenizer, config["metric"])  # in every checkpoint
     objective = CausalLM(model, OptimConfig.from_dict(config["optim"]), metric=config["metric"],
-                         run=config)  # fmt: skip
+                         run=config, inputs=inputs)  # fmt: skip
     train, ev = config["train"], config["eval"]
     length = model.segment_length
     stream = SegmentStream(corpus.train, train["batch_size"], length)

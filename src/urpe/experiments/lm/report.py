@@ -49,15 +49,17 @@ def rows(records: list[dict]) -> list[dict]:
     return out
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample sd of the finite values (sd None for one; NaN mean for none)."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return math.nan, None
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def _cell(values: list[float], digits: int = 3) -> str:
-    mean, sd = _mean_sd(values)
+def cell(values: list[float], digits: int = 3) -> str:
+    """A table cell: "mean ± sd", "mean" for one value, "n/a" for none."""
+    mean, sd = mean_sd(values)
     if math.isnan(mean):
         return "n/a"
     return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
@@ -78,7 +80,7 @@ def summary_table(table: list[dict]) -> str:
     unit = "bits per token" if metric == "bpc" else "perplexity"
     lines = [f"| dataset | variant | M | params | val {metric} | test {metric} | tokens/s | "
              "step time vs base | seeds |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    medians = {k: _mean_sd([r["step_seconds_median"] for r in v])[0] for k, v in groups.items()}
+    medians = {k: mean_sd([r["step_seconds_median"] for r in v])[0] for k, v in groups.items()}
     for key in _ordered(groups):
         runs = groups[key]
         base = parse_variant(key[1]).base_variant
@@ -87,8 +89,8 @@ def summary_table(table: list[dict]) -> str:
             ratio = f"{medians[key] / medians[(key[0], base)]:.2f}x {base}"
         lines.append(
             f"| {key[0]} | {key[1]} | {runs[0]['memory_length']} | {runs[0]['params']:,} | "
-            f"{_cell([r['val'] for r in runs])} | {_cell([r['test'] for r in runs])} | "
-            f"{_cell([r['tokens_per_second'] for r in runs], 0)} | {ratio} | "
+            f"{cell([r['val'] for r in runs])} | {cell([r['test'] for r in runs])} | "
+            f"{cell([r['tokens_per_second'] for r in runs], 0)} | {ratio} | "
             f"{','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} |"
         )
     lines.append(f"\nLoss in {unit} ({metric}); mean ± sd over seeds.")
@@ -110,7 +112,7 @@ def extrapolation_tables(table: list[dict]) -> str:
         lines = [f"### {mode}: {meaning}", "", "| " + " | ".join(head) + " |",
                  "|" + "---|" * len(head)]  # fmt: skip
         for key in keys:
-            cells = [_cell([r["extrapolation"].get(mode, {}).get(str(f), math.nan)
+            cells = [cell([r["extrapolation"].get(mode, {}).get(str(f), math.nan)
                             for r in groups[key]]) for f in factors]  # fmt: skip
             lines.append("| " + " | ".join([*key, *cells]) + " |")
         parts.append("\n".join(lines))

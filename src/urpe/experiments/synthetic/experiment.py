@@ -9,6 +9,7 @@ learned B and C of the first attention layer (as tensors, saved beside the recor
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from ..experiment import Experiment
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
 from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
-from .report import report
+from .report import rows, write_report
 from .variants import variant_config
 
 # The training data of step t is drawn from (seed, t) (`urpe.training.data.GeneratedStream`).
@@ -161,6 +162,14 @@ def check(preset: Preset) -> None:
     if "etp" in preset.tasks and min(preset.vocab_sizes) < 2:
         raise UsageError("--vocab-size", "etp needs a vocabulary of at least 2 tokens (with one "
                                          "token there is nothing to copy)")  # fmt: skip
+
+
+def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str, list[Path]]:
+    """results.json, results.md and the figures; returns the markdown and the figures' paths."""
+    from .plots import figures  # matplotlib, imported when a report is drawn
+
+    text = write_report(records, out_dir, wall_seconds)
+    return text, figures(records, rows(records), out_dir)
 
 
 EXPERIMENT = Experiment(

@@ -193,12 +193,12 @@ def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[
     """Load the checkpoint at `run_dir` (a run folder: its latest; or one `step-N` folder) and
     measure its attention, position probes and the shared value component."""
     from ...tasks import get_task
-    from ...training.checkpoint import load_model, read_checkpoint_config, resolve_checkpoint
+    from ...training.checkpoint import load_module, read_checkpoint_config, resolve_checkpoint
 
     directory = resolve_checkpoint(run_dir)
     config = read_checkpoint_config(directory)
     run = config.get("run") or {}
-    model = load_model(directory)
+    model = load_module(directory)  # a synthetic model reads tensors: no bundle
     task, length, vocab = run["task"], run["seq_len"], run["vocab_size"]
     generator = torch.Generator().manual_seed(seed)
     tokens, targets = get_task(task)(sequences, length, vocab, generator)

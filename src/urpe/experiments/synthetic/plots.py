@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from .report import _columns, _variants, summarize  # noqa: E402
+from .report import row_labels, summarize, table_columns  # noqa: E402
 from .variants import VARIANTS  # noqa: E402
 
 TASK_TITLES = {"pi": "Position Identification", "etp": "Even Token Prediction", "probe": "Probe"}
@@ -22,8 +22,8 @@ def accuracy_chart(records: list[dict], path: Path) -> None:
     """One panel per task; bars per variant, one colour per vocabulary size; sd as error bars
     when there are several seeds; chance as a dashed line."""
     summary = summarize(records)
-    columns = _columns(summary)
-    variants = _variants(summary)
+    columns = table_columns(summary)
+    variants = row_labels(summary)
     tasks = list(dict.fromkeys(c[0] for c in columns))
     fig, axes = plt.subplots(
         len(tasks), 1, figsize=(max(6.0, 0.55 * len(variants) + 2), 2.8 * len(tasks)),

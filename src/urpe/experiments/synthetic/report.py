@@ -122,14 +122,14 @@ def summarize(records: list[dict]) -> dict[tuple, dict]:
     return summary
 
 
-def _columns(summary: dict) -> list[tuple[str, int, int, int]]:
+def table_columns(summary: dict) -> list[tuple[str, int, int, int]]:
     """(task, vocab, length, steps) in task order of first appearance."""
     order = {"pi": 0, "etp": 1, "probe": 2}
     cols = {(k[1], k[2], k[3], k[4]) for k in summary}
     return sorted(cols, key=lambda c: (order.get(c[0], 9), c[0], c[1], c[2], c[3]))
 
 
-def _variants(summary: dict) -> list[str]:
+def row_labels(summary: dict) -> list[str]:
     """Row labels, in the registry's variant order, then by label."""
     order = {name: i for i, name in enumerate(VARIANTS)}
     labels = {k[0]: s["variant"] for k, s in summary.items()}
@@ -174,14 +174,14 @@ def markdown_table(records: list[dict]) -> str:
     """Variants as rows, (task, vocab) as columns; mean ± sd over seeds; the paper's values in
     brackets; ✗ marks a cell that breaks the issue's claim."""
     summary = summarize(records)
-    columns = _columns(summary)
+    columns = table_columns(summary)
     failed = {(c["label"], c["task"], c["vocab_size"], c["seq_len"], c["steps"])
               for c in claims(summary) if not c["held"]}  # fmt: skip
     head = ["variant", "breaks row sum"] + [
         f"{t} (V={v}, L={n}, {s} steps)" for t, v, n, s in columns
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label in _variants(summary):
+    for label in row_labels(summary):
         variant = next(s["variant"] for k, s in summary.items() if k[0] == label)
         known = VARIANTS.get(variant)  # a record from another urpe may name an unknown one
         theory = "?" if known is None else "yes" if known.breaks_row_sum else "no"
@@ -247,11 +247,3 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> str
     ])  # fmt: skip
     atomic_write_text(out_dir / "results.md", text + "\n")
     return text
-
-
-def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str, list[Path]]:
-    """results.json, results.md and the figures; returns the markdown and the figures' paths."""
-    from .plots import figures
-
-    text = write_report(records, out_dir, wall_seconds)
-    return text, figures(records, rows(records), out_dir)
