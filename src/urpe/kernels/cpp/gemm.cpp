@@ -8,7 +8,16 @@
 // microseconds more per call).
 #include <ATen/ATen.h>
 
-#include "tile.h"
+#include "loops.h"
+
+#if __has_include(<ATen/native/CPUBlas.h>)
+#include <ATen/native/CPUBlas.h>
+#endif
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+#define URPE_BRGEMM 1
+#else
+#define URPE_BRGEMM 0
+#endif
 
 #if defined(__ELF__)
 #define URPE_WEAK_BLAS 1
@@ -221,6 +230,57 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, in
 void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   product('N', 'T', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, no_bf16_fallback);
+}
+
+// Packed keys: per block of kPackedKeys keys, K^T (d x kPackedKeys) in the kernel's VNNI
+// layout (pairs of rows interleaved), as cpublas::pack writes it.
+bool packed_keys_available(int64_t d) {
+#if URPE_BRGEMM
+  static const bool amx = at::native::cpublas::could_pack(at::kBFloat16);
+  return amx && d % 2 == 0 && d > 0;
+#else
+  return false;
+#endif
+}
+
+int64_t packed_keys_size(int64_t lk, int64_t d) {
+  return (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys * d;
+}
+
+void pack_keys(const uint16_t* k, int64_t lk, int64_t d, uint16_t* packed) {
+#if URPE_BRGEMM
+  std::vector<uint16_t> kt(d * kPackedKeys);  // one block's K^T (d, kPackedKeys)
+  for (int64_t j0 = 0; j0 < lk; j0 += kPackedKeys) {
+    const int64_t n = std::min(kPackedKeys, lk - j0);
+    if (n < kPackedKeys) std::fill(kt.begin(), kt.end(), uint16_t(0));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t e = 0; e < d; ++e) kt[e * kPackedKeys + j] = k[(j0 + j) * d + e];
+    }
+    at::native::cpublas::pack(d, kPackedKeys, kPackedKeys, kPackedKeys, at::kBFloat16,
+                              at::kBFloat16, kt.data(), packed + j0 * d);
+  }
+#else
+  TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
+#endif
+}
+
+void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, const uint16_t* packed,
+                    float* s, int64_t ld) {
+#if URPE_BRGEMM
+  const auto* a = reinterpret_cast<const at::BFloat16*>(q);
+  for (int64_t j0 = 0; j0 < n; j0 += kPackedKeys) {
+    const auto* b = reinterpret_cast<const at::BFloat16*>(packed + j0 * d);
+    at::native::cpublas::brgemm(m, kPackedKeys, d, d, kPackedKeys, ld, false, a, b, s + j0);
+  }
+#else
+  TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
+#endif
+}
+
+void release_packed() {
+#if URPE_BRGEMM
+  at::native::cpublas::brgemm_release();
+#endif
 }
 
 const char* gemm_route() {
