@@ -7,7 +7,7 @@
 // backward pass (normalisations with a fixed statistic save it as given).
 #include "loops.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define URPE_AVX512 1
 #else
@@ -111,6 +111,37 @@ inline void store_bf16(uint16_t* dst, __m512 x) {
 #endif
 }
 
+// logits_loop (tile.h) for float: s = scale s + B + M, hidden pairs and those past `vis` at
+// `hidden`; returns the row's max (NaN logits left out of it, as there)
+template <bool SCALE, bool BIAS, bool MASK, bool FLAGS>
+float logits_avx512(float* __restrict s, int64_t vis, int64_t span, float scale,
+                    const float* __restrict bias, const float* __restrict mask,
+                    const uint8_t* __restrict flags, float hidden) {
+  const __m512 scale16 = _mm512_set1_ps(scale), hidden16 = _mm512_set1_ps(hidden);
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < span; j += kLanes) {
+    __m512 x = _mm512_loadu_ps(s + j);
+    if constexpr (SCALE && BIAS) {
+      x = _mm512_fmadd_ps(x, scale16, _mm512_loadu_ps(bias + j));
+    } else if constexpr (SCALE) {
+      x = _mm512_mul_ps(x, scale16);
+    } else if constexpr (BIAS) {
+      x = _mm512_add_ps(x, _mm512_loadu_ps(bias + j));
+    }
+    if constexpr (MASK) x = _mm512_add_ps(x, _mm512_loadu_ps(mask + j));
+    const int64_t seen = std::min<int64_t>(vis - j, kLanes);
+    __mmask16 shown = static_cast<__mmask16>((uint32_t{1} << seen) - 1);
+    if constexpr (FLAGS) {
+      const __m128i hides = _mm_loadu_si128(reinterpret_cast<const __m128i*>(flags + j));
+      shown &= static_cast<__mmask16>(~_mm_test_epi8_mask(hides, hides));
+    }
+    x = _mm512_mask_blend_ps(shown, hidden16, x);
+    _mm512_storeu_ps(s + j, x);
+    top = _mm512_max_ps(x, top);  // x > top ? x : top: a NaN x leaves top
+  }
+  return _mm512_reduce_max_ps(top);
+}
+
 // weights_loop (below) for float and an exp-based normalisation
 template <int64_t NORM, bool GATE, bool DROPOUT, bool BF16>
 float weights_avx512(float* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t span,
@@ -182,6 +213,29 @@ T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t s
   return sum;
 }
 
+// logits_row (tile.h), its loop in AVX-512 registers for float
+template <typename T>
+T row_logits(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, int64_t i,
+             int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s, T scale) {
+#if URPE_AVX512
+  if constexpr (std::is_same_v<T, float>) {
+    const float* bias =
+        P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, W.values.data()) : nullptr;
+    const float* mask = P.float_mask.present()
+                            ? P.float_mask.row(b, h, i, j0, vis, span, W.mask_values.data())
+                            : nullptr;
+    return with_flags(
+        [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
+          return logits_avx512<has_scale, has_bias, has_mask, has_flags>(
+              s, vis, span, scale, bias, mask, flags, P.hidden_logit());
+        },
+        scale != 1.0f, bias != nullptr, mask != nullptr, flags != nullptr);
+  }
+#endif
+  return logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s,
+                    scale);
+}
+
 // Logits (already with B, M and hidden pairs) -> weights for one row segment, `vis` keys before
 // the causal edge, into s or, where s16 is given, into s16 in bfloat16. Updates the online
 // statistic (m, l) and returns the factor by which the row's earlier accumulation is rescaled
@@ -241,8 +295,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, const uint16_t* pac
       T* s = s_tile + r * ld;
       const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
-      const T row_max = logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis,
-                                   span, flags, s, scale);
+      const T row_max = row_logits(P, W, b, h, i, j0, vis, span, flags, s, scale);
       const T* c = nullptr;
       if (P.gate.present()) {
         c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
@@ -315,7 +368,6 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
   const int64_t workers = workers_for(count, P.work());
-  const int64_t rows = P.batch * P.heads;
   const std::vector<uint16_t> packed = packed_keys(P);
   const int64_t head_size = packed_keys_size(P.lk, P.dim);
   const int64_t keys = packed.empty() ? P.tile_keys() : round_up(P.tile_keys(), kPackedKeys);
@@ -324,8 +376,10 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
     if (!scratch[worker]) {
       scratch[worker] = std::make_unique<ForwardScratch<T>>(P.tile_queries(), keys, P.bf16());
     }
-    // the last query blocks first: under causal masking they meet the most keys
-    const int64_t block = blocks - 1 - index / rows, bh = index % rows;
+    // One (batch, head) after another, so that its keys and values stay in cache from one
+    // query block to the next; within it the last query blocks first: under causal masking
+    // they meet the most keys, and the small ones are left to fill in at the end.
+    const int64_t bh = index / blocks, block = blocks - 1 - index % blocks;
     const int64_t b = bh / P.heads, h = bh % P.heads;
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
     const uint16_t* keys_packed =
