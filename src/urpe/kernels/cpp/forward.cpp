@@ -30,18 +30,25 @@ struct ForwardScratch {
         alpha(bq), flags(bk), s16(bf16 ? bq * bk : 0) {}
 };
 
+// A kv head's keys and values packed for the AMX kernel (loops.h), where they are.
+struct PackedHead {
+  const uint16_t* keys = nullptr;
+  const uint16_t* values = nullptr;
+};
+
 // The tile's two products, on T operands or on the problem's bfloat16 ones.
 // S (bq, n; rows ld apart) = scale Q K^T for query rows `row0`.. and keys `j0`.., but on
 // bfloat16 operands S = Q K^T: BLAS's bf16 product takes about 1.7x as long with a factor, so
-// the logits loop applies it (`row_scale`). `packed`: the kv head's packed keys, or null.
+// the logits loop applies it (`row_scale`).
 template <typename T>
-void scores(const Problem<T>& P, const uint16_t* packed, int64_t row0, int64_t kv0, int64_t j0,
+void scores(const Problem<T>& P, PackedHead packed, int64_t row0, int64_t kv0, int64_t j0,
             int64_t bq, int64_t n, T* s, int64_t ld) {
   const int64_t d = P.dim;
   if constexpr (std::is_same_v<T, float>) {
-    if (packed != nullptr) {
-      gemm_nt_packed(bq, n, d, P.q16 + row0 * d, packed + j0 * d, s, ld);
-      return release_packed();
+    if (packed.keys != nullptr) {
+      gemm_nt_packed(bq, n, d, P.q16 + row0 * d, packed.keys + j0 * d, s, ld);
+      if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
+      return;
     }
     if (P.bf16()) {
       return gemm_nt(bq, n, d, 1.0f, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s, ld);
@@ -59,10 +66,14 @@ T row_scale(const Problem<T>& P) {
 // acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`..: in
 // `a`, or on bfloat16 operands in W.s16 (rounded as SDPA does; the sum stays float).
 template <typename T>
-void accumulate(const Problem<T>& P, ForwardScratch<T>& W, int64_t kv0, int64_t j0, int64_t bq,
-                int64_t n, const T* a, int64_t ld, T beta, T* acc) {
+void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t kv0,
+                int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld, T beta, T* acc) {
   const int64_t dv = P.vdim;
   if constexpr (std::is_same_v<T, float>) {
+    if (packed.values != nullptr) {
+      return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
+                            acc);
+    }
     if (P.bf16()) {
       return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + (kv0 + j0) * dv, dv, beta, acc,
                      dv);
@@ -270,9 +281,9 @@ T normalise_row(const Problem<T>& P, T* s, uint16_t* s16, int64_t vis, int64_t s
   return alpha;
 }
 
-// packed: the packed keys of (b, h)'s kv head (bfloat16 operands), or null
+// packed: (b, h)'s kv head's packed keys and values, where they are
 template <typename T>
-void forward_item(const Problem<T>& P, ForwardScratch<T>& W, const uint16_t* packed, int64_t b,
+void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t b,
                   int64_t h, int64_t i0, int64_t i1, T* out, T* stat) {
   const int64_t bq = i1 - i0, dv = P.vdim, hk = h / P.groups;
   const int64_t kv0 = (b * P.kv_heads + hk) * P.lk;     // flat index of the kv head's first key
@@ -286,7 +297,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, const uint16_t* pac
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
     const int64_t n = std::min(P.block_k, key_end - j0);
-    const int64_t ld = packed != nullptr ? round_up(n, kPackedKeys) : padded(n);
+    const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
     scores(P, packed, row0, kv0, j0, bq, n, s_tile, ld);
     bool rescale = false;
@@ -310,9 +321,9 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, const uint16_t* pac
                                     W.row_max[r], W.row_sum[r], c, keep);
       W.alpha[r] = alpha;
       rescale = rescale || alpha != T(1);
-      if (span < n) {  // the keys past the causal edge
+      if (span < n) {  // the keys past the causal edge (and an odd tile's pad for A V)
         if (s16 != nullptr) {
-          std::fill(s16 + span, s16 + n, uint16_t(0));
+          std::fill(s16 + span, s16 + std::min(ld, round_up(n, 2)), uint16_t(0));
         } else {
           fill_row(s + span, T(0), n - span);
         }
@@ -327,9 +338,10 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, const uint16_t* pac
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    accumulate(P, W, kv0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
+    accumulate(P, W, packed, kv0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
     first = false;
   }
+  if (packed.values != nullptr) release_packed();
   if (first) std::fill(acc, acc + bq * dv, T(0));  // no key is visible to this block
   for (int64_t r = 0; r < bq; ++r) {
     if (power == 0) {
@@ -349,16 +361,39 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, const uint16_t* pac
 
 }  // namespace
 
-// Every kv head's keys packed for `gemm_nt_packed` where the problem's bfloat16 products can use
-// it (key tiles of whole packed blocks), else empty.
+// Every kv head's keys, and its values, packed for the AMX kernel where the problem's bfloat16
+// products can use it (key tiles of whole packed blocks), else empty.
+struct PackedOperands {
+  std::vector<uint16_t> keys, values;
+  int64_t keys_size = 0, values_size = 0;  // entries per kv head
+
+  PackedHead head(int64_t kv) const {
+    PackedHead packed;
+    if (!keys.empty()) packed.keys = keys.data() + kv * keys_size;
+    if (!values.empty()) packed.values = values.data() + kv * values_size;
+    return packed;
+  }
+};
+
 template <typename T>
-std::vector<uint16_t> packed_keys(const Problem<T>& P) {
-  if (!P.bf16() || P.block_k % kPackedKeys != 0 || !packed_keys_available(P.dim)) return {};
-  const int64_t heads = P.batch * P.kv_heads, size = packed_keys_size(P.lk, P.dim);
-  std::vector<uint16_t> packed(heads * size);
-  const double work = static_cast<double>(heads) * P.lk * P.dim;
-  run_items(heads, workers_for(heads, work), [&](int64_t, int64_t head) {
-    pack_keys(P.k16 + head * P.lk * P.dim, P.lk, P.dim, packed.data() + head * size);
+PackedOperands pack_operands(const Problem<T>& P) {
+  PackedOperands packed;
+  if (!P.bf16() || P.block_k % kPackedKeys != 0 || !packed_keys_available(P.dim)) return packed;
+  const int64_t heads = P.batch * P.kv_heads;
+  const bool values = packed_values_available(P.vdim);
+  packed.keys_size = packed_keys_size(P.lk, P.dim);
+  packed.keys.resize(heads * packed.keys_size);
+  if (values) {
+    packed.values_size = packed_values_size(P.lk, P.vdim);
+    packed.values.resize(heads * packed.values_size);
+  }
+  const double work = static_cast<double>(heads) * P.lk * (P.dim + P.vdim);
+  run_items(heads, workers_for(heads, work), [&](int64_t, int64_t kv) {
+    pack_keys(P.k16 + kv * P.lk * P.dim, P.lk, P.dim, packed.keys.data() + kv * packed.keys_size);
+    if (values) {
+      pack_values(P.v16 + kv * P.lk * P.vdim, P.lk, P.vdim,
+                  packed.values.data() + kv * packed.values_size);
+    }
   });
   return packed;
 }
@@ -368,9 +403,9 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
   const int64_t workers = workers_for(count, P.work());
-  const std::vector<uint16_t> packed = packed_keys(P);
-  const int64_t head_size = packed_keys_size(P.lk, P.dim);
-  const int64_t keys = packed.empty() ? P.tile_keys() : round_up(P.tile_keys(), kPackedKeys);
+  const PackedOperands packed = pack_operands(P);
+  const int64_t keys =
+      packed.keys.empty() ? P.tile_keys() : round_up(P.tile_keys(), kPackedKeys);
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
@@ -382,9 +417,8 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
     const int64_t bh = index / blocks, block = blocks - 1 - index % blocks;
     const int64_t b = bh / P.heads, h = bh % P.heads;
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
-    const uint16_t* keys_packed =
-        packed.empty() ? nullptr : packed.data() + (b * P.kv_heads + h / P.groups) * head_size;
-    forward_item(P, *scratch[worker], keys_packed, b, h, i0, i1, out, stat);
+    forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, i0, i1,
+                 out, stat);
   });
 }
 

@@ -277,6 +277,49 @@ void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, const ui
 #endif
 }
 
+bool packed_values_available(int64_t dv) {
+  return packed_keys_available(2) && dv % 16 == 0 && dv > 0;
+}
+
+int64_t packed_values_size(int64_t lk, int64_t dv) { return packed_keys_size(lk, dv); }
+
+// Column block `col0` (width w) of the packed values starts at col0 * width (keys rounded up),
+// key j (even) of it at j * w.
+void pack_values(const uint16_t* v, int64_t lk, int64_t dv, uint16_t* packed) {
+#if URPE_BRGEMM
+  const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
+  std::vector<uint16_t> rows(kPackedKeys * dv);  // one block of keys, zeros past the last
+  for (int64_t j0 = 0; j0 < lk; j0 += kPackedKeys) {
+    const int64_t n = std::min(kPackedKeys, lk - j0);
+    std::copy(v + j0 * dv, v + (j0 + n) * dv, rows.begin());
+    std::fill(rows.begin() + n * dv, rows.end(), uint16_t(0));
+    for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
+      const int64_t w = std::min(kPackedKeys, dv - col0);
+      at::native::cpublas::pack(kPackedKeys, w, dv, w, at::kBFloat16, at::kBFloat16,
+                                rows.data() + col0, packed + col0 * width + j0 * w);
+    }
+  }
+#else
+  TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
+#endif
+}
+
+void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t ld,
+                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc) {
+#if URPE_BRGEMM
+  const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
+  const int64_t k = (n + 1) / 2 * 2;  // pairs of keys
+  const auto* weights = reinterpret_cast<const at::BFloat16*>(a);
+  for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
+    const int64_t w = std::min(kPackedKeys, dv - col0);
+    const auto* b = reinterpret_cast<const at::BFloat16*>(packed + col0 * width + j0 * w);
+    at::native::cpublas::brgemm(m, w, k, ld, w, dv, add, weights, b, acc + col0);
+  }
+#else
+  TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
+#endif
+}
+
 void release_packed() {
 #if URPE_BRGEMM
   at::native::cpublas::brgemm_release();
