@@ -364,13 +364,13 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
 // Every kv head's keys, and its values, packed for the AMX kernel where the problem's bfloat16
 // products can use it (key tiles of whole packed blocks), else empty.
 struct PackedOperands {
-  std::vector<uint16_t> keys, values;
-  int64_t keys_size = 0, values_size = 0;  // entries per kv head
+  std::unique_ptr<uint16_t[]> keys, values;  // left uninitialised: packing writes every entry
+  int64_t keys_size = 0, values_size = 0;    // entries per kv head
 
   PackedHead head(int64_t kv) const {
     PackedHead packed;
-    if (!keys.empty()) packed.keys = keys.data() + kv * keys_size;
-    if (!values.empty()) packed.values = values.data() + kv * values_size;
+    if (keys) packed.keys = keys.get() + kv * keys_size;
+    if (values) packed.values = values.get() + kv * values_size;
     return packed;
   }
 };
@@ -380,19 +380,18 @@ PackedOperands pack_operands(const Problem<T>& P) {
   PackedOperands packed;
   if (!P.bf16() || P.block_k % kPackedKeys != 0 || !packed_keys_available(P.dim)) return packed;
   const int64_t heads = P.batch * P.kv_heads;
-  const bool values = packed_values_available(P.vdim);
   packed.keys_size = packed_keys_size(P.lk, P.dim);
-  packed.keys.resize(heads * packed.keys_size);
-  if (values) {
+  packed.keys.reset(new uint16_t[heads * packed.keys_size]);
+  if (packed_values_available(P.vdim)) {
     packed.values_size = packed_values_size(P.lk, P.vdim);
-    packed.values.resize(heads * packed.values_size);
+    packed.values.reset(new uint16_t[heads * packed.values_size]);
   }
   const double work = static_cast<double>(heads) * P.lk * (P.dim + P.vdim);
   run_items(heads, workers_for(heads, work), [&](int64_t, int64_t kv) {
-    pack_keys(P.k16 + kv * P.lk * P.dim, P.lk, P.dim, packed.keys.data() + kv * packed.keys_size);
-    if (values) {
+    pack_keys(P.k16 + kv * P.lk * P.dim, P.lk, P.dim, packed.keys.get() + kv * packed.keys_size);
+    if (packed.values) {
       pack_values(P.v16 + kv * P.lk * P.vdim, P.lk, P.vdim,
-                  packed.values.data() + kv * packed.values_size);
+                  packed.values.get() + kv * packed.values_size);
     }
   });
   return packed;
@@ -404,8 +403,7 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t count = P.batch * P.heads * blocks;
   const int64_t workers = workers_for(count, P.work());
   const PackedOperands packed = pack_operands(P);
-  const int64_t keys =
-      packed.keys.empty() ? P.tile_keys() : round_up(P.tile_keys(), kPackedKeys);
+  const int64_t keys = packed.keys ? round_up(P.tile_keys(), kPackedKeys) : P.tile_keys();
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
