@@ -84,18 +84,19 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
 
 #if URPE_AVX512
 // The weights loop in AVX-512 registers, 16 keys at a time. The compiler's vectorised
-// exp_value costs about 50 instructions per 16 keys (clamps, floor, 2^n as two factors, the
-// final selects; 256-bit halves); exp16 takes 15 for exp_value's formula (the same reduction
-// and polynomial, 2^n by scalef, exact) and special values: 0 below lo (-inf too), inf above
-// hi, NaN kept. No clamp from below: whatever n and p are there, the mask writes 0.
+// exp_value costs about 50 instructions per 16 keys (clamps, 2^n as two factors, the final
+// selects; 256-bit halves); exp16 takes 14 for exp_value's formula (the same rounding,
+// reduction and polynomial, 2^n by scalef, exact: the same values) and special values: 0 below
+// lo (-inf too), inf above hi, NaN kept. No clamp from below: whatever n and p are there, the
+// mask writes 0.
 inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.33654475f);
   // past hi scalef overflows to inf; the clamp keeps x = inf from giving inf - inf = NaN.
   // min returns its second operand where either is NaN: a NaN x stays NaN.
   const __m512 xc = _mm512_min_ps(_mm512_set1_ps(100.0f), x);
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
   r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.9875691500e-4f);
@@ -104,7 +105,8 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   // kept: x >= lo, or NaN (unordered)
   return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, n);
 }

@@ -48,7 +48,9 @@ URPE_INLINE float exp_value(float x) {
   const float lo = -87.33654475f, hi = 88.72283905f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  // n = round(x / ln 2): adding 1.5 * 2^23 leaves no fraction bits (|x / ln 2| < 2^22)
+  const float magic = 12582912.0f;
+  const float n = (xc * 1.44269504088896341f + magic) - magic;
   float r = xc - n * 0.693359375f;  // ln 2 in two parts, exact products
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -57,7 +59,8 @@ URPE_INLINE float exp_value(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
   // 2^n as two factors, so that n = 128 (x just below hi) stays representable
   const int32_t e = static_cast<int32_t>(n);
   const int32_t e1 = e >> 1, e2 = e - e1;  // floor(e / 2): both in [-64, 64]
