@@ -6,8 +6,9 @@ on AVX-512 the float32 and bfloat16 row loops (logits, exp, gate, the weights ro
 bfloat16) run in 512-bit registers. These cases sit on the edges of those paths: key counts
 around the 64-key blocks (a partial last block, an odd count, fewer keys than one block),
 head widths the packing takes or leaves to BLAS (odd D, Dv not a multiple of 16, Dv over one
-64-column block), grouped queries, and every mask. Elsewhere the same cases run the portable
-loops, which must agree just as well.
+64-column block), grouped queries, and every mask. Elsewhere (and below 256 query rows per kv
+head, where packing does not pay) the same cases run the portable loops and BLAS, which must
+agree just as well.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ pytestmark = pytest.mark.skipif(
 )
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-5}
 
-# (B, H, Hkv, Lq, Lk, D, Dv)
+# (B, H, Hkv, Lq, Lk, D, Dv); packing needs 256 query rows per kv head (Lq * H / Hkv)
 SHAPES = (
-    (1, 2, 2, 70, 130, 64, 64),  # a partial last key block
-    (2, 4, 2, 33, 65, 32, 80),  # grouped queries; Dv in two column blocks (64 + 16)
-    (1, 2, 1, 9, 63, 16, 16),  # fewer keys than one block, odd
-    (1, 2, 2, 20, 1, 64, 48),  # one key
-    (1, 2, 2, 40, 90, 33, 24),  # odd D and Dv off the 16 grid: BLAS products
+    (1, 4, 1, 64, 130, 64, 64),  # a partial last key block
+    (2, 4, 2, 129, 65, 32, 80),  # grouped queries; Dv in two column blocks (64 + 16)
+    (1, 4, 1, 64, 63, 16, 16),  # fewer keys than one block, odd
+    (1, 2, 2, 256, 1, 64, 48),  # one key
+    (1, 2, 2, 40, 90, 33, 24),  # odd D, Dv off the 16 grid, few queries: BLAS products
 )
 
 

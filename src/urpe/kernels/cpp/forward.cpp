@@ -363,8 +363,14 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
 
 }  // namespace
 
+// Query rows per kv head below which packing costs more than it saves (measured at Lk = 512
+// to 2048, D = 64: the packed products win from about 256 rows on; a decoding step, one
+// query, would take 2 to 4 times as long).
+constexpr int64_t kPackedMinQueries = 256;
+
 // Every kv head's keys, and its values, packed for the AMX kernel where the problem's bfloat16
-// products can use it (key tiles of whole packed blocks), else empty.
+// products can use it (key tiles of whole packed blocks) and enough queries read each key,
+// else empty.
 struct PackedOperands {
   std::unique_ptr<uint16_t[]> keys, values;  // left uninitialised: packing writes every entry
   int64_t keys_size = 0, values_size = 0;    // entries per kv head
@@ -380,7 +386,10 @@ struct PackedOperands {
 template <typename T>
 PackedOperands pack_operands(const Problem<T>& P) {
   PackedOperands packed;
-  if (!P.bf16() || P.block_k % kPackedKeys != 0 || !packed_keys_available(P.dim)) return packed;
+  if (!P.bf16() || P.block_k % kPackedKeys != 0 || P.lq * P.groups < kPackedMinQueries ||
+      !packed_keys_available(P.dim)) {
+    return packed;
+  }
   const int64_t heads = P.batch * P.kv_heads;
   packed.keys_size = packed_keys_size(P.lk, P.dim);
   packed.keys.reset(new uint16_t[heads * packed.keys_size]);
