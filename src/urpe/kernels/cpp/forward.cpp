@@ -7,8 +7,17 @@
 // backward pass (normalisations with a fixed statistic save it as given).
 #include "loops.h"
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define URPE_AVX512 1
+#else
+#define URPE_AVX512 0
+#endif
+
 namespace urpe_cpp {
 namespace {
+
+inline int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
 template <typename T>
 struct ForwardScratch {
@@ -21,29 +30,51 @@ struct ForwardScratch {
         alpha(bq), flags(bk), s16(bf16 ? bq * bk : 0) {}
 };
 
+// A kv head's keys and values packed for the AMX kernel (loops.h), where they are.
+struct PackedHead {
+  const uint16_t* keys = nullptr;
+  const uint16_t* values = nullptr;
+};
+
 // The tile's two products, on T operands or on the problem's bfloat16 ones.
-// S (bq, n; rows ld apart) = scale Q K^T for query rows `row0`.. and keys `j0`..
+// S (bq, n; rows ld apart) = scale Q K^T for query rows `row0`.. and keys `j0`.., but on
+// bfloat16 operands S = Q K^T: BLAS's bf16 product takes about 1.7x as long with a factor, so
+// the logits loop applies it (`row_scale`).
 template <typename T>
-void scores(const Problem<T>& P, int64_t row0, int64_t kv0, int64_t j0, int64_t bq, int64_t n,
-            T* s, int64_t ld) {
+void scores(const Problem<T>& P, PackedHead packed, int64_t row0, int64_t kv0, int64_t j0,
+            int64_t bq, int64_t n, T* s, int64_t ld) {
   const int64_t d = P.dim;
   if constexpr (std::is_same_v<T, float>) {
+    if (packed.keys != nullptr) {
+      gemm_nt_packed(bq, n, d, P.q16 + row0 * d, packed.keys + j0 * d, s, ld);
+      if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
+      return;
+    }
     if (P.bf16()) {
-      return gemm_nt(bq, n, d, P.scale, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s,
-                     ld);
+      return gemm_nt(bq, n, d, 1.0f, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s, ld);
     }
   }
   gemm_nt<T>(bq, n, d, P.scale, P.q + row0 * d, d, P.k + (kv0 + j0) * d, d, T(0), s, ld);
 }
 
-// acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`..
+// The factor `scores` left to the logits loop.
 template <typename T>
-void accumulate(const Problem<T>& P, ForwardScratch<T>& W, int64_t kv0, int64_t j0, int64_t bq,
-                int64_t n, const T* a, int64_t ld, T beta, T* acc) {
+T row_scale(const Problem<T>& P) {
+  return P.bf16() ? P.scale : T(1);
+}
+
+// acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`..: in
+// `a`, or on bfloat16 operands in W.s16 (rounded as SDPA does; the sum stays float).
+template <typename T>
+void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t kv0,
+                int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld, T beta, T* acc) {
   const int64_t dv = P.vdim;
   if constexpr (std::is_same_v<T, float>) {
-    if (P.bf16()) {  // A in bfloat16 as SDPA does; the sum stays float
-      to_bf16(a, W.s16.data(), bq * ld);
+    if (packed.values != nullptr) {
+      return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
+                            acc);
+    }
+    if (P.bf16()) {
       return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + (kv0 + j0) * dv, dv, beta, acc,
                      dv);
     }
@@ -51,13 +82,118 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, int64_t kv0, int64_t 
   gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + (kv0 + j0) * dv, dv, beta, acc, dv);
 }
 
+#if URPE_AVX512
+// The weights loop in AVX-512 registers, 16 keys at a time. The compiler's vectorised
+// exp_value costs about 50 instructions per 16 keys (clamps, 2^n as two factors, the final
+// selects; 256-bit halves); exp16 takes 14 for exp_value's formula (the same rounding,
+// reduction and polynomial, 2^n by scalef, exact: the same values) and special values: 0 below
+// lo (-inf too), inf above hi, NaN kept. No clamp from below: whatever n and p are there, the
+// mask writes 0.
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.33654475f);
+  // past hi scalef overflows to inf; the clamp keeps x = inf from giving inf - inf = NaN.
+  // min returns its second operand where either is NaN: a NaN x stays NaN.
+  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(100.0f), x);
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  // kept: x >= lo, or NaN (unordered)
+  return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, n);
+}
+
+// 16 floats rounded to nearest even bfloat16, stored at dst
+inline void store_bf16(uint16_t* dst, __m512 x) {
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
+#else
+  __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+#endif
+}
+
+// logits_loop (tile.h) for float: s = scale s + B + M, hidden pairs and those past `vis` at
+// `hidden`; returns the row's max (NaN logits left out of it, as there)
+template <bool SCALE, bool BIAS, bool MASK, bool FLAGS>
+float logits_avx512(float* __restrict s, int64_t vis, int64_t span, float scale,
+                    const float* __restrict bias, const float* __restrict mask,
+                    const uint8_t* __restrict flags, float hidden) {
+  const __m512 scale16 = _mm512_set1_ps(scale), hidden16 = _mm512_set1_ps(hidden);
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < span; j += kLanes) {
+    __m512 x = _mm512_loadu_ps(s + j);
+    if constexpr (SCALE && BIAS) {
+      x = _mm512_fmadd_ps(x, scale16, _mm512_loadu_ps(bias + j));
+    } else if constexpr (SCALE) {
+      x = _mm512_mul_ps(x, scale16);
+    } else if constexpr (BIAS) {
+      x = _mm512_add_ps(x, _mm512_loadu_ps(bias + j));
+    }
+    if constexpr (MASK) x = _mm512_add_ps(x, _mm512_loadu_ps(mask + j));
+    const int64_t seen = std::min<int64_t>(vis - j, kLanes);
+    __mmask16 shown = static_cast<__mmask16>((uint32_t{1} << seen) - 1);
+    if constexpr (FLAGS) {
+      const __m128i hides = _mm_loadu_si128(reinterpret_cast<const __m128i*>(flags + j));
+      shown &= static_cast<__mmask16>(~_mm_test_epi8_mask(hides, hides));
+    }
+    x = _mm512_mask_blend_ps(shown, hidden16, x);
+    _mm512_storeu_ps(s + j, x);
+    top = _mm512_max_ps(x, top);  // x > top ? x : top: a NaN x leaves top
+  }
+  return _mm512_reduce_max_ps(top);
+}
+
+// weights_loop (below) for float and an exp-based normalisation
+template <int64_t NORM, bool GATE, bool DROPOUT, bool BF16>
+float weights_avx512(float* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t span,
+                     float shift, const float* __restrict c, const float* __restrict keep) {
+  const __m512 shift16 = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < span; j += kLanes) {
+    __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift16));
+    if constexpr (NORM == kSoftmax) sum = _mm512_add_ps(sum, p);
+    if constexpr (NORM == kL2) sum = _mm512_fmadd_ps(p, p, sum);
+    if constexpr (GATE) {  // the gate past the edge (0 < vis - j < 16) is not read
+      const int64_t seen = std::min<int64_t>(vis - j, kLanes);
+      const __mmask16 valid = static_cast<__mmask16>((uint32_t{1} << seen) - 1);
+      p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps(valid, c + j));
+    }
+    if constexpr (DROPOUT) p = _mm512_mul_ps(p, _mm512_loadu_ps(keep + j));
+    if constexpr (BF16) {
+      store_bf16(s16 + j, p);
+    } else {
+      _mm512_storeu_ps(s + j, p);
+    }
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 // Weights of one row from its logits, in one pass over its span: P = f(s, shift) (exp(s -
 // shift), or relu(s)^2 / n for relu2; 0 at hidden logits), times the gate row c (hidden pairs 0
-// in it, entries past the first `vis` not read as numbers) and the dropout scale row keep.
-// Returns sum_j P^power before the gate, for the online normalisations.
-template <typename T, int64_t NORM, bool GATE, bool DROPOUT>
-T weights_loop(T* __restrict s, int64_t vis, int64_t span, T shift, T inv_n,
-               const T* __restrict c, const T* __restrict keep) {
+// in it, entries past the first `vis` not read as numbers) and the dropout scale row keep, into
+// s, or (BF16) rounded to bfloat16 into s16. Returns sum_j P^power before the gate, for the
+// online normalisations.
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool BF16>
+T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t span, T shift,
+               T inv_n, const T* __restrict c, const T* __restrict keep) {
+#if URPE_AVX512
+  if constexpr (std::is_same_v<T, float> && NORM != kRelu2) {
+    return weights_avx512<NORM, GATE, DROPOUT, BF16>(s, s16, vis, span, shift, c, keep);
+  }
+#endif
   T lane_sum[kLanes] = {};  // one running sum per lane: reduced across lanes once, at the end
   for (int64_t block = 0; block < span; block += kLanes) {
 #pragma omp simd
@@ -77,7 +213,11 @@ T weights_loop(T* __restrict s, int64_t vis, int64_t span, T shift, T inv_n,
         p *= j < vis ? cj : T(0);
       }
       if constexpr (DROPOUT) p *= keep[j];
-      s[j] = p;
+      if constexpr (BF16) {
+        s16[j] = bf16_bits(p);
+      } else {
+        s[j] = p;
+      }
     }
   }
   T sum = 0;
@@ -86,12 +226,36 @@ T weights_loop(T* __restrict s, int64_t vis, int64_t span, T shift, T inv_n,
   return sum;
 }
 
-// Logits (already with B, M and hidden pairs) -> weights for one row segment, `vis` keys before
-// the causal edge. Updates the online statistic (m, l) and returns the factor by which the
-// row's earlier accumulation is rescaled (1 for a fixed statistic).
+// logits_row (tile.h), its loop in AVX-512 registers for float
 template <typename T>
-T normalise_row(const Problem<T>& P, T* s, int64_t vis, int64_t span, T row_max, int64_t i_flat,
-                bool first, T& m, T& l, const T* c, const T* keep) {
+T row_logits(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, int64_t i,
+             int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s, T scale) {
+#if URPE_AVX512
+  if constexpr (std::is_same_v<T, float>) {
+    const float* bias =
+        P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, W.values.data()) : nullptr;
+    const float* mask = P.float_mask.present()
+                            ? P.float_mask.row(b, h, i, j0, vis, span, W.mask_values.data())
+                            : nullptr;
+    return with_flags(
+        [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
+          return logits_avx512<has_scale, has_bias, has_mask, has_flags>(
+              s, vis, span, scale, bias, mask, flags, P.hidden_logit());
+        },
+        scale != 1.0f, bias != nullptr, mask != nullptr, flags != nullptr);
+  }
+#endif
+  return logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s,
+                    scale);
+}
+
+// Logits (already with B, M and hidden pairs) -> weights for one row segment, `vis` keys before
+// the causal edge, into s or, where s16 is given, into s16 in bfloat16. Updates the online
+// statistic (m, l) and returns the factor by which the row's earlier accumulation is rescaled
+// (1 for a fixed statistic).
+template <typename T>
+T normalise_row(const Problem<T>& P, T* s, uint16_t* s16, int64_t vis, int64_t span, T row_max,
+                int64_t i_flat, bool first, T& m, T& l, const T* c, const T* keep) {
   const bool fixed = P.power() == 0;
   const T m_new = fixed ? m : std::max(m, row_max);
   // the shift: r for a fixed statistic (0 for relu2, which reads inv_n), else the running max
@@ -101,10 +265,11 @@ T normalise_row(const Problem<T>& P, T* s, int64_t vis, int64_t span, T row_max,
   const T sum = with_norm(
       [&](auto norm) {
         return with_flags(
-            [&](auto gate, auto dropout) {
-              return weights_loop<T, norm, gate, dropout>(s, vis, span, shift, inv_n, c, keep);
+            [&](auto gate, auto dropout, auto bf16) {
+              return weights_loop<T, norm, gate, dropout, bf16>(s, s16, vis, span, shift, inv_n,
+                                                                c, keep);
             },
-            c != nullptr, keep != nullptr);
+            c != nullptr, keep != nullptr, s16 != nullptr);
       },
       P.norm);
   if (fixed) return T(1);
@@ -118,30 +283,32 @@ T normalise_row(const Problem<T>& P, T* s, int64_t vis, int64_t span, T row_max,
   return alpha;
 }
 
+// packed: (b, h)'s kv head's packed keys and values, where they are
 template <typename T>
-void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, int64_t i0,
-                  int64_t i1, T* out, T* stat) {
+void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t b,
+                  int64_t h, int64_t i0, int64_t i1, T* out, T* stat) {
   const int64_t bq = i1 - i0, dv = P.vdim, hk = h / P.groups;
   const int64_t kv0 = (b * P.kv_heads + hk) * P.lk;     // flat index of the kv head's first key
   T* acc = out + ((b * P.heads + h) * P.lq + i0) * dv;  // (bq, Dv), the output rows
   const int64_t row0 = (b * P.heads + h) * P.lq + i0;   // flat index of the block's first row
   const int power = P.power();
+  const T scale = row_scale(P);
   std::fill(W.row_max.begin(), W.row_max.end(), -std::numeric_limits<T>::infinity());
   std::fill(W.row_sum.begin(), W.row_sum.end(), T(0));
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
-    const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
+    const int64_t n = std::min(P.block_k, key_end - j0);
+    const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
-    scores(P, row0, kv0, j0, bq, n, s_tile, ld);
+    scores(P, packed, row0, kv0, j0, bq, n, s_tile, ld);
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
       const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
-      const T row_max = logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis,
-                                   span, flags, s);
+      const T row_max = row_logits(P, W, b, h, i, j0, vis, span, flags, s, scale);
       const T* c = nullptr;
       if (P.gate.present()) {
         c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
@@ -151,11 +318,18 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
         P.dropout.row(P.counter(b, h, i, j0), span, P.kept, W.dropout.data());
         keep = W.dropout.data();
       }
-      const T alpha = normalise_row(P, s, vis, span, row_max, row0 + r, first, W.row_max[r],
-                                    W.row_sum[r], c, keep);
+      uint16_t* s16 = P.bf16() ? W.s16.data() + r * ld : nullptr;
+      const T alpha = normalise_row(P, s, s16, vis, span, row_max, row0 + r, first,
+                                    W.row_max[r], W.row_sum[r], c, keep);
       W.alpha[r] = alpha;
       rescale = rescale || alpha != T(1);
-      if (span < n) fill_row(s + span, T(0), n - span);  // the keys past the causal edge
+      if (span < n) {  // the keys past the causal edge (and an odd tile's pad for A V)
+        if (s16 != nullptr) {
+          std::fill(s16 + span, s16 + std::min(ld, round_up(n, 2)), uint16_t(0));
+        } else {
+          fill_row(s + span, T(0), n - span);
+        }
+      }
     }
     if (rescale && !first) {
       for (int64_t r = 0; r < bq; ++r) {
@@ -166,9 +340,10 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    accumulate(P, W, kv0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
+    accumulate(P, W, packed, kv0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
     first = false;
   }
+  if (packed.values != nullptr) release_packed();
   if (first) std::fill(acc, acc + bq * dv, T(0));  // no key is visible to this block
   for (int64_t r = 0; r < bq; ++r) {
     if (power == 0) {
@@ -188,22 +363,71 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t 
 
 }  // namespace
 
+// Query rows per kv head below which packing costs more than it saves (measured at Lk = 512
+// to 2048, D = 64: the packed products win from about 256 rows on; a decoding step, one
+// query, would take 2 to 4 times as long).
+constexpr int64_t kPackedMinQueries = 256;
+
+// Every kv head's keys, and its values, packed for the AMX kernel where the problem's bfloat16
+// products can use it (key tiles of whole packed blocks) and enough queries read each key,
+// else empty.
+struct PackedOperands {
+  std::unique_ptr<uint16_t[]> keys, values;  // left uninitialised: packing writes every entry
+  int64_t keys_size = 0, values_size = 0;    // entries per kv head
+
+  PackedHead head(int64_t kv) const {
+    PackedHead packed;
+    if (keys) packed.keys = keys.get() + kv * keys_size;
+    if (values) packed.values = values.get() + kv * values_size;
+    return packed;
+  }
+};
+
+template <typename T>
+PackedOperands pack_operands(const Problem<T>& P) {
+  PackedOperands packed;
+  if (!P.bf16() || P.block_k % kPackedKeys != 0 || P.lq * P.groups < kPackedMinQueries ||
+      !packed_keys_available(P.dim)) {
+    return packed;
+  }
+  const int64_t heads = P.batch * P.kv_heads;
+  packed.keys_size = packed_keys_size(P.lk, P.dim);
+  packed.keys.reset(new uint16_t[heads * packed.keys_size]);
+  if (packed_values_available(P.vdim)) {
+    packed.values_size = packed_values_size(P.lk, P.vdim);
+    packed.values.reset(new uint16_t[heads * packed.values_size]);
+  }
+  const double work = static_cast<double>(heads) * P.lk * (P.dim + P.vdim);
+  run_items(heads, workers_for(heads, work), [&](int64_t, int64_t kv) {
+    pack_keys(P.k16 + kv * P.lk * P.dim, P.lk, P.dim, packed.keys.get() + kv * packed.keys_size);
+    if (packed.values) {
+      pack_values(P.v16 + kv * P.lk * P.vdim, P.lk, P.vdim,
+                  packed.values.get() + kv * packed.values_size);
+    }
+  });
+  return packed;
+}
+
 template <typename T>
 void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
   const int64_t workers = workers_for(count, P.work());
-  const int64_t rows = P.batch * P.heads;
+  const PackedOperands packed = pack_operands(P);
+  const int64_t keys = packed.keys ? round_up(P.tile_keys(), kPackedKeys) : P.tile_keys();
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {
-      scratch[worker] =
-          std::make_unique<ForwardScratch<T>>(P.tile_queries(), P.tile_keys(), P.bf16());
+      scratch[worker] = std::make_unique<ForwardScratch<T>>(P.tile_queries(), keys, P.bf16());
     }
-    // the last query blocks first: under causal masking they meet the most keys
-    const int64_t block = blocks - 1 - index / rows, bh = index % rows;
+    // One (batch, head) after another, so that its keys and values stay in cache from one
+    // query block to the next; within it the last query blocks first: under causal masking
+    // they meet the most keys, and the small ones are left to fill in at the end.
+    const int64_t bh = index / blocks, block = blocks - 1 - index % blocks;
+    const int64_t b = bh / P.heads, h = bh % P.heads;
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
-    forward_item(P, *scratch[worker], bh / P.heads, bh % P.heads, i0, i1, out, stat);
+    forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, i0, i1,
+                 out, stat);
   });
 }
 

@@ -8,7 +8,16 @@
 // microseconds more per call).
 #include <ATen/ATen.h>
 
-#include "tile.h"
+#include "loops.h"
+
+#if __has_include(<ATen/native/CPUBlas.h>)
+#include <ATen/native/CPUBlas.h>
+#endif
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+#define URPE_BRGEMM 1
+#else
+#define URPE_BRGEMM 0
+#endif
 
 #if defined(__ELF__)
 #define URPE_WEAK_BLAS 1
@@ -224,6 +233,104 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, in
 void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   product('N', 'T', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, no_bf16_fallback);
+}
+
+// Packed operands: bfloat16 pairs along the product's inner dimension side by side (the
+// kernel's VNNI layout, (K/2, N, 2) for a K x N operand, as cpublas::pack writes it), so each
+// 32-bit word holds two consecutive inner entries of one column.
+bool packed_keys_available(int64_t d) {
+#if URPE_BRGEMM
+  static const bool amx = at::native::cpublas::could_pack(at::kBFloat16);
+  return amx && d % 2 == 0 && d > 0;
+#else
+  return false;
+#endif
+}
+
+int64_t packed_keys_size(int64_t lk, int64_t d) {
+  return (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys * d;
+}
+
+// Keys: per block of kPackedKeys keys, K^T (d x kPackedKeys), word (e, j) = k[j, 2e .. 2e + 1]:
+// a transpose of the block's 32-bit words.
+void pack_keys(const uint16_t* k, int64_t lk, int64_t d, uint16_t* packed) {
+  const int64_t words = d / 2;
+  for (int64_t j0 = 0; j0 < lk; j0 += kPackedKeys) {
+    const int64_t n = std::min(kPackedKeys, lk - j0);
+    uint32_t* out = reinterpret_cast<uint32_t*>(packed + j0 * d);
+    for (int64_t e = 0; e < words; ++e) {
+      uint32_t* row = out + e * kPackedKeys;
+      for (int64_t j = 0; j < n; ++j) std::memcpy(row + j, k + (j0 + j) * d + 2 * e, 4);
+      std::fill(row + n, row + kPackedKeys, 0u);
+    }
+  }
+}
+
+bool packed_values_available(int64_t dv) {
+  return packed_keys_available(2) && dv % 16 == 0 && dv > 0;
+}
+
+int64_t packed_values_size(int64_t lk, int64_t dv) { return packed_keys_size(lk, dv); }
+
+// Values: column block `col0` (width w <= kPackedKeys) starts at col0 * width (keys rounded up
+// to whole blocks); in it word (p, c) = (v[2p, col0 + c], v[2p + 1, col0 + c]).
+void pack_values(const uint16_t* v, int64_t lk, int64_t dv, uint16_t* packed) {
+  const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
+  for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
+    const int64_t w = std::min(kPackedKeys, dv - col0);
+    uint16_t* block = packed + col0 * width;
+    for (int64_t j = 0; j < width; j += 2) {
+      uint16_t* __restrict out = block + j * w;
+      if (j + 1 < lk) {
+        const uint16_t* __restrict even = v + j * dv + col0;
+        const uint16_t* __restrict odd = even + dv;
+        for (int64_t c = 0; c < w; ++c) {
+          out[2 * c] = even[c];
+          out[2 * c + 1] = odd[c];
+        }
+        continue;
+      }
+      std::fill(out, out + 2 * w, uint16_t(0));  // past the last key
+      if (j < lk) {
+        for (int64_t c = 0; c < w; ++c) out[2 * c] = v[j * dv + col0 + c];
+      }
+    }
+  }
+}
+
+void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, const uint16_t* packed,
+                    float* s, int64_t ld) {
+#if URPE_BRGEMM
+  const auto* a = reinterpret_cast<const at::BFloat16*>(q);
+  for (int64_t j0 = 0; j0 < n; j0 += kPackedKeys) {
+    const auto* b = reinterpret_cast<const at::BFloat16*>(packed + j0 * d);
+    at::native::cpublas::brgemm(m, kPackedKeys, d, d, kPackedKeys, ld, false, a, b, s + j0);
+  }
+#else
+  TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
+#endif
+}
+
+void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t ld,
+                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc) {
+#if URPE_BRGEMM
+  const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
+  const int64_t k = (n + 1) / 2 * 2;  // pairs of keys
+  const auto* weights = reinterpret_cast<const at::BFloat16*>(a);
+  for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
+    const int64_t w = std::min(kPackedKeys, dv - col0);
+    const auto* b = reinterpret_cast<const at::BFloat16*>(packed + col0 * width + j0 * w);
+    at::native::cpublas::brgemm(m, w, k, ld, w, dv, add, weights, b, acc + col0);
+  }
+#else
+  TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
+#endif
+}
+
+void release_packed() {
+#if URPE_BRGEMM
+  at::native::cpublas::brgemm_release();
+#endif
 }
 
 const char* gemm_route() {

@@ -30,17 +30,27 @@ enum Norm : int64_t { kSoftmax = 0, kExp = 1, kL2 = 2, kRelu2 = 3 };
 // How a bias or gate is given.
 enum Kind : int64_t { kNone = 0, kDense = 1, kToeplitz = 2, kRelation = 3 };
 
+// Row loops vectorise only where every call in them is inlined; GCC stops inlining a helper
+// once a file has many instantiations of the loops unless told to.
+#if defined(__GNUC__)
+#define URPE_INLINE inline __attribute__((always_inline))
+#else
+#define URPE_INLINE inline
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // exp
 
 // exp(x) in float: Cephes' range reduction and polynomial (about 1 ulp), branch-free so that a
 // row loop vectorises. exp(-inf) = 0 exactly (hidden pairs), NaN stays NaN, inf stays inf;
 // results below FLT_MIN are flushed to 0.
-inline float exp_value(float x) {
+URPE_INLINE float exp_value(float x) {
   const float lo = -87.33654475f, hi = 88.72283905f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  // n = round(x / ln 2): adding 1.5 * 2^23 leaves no fraction bits (|x / ln 2| < 2^22)
+  const float magic = 12582912.0f;
+  const float n = (xc * 1.44269504088896341f + magic) - magic;
   float r = xc - n * 0.693359375f;  // ln 2 in two parts, exact products
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -49,7 +59,8 @@ inline float exp_value(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
   // 2^n as two factors, so that n = 128 (x just below hi) stays representable
   const int32_t e = static_cast<int32_t>(n);
   const int32_t e1 = e >> 1, e2 = e - e1;  // floor(e / 2): both in [-64, 64]
@@ -128,15 +139,18 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, in
 void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
              const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// float -> bfloat16 bits, rounded to nearest even, n entries
+// float -> bfloat16 bits, rounded to nearest even
+URPE_INLINE uint16_t bf16_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// the same for n entries
 inline void to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) {
-    uint32_t bits;
-    std::memcpy(&bits, src + j, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    dst[j] = static_cast<uint16_t>(bits >> 16);
-  }
+  for (int64_t j = 0; j < n; ++j) dst[j] = bf16_bits(src[j]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,8 +405,8 @@ decltype(auto) with_norm(F&& f, int64_t norm) {
   }
 }
 
-template <typename T, bool BIAS, bool MASK, bool FLAGS>
-T logits_loop(T* __restrict s, int64_t vis, int64_t span, const T* __restrict bias,
+template <typename T, bool SCALE, bool BIAS, bool MASK, bool FLAGS>
+T logits_loop(T* __restrict s, int64_t vis, int64_t span, T scale, const T* __restrict bias,
               const T* __restrict mask, const uint8_t* __restrict flags, T hidden) {
   T lane_max[kLanes];  // one running max per lane: reduced across lanes once, at the end
   std::fill(lane_max, lane_max + kLanes, -std::numeric_limits<T>::infinity());
@@ -401,6 +415,7 @@ T logits_loop(T* __restrict s, int64_t vis, int64_t span, const T* __restrict bi
     for (int64_t lane = 0; lane < kLanes; ++lane) {
       const int64_t j = block + lane;
       T x = s[j];
+      if constexpr (SCALE) x *= scale;
       if constexpr (BIAS) x += bias[j];
       if constexpr (MASK) x += mask[j];
       if constexpr (FLAGS) x = flags[j] ? hidden : x;
@@ -412,23 +427,24 @@ T logits_loop(T* __restrict s, int64_t vis, int64_t span, const T* __restrict bi
   return row_max(lane_max, kLanes);
 }
 
-// Logits of one row in one pass: s += B + M over its span, pairs hidden by flags and those past
-// the first `vis` keys (the causal edge) at the normalisation's hidden logit; returns the row's
-// max. bias_buf, mask_buf: room for the row's bias and float-mask values where they must be
-// gathered (tile_keys() entries each).
+// Logits of one row in one pass: s = scale s + B + M over its span, pairs hidden by flags and
+// those past the first `vis` keys (the causal edge) at the normalisation's hidden logit; returns
+// the row's max. bias_buf, mask_buf: room for the row's bias and float-mask values where they
+// must be gathered (tile_keys() entries each). scale: what the scores product left out (1: none).
 template <typename T>
 T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h, int64_t i,
-             int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s) {
+             int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s,
+             T scale = T(1)) {
   const T* bias = P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, bias_buf) : nullptr;
   const T* mask =
       P.float_mask.present() ? P.float_mask.row(b, h, i, j0, vis, span, mask_buf) : nullptr;
   const T hidden = P.hidden_logit();
   return with_flags(
-      [&](auto has_bias, auto has_mask, auto has_flags) {
-        return logits_loop<T, has_bias, has_mask, has_flags>(s, vis, span, bias, mask, flags,
-                                                               hidden);
+      [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
+        return logits_loop<T, has_scale, has_bias, has_mask, has_flags>(s, vis, span, scale, bias,
+                                                                        mask, flags, hidden);
       },
-      bias != nullptr, mask != nullptr, flags != nullptr);
+      scale != T(1), bias != nullptr, mask != nullptr, flags != nullptr);
 }
 
 // Runs item(worker, index) for index in [0, count) on torch's intra-op threads. Workers take
