@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
-from urpe.kernels.cpp import build, cpp_attention, unavailable
+from urpe.kernels.cpp import FEW_QUERIES, build, cpp_attention, unavailable
 
 from .kernel_cases import (
     MASKS,
@@ -200,12 +200,15 @@ def test_exp_is_within_one_ulp():
     torch.testing.assert_close(torch.ops.urpe_cpp.exp_values(x.double()), exact, rtol=1e-15, atol=0)
 
 
-def test_auto_picks_cpp_on_the_cpu_and_sdpa_for_plain_softmax():
+def test_auto_picks_cpp_on_the_cpu_and_sdpa_for_plain_softmax_beyond_a_few_queries():
     q = torch.randn(1, 2, 8, 16)
     table = Toeplitz(torch.ones(2, 5))
     assert select_backend("auto", q, q, q, gate=table).name == "cpp"
     assert select_backend("auto", q, q, q, bias=table, normalization="l2").name == "cpp"
-    assert select_backend("auto", q, q, q).name == "sdpa"
+    long = torch.randn(1, 2, FEW_QUERIES + 1, 16)
+    assert select_backend("auto", long, long, long).name == "sdpa"
+    # a few queries (decoding): one C++ call, which also checks for NaN/inf, beats SDPA + check
+    assert select_backend("auto", q, q, q).name == "cpp"
     torch.testing.assert_close(
         attention(q, q, q, gate=table, bias=table),
         reference_attention(q, q, q, gate=table, bias=table),

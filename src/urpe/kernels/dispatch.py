@@ -42,6 +42,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from . import plans
@@ -50,7 +51,7 @@ from .fused import fused_defers, fused_run, fused_unsupported
 from .reference import reference_run
 from .sdpa import sdpa_run, sdpa_unsupported
 from .spec import AttentionSpec, resolve
-from .tables import PositionTerm
+from .tables import PositionTerm, Toeplitz
 from .watched import WatchedDict, WatchedList
 
 
@@ -91,6 +92,9 @@ class Backend:
     defers: Callable[[AttentionSpec], str | None] | None = None
     devices: tuple[str, ...] | None = None
     available: Callable[[], str | None] | None = None
+    # spec -> a one-call forward for remembered calls of its signature that need no gradient
+    # (decoding), or None; see `urpe.kernels.cpp.direct`
+    direct: Callable[[AttentionSpec], Callable[[AttentionSpec], Tensor | None] | None] | None = None
 
 
 # Watched: any change, registered or by hand, voids the remembered calls (see `plans`).
@@ -241,6 +245,10 @@ def attention(
     if plan is not None:
         # seen before: checked, and its backend chosen
         spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate)
+        if plan.direct is not None and not _wants_grad(q, k, v, attn_mask, bias, gate):
+            out = plan.direct(spec)
+            if out is not None:
+                return out
         try:
             return execute(plan.backend.run, spec)
         except BackendFailure as failure:
@@ -267,6 +275,17 @@ def attention(
             plans.remember(key, plans.Plan.of(candidate, spec))
         return out
     return execute(choose_backend("auto", spec).run, spec)  # raises: nothing accepts the call
+
+
+def _wants_grad(q, k, v, attn_mask, bias, gate) -> bool:
+    """Whether autograd would record this call (the terms as a plan sees them: tensors or
+    Toeplitz tables)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in (q, k, v, attn_mask, bias, gate):
+        if t is not None and (t.table if type(t) is Toeplitz else t).requires_grad:
+            return True
+    return False
 
 
 def _mark_broken(backend: Backend, spec: AttentionSpec, failure: BackendFailure) -> None:

@@ -20,6 +20,7 @@ each call), an explicit `dropout_seed`, and arguments of unusual types (`scale=1
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,11 +46,15 @@ class Plan:
     scale: float
     dropout_p: float
     batch_shape: tuple[int, ...]
+    # spec -> output in one call, or None (non-finite inputs: take the general path); for calls
+    # that need no gradient, where the backend offers one (`Backend.direct`)
+    direct: Callable[[AttentionSpec], Tensor | None] | None = None
 
     @classmethod
     def of(cls, backend, spec: AttentionSpec) -> Plan:
+        direct = backend.direct(spec) if backend.direct is not None else None
         return cls(backend, spec.is_causal, spec.normalization, spec.scale, spec.dropout_p,
-                   spec.batch_shape)  # fmt: skip
+                   spec.batch_shape, direct)  # fmt: skip
 
     def spec(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, bias, gate):
         """The spec `resolve` would build for these tensors (their signature is this plan's)."""

@@ -42,7 +42,7 @@ from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
 from .build import is_loaded, threaded, unavailable
 
-__all__ = ["cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
+__all__ = ["FEW_QUERIES", "cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
            "unavailable"]  # fmt: skip
 
 
@@ -87,19 +87,33 @@ def cpp_attention(
     return execute(lambda s: cpp_run(s, block_q, block_k), spec)
 
 
+# Up to this many queries (decoding, a few speculative tokens) the kernel runs plain softmax
+# too: one op call that also checks for NaN/inf (`direct`) costs less than SDPA plus a separate
+# check; measured 0.6-0.9x of the SDPA route at Lq 1-16 (BENCHMARKS.md, "model" section).
+FEW_QUERIES = 16
+
+
 def cpp_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should hand a call the kernel could run to a later backend: plain softmax
-    (SDPA is faster), or a build without OpenMP, whose tiles run on one thread ("fused" uses
-    torch's threads)."""
+    with more than FEW_QUERIES queries (SDPA is faster), or a build without OpenMP, whose tiles
+    run on one thread ("fused" uses torch's threads)."""
     if not threaded():
         return "the C++ kernel was built without OpenMP: its tiles run on one thread"
+    if spec.lq <= FEW_QUERIES:
+        return None
     return fused_defers(spec)
 
 
 def cpp_backend() -> Backend:
     """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
     return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
-                   devices=("cpu",), available=unavailable)  # fmt: skip
+                   devices=("cpu",), available=unavailable, direct=_direct_call)  # fmt: skip
+
+
+def _direct_call(spec: AttentionSpec):
+    from .direct import direct_call  # imports the ops (built by the time a plan is made)
+
+    return direct_call(spec)
 
 
 def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:

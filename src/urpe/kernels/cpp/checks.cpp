@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -71,6 +73,8 @@ bool finite_as(const at::Tensor& t, Bits mask) {
                            mask);
 }
 
+}  // namespace
+
 bool all_finite(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "urpe_cpp::all_finite: CPU tensors only, got ", t.device());
@@ -90,8 +94,6 @@ bool all_finite(const std::vector<at::Tensor>& tensors) {
   }
   return true;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(urpe_cpp, m) {
   m.def("all_finite(Tensor[] tensors) -> bool", &all_finite);

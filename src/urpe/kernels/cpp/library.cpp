@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "checks.h"
 #include "loops.h"
 
 namespace urpe_cpp {
@@ -235,6 +236,25 @@ std::tuple<at::Tensor, at::Tensor> forward(
   return {out, stat};
 }
 
+// `forward` for a caller that has not checked q, k, v: (out, stat, true), or (empty, empty,
+// false) without running when any of them holds a NaN or inf (the caller then applies the
+// non-finite rule). One op call instead of two: at a decoding shape a call through torch.ops
+// costs several microseconds, as much as the kernel itself.
+std::tuple<at::Tensor, at::Tensor, bool> forward_if_finite(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
+    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
+    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
+    const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
+    double scale, double dropout_p, int64_t dropout_threshold, const OptTensor& dropout_seed,
+    int64_t block_q, int64_t block_k) {
+  if (!all_finite({q, k, v})) {
+    const at::Tensor none = at::empty({0}, q.options().dtype(compute_type(q)));
+    return {none, none, false};
+  }
+  auto [out, stat] = forward(URPE_PROBLEM_ARGS);
+  return {out, stat, true};
+}
+
 // The gradient of a term (kind, tensor) into a fresh tensor; tables get one copy per worker.
 template <typename T>
 TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor& grad,
@@ -349,6 +369,13 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "float dropout_p, int dropout_threshold, Tensor? dropout_seed, int block_q, int block_k) "
       "-> (Tensor, Tensor)",
       &forward);
+  m.def(
+      "forward_if_finite(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, "
+      "Tensor? bias_index, int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, "
+      "Tensor? bool_mask, Tensor? key_padding, Tensor? fixed, bool causal, int norm, "
+      "float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, int block_q, "
+      "int block_k) -> (Tensor, Tensor, bool)",
+      &forward_if_finite);
   m.def(
       "backward(Tensor grad_out, Tensor stat, Tensor delta, Tensor q, Tensor k, Tensor v, "
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "

@@ -52,7 +52,7 @@ def toeplitz_columns(table_width: int, lq: int, lk: int, device) -> Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _padded_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
+def padded_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
     """`toeplitz_columns`, then LANES more columns for the rows' padding (what the loops read
     past the last offset is never used as a number: any valid column serves). Cached: a model
     meets the same few (width, Lq, Lk) in every layer and every decoding step."""
@@ -66,7 +66,7 @@ def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor
     if table.dtype != dtype:
         table = table.to(dtype)
     # (the ops' bodies run eagerly, also under torch.compile: the cache is always usable here)
-    return table.index_select(1, _padded_columns(table.shape[1], lq, lk, table.device))
+    return table.index_select(1, padded_columns(table.shape[1], lq, lk, table.device))
 
 
 def _term(kind: str, tensor: Tensor | None, index: Tensor | None, lq: int, lk: int, dtype):
@@ -166,7 +166,7 @@ def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
 def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) -> Tensor:
     """The C++ gradient of a term's tensor as the gradient of the caller's tensor."""
     if kind == "toeplitz":  # per offset (the padding dropped) -> per table column
-        columns = _padded_columns(tensor.shape[1], lq, lk, tensor.device)[: lq + lk - 1]
+        columns = padded_columns(tensor.shape[1], lq, lk, tensor.device)[: lq + lk - 1]
         grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad[:, : lq + lk - 1])
     return grad.to(tensor.dtype)
 

@@ -1,0 +1,106 @@
+"""One op call for a remembered call that needs no gradient: the C++ kernel's decoding path.
+
+A decoding step calls `urpe.attention` once per layer with the same kind of arguments, under
+`torch.no_grad`. Once the call's plan is known (`urpe.kernels.plans`), everything that does not
+depend on the tensors' values is fixed: the term kinds, the table columns a Toeplitz row reads,
+the normalisation's code, the scale, the tile sizes. `direct_call(spec)` builds, once per plan,
+a function that reads the Toeplitz rows and runs `urpe_cpp::forward_if_finite`, which checks q,
+k and v for NaN/inf and runs the kernel in the same call. On a non-finite input it returns None
+and the caller takes the full path, which applies the non-finite rule (`urpe.kernels.nonfinite`).
+
+It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
+front, no overflow check), Toeplitz or dense terms or none, any mask, no dropout, one batch dim.
+Anything else (gradients, bf16, exp, relu2, relations, dropout) keeps the general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..spec import AttentionSpec
+from ..tables import Toeplitz
+from .ops import BUILT_IN, FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
+
+DIRECT_NORMALIZATIONS = ("softmax", "l2")  # no fixed statistic, no overflow check
+DIRECT_DTYPES = (torch.float32, torch.float64)  # computed as they are: nothing to convert
+
+Direct = Callable[[AttentionSpec], Tensor | None]
+
+
+def direct_call(spec: AttentionSpec) -> Direct | None:
+    """The one-call forward for calls of `spec`'s signature, or None where it does not apply."""
+    if (
+        spec.normalization not in DIRECT_NORMALIZATIONS
+        or spec.norm is not BUILT_IN[spec.normalization]
+        or spec.dropout_p > 0.0
+        or len(spec.batch_shape) != 1
+        or spec.is_empty
+        or spec.q.dtype not in DIRECT_DTYPES
+        or spec.k.dtype != spec.q.dtype
+        or spec.v.dtype != spec.q.dtype
+    ):
+        return None
+    terms = [_term_reader(t, spec) for t in (spec.bias, spec.gate)]
+    if None in terms:
+        return None
+    read_bias, read_gate = terms
+    bias_code, gate_code = _code(spec.bias), _code(spec.gate)
+    mask = spec.attn_mask
+    float_mask = mask is not None and mask.dtype != torch.bool
+    if float_mask and mask.dtype != spec.q.dtype:
+        return None
+    scalars = (spec.is_causal, NORMALIZATION_CODES[spec.normalization], spec.scale, 0.0, 0, None,
+               *FORWARD_TILES)  # fmt: skip
+    op = getattr(torch.ops.urpe_cpp, "forward_if_finite", None)
+    if op is None:  # a kernel library built before this op existed
+        return None
+    op = op.default
+
+    def run(call: AttentionSpec) -> Tensor | None:
+        mask = call.attn_mask
+        kpm = call.key_padding_mask
+        out, _, finite = op(
+            _contiguous(call.q), _contiguous(call.k), _contiguous(call.v),
+            bias_code, read_bias(call.bias), None, gate_code, read_gate(call.gate), None,
+            mask if float_mask else None, None if float_mask else mask,
+            None if kpm is None else _contiguous(kpm), None, *scalars,
+        )  # fmt: skip
+        return out if finite else None
+
+    return run
+
+
+def _code(term) -> int:
+    if term is None:
+        return KIND_CODES["none"]
+    return KIND_CODES["toeplitz" if type(term) is Toeplitz else "dense"]
+
+
+def _term_reader(term, spec: AttentionSpec) -> Callable | None:
+    """term -> the tensor the op takes, for terms of this call's kind; None: not covered."""
+    if term is None:
+        return _nothing
+    dtype = spec.q.dtype
+    if type(term) is Toeplitz:
+        if term.table.dtype != dtype:
+            return None
+        columns = padded_columns(term.table.shape[1], spec.lq, spec.lk, term.table.device)
+        return lambda t: t.table.index_select(1, columns)
+    if type(term) in (Tensor, torch.nn.Parameter) and term.dtype == dtype:
+        return _same
+    return None
+
+
+def _nothing(term) -> None:
+    return None
+
+
+def _same(term: Tensor) -> Tensor:
+    return term
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()

@@ -1,0 +1,137 @@
+"""The C++ kernel's one-call path for remembered calls that need no gradient (decoding;
+`urpe.kernels.cpp.direct`): the same results as the reference, the non-finite rule kept, and
+taken only where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from urpe.kernels import Toeplitz, attention, plans
+from urpe.kernels.cpp import unavailable
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
+
+F64 = dict(dtype=torch.float64)
+
+
+def _qkv(b=2, h=4, lq=1, lk=13, d=8, hkv=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((b, h, lq, d), (b, hkv or h, lk, d), (b, hkv or h, lk, d))
+    return tuple(torch.randn(*s, generator=gen, **F64) for s in shapes)
+
+
+@pytest.fixture
+def direct_calls(monkeypatch):
+    """Counts the calls the one-call path answered (from an empty plan cache)."""
+    from urpe.kernels.cpp import direct
+
+    plans.forget()
+    count = [0]
+    made = direct.direct_call
+
+    def counting(spec):
+        run = made(spec)
+        if run is None:
+            return None
+
+        def counted(call):
+            out = run(call)
+            count[0] += out is not None
+            return out
+
+        return counted
+
+    monkeypatch.setattr(direct, "direct_call", counting)
+    yield count
+    plans.forget()
+
+
+CASES = {
+    "none": {},
+    "gate": dict(gate="toeplitz"),
+    "bias+gate": dict(bias="toeplitz", gate="toeplitz"),
+    "dense bias": dict(bias="dense"),
+    "l2": dict(gate="toeplitz", normalization="l2"),
+    "padding": dict(gate="toeplitz", key_padding_mask=True),
+    "bool mask": dict(gate="toeplitz", attn_mask="bool"),
+    "float mask": dict(attn_mask="float"),
+}
+
+
+def _arguments(case: dict, q, k, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(100 + seed)
+    h, lq, lk = q.shape[1], q.shape[2], k.shape[2]
+    out = {"is_causal": True, "normalization": case.get("normalization", "softmax")}
+    for name in ("bias", "gate"):
+        kind = case.get(name)
+        if kind == "toeplitz":  # a table narrower than the offsets: clamped columns too
+            out[name] = Toeplitz(torch.rand(h, 2 * 6 + 1, generator=gen, **F64) + 0.5)
+        elif kind == "dense":
+            out[name] = torch.randn(q.shape[0], h, lq, lk, generator=gen, **F64)
+    if case.get("key_padding_mask"):
+        mask = torch.zeros(q.shape[0], lk, dtype=torch.bool)
+        mask[0, :3] = True
+        out["key_padding_mask"] = mask
+    if case.get("attn_mask") == "bool":
+        out["attn_mask"] = torch.rand(lq, lk, generator=gen) > 0.3
+    elif case.get("attn_mask") == "float":
+        out["attn_mask"] = torch.randn(q.shape[0], 1, lq, lk, generator=gen, **F64)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES)
+@pytest.mark.parametrize("lq,lk,hkv", [(1, 13, None), (3, 13, 2), (16, 40, None)])
+def test_decoding_calls_take_one_op_and_equal_the_reference(case, lq, lk, hkv, direct_calls):
+    with torch.no_grad():
+        for seed in range(3):  # the first call makes the plan, the next ones use it
+            q, k, v = _qkv(lq=lq, lk=lk, hkv=hkv, seed=seed)
+            kwargs = _arguments(case, q, k, seed)
+            out = attention(q, k, v, **kwargs, enable_gqa=hkv is not None)
+            want = attention(q, k, v, **kwargs, enable_gqa=hkv is not None, backend="reference")
+            torch.testing.assert_close(out, want)
+    assert direct_calls[0] == 2
+
+
+def test_a_nan_in_a_padded_key_still_stays_out_on_the_one_call_path(direct_calls):
+    q, k, v = _qkv(lq=1)
+    pad = torch.zeros(2, 13, dtype=torch.bool)
+    pad[:, :2] = True
+    gate = Toeplitz(torch.rand(4, 25, **F64) + 0.5)
+    with torch.no_grad():
+        attention(q, k, v, gate=gate, key_padding_mask=pad)  # the plan
+        k[0, 1, 0, 0] = float("nan")  # padded
+        v[1, 2, 1, 3] = float("inf")  # padded
+        out = attention(q, k, v, gate=gate, key_padding_mask=pad)
+        want = attention(q, k, v, gate=gate, key_padding_mask=pad, backend="reference")
+        assert out.isfinite().all()
+        torch.testing.assert_close(out, want)
+        q[1, 3, 0, 0] = float("nan")  # a NaN query row gives a NaN output row
+        out = attention(q, k, v, gate=gate, key_padding_mask=pad)
+    assert out[1, 3].isnan().all() and out[0].isfinite().all()
+    assert direct_calls[0] == 0  # non-finite inputs: the general path, which applies the rule
+
+
+def test_calls_that_need_gradients_or_other_forms_take_the_general_path(direct_calls):
+    q, k, v = _qkv(lq=1)
+    table = torch.rand(4, 25, **F64, requires_grad=True)
+    for _ in range(2):
+        out = attention(q, k, v, gate=Toeplitz(table))  # records the graph: not direct
+        (grad,) = torch.autograd.grad(out.sum(), table)
+        want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+        (want_grad,) = torch.autograd.grad(want.sum(), table)
+        torch.testing.assert_close(grad, want_grad)
+    with torch.no_grad():
+        for normalization in ("exp", "relu2"):  # counted up front, or overflow-checked
+            for _ in range(2):
+                attention(q, k, v, gate=Toeplitz(table), normalization=normalization)
+        half = [t.to(torch.bfloat16) for t in (q, k, v)]
+        for _ in range(2):
+            attention(*half, gate=Toeplitz(table.detach().to(torch.bfloat16)))
+        for _ in range(2):
+            attention(q[None], k[None], v[None], gate=Toeplitz(table))  # two batch dims
+    assert direct_calls[0] == 0
+    with torch.no_grad():  # the plan made with gradients serves calls without them
+        for _ in range(2):
+            attention(q, k, v, gate=Toeplitz(table))
+    assert direct_calls[0] == 2
