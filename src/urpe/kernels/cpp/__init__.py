@@ -42,8 +42,8 @@ from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
 from .build import is_loaded, threaded, unavailable
 
-__all__ = ["FEW_QUERIES", "cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
-           "unavailable"]  # fmt: skip
+__all__ = ["FEW_QUERIES", "cpp_attention", "cpp_backend", "cpp_defers", "cpp_run",
+           "cpp_unsupported", "unavailable"]  # fmt: skip
 
 
 def cpp_unsupported(spec: AttentionSpec) -> str | None:
