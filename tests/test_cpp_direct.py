@@ -135,3 +135,52 @@ def test_calls_that_need_gradients_or_other_forms_take_the_general_path(direct_c
         for _ in range(2):
             attention(q, k, v, gate=Toeplitz(table))
     assert direct_calls[0] == 2
+
+
+def _compiled_calls(fn):
+    """fn compiled whole (aot_eager: the graph as traced) and the ops of its graphs."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend=counter)
+    return compiled, lambda: [
+        str(node.target) for graph in counter.graphs for node in graph.graph.nodes
+        if node.op == "call_function"
+    ]  # fmt: skip
+
+
+def test_under_compile_a_call_without_gradients_is_one_opaque_op_that_keeps_the_rule():
+    q, k, v = _qkv(lq=1)
+    pad = torch.zeros(2, 13, dtype=torch.bool)
+    pad[:, :2] = True
+    table = torch.rand(4, 25, **F64) + 0.5
+
+    def step(q, k, v, table, pad):
+        return attention(q, k, v, gate=Toeplitz(table), key_padding_mask=pad, is_causal=True)
+
+    compiled, ops = _compiled_calls(step)
+    with torch.no_grad():
+        for poison in (False, True):
+            if poison:  # padded: the rule keeps them out, inside the op
+                k[0, 1, 0, 0] = float("nan")
+                v[1, 2, 1, 3] = float("inf")
+            out = compiled(q, k, v, table, pad)
+            want = attention(q, k, v, gate=Toeplitz(table), key_padding_mask=pad,
+                             backend="reference")  # fmt: skip
+            torch.testing.assert_close(out, want)
+            assert out.isfinite().all()
+    called = ops()
+    assert called.count("urpe.cpp_guarded_forward.default") == 1
+    assert not any("isfinite" in op or "where" in op for op in called), called
+
+
+def test_under_compile_a_call_with_gradients_keeps_the_differentiable_path():
+    q, k, v = _qkv(lq=2)
+    table = (torch.rand(4, 25, **F64) + 0.5).requires_grad_()
+    compiled, ops = _compiled_calls(lambda q, k, v, t: attention(q, k, v, gate=Toeplitz(t)))
+    (grad,) = torch.autograd.grad(compiled(q, k, v, table).sum(), table)
+    want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+    (want_grad,) = torch.autograd.grad(want.sum(), table)
+    torch.testing.assert_close(grad, want_grad)
+    assert "urpe.cpp_guarded_forward.default" not in ops()

@@ -86,10 +86,23 @@ def poisoned_rows(spec: AttentionSpec, q_ok: Tensor, kv_ok: Tensor) -> Tensor:
     return sees_bad | (~q_ok & sees_any)
 
 
+# (a backend's run, the same call as one opaque op that applies the rule itself, or None where
+# it does not fit): used under torch.compile, where the rule would otherwise cost tensor ops
+# around the kernel (the C++ kernel registers one; see `urpe.kernels.cpp.direct`)
+OPAQUE_RUNS: list[tuple[Callable, Callable[[AttentionSpec], Tensor | None]]] = []
+
+
 def guarded(run, spec: AttentionSpec) -> tuple[Tensor, Tensor | None]:
     """run(spec) under the rule above. Returns (output, NaN rows (B, H, Lq, 1) or None)."""
-    if all_finite_now(spec.q, spec.k, spec.v):
+    known = all_finite_now(spec.q, spec.k, spec.v)
+    if known:
         return run(spec), None
+    if known is None and torch.compiler.is_compiling():
+        for backend_run, opaque in OPAQUE_RUNS:
+            if run is backend_run and spec.q.device.type == "cpu":
+                out = opaque(spec)
+                if out is not None:
+                    return out, None
     q_ok = row_is_finite(spec.q)  # (B, H, Lq)
     kv_ok = row_is_finite(spec.k) & row_is_finite(spec.v)  # (B, Hkv, Lk)
     zero = torch.zeros((), dtype=spec.q.dtype, device=spec.q.device)

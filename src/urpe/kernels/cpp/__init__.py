@@ -36,11 +36,10 @@ from torch import Tensor
 from ..dispatch import Backend
 from ..execute import execute
 from ..fused import fused_defers
-from ..layout import ForwardArgs
-from ..nonfinite import FINITE_CHECKS
-from ..reference import draw_seed
+from ..nonfinite import FINITE_CHECKS, OPAQUE_RUNS
 from ..spec import AttentionSpec, resolve
 from .build import is_loaded, threaded, unavailable
+from .run import cpp_run
 
 __all__ = ["FEW_QUERIES", "cpp_attention", "cpp_backend", "cpp_defers", "cpp_run",
            "cpp_unsupported", "unavailable"]  # fmt: skip
@@ -60,17 +59,6 @@ def _built_in() -> dict:
     from .ops import BUILT_IN
 
     return BUILT_IN
-
-
-def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
-    """The C++ backend: (B, H, Lq, Dv) in q's dtype. block_q, block_k: tile sizes (0: the
-    tuned defaults)."""
-    from .ops import CPP
-
-    if spec.dropout_p > 0.0 and spec.dropout_seed is None:
-        spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
-    out = CPP(ForwardArgs.from_spec(spec, block_q, block_k))
-    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
 
 
 def cpp_attention(
@@ -129,4 +117,11 @@ def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:
 _OPS: list = []
 
 
+def _guarded_forward(spec: AttentionSpec) -> Tensor | None:
+    from .direct import guarded_forward
+
+    return guarded_forward(spec)
+
+
 FINITE_CHECKS["cpu"] = cpp_all_finite
+OPAQUE_RUNS.append((cpp_run, _guarded_forward))

@@ -20,9 +20,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..layout import FORWARD_SCHEMA, ForwardArgs
+from ..nonfinite import guarded
 from ..spec import AttentionSpec
-from ..tables import Toeplitz
+from ..tables import Relation, Toeplitz
 from .ops import BUILT_IN, FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
+from .run import cpp_run
 
 DIRECT_NORMALIZATIONS = ("softmax", "l2")  # no fixed statistic, no overflow check
 DIRECT_DTYPES = (torch.float32, torch.float64)  # computed as they are: nothing to convert
@@ -104,3 +107,62 @@ def _same(term: Tensor) -> Tensor:
 
 def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
+
+
+# Under torch.compile no value may be read while tracing, so the non-finite rule would run as
+# tensor ops around the kernel: masked copies of q, k, v (a whole static KV cache per layer and
+# step), visibility counts and a fill, about as costly as a decoding call itself. A call that
+# needs no gradient runs instead as this one opaque op, whose body runs eagerly at run time,
+# where the CPU's values may be read: the one-call path, or (non-finite inputs) the rule
+# applied directly (issue 28: a static cache under torch.compile).
+def _guarded_forward(*flat) -> Tensor:
+    spec = _spec_of(ForwardArgs(*flat))
+    run = direct_call(spec)
+    out = run(spec) if run is not None else None
+    if out is None:
+        out, _ = guarded(cpp_run, spec)
+    return out
+
+
+def _spec_of(args: ForwardArgs) -> AttentionSpec:
+    return AttentionSpec(
+        args.q, args.k, args.v, _as_term(args.bias, args.bias_index, args.bias_kind),
+        _as_term(args.gate, args.gate_index, args.gate_kind), args.attn_mask,
+        args.key_padding_mask, args.is_causal, args.normalization, args.scale, args.dropout_p,
+        args.dropout_seed, (args.q.shape[0],),
+    )  # fmt: skip
+
+
+def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
+    if kind == "toeplitz":
+        return Toeplitz(tensor)
+    if kind == "relation":
+        return Relation(tensor, index, in_range=True)  # checked when the call was resolved
+    return tensor
+
+
+GUARDED_FORWARD = torch.library.custom_op(
+    "urpe::cpp_guarded_forward", _guarded_forward, mutates_args=(),
+    schema=FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"),
+)  # fmt: skip
+GUARDED_FORWARD.register_fake(lambda *flat: _output_fake(ForwardArgs(*flat)))
+
+
+def _output_fake(args: ForwardArgs) -> Tensor:
+    b, h, lq, _ = args.q.shape
+    return args.q.new_empty(b, h, lq, args.v.shape[-1])
+
+
+def guarded_forward(spec: AttentionSpec) -> Tensor | None:
+    """The call as one opaque op that applies the non-finite rule itself (above), or None where
+    that does not fit: gradients wanted, a vmap, an overflow check to follow (exp)."""
+    if spec.norm.overflows or torch._C._are_functorch_transforms_active() or _records_grad(spec):
+        return None
+    return GUARDED_FORWARD(*ForwardArgs.from_spec(spec))
+
+
+def _records_grad(spec: AttentionSpec) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    args = ForwardArgs.from_spec(spec)
+    return any(t is not None and t.requires_grad for t in args.tensors)

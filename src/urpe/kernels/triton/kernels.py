@@ -330,6 +330,8 @@ def attention_bwd_q_kernel(
     h = (bh % heads).to(tl.int64)
     hk = h // group
     bh = bh.to(tl.int64)
+    if DROPOUT:  # read once on the device (the launch never reads it on the host)
+        seed = tl.load(seed_ptr)
     shift = lk - lq
     m0 = pid_m * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
@@ -385,7 +387,7 @@ def attention_bwd_q_kernel(
         dp = _dot(do, vt, PRECISION, UPCAST).to(ACC)
         if DROPOUT:
             drop_keep = _dropout_keep(
-                tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
+                seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p
             )
             dp = tl.where(drop_keep, dp / (1.0 - dropout_p), 0.0)
         if C_KIND != NO_TERM:

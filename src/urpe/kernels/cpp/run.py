@@ -1,0 +1,20 @@
+"""The C++ backend's run(spec): the kernel behind its custom ops (`ops`, imported on first use)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..layout import ForwardArgs
+from ..reference import draw_seed
+from ..spec import AttentionSpec
+
+
+def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
+    """The C++ backend: (B, H, Lq, Dv) in q's dtype. block_q, block_k: tile sizes (0: the
+    tuned defaults)."""
+    from .ops import CPP
+
+    if spec.dropout_p > 0.0 and spec.dropout_seed is None:
+        spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
+    out = CPP(ForwardArgs.from_spec(spec, block_q, block_k))
+    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
