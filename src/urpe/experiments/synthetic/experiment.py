@@ -23,7 +23,7 @@ from ..execution import RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
-from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
+from .presets import COMMAND, Preset
 from .report import report
 from .variants import variant_config
 
@@ -163,8 +163,7 @@ def check(preset: Preset) -> None:
                                          "token there is nothing to copy)")  # fmt: skip
 
 
-EXPERIMENT = Experiment(
-    name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
-    run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
+EXPERIMENT = Experiment.of(
+    COMMAND, plan=plan, run_one=run_one, describe=describe, report=report, check=check,
     sweep=("tasks", "variants", "vocab_sizes", "seeds"),
 )  # fmt: skip
