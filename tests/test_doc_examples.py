@@ -18,9 +18,10 @@ BLOCKS = [
 IDS = [f"{page}[{index}]" for page, index, _ in BLOCKS]
 
 
-def test_the_guides_have_examples():
+def test_the_pages_with_examples_are_found():
     pages = {page for page, _, _ in BLOCKS}
-    assert "README.md" in pages and len(pages) >= 6, pages
+    assert pages >= {"README.md", "docs/getting-started.md", "docs/guides/attention.md",
+                     "docs/guides/models.md", "docs/guides/huggingface.md"}, pages  # fmt: skip
 
 
 @pytest.mark.parametrize(("page", "index", "code"), BLOCKS, ids=IDS)

@@ -89,7 +89,7 @@ class PackageData(SphinxDirective):
             value = getattr(module, name)
             if not _is_data(value):
                 continue
-            lines += [f".. py:data:: {package}.{name}", ""]
+            lines += [f".. py:data:: {name}", f"   :module: {package}", ""]
             for text in (_source_comment(package, name), _summary(value)):
                 if text:
                     lines += [f"   {text}", ""]
