@@ -15,19 +15,13 @@ HEAVY = ("torch", "numpy", "scipy", "transformers", "tokenizers", "safetensors",
          "lightning", "pytorch_lightning", "torchmetrics", "tensorboard", "matplotlib", "tqdm",
          "rdkit", "torch_geometric", "triton", "x_transformers")  # fmt: skip
 
-# src/urpe/bench belongs to another line of work (issue 31): its argument modules import torch.
-BENCH_IMPORTS_TORCH = pytest.mark.xfail(
-    strict=True, reason="urpe.bench's argument modules import torch (bench/rows.py, compile.py)"
-)
-
 HELP_LINES = [
     ["--help"],
     ["--version"],
     *([group, "--help"] for group in GROUP_HELP),
     *([name, "--help"] for name in SINGLE_COMMANDS),
-    *(pytest.param([group, name, "--help"], marks=BENCH_IMPORTS_TORCH if group == "bench" else ())
-      for group, name in COMMANDS),
-]  # fmt: skip
+    *([group, name, "--help"] for group, name in COMMANDS),
+]
 
 
 def _heavy_after(argv: list[str]) -> tuple[list[str], str]:
@@ -101,3 +95,24 @@ def test_the_synthetic_task_names_are_the_tasks():
     from urpe.tasks import TASKS as REAL
 
     assert TASKS == tuple(REAL)
+
+
+def test_bench_help_offers_the_built_in_rows_and_groups():
+    """`urpe bench attention --help` lists urpe's own rows and `bench model --help` its groups
+    without importing torch; they are what the registries make."""
+    from urpe.bench import rows
+    from urpe.bench.model_groups import GROUP_NAMES
+    from urpe.bench.model_options import GROUP_NAMES as OFFERED_GROUPS
+    from urpe.kernels import BACKENDS
+
+    heavy, stdout = _heavy_after(["bench", "attention", "--help"])
+    assert heavy == [] and "cpp_urpe" in stdout and "triton_urpe" in stdout
+    for device, names in rows.BUILT_IN_BACKENDS.items():
+        assert list(names) == [n for n, b in BACKENDS.items() if b.devices is None
+                               or device in b.devices]  # fmt: skip
+        built_in = rows.rows_for_backends(device, names)
+        registry = rows.rows_for(device)  # the backends available here: a subset
+        assert [name for name in built_in if name in registry] == list(registry)
+    heavy, stdout = _heavy_after(["bench", "model", "--help"])
+    assert heavy == [] and OFFERED_GROUPS == GROUP_NAMES
+    assert all(name in stdout for name in GROUP_NAMES)
