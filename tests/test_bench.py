@@ -132,6 +132,31 @@ def test_every_registered_backend_is_a_row(dummy_backends):
     assert cuda["flex_rpe"].help.startswith("compiled FlexAttention")
 
 
+def test_the_rows_are_chosen_and_checked_when_the_command_runs(dummy_backends, monkeypatch):
+    """The flags offer rows without importing torch; what runs here is decided at run time: the
+    targets' default rows, a backend registered before the run, and a row that cannot run here
+    refused in one line (a C++ kernel that cannot be built, say)."""
+    import argparse
+
+    from urpe.bench import options
+    from urpe.cli_types import UsageError
+
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    args = parser.parse_args([])
+    options.fill_defaults(args)
+    assert args.rows == rows.default_rows("cpu", targets.named_rows("cpu"))
+    assert "bench_dummy_urpe" in args.rows and "bench_dummy_cuda_urpe" in args.gpu_rows
+    args = parser.parse_args(["--rows", "sdpa", "fused_urpe"])
+    options.fill_defaults(args)
+    assert args.rows == ["sdpa", "fused_urpe"]
+    here = {name: row for name, row in rows.rows_for("cpu").items() if name != "fused_urpe"}
+    everywhere = rows.rows_for
+    monkeypatch.setattr(rows, "rows_for", lambda d: here if d == "cpu" else everywhere(d))
+    with pytest.raises(UsageError, match="--rows: fused_urpe cannot run here; choose from sdpa"):
+        options.fill_defaults(parser.parse_args(["--rows", "sdpa", "fused_urpe"]))
+
+
 def test_a_registered_backend_is_timed_through_its_run(dummy_backends):
     chosen = [rows.rows_for("cpu")[name] for name in ("sdpa", "bench_dummy_urpe")]
     inputs = make_inputs(1, 2, 32, 8, torch.float32)

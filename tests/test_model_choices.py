@@ -20,7 +20,7 @@ TINY = ["--seq-len", "6", "--steps", "2", "--batch-size", "8", "--layers", "1", 
 def _configs(argv: list[str]) -> list[dict]:
     """The transformer config of every run the command line plans."""
     args = build_parser(argv).parse_args(argv)
-    experiment = _command(args.module)
+    experiment = _command(args.module).load()
     settings = resolve(experiment, args)
     return [s.config["model"]["transformer"] for s in experiment.plan(settings, "32-true")]
 
@@ -102,11 +102,11 @@ def test_the_graph_command_takes_the_backend():
 
     argv = ["reproduce", "graph", "--backend", "reference"]
     args = build_parser(argv).parse_args(argv)
-    chosen = specs(resolve(_command(args.module), args), "32-true")
+    chosen = specs(resolve(_command(args.module).load(), args), "32-true")
     assert {s.config["model"]["graphormer"]["backend"] for s in chosen} == {"reference"}
     argv = ["reproduce", "graph"]
     args = build_parser(argv).parse_args(argv)
-    plain = specs(resolve(_command(args.module), args), "32-true")
+    plain = specs(resolve(_command(args.module).load(), args), "32-true")
     assert {s.config["model"]["graphormer"]["backend"] for s in plain} == {"auto"}
 
 

@@ -1,7 +1,7 @@
 """The `urpe` command (also `python -m urpe`). Each subcommand lives in its own module, imported
 only when used, so `urpe --help` stays fast and the core never imports the training stack.
 
-A subcommand is a module, or an object named "module:NAME" (a reproduction's `Experiment`), that
+A subcommand is a module, or an object named "module:NAME" (a reproduction's `CommandLine`), that
 provides `add_arguments(parser)` and `run(args) -> int`.
 
 Errors a user can cause never show a traceback: a bad argument prints one line naming it and
@@ -25,16 +25,16 @@ from .cli_types import UsageError
 # (group, name) -> (module, one-line help)
 COMMANDS = {
     ("reproduce", "synthetic"): (
-        "urpe.experiments.synthetic.experiment:EXPERIMENT",
+        "urpe.experiments.synthetic.presets:COMMAND",
         "the paper's synthetic tasks (PI, ETP) and Su's probe, every encoding variant",
     ),
     ("reproduce", "lm"): (
-        "urpe.experiments.lm.experiment:EXPERIMENT",
+        "urpe.experiments.lm.presets:COMMAND",
         "language modelling on real text: every encoding, Transformer-XL memory, URPE's gate, "
         "length extrapolation",
     ),
     ("reproduce", "graph"): (
-        "urpe.experiments.graph.experiment:EXPERIMENT",
+        "urpe.experiments.graph.presets:COMMAND",
         "Graphormer vs Graphormer + URPE on real molecules (MOSES, QM9, or your ZINC files)",
     ),
     ("bench", "attention"): (
@@ -42,12 +42,12 @@ COMMANDS = {
         "time and peak memory of the attention kernels against PyTorch SDPA",
     ),
     ("bench", "model"): (
-        "urpe.bench.model",
+        "urpe.bench.model_options",
         "what URPE costs inside a model: one decoding call, short rows, generation (library "
         "decoder, Hugging Face), training steps, each against the model without it",
     ),
     ("bench", "compile"): (
-        "urpe.bench.compile",
+        "urpe.bench.compile_options",
         "compile the Triton kernels for real GPUs without one: registers, spills, shared memory",
     ),
 }
@@ -59,7 +59,7 @@ SINGLE_COMMANDS = {
         "sample text from a trained language model checkpoint, streamed token by token",
     ),
     "finetune": (
-        "urpe.experiments.finetune.experiment:EXPERIMENT",
+        "urpe.experiments.finetune.presets:COMMAND",
         "fine-tune a local Hugging Face causal LM with and without URPE gates (loss, curves, "
         "length extrapolation)",
     ),

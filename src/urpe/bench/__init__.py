@@ -21,7 +21,8 @@
 `urpe bench model` (what URPE costs inside a model, issue 28) reuses clocks, contention,
 measure, rows, end_to_end and machine, and adds:
 
-    model            the command: flags in, groups measured under each condition, files out
+    model            the measurement: groups measured under each condition, files out
+    model_options    the command's flags (`urpe.cli` reads these)
     model_groups     its groups (what is measured, against which baseline)
     model_sizes      issue 28's sizes and a tiny set for a smoke run
     timed            calls built once, timed per case under each condition; ratios
@@ -33,5 +34,10 @@ measure, rows, end_to_end and machine, and adds:
     model_targets    issue 28's targets, as data; model_report its section of BENCHMARKS.md
     sections         the marked sections of BENCHMARKS.md (GPU, model)
 
-Every other `urpe bench` subcommand is a module of its own here, registered in `urpe.cli`.
+`urpe bench compile` is `compile` (the compiling) and `compile_options` (its flags).
+
+Every other `urpe bench` subcommand is a module of its own here, registered in `urpe.cli`. The
+modules `urpe.cli` imports to build a command's flags (attention, options, rows,
+model_options, compile_options) import no torch, so that `--help` answers at once
+(tests/test_cli_startup.py); the rest is imported when the command runs.
 """

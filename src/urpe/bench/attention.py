@@ -5,6 +5,9 @@ baselines (SDPA, SDPA with a dense bias, FlexAttention); one pipeline (`measure`
 the CPU (`cpu`: interleaved wall-clock medians, optionally under contention) or on CUDA (`cuda`:
 `triton.testing.do_bench`). Targets are data (`targets`); the report is BENCHMARKS.md (`report`,
 `gpu_section`), the JSON results and a memory plot. See benchmarks/README.md.
+
+The flags (`options`) are declared without torch, so that `--help` answers at once; the
+measuring modules are imported when the command runs.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import argparse
 import json
 import sys
 
-from . import cpu, cuda, gpu_section
-from .memory import probe
 from .options import add_arguments, fill_defaults
 
 
@@ -31,6 +32,9 @@ def progress(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import cpu, cuda, gpu_section
+    from .memory import probe
+
     if args.memory_probe:
         print(json.dumps(dict(peak_mb=probe(args.memory_probe))))
         return 0

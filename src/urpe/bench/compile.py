@@ -43,8 +43,9 @@ from pathlib import Path
 
 import torch
 
+from .compile_options import DTYPES, STRENGTH
+
 ARCHS = (80, 90)
-DTYPES = ("float16", "bfloat16", "float32", "float64")
 HEAD_DIMS = (64, 128)
 KERNELS = ("forward", "backward_kv", "backward_q")
 # Shared memory a block may use (opt-in maximum), bytes.
@@ -56,7 +57,6 @@ BOOLS = (False, True)
 # neither: one value of each class, for the lengths and for the query heads per kv head.
 LENGTHS = (1, 1000, 1024)
 GROUPS = (1, 2, 16)
-STRENGTH = 2  # every pair of features' values is compiled together (see `covering`)
 
 
 @dataclass(frozen=True)
@@ -396,28 +396,6 @@ def problems(records: list[dict], spill_dtypes=("float16", "bfloat16")) -> list[
         elif r["dtype"] in spill_dtypes and r["spill_bytes"]:
             found.append(f"{where}: spills {r['spill_bytes']} B per thread")
     return found
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--arch",
-        default="80,90",
-        help="compute capabilities to compile for, comma-separated (default 80,90)",
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write the records here")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a representative subset (about 25 compilations) instead of all",
-    )
-    parser.add_argument(
-        "--strength", type=int, default=STRENGTH,
-        help=f"compile every combination of this many features' values (default {STRENGTH}: "
-             "every pair; 3 compiles about four times as many programs)",
-    )  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES),
-                        help="dtypes of the full matrix, comma-separated")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,68 +18,20 @@ import os
 import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
-from ..cli_types import UsageError, non_negative_int, positive_int
+from ..cli_types import UsageError
 from .contention import Condition, busy_core_index
 from .machine import cpu_info
 from .measure import failure_reason
-from .model_groups import GROUP_NAMES, groups
+from .model_groups import groups
+from .model_options import add_arguments
 from .model_report import section_markdown
 from .model_sizes import FULL, QUICK
 from .model_targets import judge
 from .sections import MODEL
 from .timed import compare
-
-CONDITIONS = ("idle", "busy")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--quick",
-        action="store_true",
-        help="tiny sizes and few repeats: a smoke run of every group in seconds (plus the "
-        "compile of hf_compiled; see --compile-backend); its numbers mean nothing",
-    )
-    add(
-        "--groups",
-        nargs="+",
-        choices=GROUP_NAMES,
-        default=list(GROUP_NAMES),
-        metavar="GROUP",
-        help=f"what to measure (default: all): {', '.join(GROUP_NAMES)}",
-    )
-    add(
-        "--conditions",
-        nargs="+",
-        choices=CONDITIONS,
-        default=list(CONDITIONS),
-        help="idle, and/or with a child process spinning on one core (default: both)",
-    )
-    add(
-        "--repeats",
-        type=positive_int,
-        default=None,
-        help="timed repeats per row, median (default: 9, with --quick 2)",
-    )
-    add(
-        "--threads",
-        type=non_negative_int,
-        default=0,
-        help="torch threads (default 0: torch's default)",
-    )
-    add(
-        "--compile-backend",
-        default="inductor",
-        help="torch.compile backend of hf_compiled (default inductor: what transformers "
-        "uses; 'eager' traces without generating code, for a fast smoke run)",
-    )
-    add("--json", type=Path, help="write every record, the sizes and the targets here")
-    add("--markdown", type=Path, help="write the model section into this file (BENCHMARKS.md), "
-        "between its markers; the rest of the file stays")  # fmt: skip
 
 
 def command_line() -> str:

@@ -1,13 +1,14 @@
-"""The flags of `urpe bench attention`, and the defaults that depend on --device."""
+"""The flags of `urpe bench attention`, and the defaults that depend on --device. Declaring them
+imports no torch (`--help` answers at once); the rows asked for are checked against the backends
+available here, and the default rows chosen, when the command runs (`fill_defaults`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..cli_types import non_negative_int, positive_int
-from .rows import RENAMED, default_rows, rows_for
-from .targets import named_rows
+from ..cli_types import UsageError, non_negative_int, positive_int
+from .rows import RENAMED, offered_rows
 
 DTYPES = ("float32", "bfloat16", "float16")
 # Defaults that depend on --device (flags left out on the command line take these).
@@ -31,16 +32,20 @@ DEVICE_DEFAULTS = {
 }
 
 
+# The flags that name rows, and the device whose rows each takes.
+ROW_FLAGS = {"rows": "cpu", "gpu_rows": "cuda", "profile_row": "cpu"}
+
+
 def _row_help(device: str) -> str:
-    return "; ".join(f"{name}: {row.help}" for name, row in rows_for(device).items())
+    return "; ".join(f"{name}: {row.help}" for name, row in offered_rows(device).items())
 
 
 def _rows(parser, flag: str, device: str, text: str) -> None:
-    choices = list(rows_for(device))
+    choices = list(offered_rows(device))
     parser.add_argument(
         flag,
         nargs="+",
-        default=default_rows(device, named_rows(device)),
+        default=argparse.SUPPRESS,  # the rows of the targets, known when the command runs
         choices=choices,
         type=lambda name: RENAMED.get(name, name),
         metavar="ROW",
@@ -171,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--profile-row",
         metavar="ROW",
-        choices=list(rows_for("cpu")),
+        choices=list(offered_rows("cpu")),
         help="the CPU row --profile profiles (default: cpp_urpe, what 'auto' runs for URPE on "
         "the CPU, or fused_urpe where the C++ kernel is not built; fused_urpe shows the eager "
         "kernel's operators)",
@@ -199,7 +204,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fill_defaults(args: argparse.Namespace) -> None:
-    """Flags left out take the chosen device's defaults."""
+    """Flags left out take the chosen device's defaults; the rows asked for must run here."""
+    from .rows import default_rows, rows_for
+    from .targets import named_rows
+
     for name, value in DEVICE_DEFAULTS[args.device].items():
         if not hasattr(args, name):
             setattr(args, name, value)
+    for name, device in ROW_FLAGS.items():
+        available = rows_for(device)
+        if not hasattr(args, name):
+            setattr(args, name, default_rows(device, named_rows(device)))
+        asked = getattr(args, name)
+        missing = [row for row in ([asked] if isinstance(asked, str) else asked or ())
+                   if row not in available]  # fmt: skip
+        if missing:
+            raise UsageError(f"--{name.replace('_', '-')}", f"{', '.join(missing)} cannot run "
+                             f"here; choose from {', '.join(available)}")  # fmt: skip

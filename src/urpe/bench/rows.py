@@ -16,21 +16,25 @@ Beside them stand the external baselines, which are not urpe's kernels:
 
 A baseline keeps its name where a derived row would take it (flex_rpe is FlexAttention's own
 route, not urpe's "flex" backend without the gate).
+
+Importing this module imports no torch (what a row times is imported when it is built), so
+that `urpe bench attention --help` answers at once: until `urpe.kernels` is loaded the flags
+offer the rows of urpe's own backends (`BUILT_IN_BACKENDS`); a run checks what it is asked for
+against the backends registered and available then (`rows_for`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import torch
 
-from ..kernels import Toeplitz, attention, native_backends
-from .inputs import dense_bias
-
-Inputs = dict[str, torch.Tensor]
-Build = Callable[[Inputs, bool], Callable[[], torch.Tensor]]  # (inputs, causal) -> call
+Inputs = dict[str, "torch.Tensor"]
+Build = Callable[[Inputs, bool], Callable[[], Any]]  # (inputs, causal) -> call
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,17 @@ class Row:
 RENAMED = {"reference": "reference_urpe"}
 # Backends whose rows are too slow or too large past a length: the option that says where.
 BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "fused": "fused_max_length"}
+# The backends urpe registers for each device, in the registry's order, available or not: the
+# rows offered before `urpe.kernels` is imported (tests/test_cli_startup.py checks the list).
+BUILT_IN_BACKENDS = {
+    "cpu": ("reference", "sdpa", "fused", "cpp"),
+    "cuda": ("reference", "sdpa", "fused", "triton", "flex"),
+}
 
 
 def _sdpa(inputs: Inputs, causal: bool):
+    import torch.nn.functional as F
+
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
@@ -65,7 +77,7 @@ def _sdpa_flash(inputs: Inputs, causal: bool):
 
     plain = _sdpa(inputs, causal)
 
-    def flash() -> torch.Tensor:
+    def flash():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return plain()
 
@@ -73,6 +85,10 @@ def _sdpa_flash(inputs: Inputs, causal: bool):
 
 
 def _sdpa_dense_bias(inputs: Inputs, causal: bool):
+    import torch.nn.functional as F
+
+    from .inputs import dense_bias
+
     if "dense_bias" not in inputs:  # kept in inputs, so that its gradient is reset per call
         inputs["dense_bias"] = dense_bias(inputs, causal)
     q, k, v, mask = inputs["q"], inputs["k"], inputs["v"], inputs["dense_bias"]
@@ -83,6 +99,7 @@ _compiled_flex: dict[str, Callable] = {}
 
 
 def _flex_rpe(inputs: Inputs, causal: bool):
+    import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "flex" not in _compiled_flex:  # one compile per shape, shared by every length
@@ -109,6 +126,8 @@ def backend_row(backend: str, gated: bool) -> Build:
     """urpe.attention(backend=...) with the Toeplitz bias B, and the gate C when `gated`."""
 
     def build(inputs: Inputs, causal: bool):
+        from ..kernels import Toeplitz, attention
+
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         bias = Toeplitz(inputs["table_b"])
         gate = Toeplitz(inputs["table_c"]) if gated else None
@@ -147,10 +166,14 @@ LAST_BASELINES = (
 )
 
 
-def backend_rows(device: str) -> list[Row]:
-    """A URPE row and an RPE row for every backend registered for `device` but SDPA, but where
-    a baseline has the name already."""
-    names = [name for name in native_backends(device) if name != "sdpa"]
+def backend_rows(device: str, backends: Sequence[str] | None = None) -> list[Row]:
+    """A URPE row and an RPE row for every backend in `backends` (default: those registered
+    for `device` and available here) but SDPA, but where a baseline has the name already."""
+    if backends is None:
+        from ..kernels import native_backends
+
+        backends = native_backends(device)
+    names = [name for name in backends if name != "sdpa"]
     kinds = (("urpe", True, "Toeplitz B and C (URPE)"), ("rpe", False, "Toeplitz B only (RPE)"))
     external = {row.name for row in (*BASELINES, *LAST_BASELINES)}
     rows = [
@@ -168,8 +191,21 @@ def backend_rows(device: str) -> list[Row]:
 
 def rows_for(device: str) -> dict[str, Row]:
     """Every row that can be timed on `device`, in report order (name -> row)."""
-    ordered = (*BASELINES, *backend_rows(device), *LAST_BASELINES)
+    return rows_for_backends(device, None)
+
+
+def rows_for_backends(device: str, backends: Sequence[str] | None) -> dict[str, Row]:
+    """`rows_for` with the rows of these backends (None: the registered, available ones)."""
+    ordered = (*BASELINES, *backend_rows(device, backends), *LAST_BASELINES)
     return {row.name: row for row in ordered if row.devices is None or device in row.devices}
+
+
+def offered_rows(device: str) -> dict[str, Row]:
+    """The rows the command line offers for `device`, without importing torch: `rows_for` once
+    `urpe.kernels` is loaded (a script may have registered a backend), else those of
+    `BUILT_IN_BACKENDS`."""
+    loaded = "urpe.kernels" in sys.modules
+    return rows_for_backends(device, None if loaded else BUILT_IN_BACKENDS[device])
 
 
 def default_rows(device: str, named: set[str]) -> list[str]:

@@ -1,9 +1,15 @@
 """What one reproduction is: an `Experiment`, which the one `urpe reproduce NAME` command
-(`command.py`) drives on the shared runner.
+(`command.py`) drives on the shared runner. Its command line is declared apart, in the
+experiment's presets module, which imports no torch, so that `--help` starts at once:
 
-    EXPERIMENT = Experiment(
+    # presets.py
+    COMMAND = CommandLine(
         name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
-        plan=plan, run_one=run_one, describe=describe, report=report,
+        implementation="urpe.experiments.synthetic.experiment:EXPERIMENT",
+    )
+    # experiment.py
+    EXPERIMENT = Experiment.of(
+        COMMAND, plan=plan, run_one=run_one, describe=describe, report=report,
         sweep=("tasks", "variants", "vocab_sizes", "seeds"),
     )
 
@@ -16,16 +22,17 @@
 - `report(records, out, seconds) -> (markdown, figure paths)`: writes results.json, results.md
   and the figures from every record of this experiment in OUT.
 
-A new reproduction is a presets module (settings and their flags, from `settings.py`), `run_one`
-with its configs, and a report; the command, the runner, the checks of shared flags and resume
-come with it.
+A new reproduction is a presets module (settings and their flags, from `settings.py`, and its
+`CommandLine`), `run_one` with its configs, and a report; the command, the runner, the checks of
+shared flags and resume come with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +40,22 @@ from .execution import RunOne
 from .records import RunSpec
 from .settings import Names, Option, Preset, variants_option
 
-__all__ = ["Experiment", "Names", "Option", "Preset", "variants_option"]  # the settings' parts too
+# the settings' parts too
+__all__ = ["CommandLine", "Experiment", "Names", "Option", "Preset", "variants_option"]
 
 
-@dataclass(frozen=True)
-class Experiment:
+@dataclass(frozen=True, kw_only=True)
+class CommandLine:
+    """The command line of `urpe reproduce NAME`: its presets and flags, everything `--help`
+    shows. It is declared in the experiment's presets module, which imports no torch, so that
+    `--help` starts at once; `implementation` ("module:NAME") is the `Experiment` that runs it,
+    imported only when the command runs."""
+
     name: str  # `urpe reproduce NAME`, and the "experiment" of its records' configs
     presets: Mapping[str, Preset]
     variants: Option
     options: tuple[Option, ...]
-    plan: Callable[[Any, str, bool], list[RunSpec]]
-    run_one: RunOne
-    describe: Callable[[dict], str]  # the line printed when a run finishes
-    report: Callable[[list[dict], Path, float], tuple[str, list[Path]]]
-    sweep: tuple[str, ...]  # preset fields whose lengths multiply to the number of runs
-    check: Callable[[Any], None] = lambda settings: None  # raises UsageError
+    implementation: str = ""
     description: str | None = None  # the --help text, when longer than the command's help
     preset_help: str = "base settings; any flag given below overrides them"
 
@@ -55,17 +63,46 @@ class Experiment:
     def out(self) -> str:
         return f"runs/{self.name}"
 
+    # `urpe.cli` calls these two (see command.py).
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        from .command import add_arguments
+
+        add_arguments(self, parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return self.load().run(args)
+
+    def load(self) -> Experiment:
+        """The `Experiment` that runs this command line (imported here)."""
+        module, _, name = self.implementation.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment(CommandLine):
+    """A reproduction: its command line and what runs it (see the module's docstring)."""
+
+    plan: Callable[[Any, str, bool], list[RunSpec]]
+    run_one: RunOne
+    describe: Callable[[dict], str]  # the line printed when a run finishes
+    report: Callable[[list[dict], Path, float], tuple[str, list[Path]]]
+    sweep: tuple[str, ...]  # preset fields whose lengths multiply to the number of runs
+    check: Callable[[Any], None] = lambda settings: None  # raises UsageError
+
+    @classmethod
+    def of(cls, command_line: CommandLine, **parts: Any) -> Experiment:
+        """The experiment that runs `command_line` with these parts (plan, run_one, ...)."""
+        shared = {f.name: getattr(command_line, f.name) for f in fields(CommandLine)}
+        return cls(**shared, **parts)
+
     def runs(self, settings: Any) -> int:
         count = 1
         for name in self.sweep:
             count *= len(getattr(settings, name) or (None,))  # an unset field: one value
         return count
 
-    # `urpe.cli` calls these two (see command.py).
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        from .command import add_arguments
-
-        add_arguments(self, parser)
+    def load(self) -> Experiment:
+        return self
 
     def run(self, args: argparse.Namespace) -> int:
         from .command import run

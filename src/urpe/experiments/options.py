@@ -8,7 +8,8 @@ beside its own in its presets module.
 --accelerator, --devices, --num-nodes, --strategy, --precision, --accumulate-grad-batches,
 --checkpoint-every and --no-progress. `resolve_execution(args, runs, batch_size)` checks them
 against the machine and each other and returns an `Execution` (or raises `UsageError` naming
-the flag). Importing this module needs torch only.
+the flag). Importing this module needs no torch (the checks import it), so that `--help`
+starts at once.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-
-import torch
 
 from ..cli_types import (
     UsageError,
@@ -133,6 +132,8 @@ def resolve_precision(value: str | None, default: str, accelerator: str) -> str:
 
 
 def _accelerator(name: str) -> str:
+    import torch  # here, not at the top: `--help` needs no torch
+
     if name == "auto":
         if torch.cuda.is_available():
             return "gpu"
@@ -148,6 +149,8 @@ def _accelerator(name: str) -> str:
 
 
 def _devices(text: str, accelerator: str) -> int | str | list[int]:
+    import torch
+
     if text == "auto":
         return "auto"
     try:
@@ -175,6 +178,8 @@ def _devices(text: str, accelerator: str) -> int | str | list[int]:
 
 def resolve_execution(args: argparse.Namespace, runs: int, batch_size: int) -> Execution:
     """Check the execution flags; pick jobs and threads for this machine."""
+    import torch
+
     accelerator = _accelerator(args.accelerator)
     devices = _devices(str(args.devices), accelerator)
     if args.strategy == "fsdp" and accelerator != "gpu":

@@ -53,6 +53,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:  # the lazy names too (`dir`, the API reference, completion)
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "FAR",
     "GRAPHORMER_PRESETS",

@@ -71,9 +71,9 @@ def shortest_paths(
             lexicographically smallest feature sequence wins); None treats all edges alike.
 
     Returns:
-        spd: (N, N) int64, d(i, j) in edges, `UNREACHABLE` where no path exists.
-        next_edge: (N, N) int64, the first edge of the chosen shortest path from i to j, -1 on
-            the diagonal and where j is unreachable.
+        (spd, next_edge), both (N, N) int64. spd holds d(i, j) in edges, `UNREACHABLE` where no
+        path exists; next_edge the first edge of the chosen shortest path from i to j, -1 on the
+        diagonal and where j is unreachable.
     """
     edge_index = np.asarray(edge_index, dtype=np.int64).reshape(2, -1)
     n, num_edges = int(num_nodes), edge_index.shape[1]

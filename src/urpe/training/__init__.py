@@ -18,6 +18,9 @@ _EXPORTS = {
     "MoleculeModel": "bundles",
     "TextModel": "bundles",
     "read_checkpoint_config": "checkpoint",
+    "InputEncoding": "inputs",
+    "MoleculeInputs": "inputs",
+    "TextInputs": "inputs",
     "GeneratedStream": "data",
     "IndexedStream": "data",
     "StepBatches": "data",
@@ -44,3 +47,7 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # the lazy names too (`dir`, the API reference, completion)
+    return sorted({*globals(), *_EXPORTS})

@@ -33,6 +33,7 @@ from .files import (
     skipped_summary,
 )
 from .splits import SPLITS, GraphSplit, MoleculeDataset
+from .tables import MoleculeRow, MoleculeTable
 from .targets import penalized_logp, penalized_logp_normalized
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "MoleculeFile",
     "MoleculeFileError",
     "MoleculeSource",
+    "MoleculeRow",
+    "MoleculeTable",
     "cache_root",
     "load_molecule_file",
     "load_molecules",

@@ -52,6 +52,8 @@ class MoleculeFileError(ValueError):
 
 @dataclass(frozen=True)
 class MoleculeRow:
+    """One molecule of a file: its SMILES, its targets' texts and its split, as read."""
+
     line: int  # 1-based line (text) or record (SDF) number, for messages
     smiles: str
     targets: dict[str, str]  # the header's column name -> text, with a decimal point

@@ -37,7 +37,7 @@ from ..execution import RunContext
 from ..experiment import Experiment
 from ..lm.experiment import EVAL_BATCH, fit_text, schedule_sections
 from ..records import RunResult, RunSpec
-from .presets import OPTIONS, PRESETS, VARIANTS, VARIANTS_OPTION, Preset
+from .presets import COMMAND, VARIANTS, Preset
 
 DATA_STREAM = "random-windows/1"
 
@@ -272,11 +272,7 @@ def write_report(records: list[dict], out: Path, seconds: float) -> tuple[str, l
     return write(records, out, seconds)
 
 
-EXPERIMENT = Experiment(
-    name="finetune", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
-    run_one=run_one, describe=describe, report=write_report,
+EXPERIMENT = Experiment.of(
+    COMMAND, plan=plan, run_one=run_one, describe=describe, report=write_report,
     sweep=("variants", "seeds"),
-    description="Fine-tune a local Hugging Face causal LM (a save_pretrained folder; nothing is "
-    "downloaded) on a text data set with and without URPE gates; report validation loss, "
-    "learning curves and length extrapolation.",
 )  # fmt: skip

@@ -14,7 +14,7 @@ from ...cli_types import (
     positive_float,
     positive_int,
 )
-from ..experiment import Names, Option, variants_option
+from ..experiment import CommandLine, Names, Option, variants_option
 from ..lm.presets import EVALUATION_OPTIONS, VOCAB_SIZE, TextRun
 from ..options import BATCH_SIZE, LR, SEEDS, STEPS, WARMUP
 
@@ -77,4 +77,11 @@ OPTIONS = (
     Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})",
            positive_float),
     *EVALUATION_OPTIONS,
+)  # fmt: skip
+COMMAND = CommandLine(
+    name="finetune", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
+    description="Fine-tune a local Hugging Face causal LM (a save_pretrained folder; nothing is "
+    "downloaded) on a text data set with and without URPE gates; report validation loss, "
+    "learning curves and length extrapolation.",
+    implementation="urpe.experiments.finetune.experiment:EXPERIMENT",
 )  # fmt: skip

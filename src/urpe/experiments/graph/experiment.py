@@ -25,15 +25,7 @@ from ..execution import RunContext
 from ..experiment import Experiment
 from ..records import LOCATIONS, RunResult, RunSpec
 from . import molecule_files
-from .presets import (
-    DESCRIPTION,
-    OPTIONS,
-    PRESET_HELP,
-    PRESETS,
-    VARIANTS_OPTION,
-    ZINC_ENV_VAR,
-    Preset,
-)
+from .presets import COMMAND, ZINC_ENV_VAR, Preset
 from .report import rows, write_report
 
 SPLIT_SEED = 0  # the same train/val/test molecules for every run
@@ -290,8 +282,7 @@ def check(preset: Preset) -> None:
             raise UsageError("--zinc-dir", f"{zinc_dir} is not a folder")
 
 
-EXPERIMENT = Experiment(
-    name="graph", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
-    run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
-    description=DESCRIPTION, sweep=("target_columns", "variants", "seeds"),
+EXPERIMENT = Experiment.of(
+    COMMAND, plan=plan, run_one=run_one, describe=describe, report=report, check=check,
+    sweep=("target_columns", "variants", "seeds"),
 )  # fmt: skip

@@ -82,15 +82,14 @@ def gate_chart(gates: torch.Tensor, title: str, path: Path) -> None:
             )
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
         ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel("shortest-path distance", fontsize=8)
+        ax.set_ylabel("C (multiplies the softmax)", fontsize=8)
         ax.set_xticks(xs[::2] + ([xs[-1]] if (len(xs) - 1) % 2 else []))
         ax.set_xticklabels(
             [labels[x] for x in ax.get_xticks().astype(int)], fontsize=6, rotation=90
         )
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("C")
     axes[0, 0].legend(fontsize=6, ncol=2)
-    for ax in axes[-1]:
-        ax.set_xlabel("shortest-path distance")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

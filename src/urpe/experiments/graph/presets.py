@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...cli_types import positive_int
-from ..experiment import Names, Option, variants_option
+from ..experiment import CommandLine, Names, Option, variants_option
 from ..experiment import Preset as ExperimentPreset
 from ..model_choices import BACKEND
 from ..options import LR, SEEDS, STEPS, WARMUP
@@ -115,4 +115,9 @@ OPTIONS = (
     BACKEND,
     Option(("--zinc-dir",), "zinc_dir", f"folder of PyG's raw ZINC files (default: "
            f"${ZINC_ENV_VAR})", Path, default=None),
+)  # fmt: skip
+COMMAND = CommandLine(
+    name="graph", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
+    preset_help=PRESET_HELP, description=DESCRIPTION,
+    implementation="urpe.experiments.graph.experiment:EXPERIMENT",
 )  # fmt: skip

@@ -31,7 +31,7 @@ from ..experiment import Experiment
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
 from .data_files import canonical_dataset, dataset_spec, locate_data
-from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
+from .presets import COMMAND, Preset
 from .report import write_report
 from .variants import parse_variant
 
@@ -243,8 +243,7 @@ def check(preset: Preset) -> None:
                                       "folder: give it, --dataset wikitext-103:DIR")  # fmt: skip
 
 
-EXPERIMENT = Experiment(
-    name="lm", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
-    run_one=run_one, describe=describe, report=write_report, check=check,
-    preset_help=PRESET_HELP, sweep=("variants", "seeds"),
+EXPERIMENT = Experiment.of(
+    COMMAND, plan=plan, run_one=run_one, describe=describe, report=write_report, check=check,
+    sweep=("variants", "seeds"),
 )  # fmt: skip

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...cli_types import non_negative_int, positive_int, positive_int_list
-from ..experiment import Names, Option, variants_option
+from ..experiment import CommandLine, Names, Option, variants_option
 from ..experiment import Preset as BasePreset
 from ..model_choices import MODEL_OPTIONS, ModelChoices
 from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
@@ -104,4 +104,8 @@ OPTIONS = (
     LAYERS, DIM, HEADS, FFN_DIM,
     *EVALUATION_OPTIONS,
     *MODEL_OPTIONS,
+)  # fmt: skip
+COMMAND = CommandLine(
+    name="lm", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
+    preset_help=PRESET_HELP, implementation="urpe.experiments.lm.experiment:EXPERIMENT",
 )  # fmt: skip

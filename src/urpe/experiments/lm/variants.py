@@ -10,9 +10,10 @@ paper's URPE, short for `rpe+urpe`. Examples: `rope+urpe`, `alibi+urpe+mem`, `t5
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...models import TransformerConfig
+if TYPE_CHECKING:
+    from ...models import TransformerConfig
 
 
 @dataclass(frozen=True)

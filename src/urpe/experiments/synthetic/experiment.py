@@ -24,7 +24,7 @@ from ..execution import RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
-from .presets import OPTIONS, PRESET_HELP, PRESETS, VARIANTS_OPTION, Preset
+from .presets import COMMAND, Preset
 from .report import rows, write_report
 from .variants import variant_config
 
@@ -172,8 +172,7 @@ def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str
     return text, figures(records, rows(records), out_dir)
 
 
-EXPERIMENT = Experiment(
-    name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS, plan=plan,
-    run_one=run_one, describe=describe, report=report, check=check, preset_help=PRESET_HELP,
+EXPERIMENT = Experiment.of(
+    COMMAND, plan=plan, run_one=run_one, describe=describe, report=report, check=check,
     sweep=("tasks", "variants", "vocab_sizes", "seeds"),
 )  # fmt: skip

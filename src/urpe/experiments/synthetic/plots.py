@@ -48,8 +48,9 @@ def accuracy_chart(records: list[dict], path: Path) -> None:
             )
             ax.axhline(chance, color=colours[j % 10], linestyle="--", linewidth=0.8)
         ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right")
+        ax.set_xlabel("variant")
         ax.set_ylim(0, 1.05)
-        ax.set_ylabel("accuracy")
+        ax.set_ylabel("held-out accuracy")
         length = task_columns[0][2]
         ax.set_title(f"{TASK_TITLES.get(task, task)} (L={length}; dashed: chance)", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
@@ -60,16 +61,36 @@ def accuracy_chart(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+# The colour bar's label of each learned matrix: what its entry at (i, j) does.
+MATRIX_MEANINGS = {"B": "B[i, j], added to the logits", "C": "C[i, j], multiplies the softmax"}
+OFFSETS_NOTE = (
+    "rows: query i, columns: key j; each diagonal is one offset j - i (dotted: j = i); "
+    "above it j - i > 0 (keys after the query), below it j - i < 0 (keys before it)"
+)
+
+
+def _mark_diagonal(ax, n: int) -> None:
+    """The main diagonal j = i, dotted (the image keeps its extent)."""
+    limits = ax.get_xlim(), ax.get_ylim()
+    ax.plot([0, n - 1], [0, n - 1], color="white", linestyle=":", linewidth=0.8)
+    ax.set_xlim(limits[0])
+    ax.set_ylim(limits[1])
+
+
 def learned_matrices_chart(matrices: dict[str, torch.Tensor], title: str, path: Path,
                            max_heads: int = 4) -> None:  # fmt: skip
     """matrices: {"B": (H, L, L), "C": (H, L, L)} (either may be missing). One row per matrix,
-    one column per head (up to max_heads); rows are queries i, columns keys j."""
+    one column per head (up to max_heads); rows are queries i, columns keys j, both counted
+    from the first token; each panel dots the diagonal j = i, and the title says on which side
+    the offset j - i is positive."""
+    from matplotlib.ticker import MaxNLocator
+
     names = [n for n in ("B", "C") if matrices.get(n) is not None]
     if not names:
         return
     heads = min(max_heads, max(matrices[n].shape[0] for n in names))
     fig, axes = plt.subplots(
-        len(names), heads, figsize=(2.6 * heads + 0.6, 2.5 * len(names)), squeeze=False
+        len(names), heads, figsize=(2.9 * heads + 0.8, 2.8 * len(names) + 0.5), squeeze=False
     )
     for r, name in enumerate(names):
         m = matrices[name].float()
@@ -77,10 +98,16 @@ def learned_matrices_chart(matrices: dict[str, torch.Tensor], title: str, path: 
             ax = axes[r, h]
             image = ax.imshow(m[h].numpy(), cmap="viridis")
             ax.set_title(f"{name}, head {h}", fontsize=9)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
-    fig.suptitle(title, fontsize=10)
+            ax.set_xlabel("key j", fontsize=8)
+            ax.set_ylabel("query i", fontsize=8)
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+            ax.tick_params(labelsize=7)
+            _mark_diagonal(ax, m.shape[-1])
+            bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+            bar.set_label(MATRIX_MEANINGS[name], fontsize=7)
+            bar.ax.tick_params(labelsize=6)
+    fig.suptitle(f"{title}\n{OFFSETS_NOTE}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

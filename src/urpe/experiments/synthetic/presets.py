@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...cli_types import name_list, positive_int, positive_int_list
-from ...tasks import TASKS
-from ..experiment import Names, Option, variants_option
+from ..experiment import CommandLine, Names, Option, variants_option
 from ..model_choices import MODEL_OPTIONS, ModelChoices
 from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
 from .variants import VARIANTS
+
+# The names of `urpe.tasks.TASKS`, known without importing torch (tests/test_cli_startup.py
+# checks that they are the same).
+TASKS = ("pi", "etp", "probe")
 
 
 @dataclass(frozen=True)
@@ -83,4 +86,8 @@ OPTIONS = (
     Option(("--eval-sequences",), "eval_sequences",
            "held-out sequences for the accuracy ({presets})", positive_int),
     *MODEL_OPTIONS,
+)  # fmt: skip
+COMMAND = CommandLine(
+    name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
+    preset_help=PRESET_HELP, implementation="urpe.experiments.synthetic.experiment:EXPERIMENT",
 )  # fmt: skip

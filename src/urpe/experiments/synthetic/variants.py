@@ -12,9 +12,10 @@ must stay at chance on the probe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...models import TransformerConfig
+if TYPE_CHECKING:
+    from ...models import TransformerConfig
 
 
 @dataclass(frozen=True)

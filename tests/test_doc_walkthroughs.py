@@ -1,5 +1,5 @@
-"""The README's "Your own data" quick start runs as written: its shell blocks, in order, in a
-fresh folder (`urpe` and `python` are this interpreter)."""
+"""The "Your own data" guide's walkthroughs run as written: its shell blocks, each in a fresh
+folder (`urpe` and `python` are this interpreter)."""
 
 import os
 import re
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-SECTION = README.read_text().split("## Your own data: train, predict, evaluate", 1)[1]
-SECTION = SECTION.split("\n## ", 1)[0]
-BLOCKS = re.findall(r"```bash\n(.*?)```", SECTION, flags=re.S)
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "own-data.md"
+BLOCKS = re.findall(r"```bash\n(.*?)```", GUIDE.read_text(), flags=re.S)
 
 
 def test_the_quick_start_has_a_molecule_and_a_text_block():
@@ -29,7 +27,7 @@ def _one_core() -> None:
 
 
 # Slow (about 70 s together, mostly process start-up): the same workflows run in the default
-# suite through test_molecule_files.py and test_lm_files.py; this checks the README text itself.
+# suite through test_molecule_files.py and test_lm_files.py; this checks the guide's text itself.
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_quick_start_block_runs(index, tmp_path):

@@ -1,0 +1,102 @@
+"""Sphinx extension: API reference pages that follow the packages' `__all__`, so that no list of
+names is kept by hand.
+
+    .. urpe-namespace::
+
+is an autosummary table of every name `import urpe` offers, each linked to where the API
+reference documents it (the subpackage that defines it, e.g. `urpe.attention` ->
+`urpe.kernels.attention`).
+
+    .. urpe-data:: urpe.kernels
+
+documents the package's data in `__all__` (registries, constants, type aliases), which autodoc
+leaves out when they are imported from a submodule: each with the comment that introduces it
+in the source, and its keys (a registry) or its value (a small constant).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Mapping
+
+from sphinx.util.docutils import SphinxDirective
+
+
+def documented_name(name: str) -> str:
+    """Where the reference documents `urpe.NAME`: the subpackage whose __all__ exports it."""
+    import urpe
+
+    source = urpe._SOURCES[name]
+    if source.startswith("urpe.training."):  # re-exported by urpe.training, documented there
+        source = "urpe.training"
+    return f"{source}.{name}"
+
+
+class NamespaceSummary(SphinxDirective):
+    def run(self):
+        import urpe
+
+        lines = [".. autosummary::", "   :nosignatures:", ""]
+        lines += [f"   ~{documented_name(name)}" for name in urpe.__all__]
+        return self.parse_text_to_nodes("\n".join(lines))
+
+
+def _is_data(value) -> bool:
+    return not (inspect.isclass(value) or inspect.isroutine(value) or inspect.ismodule(value))
+
+
+def _source_comment(package: str, name: str) -> str:
+    """The `#` comment on the line that defines `name` in one of the package's modules, or in the
+    lines right above it."""
+    pattern = re.compile(rf"^{re.escape(name)}\s*(:[^=]*)?=")
+    for module_name, module in sorted(sys.modules.items()):
+        if not module_name.startswith(package) or module is None:
+            continue
+        try:
+            lines = inspect.getsource(module).splitlines()
+        except (OSError, TypeError):
+            continue
+        for i, line in enumerate(lines):
+            if pattern.match(line):
+                above = []
+                for previous in reversed(lines[:i]):
+                    if not previous.startswith("#"):
+                        break
+                    above.insert(0, previous.lstrip("# "))
+                trailing = line.partition("  # ")[2] if "  # " in line else ""
+                return " ".join([*above, trailing]).strip()
+    return ""
+
+
+def _summary(value) -> str:
+    if isinstance(value, Mapping):
+        return "Names: " + ", ".join(f"``{key}``" for key in value) + "." if value else "Empty."
+    text = repr(value)
+    return f"Value: ``{text}``." if len(text) <= 200 else ""
+
+
+class PackageData(SphinxDirective):
+    required_arguments = 1
+
+    def run(self):
+        package = self.arguments[0]
+        module = importlib.import_module(package)
+        lines = []
+        for name in module.__all__:
+            value = getattr(module, name)
+            if not _is_data(value):
+                continue
+            lines += [f".. py:data:: {name}", f"   :module: {package}", ""]
+            for text in (_source_comment(package, name), _summary(value)):
+                if text:
+                    lines += [f"   {text}", ""]
+        return self.parse_text_to_nodes("\n".join(lines))
+
+
+def setup(app):
+    app.add_directive("urpe-namespace", NamespaceSummary)
+    app.add_directive("urpe-data", PackageData)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
