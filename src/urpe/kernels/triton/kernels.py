@@ -386,9 +386,7 @@ def attention_bwd_q_kernel(
         p, r = _weights(s, keep, stat, NORM)
         dp = _dot(do, vt, PRECISION, UPCAST).to(ACC)
         if DROPOUT:
-            drop_keep = _dropout_keep(
-                seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p
-            )
+            drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
             dp = tl.where(drop_keep, dp / (1.0 - dropout_p), 0.0)
         if C_KIND != NO_TERM:
             c = _term_tile(
