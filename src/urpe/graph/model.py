@@ -46,7 +46,8 @@ from ..kernels import BACKENDS
 from ..nn import AttentionContext, MultiheadAttention, TransformerLayer
 from .config import GraphEncodingConfig, relation_count
 from .dense import DenseGraphBatch
-from .encodings import GraphormerEncodings
+from .encodings import GraphInputs, GraphormerEncodings
+from .packing import graph_token_states, mean_node_states, pack_inputs, pack_layout
 
 READOUTS = ("graph-token", "mean")
 
@@ -71,6 +72,9 @@ class GraphormerConfig:
         urpe: deprecated alias, True for gate="relation" (older configs load).
         backend: `urpe.attention` backend ("auto": the C++ tile loop on CPU, Triton on CUDA).
         init_std: std of the embeddings' normal initialisation.
+        pack: run the layers on packed rows (`urpe.graph.packing`: graphs side by side, each
+            attending only to itself, rows as long as the batch's largest graph) instead of
+            one row per graph padded to the largest; the same outputs, less padding.
     """
 
     num_layers: int = 12
@@ -88,6 +92,7 @@ class GraphormerConfig:
     backend: str = "auto"
     init_std: float = 0.02
     gate: SpecLike | None = None
+    pack: bool = False
 
     def __post_init__(self) -> None:
         if self.urpe:
@@ -139,6 +144,8 @@ class GraphormerConfig:
         """Every field but the deprecated `urpe`, JSON-ready (the gate as a name or a dict)."""
         data = {k: v for k, v in asdict(self).items() if k != "urpe"}
         data["gate"] = None if self.gate is None else self.gate.to_json()
+        if not self.pack:  # the same model either way: unpacked configs keep their old form
+            del data["pack"]
         return data
 
     @classmethod
@@ -268,30 +275,48 @@ class Graphormer(nn.Module):
 
         return to_dense_graph_batch(batch, max_hops=self.config.max_hops)
 
-    def embed(self, batch: Any) -> tuple[Tensor, Tensor]:
-        """Final hidden states (B, L, dim) over [graph token, nodes], and the (B, L) padding
-        mask (True = padded node; never the graph token)."""
-        inputs = self.encodings(self.dense(batch))
+    def _layers(self, inputs: GraphInputs, attn_mask: Tensor | None = None) -> Tensor:
+        """Final hidden states (rows, L, dim) of the Transformer over `inputs`."""
         context = AttentionContext(
             positions=Positions.graph(inputs.relation),  # the gates read relation (B, L, L)
             key_padding_mask=inputs.padding_mask,
+            attn_mask=attn_mask,
             bias=inputs.bias,  # (B, H, L, L), computed once, the same for every layer
         )
         x = self.input_dropout(inputs.x)  # (B, L, dim)
         for layer in self.layers:
             x = layer(x, context)
-        return self.final_norm(x), inputs.padding_mask
+        return self.final_norm(x)
+
+    def embed(self, batch: Any) -> tuple[Tensor, Tensor]:
+        """Final hidden states (B, L, dim) over [graph token, nodes], and the (B, L) padding
+        mask (True = padded node; never the graph token); one padded row per graph."""
+        inputs = self.encodings(self.dense(batch))
+        return self._layers(inputs), inputs.padding_mask
+
+    def _pooled_packed(self, inputs: GraphInputs) -> Tensor:
+        """(B, dim) readout of the packed route (`urpe.graph.packing`)."""
+        layout = pack_layout((~inputs.padding_mask).sum(1))
+        # Each graph attends only to itself: a (R, 1, P, P) mask over rows as long as the
+        # largest graph, no larger than the bias the rows carry anyway.
+        hidden = self._layers(pack_inputs(inputs, layout), layout.same_document())
+        if self.config.readout == "graph-token":
+            return graph_token_states(hidden, layout)
+        return mean_node_states(hidden, layout)
 
     def forward(self, batch: Any) -> Tensor:
         """batch: a `torch_geometric.data.Batch` whose graphs went through
         `urpe.graph.ShortestPaths`, or a `DenseGraphBatch` -> predictions (num_graphs,)."""
-        hidden, padding_mask = self.embed(batch)  # (B, L, dim), (B, L)
-        if self.config.readout == "graph-token":
-            pooled = hidden[:, 0]  # (B, dim)
+        if self.config.pack:
+            pooled = self._pooled_packed(self.encodings(self.dense(batch)))
         else:
-            real = (~padding_mask[:, 1:]).to(hidden.dtype).unsqueeze(-1)  # (B, N, 1)
-            # A graph with no nodes pools to zeros instead of 0 / 0.
-            pooled = (hidden[:, 1:] * real).sum(1) / real.sum(1).clamp(min=1)  # (B, dim)
+            hidden, padding_mask = self.embed(batch)  # (B, L, dim), (B, L)
+            if self.config.readout == "graph-token":
+                pooled = hidden[:, 0]  # (B, dim)
+            else:
+                real = (~padding_mask[:, 1:]).to(hidden.dtype).unsqueeze(-1)  # (B, N, 1)
+                # A graph with no nodes pools to zeros instead of 0 / 0.
+                pooled = (hidden[:, 1:] * real).sum(1) / real.sum(1).clamp(min=1)  # (B, dim)
         out = self.head(pooled).squeeze(-1)  # (B,)
         return self.target_shift + self.target_scale * out
 
