@@ -66,12 +66,22 @@ def test_first_fit_places_each_graph_in_one_run():
     assert layout.local.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 0], [0, 1, 2, 3]]
     wide = pack_layout(lengths, row_length=14)  # everything in one row, no tail
     assert wide.graph.tolist() == [[0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4]]
-    with pytest.raises(ValueError, match="a graph of 4 inputs does not fit rows of 3"):
-        pack_layout(lengths, row_length=3)
+    assert pack_layout(lengths, row_length=3).graph.shape == (4, 4)  # rows fit the largest
+
+
+def test_longer_rows_and_one_row_give_the_padded_predictions():
+    padded, _ = pair("mean")
+    batch = Batch.from_data_list(molecules())
+    for length in (40, 10**6):
+        packed = model(urpe=True, readout="mean", pack=True, pack_length=length)
+        packed.load_state_dict(padded.state_dict())
+        torch.testing.assert_close(packed(batch), padded(batch), rtol=1e-10, atol=1e-10)
 
 
 def test_pack_is_left_out_of_unpacked_configs():
     """Unpacked configs keep the form they had, so existing runs keep their identity."""
-    assert "pack" not in GraphormerConfig().to_dict()
-    config = GraphormerConfig(pack=True)
+    assert not {"pack", "pack_length"} & set(GraphormerConfig().to_dict())
+    config = GraphormerConfig(pack=True, pack_length=64)
     assert GraphormerConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="pack_length needs pack=True"):
+        GraphormerConfig(pack_length=64)

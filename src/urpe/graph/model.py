@@ -73,8 +73,11 @@ class GraphormerConfig:
         backend: `urpe.attention` backend ("auto": the C++ tile loop on CPU, Triton on CUDA).
         init_std: std of the embeddings' normal initialisation.
         pack: run the layers on packed rows (`urpe.graph.packing`: graphs side by side, each
-            attending only to itself, rows as long as the batch's largest graph) instead of
-            one row per graph padded to the largest; the same outputs, less padding.
+            attending only to itself) instead of one row per graph padded to the largest; the
+            same outputs, less padding.
+        pack_length: the packed rows' length in inputs (nodes + graph token per graph), at
+            least the batch's largest graph (None: that). A length beyond the batch's inputs
+            makes one row.
     """
 
     num_layers: int = 12
@@ -93,6 +96,7 @@ class GraphormerConfig:
     init_std: float = 0.02
     gate: SpecLike | None = None
     pack: bool = False
+    pack_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.urpe:
@@ -116,6 +120,9 @@ class GraphormerConfig:
             raise ValueError(
                 f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {self.backend!r}"
             )
+        if self.pack_length is not None and (not self.pack or self.pack_length < 1):
+            raise ValueError(f"pack_length needs pack=True and must be >= 1, got "
+                             f"{self.pack_length}")  # fmt: skip
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
         if self.gate is not None:
@@ -145,7 +152,7 @@ class GraphormerConfig:
         data = {k: v for k, v in asdict(self).items() if k != "urpe"}
         data["gate"] = None if self.gate is None else self.gate.to_json()
         if not self.pack:  # the same model either way: unpacked configs keep their old form
-            del data["pack"]
+            del data["pack"], data["pack_length"]
         return data
 
     @classmethod
@@ -296,9 +303,9 @@ class Graphormer(nn.Module):
 
     def _pooled_packed(self, inputs: GraphInputs) -> Tensor:
         """(B, dim) readout of the packed route (`urpe.graph.packing`)."""
-        layout = pack_layout((~inputs.padding_mask).sum(1))
-        # Each graph attends only to itself: a (R, 1, P, P) mask over rows as long as the
-        # largest graph, no larger than the bias the rows carry anyway.
+        layout = pack_layout((~inputs.padding_mask).sum(1), self.config.pack_length)
+        # Each graph attends only to itself: a (R, 1, P, P) mask, no larger than the bias the
+        # rows carry anyway.
         hidden = self._layers(pack_inputs(inputs, layout), layout.same_document())
         if self.config.readout == "graph-token":
             return graph_token_states(hidden, layout)

@@ -53,12 +53,10 @@ class PackedLayout:
 
 
 def pack_layout(lengths: Tensor, row_length: int | None = None) -> PackedLayout:
-    """First-fit placement of graphs of `lengths` (B,) inputs into rows of `row_length` (default:
-    the longest graph)."""
+    """First-fit placement of graphs of `lengths` (B,) inputs into rows of `row_length`, or of
+    the longest graph where that is longer (the default)."""
     sizes = [int(n) for n in lengths.tolist()]
-    capacity = max(sizes, default=1) if row_length is None else row_length
-    if sizes and max(sizes) > capacity:
-        raise ValueError(f"a graph of {max(sizes)} inputs does not fit rows of {capacity}")
+    capacity = max([*sizes, 1 if row_length is None else row_length])
     used: list[int] = []  # columns filled per row
     row, start = [], []
     for size in sizes:
