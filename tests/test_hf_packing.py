@@ -124,6 +124,13 @@ def test_document_ids_from_positions_and_cu_seq_lens():
     assert document_ids_of({"position_ids": torch.arange(8)[None]}, 8, 8) is None
     assert document_ids_of({"position_ids": torch.arange(3, 8)[None]}, 5, 5) is None
     assert document_ids_of({}, 8, 8) is None
+    assert document_ids_of({"position_ids": positions.expand(3, 1, 8)}, 8, 8) is None  # mrope
+    # Read once per tensor, but again when it changed in place.
+    reused = torch.arange(4)[None]
+    assert document_ids_of({"position_ids": reused}, 4, 4) is None
+    reused[0, 2] = 0
+    torch.testing.assert_close(document_ids_of({"position_ids": reused}, 4, 4),
+                               torch.tensor([[0, 0, 1, 1]]))  # fmt: skip
 
 
 def test_cu_seq_lens_that_do_not_cover_the_row_are_one_error():

@@ -21,13 +21,26 @@ counted from the document's start, and pairs across documents are never attended
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-# The position ids of one forward pass are the same tensor in every layer: whether they restart
-# is asked of the data once per pass, not once per layer (a host sync on a GPU).
-_last_checked: tuple[weakref.ref, int, Tensor | None] | None = None
+# The position ids (or cu_seq_lens) of one forward pass are the same tensor in every layer: the
+# documents are read from the data once per pass, not once per layer (a host sync on a GPU).
+_last_read: dict[str, tuple[weakref.ref, tuple, Tensor | None]] = {}
+
+
+def _once_per_tensor(kind: str, tensor: Tensor, key: tuple, read: Callable[[], Tensor | None]):
+    """read(), or its result for the same tensor, unchanged, asked with the same key."""
+    # Inference tensors keep no version counter (and cannot change outside inference mode).
+    stamp = (-1 if tensor.is_inference() else tensor._version, *key)
+    last = _last_read.get(kind)
+    if last is not None and last[0]() is tensor and last[1] == stamp:
+        return last[2]
+    result = read()
+    _last_read[kind] = (weakref.ref(tensor), stamp, result)
+    return result
 
 
 def _from_cu_seq_lens(cu_seq_lens: Tensor, key_length: int) -> Tensor:
@@ -47,19 +60,12 @@ def _from_cu_seq_lens(cu_seq_lens: Tensor, key_length: int) -> Tensor:
 def _from_position_ids(position_ids: Tensor) -> Tensor | None:
     """(B or 1, L) document index of each token, counting restarts (a position that does not
     follow its predecessor by one), or None when no row restarts."""
-    global _last_checked
-    # Inference tensors keep no version counter (and cannot change outside inference mode).
-    version = -1 if position_ids.is_inference() else position_ids._version
-    last = _last_checked
-    if last is not None and last[0]() is position_ids and last[1] == version:
-        return last[2]
     first = position_ids[..., :1] - 1
     starts = position_ids.diff(dim=-1, prepend=first) != 1  # (B, L)
     documents = starts.long().cumsum(-1)  # (B, L): 0 for the first document
     # Under torch.compile the data cannot be asked: the ids are passed as they are.
     if not torch.compiler.is_compiling() and not bool(starts[..., 1:].any()):
-        documents = None
-    _last_checked = (weakref.ref(position_ids), version, documents)
+        return None
     return documents
 
 
@@ -74,8 +80,14 @@ def document_ids_of(kwargs: dict, key_length: int, query_length: int) -> Tensor 
     """
     cu_seq_lens = kwargs.get("cu_seq_lens_k")
     if cu_seq_lens is not None:
-        return _from_cu_seq_lens(cu_seq_lens, key_length)
+        read = lambda: _from_cu_seq_lens(cu_seq_lens, key_length)  # noqa: E731
+        return _once_per_tensor("cu_seq_lens", cu_seq_lens, (key_length,), read)
     position_ids = kwargs.get("position_ids")
-    if position_ids is None or not position_ids.shape[-1] == query_length == key_length:
+    # (B, L) only: multimodal rope's (3, B, L) positions are not one position per token.
+    if position_ids is None or position_ids.dim() > 2:
         return None
-    return _from_position_ids(position_ids)
+    if not position_ids.shape[-1] == query_length == key_length:
+        return None
+    return _once_per_tensor(
+        "position_ids", position_ids, (), lambda: _from_position_ids(position_ids)
+    )
