@@ -128,7 +128,7 @@ def test_document_ids_from_positions_and_cu_seq_lens():
     # Read once per tensor, but again when it changed in place.
     reused = torch.arange(4)[None]
     assert document_ids_of({"position_ids": reused}, 4, 4) is None
-    reused[0, 2] = 0
+    reused[0, 2:] = torch.tensor([0, 1])
     torch.testing.assert_close(document_ids_of({"position_ids": reused}, 4, 4),
                                torch.tensor([[0, 0, 1, 1]]))  # fmt: skip
 
