@@ -273,6 +273,7 @@ def test_pack_trains_on_packed_rows_with_the_unpacked_losses(workspace, tmp_path
         assert "-packed-seed0" in packed["id"] and "packed" not in rows["id"]
         for key in ("val_loss_start", "val_loss", "test_loss"):
             assert packed["result"][key] == pytest.approx(rows["result"][key], rel=1e-5), key
+    assert "packed in one row per batch" in (tmp_path / "packed" / "results.md").read_text()
     moved = results[True]["urpe"]["result"]["gate_max_change"]
     assert moved == pytest.approx(results[False]["urpe"]["result"]["gate_max_change"], rel=1e-3)
     capsys.readouterr()

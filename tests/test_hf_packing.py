@@ -24,9 +24,9 @@ def documents() -> list[torch.Tensor]:
     return [torch.randint(2, VOCAB, (n,), generator=g) for n in LENGTHS]
 
 
-def gated_model(name: str, implementation: str = "sdpa"):
+def gated_model(name: str, implementation: str = "sdpa", **options):
     family = FAMILIES[name]
-    model = urpe.hf.add_urpe(family.build(implementation, torch.float64))
+    model = urpe.hf.add_urpe(family.build(implementation, torch.float64), **options)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():  # gates away from 1, so that a wrong offset would change the result
         for p in urpe.hf.gate_parameters(model):
@@ -85,6 +85,15 @@ def test_packed_documents_match_padded_losses_and_gradients(name, collator):
     assert any("urpe" in n for n in got_grads)
     for n, grad in expected_grads.items():
         torch.testing.assert_close(got_grads[n], grad, rtol=tolerance, atol=tolerance, msg=n)
+
+
+def test_bucketed_gates_pack_too():
+    """Every gate urpe.hf offers reads offsets only (shift-invariant): T5-style buckets too."""
+    model = gated_model("llama", gate={"name": "t5", "num_buckets": 8})
+    docs = documents()
+    torch.testing.assert_close(
+        packed_losses(model, docs), padded_losses(model, docs), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_eager_base_packs_too():
