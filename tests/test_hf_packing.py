@@ -133,6 +133,15 @@ def test_document_ids_from_positions_and_cu_seq_lens():
     assert document_ids_of({"position_ids": torch.arange(8)[None]}, 8, 8) is None
     assert document_ids_of({"position_ids": torch.arange(3, 8)[None]}, 5, 5) is None
     assert document_ids_of({}, 8, 8) is None
+    # Padding, not packing: generate's left padding (position 1, then the text from 0), and
+    # position ids counted from a mask with right padding; the mask handles both.
+    left = torch.tensor([[1, 1, 1, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 7]])
+    right = torch.tensor([[0, 1, 2, 3, 4, 1, 1, 1]])
+    assert document_ids_of({"position_ids": left}, 8, 8) is None
+    assert document_ids_of({"position_ids": right}, 8, 8) is None
+    # A row packed from position 2 on (DataCollatorWithFlattening's position_ids_start).
+    shifted = {"position_ids": positions + 2}
+    torch.testing.assert_close(document_ids_of(shifted, 8, 8), expected)
     assert document_ids_of({"position_ids": positions.expand(3, 1, 8)}, 8, 8) is None  # mrope
     # Read once per tensor, but again when it changed in place.
     reused = torch.arange(4)[None]

@@ -59,14 +59,18 @@ def _from_cu_seq_lens(cu_seq_lens: Tensor, key_length: int) -> Tensor:
 
 def _from_position_ids(position_ids: Tensor) -> Tensor | None:
     """(B or 1, L) document index of each token, counting restarts (a position that does not
-    follow its predecessor by one), or None when no row restarts."""
-    first = position_ids[..., :1] - 1
-    starts = position_ids.diff(dim=-1, prepend=first) != 1  # (B, L)
+    follow its predecessor by one), or None when the rows are not packed: no row restarts, or
+    some restart does not go back to the row's first position (padding: generate gives left
+    padding position 1, then the text starts at 0; a packed row restarts at its start value)."""
+    first = position_ids[..., :1]  # (B, 1)
+    starts = position_ids.diff(dim=-1, prepend=first - 1) != 1  # (B, L)
     documents = starts.long().cumsum(-1)  # (B, L): 0 for the first document
-    # Under torch.compile the data cannot be asked: the ids are passed as they are.
-    if not torch.compiler.is_compiling() and not bool(starts[..., 1:].any()):
-        return None
-    return documents
+    # Under torch.compile the data cannot be asked: the ids are passed as they are (padding
+    # then forms documents of its own, hidden by the mask as before).
+    if torch.compiler.is_compiling():
+        return documents
+    packed = starts[..., 1:].any() & (~starts | (position_ids == first)).all()
+    return documents if bool(packed) else None
 
 
 def document_ids_of(kwargs: dict, key_length: int, query_length: int) -> Tensor | None:
@@ -74,9 +78,8 @@ def document_ids_of(kwargs: dict, key_length: int, query_length: int) -> Tensor 
     call is not packed (one document per row).
 
     cu_seq_lens_k wins when given. Position ids are read only for self-attention over the call's
-    own tokens (Lq = Lk: no cached keys), whatever mask came with them: the eager mask builders
-    always make one, and a padded batch loses nothing (its position ids may repeat at padding,
-    which then forms documents of its own, hidden by the padding mask as before).
+    own tokens (Lq = Lk: no cached keys), whatever mask came with them (the eager mask builders
+    always make one); padded rows, whose position ids repeat at the padding, are left to it.
     """
     cu_seq_lens = kwargs.get("cu_seq_lens_k")
     if cu_seq_lens is not None:
