@@ -78,6 +78,16 @@ def test_longer_rows_and_one_row_give_the_padded_predictions():
         torch.testing.assert_close(packed(batch), padded(batch), rtol=1e-10, atol=1e-10)
 
 
+def test_a_batch_that_packing_leaves_in_as_many_rows_runs_padded(monkeypatch):
+    """Two molecules of one size: rows of that size hold one each, so packing is skipped."""
+    import urpe.graph.model as graph_model
+
+    padded, packed = pair("graph-token")
+    batch = Batch.from_data_list(molecules(["c1ccc2ccccc2c1", "c1ccc2ccccc2c1"]))
+    monkeypatch.setattr(graph_model, "pack_inputs", lambda *args: pytest.fail("packed"))
+    torch.testing.assert_close(packed(batch), padded(batch), rtol=0, atol=0)
+
+
 def test_pack_is_left_out_of_unpacked_configs():
     """Unpacked configs keep the form they had, so existing runs keep their identity."""
     assert not {"pack", "pack_length"} & set(GraphormerConfig().to_dict())

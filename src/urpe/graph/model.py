@@ -74,7 +74,7 @@ class GraphormerConfig:
         init_std: std of the embeddings' normal initialisation.
         pack: run the layers on packed rows (`urpe.graph.packing`: graphs side by side, each
             attending only to itself) instead of one row per graph padded to the largest; the
-            same outputs, less padding.
+            same outputs, less padding (a batch that would keep a row per graph runs padded).
         pack_length: the packed rows' length in inputs (nodes + graph token per graph), at
             least the batch's largest graph (None: that). A length beyond the batch's inputs
             makes one row.
@@ -301,9 +301,21 @@ class Graphormer(nn.Module):
         inputs = self.encodings(self.dense(batch))
         return self._layers(inputs), inputs.padding_mask
 
+    def _pooled_padded(self, inputs: GraphInputs) -> Tensor:
+        """(B, dim) readout of one padded row per graph."""
+        hidden = self._layers(inputs)  # (B, L, dim)
+        if self.config.readout == "graph-token":
+            return hidden[:, 0]
+        real = (~inputs.padding_mask[:, 1:]).to(hidden.dtype).unsqueeze(-1)  # (B, N, 1)
+        # A graph with no nodes pools to zeros instead of 0 / 0.
+        return (hidden[:, 1:] * real).sum(1) / real.sum(1).clamp(min=1)
+
     def _pooled_packed(self, inputs: GraphInputs) -> Tensor:
-        """(B, dim) readout of the packed route (`urpe.graph.packing`)."""
+        """(B, dim) readout of the packed route (`urpe.graph.packing`); a batch that packing
+        would leave in as many rows as graphs takes the padded route (the same, cheaper)."""
         layout = pack_layout((~inputs.padding_mask).sum(1), self.config.pack_length)
+        if layout.graph.shape[0] >= layout.num_graphs:
+            return self._pooled_padded(inputs)
         # Each graph attends only to itself: a (R, 1, P, P) mask, no larger than the bias the
         # rows carry anyway.
         hidden = self._layers(pack_inputs(inputs, layout), layout.same_document())
@@ -314,17 +326,9 @@ class Graphormer(nn.Module):
     def forward(self, batch: Any) -> Tensor:
         """batch: a `torch_geometric.data.Batch` whose graphs went through
         `urpe.graph.ShortestPaths`, or a `DenseGraphBatch` -> predictions (num_graphs,)."""
-        if self.config.pack:
-            pooled = self._pooled_packed(self.encodings(self.dense(batch)))
-        else:
-            hidden, padding_mask = self.embed(batch)  # (B, L, dim), (B, L)
-            if self.config.readout == "graph-token":
-                pooled = hidden[:, 0]  # (B, dim)
-            else:
-                real = (~padding_mask[:, 1:]).to(hidden.dtype).unsqueeze(-1)  # (B, N, 1)
-                # A graph with no nodes pools to zeros instead of 0 / 0.
-                pooled = (hidden[:, 1:] * real).sum(1) / real.sum(1).clamp(min=1)  # (B, dim)
-        out = self.head(pooled).squeeze(-1)  # (B,)
+        inputs = self.encodings(self.dense(batch))
+        route = self._pooled_packed if self.config.pack else self._pooled_padded
+        out = self.head(route(inputs)).squeeze(-1)  # (B,)
         return self.target_shift + self.target_scale * out
 
     # ------------------------------------------------------------------------- checkpointing
