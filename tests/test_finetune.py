@@ -253,3 +253,30 @@ def test_the_gates_have_their_own_learning_rate_and_frozen_weights_no_optimiser_
     groups = FineTuningLM(wrapped, optim, None).configure_optimizers()["optimizer"].param_groups
     assert len(groups) == 1 and groups[0]["initial_lr"] == 1e-3
     assert groups[0]["params"] == urpe.hf.gate_parameters(model)
+
+
+def test_pack_trains_on_packed_rows_with_the_unpacked_losses(workspace, tmp_path, capsys):
+    """--pack feeds each batch as one row of windows (DataCollatorWithFlattening); the losses,
+    before training and after, are those of the same windows as separate rows."""
+    results = {}
+    for packed in (False, True):
+        out = tmp_path / ("packed" if packed else "rows")
+        argv = ["finetune", "--model", str(workspace / "llama"), *_data(workspace), "--variants",
+                "base,urpe", *SMALL, "--steps", "3", "--factors", "1", *QUIET, "--out", str(out),
+                *(["--pack"] if packed else [])]  # fmt: skip
+        assert main(argv) == 0
+        rows = json.loads((out / "results.json").read_text())
+        results[packed] = {row["variant"]: row["record"] for row in rows}
+    for variant in ("base", "urpe"):
+        rows, packed = results[False][variant], results[True][variant]
+        assert packed["config"]["model"]["pack"] and "pack" not in rows["config"]["model"]
+        assert "-packed-seed0" in packed["id"] and "packed" not in rows["id"]
+        for key in ("val_loss_start", "val_loss", "test_loss"):
+            assert packed["result"][key] == pytest.approx(rows["result"][key], rel=1e-5), key
+    assert "packed in one row per batch" in (tmp_path / "packed" / "results.md").read_text()
+    moved = results[True]["urpe"]["result"]["gate_max_change"]
+    assert moved == pytest.approx(results[False]["urpe"]["result"]["gate_max_change"], rel=1e-3)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    assert "DataCollatorWithFlattening" in capsys.readouterr().out

@@ -72,6 +72,26 @@ def test_resume_skips_finished_runs(graph_run, capsys, monkeypatch):
     assert sorted(p.name for p in (graph_run / "records").iterdir()) == before
 
 
+def test_pack_trains_packed_rows_to_the_padded_result(graph_run, tmp_path, monkeypatch):
+    """--pack (molecules side by side in packed rows) trains the same model: the same
+    validation MAE after a few steps; unpacked runs keep their identity (no pack entry)."""
+    monkeypatch.setenv("URPE_CACHE_DIR", str(graph_run.parent / "cache"))
+    short = [*TINY_RUN, "--steps", "4", "--eval-every", "2", "--variants", "graphormer-urpe"]
+    results = {}
+    for flags in ([], ["--pack", "--pack-length", "64"]):
+        out = tmp_path / ("-".join(flags) or "padded")
+        assert main(["reproduce", "graph", *short, *flags, "--out", str(out)]) == 0
+        (record,) = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
+        results[" ".join(flags)] = record
+    padded = results[""]
+    assert "pack" not in padded["config"]["model"]["graphormer"]
+    packed = results["--pack --pack-length 64"]
+    assert packed["config"]["model"]["graphormer"]["pack"] is True
+    assert packed["config"]["model"]["graphormer"]["pack_length"] == 64
+    assert "-packed-" in packed["id"]
+    assert packed["result"]["val_mae"] == pytest.approx(padded["result"]["val_mae"], rel=1e-4)
+
+
 @pytest.mark.parametrize(
     "flags, fragment",
     [
@@ -81,6 +101,7 @@ def test_resume_skips_finished_runs(graph_run, capsys, monkeypatch):
         (["--variants", "graphormer,gin"], "unknown variant gin"),
         (["--steps", "10", "--warmup", "20"], "--warmup"),
         (["--dataset", "pcqm4m"], "invalid choice"),
+        (["--pack-length", "64"], "give --pack too"),
     ],
 )
 def test_bad_flags_are_one_line_errors(flags, fragment, tmp_path, capsys, monkeypatch):

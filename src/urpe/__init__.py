@@ -24,7 +24,8 @@ _SOURCES = {
          "TransformerXLRelative"),
         "urpe.encodings",
     ),
-    **dict.fromkeys(("Relation", "Toeplitz", "attention", "reference_attention"), "urpe.kernels"),
+    **dict.fromkeys(("Decay", "Relation", "Toeplitz", "attention", "reference_attention"),
+                   "urpe.kernels"),
     **dict.fromkeys(
         ("LanguageModel", "TransformerConfig", "TransformerDecoder", "TransformerEncoder"),
         "urpe.models",
@@ -45,6 +46,7 @@ __all__ = [
     "ALiBi",
     "AttentionContext",
     "BilinearMixer",
+    "Decay",
     "FireBias",
     "KVCache",
     "KerpleBias",
@@ -109,7 +111,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         ToeplitzGate,
         TransformerXLRelative,
     )
-    from .kernels import Relation, Toeplitz, attention, reference_attention
+    from .kernels import Decay, Relation, Toeplitz, attention, reference_attention
     from .models import LanguageModel, TransformerConfig, TransformerDecoder, TransformerEncoder
     from .nn import (
         AttentionContext,

@@ -43,6 +43,8 @@ def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> No
         kwargs["choices"] = list(choices)
     if option.metavar is not None:
         kwargs["metavar"] = option.metavar
+    if option.action is not None:
+        kwargs["action"] = option.action
     help_text = option.help
     if "{presets}" in help_text:
         help_text = help_text.replace("{presets}", _preset_values(experiment, option.field))

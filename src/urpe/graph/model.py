@@ -46,7 +46,8 @@ from ..kernels import BACKENDS
 from ..nn import AttentionContext, MultiheadAttention, TransformerLayer
 from .config import GraphEncodingConfig, relation_count
 from .dense import DenseGraphBatch
-from .encodings import GraphormerEncodings
+from .encodings import GraphInputs, GraphormerEncodings
+from .packing import graph_token_states, mean_node_states, pack_inputs, pack_layout
 
 READOUTS = ("graph-token", "mean")
 
@@ -71,6 +72,12 @@ class GraphormerConfig:
         urpe: deprecated alias, True for gate="relation" (older configs load).
         backend: `urpe.attention` backend ("auto": the C++ tile loop on CPU, Triton on CUDA).
         init_std: std of the embeddings' normal initialisation.
+        pack: run the layers on packed rows (`urpe.graph.packing`: graphs side by side, each
+            attending only to itself) instead of one row per graph padded to the largest; the
+            same outputs, less padding (a batch that would keep a row per graph runs padded).
+        pack_length: the packed rows' length in inputs (nodes + graph token per graph), at
+            least the batch's largest graph (None: that). A length beyond the batch's inputs
+            makes one row.
     """
 
     num_layers: int = 12
@@ -88,6 +95,8 @@ class GraphormerConfig:
     backend: str = "auto"
     init_std: float = 0.02
     gate: SpecLike | None = None
+    pack: bool = False
+    pack_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.urpe:
@@ -111,6 +120,9 @@ class GraphormerConfig:
             raise ValueError(
                 f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {self.backend!r}"
             )
+        if self.pack_length is not None and (not self.pack or self.pack_length < 1):
+            raise ValueError(f"pack_length needs pack=True and must be >= 1, got "
+                             f"{self.pack_length}")  # fmt: skip
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
         if self.gate is not None:
@@ -139,6 +151,8 @@ class GraphormerConfig:
         """Every field but the deprecated `urpe`, JSON-ready (the gate as a name or a dict)."""
         data = {k: v for k, v in asdict(self).items() if k != "urpe"}
         data["gate"] = None if self.gate is None else self.gate.to_json()
+        if not self.pack:  # the same model either way: unpacked configs keep their old form
+            del data["pack"], data["pack_length"]
         return data
 
     @classmethod
@@ -268,31 +282,53 @@ class Graphormer(nn.Module):
 
         return to_dense_graph_batch(batch, max_hops=self.config.max_hops)
 
-    def embed(self, batch: Any) -> tuple[Tensor, Tensor]:
-        """Final hidden states (B, L, dim) over [graph token, nodes], and the (B, L) padding
-        mask (True = padded node; never the graph token)."""
-        inputs = self.encodings(self.dense(batch))
+    def _layers(self, inputs: GraphInputs, attn_mask: Tensor | None = None) -> Tensor:
+        """Final hidden states (rows, L, dim) of the Transformer over `inputs`."""
         context = AttentionContext(
             positions=Positions.graph(inputs.relation),  # the gates read relation (B, L, L)
             key_padding_mask=inputs.padding_mask,
+            attn_mask=attn_mask,
             bias=inputs.bias,  # (B, H, L, L), computed once, the same for every layer
         )
         x = self.input_dropout(inputs.x)  # (B, L, dim)
         for layer in self.layers:
             x = layer(x, context)
-        return self.final_norm(x), inputs.padding_mask
+        return self.final_norm(x)
+
+    def embed(self, batch: Any) -> tuple[Tensor, Tensor]:
+        """Final hidden states (B, L, dim) over [graph token, nodes], and the (B, L) padding
+        mask (True = padded node; never the graph token); one padded row per graph."""
+        inputs = self.encodings(self.dense(batch))
+        return self._layers(inputs), inputs.padding_mask
+
+    def _pooled_padded(self, inputs: GraphInputs) -> Tensor:
+        """(B, dim) readout of one padded row per graph."""
+        hidden = self._layers(inputs)  # (B, L, dim)
+        if self.config.readout == "graph-token":
+            return hidden[:, 0]
+        real = (~inputs.padding_mask[:, 1:]).to(hidden.dtype).unsqueeze(-1)  # (B, N, 1)
+        # A graph with no nodes pools to zeros instead of 0 / 0.
+        return (hidden[:, 1:] * real).sum(1) / real.sum(1).clamp(min=1)
+
+    def _pooled_packed(self, inputs: GraphInputs) -> Tensor:
+        """(B, dim) readout of the packed route (`urpe.graph.packing`); a batch that packing
+        would leave in as many rows as graphs takes the padded route (the same, cheaper)."""
+        layout = pack_layout((~inputs.padding_mask).sum(1), self.config.pack_length)
+        if layout.graph.shape[0] >= layout.num_graphs:
+            return self._pooled_padded(inputs)
+        # Each graph attends only to itself: a (R, 1, P, P) mask, no larger than the bias the
+        # rows carry anyway.
+        hidden = self._layers(pack_inputs(inputs, layout), layout.same_document())
+        if self.config.readout == "graph-token":
+            return graph_token_states(hidden, layout)
+        return mean_node_states(hidden, layout)
 
     def forward(self, batch: Any) -> Tensor:
         """batch: a `torch_geometric.data.Batch` whose graphs went through
         `urpe.graph.ShortestPaths`, or a `DenseGraphBatch` -> predictions (num_graphs,)."""
-        hidden, padding_mask = self.embed(batch)  # (B, L, dim), (B, L)
-        if self.config.readout == "graph-token":
-            pooled = hidden[:, 0]  # (B, dim)
-        else:
-            real = (~padding_mask[:, 1:]).to(hidden.dtype).unsqueeze(-1)  # (B, N, 1)
-            # A graph with no nodes pools to zeros instead of 0 / 0.
-            pooled = (hidden[:, 1:] * real).sum(1) / real.sum(1).clamp(min=1)  # (B, dim)
-        out = self.head(pooled).squeeze(-1)  # (B,)
+        inputs = self.encodings(self.dense(batch))
+        route = self._pooled_packed if self.config.pack else self._pooled_padded
+        out = self.head(route(inputs)).squeeze(-1)  # (B,)
         return self.target_shift + self.target_scale * out
 
     # ------------------------------------------------------------------------- checkpointing

@@ -10,7 +10,8 @@ implementation unchanged; gated ones run
 
 through `urpe.attention` (its dispatch: fused on CPU, Triton on CUDA), with C the module's gate at
 this call's positions (see `positions`). T5's `position_bias` travels as urpe's `bias`, so its
-gradient reaches T5's bias table.
+gradient reaches T5's bias table. Packed batches (transformers' DataCollatorWithFlattening) travel
+as `document_ids` (see `packing`), each document attending only to itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from ..kernels import attention
+from .packing import document_ids_of
 from .positions import call_positions
 
 PREFIX = "urpe_"
@@ -106,6 +108,7 @@ def urpe_attention_forward(
         key, value = key[:, :, :lq], value[:, :, :lq]
         bias = None if bias is None else bias[..., :lq]
         lk = lq
+    documents = document_ids_of(kwargs, lk, lq)
     gate = gate_module(call_positions(module, lq, lk, query.device))
     out = attention(
         query,
@@ -118,6 +121,7 @@ def urpe_attention_forward(
         enable_gqa=key.shape[1] != query.shape[1],
         bias=bias,
         gate=gate,
+        document_ids=documents,
     )  # (B, H, Lq, Dv)
     return out.transpose(1, 2).contiguous(), None
 

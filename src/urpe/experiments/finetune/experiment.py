@@ -64,6 +64,7 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, model: d
             "trains": v.trains,
             "segment_length": preset.segment_length,
             "memory_length": 0,
+            **({"pack": True} if preset.pack else {}),  # unpacked runs keep their identity
         },  # fmt: skip
         "optim": optim.to_dict(),
         "gate_lr": preset.gate_lr if v.urpe is not None else None,
@@ -112,7 +113,8 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
             f"the training split has {len(tokens.train)} tokens, "
             f"fewer than one window needs ({preset.segment_length + 1})",
         )
-    return [RunSpec(f"{v}-L{preset.segment_length}-S{preset.steps}-seed{s}",
+    packed = "-packed" if preset.pack else ""
+    return [RunSpec(f"{v}-L{preset.segment_length}-S{preset.steps}{packed}-seed{s}",
                     run_config(v, s, preset, precision, model, tokens), preset.steps)
             for v in preset.variants for s in preset.seeds]  # fmt: skip
 
@@ -217,7 +219,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         raise ValueError(f"the data of {config['dataset']} changed since this run was planned")
     if m["trains"] == "gates":
         _freeze_all_but_gates(hf_model)
-    model = HuggingFaceLM(hf_model, m["segment_length"])
+    model = HuggingFaceLM(hf_model, m["segment_length"], m.get("pack", False))
     objective = FineTuningLM(model, OptimConfig.from_dict(config["optim"]), config["gate_lr"],
                              metric=config["metric"], run=config)  # fmt: skip
     length = m["segment_length"]

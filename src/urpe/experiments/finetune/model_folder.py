@@ -153,26 +153,45 @@ def load_model(path: str | Path, urpe_options: dict | None) -> nn.Module:
 class HuggingFaceLM(nn.Module):
     """A transformers causal LM behind urpe's language-model interface
     (`model(tokens, memory, use_memory) -> (logits, memory)`, no memory), so `CausalLM`,
-    `urpe.training.lm.evaluate` and urpe's checkpoints work with it unchanged."""
+    `urpe.training.lm.evaluate` and urpe's checkpoints work with it unchanged.
+
+    pack: feed a (B, L) batch as one row of B * L tokens made by transformers'
+    `DataCollatorWithFlattening` (position ids restarting at 0 with every window); urpe.hf keeps
+    each window to itself, so the logits are those of B separate rows."""
 
     memory_length = 0
 
-    def __init__(self, model: nn.Module, segment_length: int):
+    def __init__(self, model: nn.Module, segment_length: int, pack: bool = False):
         super().__init__()
-        self.model, self.segment_length = model, segment_length
+        self.model, self.segment_length, self.pack = model, segment_length, pack
 
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
     def forward(self, tokens: Tensor, memory=None, use_memory: bool = False):
-        return self.model(input_ids=tokens).logits, None  # (B, L, V)
+        if not self.pack or tokens.shape[0] == 1:
+            return self.model(input_ids=tokens).logits, None  # (B, L, V)
+        from transformers import DataCollatorWithFlattening
+
+        from ...hf.attention import base_of
+
+        rows = DataCollatorWithFlattening(return_tensors="pt")(
+            [{"input_ids": row} for row in tokens]
+        )
+        packed = {k: rows[k].to(tokens.device) for k in ("input_ids", "position_ids")}  # (1, B L)
+        if base_of(self.model.config._attn_implementation) is None:
+            # Without urpe.hf only transformers' own mask keeps the windows apart, and it reads
+            # restarting position ids only when the model makes no cache.
+            packed["use_cache"] = False
+        logits = self.model(**packed).logits  # (1, B L, V)
+        return logits.reshape(*tokens.shape, -1), None  # (B, L, V)
 
     def model_config(self) -> dict[str, Any]:
         """The transformers config (with its `urpe` entry) as JSON: a checkpoint rebuilds the
         architecture from it, with no reference to the folder it came from."""
         return {"hf_config": json.loads(self.model.config.to_json_string(use_diff=False)),
-                "segment_length": self.segment_length}  # fmt: skip
+                "segment_length": self.segment_length, "pack": self.pack}  # fmt: skip
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any]) -> HuggingFaceLM:
@@ -190,4 +209,4 @@ class HuggingFaceLM(nn.Module):
         if gates is not None:
             options = UrpeOptions.from_dict(gates)
             attach(model, options, select_layers(model, options.layers)[0])
-        return cls(model, config["segment_length"])
+        return cls(model, config["segment_length"], config.get("pack", False))

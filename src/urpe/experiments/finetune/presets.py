@@ -46,6 +46,7 @@ class Preset(TextRun):
     gradient_clip: float | None = 1.0
     weight_decay: float = 0.0
     gate_lr: float | None = None  # None: lr
+    pack: bool = False  # windows flattened into one row (DataCollatorWithFlattening)
 
 
 PRESETS: dict[str, Preset] = {
@@ -76,6 +77,11 @@ OPTIONS = (
            "(default: --lr)", positive_float),
     Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})",
            positive_float),
+    Option(("--pack",), "pack", "feed each batch as one packed row, the way transformers' "
+           "DataCollatorWithFlattening packs documents: its windows concatenated, position ids "
+           "restarting at 0 with each window, no window attending to another (urpe.hf reads "
+           "the restarts). Same losses as separate rows; checks the packed route a fine-tune "
+           "on documents of mixed lengths takes", action="store_true"),
     *EVALUATION_OPTIONS,
 )  # fmt: skip
 COMMAND = CommandLine(

@@ -75,7 +75,8 @@ def write_report(records: list[dict], out: Path, wall_seconds: float) -> tuple[s
     settings = (
         f"model {m['class']} from {', '.join(f'{p} (sha256 {d}...)' for p, d in models)}; "
         f"data {c['dataset']}, tokens by the {c['tokens']}; windows of L={m['segment_length']} "
-        f"tokens, {c['train']['steps']} updates of {c['train']['batch_size']} windows, peak lr "
+        f"tokens{', packed in one row per batch' if m.get('pack') else ''}, "
+        f"{c['train']['steps']} updates of {c['train']['batch_size']} windows, peak lr "
         f"{c['optim']['lr']} (URPE gates: {gate_lr}), warm-up {c['optim']['warmup_steps']}; "
         f"evaluation on the first {c['eval']['tokens'] or 'all'} tokens of each split"
     )

@@ -34,7 +34,8 @@ EVAL_BATCH = 256
 
 
 def run_name(dataset: str, variant: str, seed: int, preset: Preset) -> str:
-    return f"{dataset}-{variant}-S{preset.steps}-seed{seed}"
+    packed = "-packed" if preset.pack else ""
+    return f"{dataset}-{variant}-S{preset.steps}{packed}-seed{seed}"
 
 
 def model_config(variant: str, preset: Preset) -> dict[str, Any]:
@@ -42,6 +43,8 @@ def model_config(variant: str, preset: Preset) -> dict[str, Any]:
 
     spec = FEATURIZATIONS[FEATURES]
     changes = {} if preset.backend is None else {"backend": preset.backend}
+    if preset.pack:
+        changes.update(pack=True, pack_length=preset.pack_length)
     gate = "relation" if variant == "graphormer-urpe" else None
     graphormer = GraphormerConfig.preset(preset.model, gate=gate, **changes)
     return {
@@ -270,6 +273,8 @@ def report(records: list[dict], out: Path, wall: float) -> tuple[str, list[Path]
 
 def check(preset: Preset) -> None:
     molecule_files.check_file_settings(preset)
+    if preset.pack_length is not None and not preset.pack:
+        raise UsageError("--pack-length", "sets the packed rows' length: give --pack too")
     if preset.dataset.startswith("zinc"):
         zinc_dir = preset.zinc_dir or os.environ.get(ZINC_ENV_VAR)
         if not zinc_dir:

@@ -47,6 +47,8 @@ class Preset(ExperimentPreset):
     variants: tuple[str, ...] = VARIANTS
     zinc_dir: Path | None = None  # not part of any run's identity (an environment variable)
     backend: str | None = None  # None: the Graphormer preset's ("auto")
+    pack: bool = False  # GraphormerConfig.pack: molecules side by side in packed rows
+    pack_length: int | None = None  # their length (None: the batch's largest molecule)
 
 
 # fmt: off
@@ -113,6 +115,12 @@ OPTIONS = (
     Option(("--eval-every",), "eval_every", "updates between validations, the learning curves "
            "({presets})", positive_int),
     BACKEND,
+    Option(("--pack",), "pack", "run the layers on packed rows (molecules side by side, each "
+           "attending only to itself) instead of one row per molecule padded to the batch's "
+           "largest: the same predictions; slower on molecules so far (benchmarks/"
+           "bench_graph_packing.py)", action="store_true"),
+    Option(("--pack-length",), "pack_length", "with --pack: the rows' length in atoms + 1 "
+           "per molecule (default: the batch's largest molecule)", positive_int),
     Option(("--zinc-dir",), "zinc_dir", f"folder of PyG's raw ZINC files (default: "
            f"${ZINC_ENV_VAR})", Path, default=None),
 )  # fmt: skip

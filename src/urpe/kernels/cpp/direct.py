@@ -39,6 +39,7 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
         spec.normalization not in DIRECT_NORMALIZATIONS
         or spec.norm is not BUILT_IN[spec.normalization]
         or spec.dropout_p > 0.0
+        or spec.document_ids is not None
         or len(spec.batch_shape) != 1
         or spec.is_empty
         or spec.q.dtype not in DIRECT_DTYPES
@@ -129,7 +130,7 @@ def _spec_of(args: ForwardArgs) -> AttentionSpec:
         args.q, args.k, args.v, _as_term(args.bias, args.bias_index, args.bias_kind),
         _as_term(args.gate, args.gate_index, args.gate_kind), args.attn_mask,
         args.key_padding_mask, args.is_causal, args.normalization, args.scale, args.dropout_p,
-        args.dropout_seed, (args.q.shape[0],),
+        args.dropout_seed, (args.q.shape[0],), args.document_ids,
     )  # fmt: skip
 
 
