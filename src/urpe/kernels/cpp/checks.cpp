@@ -12,6 +12,7 @@
 
 #include "checks.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -43,19 +44,25 @@ bool contiguous_finite(const Bits* bits, int64_t n, Bits mask) {
 }
 
 // Rows along a last dim of stride 1 (a transposed or sliced view, such as q = x.view(B, L, H,
-// D).transpose(1, 2)): walked without a copy.
+// D).transpose(1, 2)): walked without a copy, the last two dims by plain loops (a training
+// step's rows are short: D = 16 entries each, so the walk itself must cost next to nothing).
 template <typename Bits>
 bool strided_finite(const at::Tensor& t, Bits mask) {
   const Bits* base = reinterpret_cast<const Bits*>(t.const_data_ptr());
   const int64_t dims = t.dim();
   const int64_t row = t.size(dims - 1);
-  std::vector<int64_t> at_index(dims - 1, 0);
-  const int64_t rows = t.numel() / row;
-  for (int64_t r = 0; r < rows; ++r) {
+  const int64_t rows = dims >= 2 ? t.size(dims - 2) : 1;
+  const int64_t row_stride = dims >= 2 ? t.stride(dims - 2) : 0;
+  const int64_t outer = t.numel() / (row * rows);
+  std::vector<int64_t> at_index(std::max<int64_t>(dims - 2, 0), 0);
+  for (int64_t o = 0; o < outer; ++o) {
     int64_t offset = 0;
-    for (int64_t d = 0; d < dims - 1; ++d) offset += at_index[d] * t.stride(d);
-    if (any_exponent_full(base + offset, row, mask)) return false;
-    for (int64_t d = dims - 2; d >= 0; --d) {  // next row index, last dim fastest
+    for (int64_t d = 0; d < dims - 2; ++d) offset += at_index[d] * t.stride(d);
+    unsigned bad = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      bad |= any_exponent_full(base + offset + r * row_stride, row, mask);
+    if (bad) return false;
+    for (int64_t d = dims - 3; d >= 0; --d) {  // next outer index, last dim fastest
       if (++at_index[d] < t.size(d)) break;
       at_index[d] = 0;
     }
