@@ -31,7 +31,6 @@ from .execute import execute
 from .layout import ForwardArgs
 from .reference import draw_seed
 from .spec import AttentionSpec, resolve
-from .tables import Decay
 
 # ---------------------------------------------------------------------------------------------
 # 1. and 2. Raw ops and autograd
@@ -63,15 +62,15 @@ def fused_run(spec: AttentionSpec, block_q: int = BLOCK_Q, block_k: int = BLOCK_
 
 def fused_unsupported(spec: AttentionSpec) -> str | None:
     """The fused kernel runs every call that `urpe.attention` accepts."""
-    if spec.document_ids is not None or isinstance(spec.bias, Decay):
-        return "document_ids and Decay have no fused kernel yet"
     return None
 
 
 def fused_defers(spec: AttentionSpec) -> str | None:
-    """Why "auto" should hand this call to a later backend: plain softmax without bias or gate,
-    where PyTorch's own fused SDPA kernel is faster."""
-    if spec.gate is None and spec.bias is None and spec.normalization == "softmax":
+    """Why "auto" should hand this call to a later backend: plain softmax without bias, gate or
+    documents, where PyTorch's own fused SDPA kernel is faster (SDPA would need the documents'
+    dense (L, L) mask)."""
+    plain = spec.gate is None and spec.bias is None and spec.document_ids is None
+    if plain and spec.normalization == "softmax":
         return "plain softmax attention: SDPA is faster"
     return None
 

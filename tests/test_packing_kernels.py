@@ -1,0 +1,160 @@
+"""`document_ids` and `Decay` on every CPU backend against the reference, in float64: outputs and
+the gradients of q, k, v, log_forget and the gate's table. Small tiles make every case span
+several query and key blocks, so document tiles are both compared and skipped."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from urpe.kernels import NORMALIZATIONS, Decay, Relation, Toeplitz, attention, select_backend
+from urpe.kernels.blockwise import _plan, _tiles
+from urpe.kernels.cpp import cpp_attention, unavailable
+from urpe.kernels.fused import fused_attention
+from urpe.kernels.layout import ForwardArgs
+from urpe.kernels.spec import resolve
+
+F64 = dict(dtype=torch.float64)
+TILES = dict(block_q=4, block_k=8)
+
+# (B, H, Hkv, Lq, Lk): grouped queries, odd lengths, Lq < Lk (a cache)
+SHAPES = ((2, 4, 2, 13, 13), (1, 2, 2, 5, 21), (2, 2, 1, 30, 30))
+MASKS = ("none", "causal", "padding", "causal+padding+bool")
+TERMS = ("decay", "decay+toeplitz_gate", "decay_shared+relation_gate", "toeplitz+dense_gate")
+IDS = ("sorted", "unsorted", "length_one")
+
+
+def document_ids(kind: str, b: int, lk: int, gen) -> torch.Tensor:
+    if kind == "sorted":  # contiguous runs of 1 to 9 tokens
+        lengths = torch.randint(1, 10, (b, lk), generator=gen)
+        return (lengths.cumsum(-1)[:, :, None] <= torch.arange(lk)).sum(-2).clamp_max(lk)
+    if kind == "unsorted":
+        return torch.randint(0, 3, (b, lk), generator=gen)
+    return torch.arange(lk).expand(b, lk) // torch.tensor([[1], [2]])[:b]  # length 1 (and 2)
+
+
+def make_case(shape, mask, terms, ids, seed=0):
+    b, h, hkv, lq, lk = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, 8, generator=gen, **F64).requires_grad_()
+    k = torch.randn(b, hkv, lk, 8, generator=gen, **F64).requires_grad_()
+    v = torch.randn(b, hkv, lk, 5, generator=gen, **F64).requires_grad_()
+    params = [q, k, v]
+    call = dict(document_ids=document_ids(ids, b, lk, gen), is_causal="causal" in mask,
+                enable_gqa=True)  # fmt: skip
+    if "padding" in mask:
+        call["key_padding_mask"] = torch.rand(b, lk, generator=gen) < 0.2
+    if "bool" in mask:
+        call["attn_mask"] = torch.rand(lq, lk, generator=gen) < 0.8
+    if terms.startswith("decay"):
+        heads = 1 if "shared" in terms else h
+        raw = torch.randn(b, heads, lk, generator=gen, **F64)
+        log_forget = torch.nn.functional.logsigmoid(raw + 1).requires_grad_()
+        call["bias"] = Decay(log_forget)
+        params.append(log_forget)
+    if terms.startswith("toeplitz"):
+        table = torch.randn(h, 7, generator=gen, **F64).requires_grad_()
+        call["bias"] = Toeplitz(table)
+        params.append(table)
+    if "toeplitz_gate" in terms:
+        table = (torch.rand(h, 9, generator=gen, **F64) + 0.5).requires_grad_()
+        call["gate"] = Toeplitz(table)
+        params.append(table)
+    if "relation_gate" in terms:
+        table = (torch.rand(h, 4, generator=gen, **F64) + 0.5).requires_grad_()
+        call["gate"] = Relation(table, torch.randint(0, 4, (b, lq, lk), generator=gen))
+        params.append(table)
+    if "dense_gate" in terms:
+        gate = torch.rand(b, h, lq, lk, generator=gen, **F64).requires_grad_()
+        call["gate"] = gate
+        params.append(gate)
+    return (q, k, v), params, call
+
+
+def outputs_and_grads(fn, qkv, params, call):
+    out = fn(*qkv, **call)
+    weight = torch.linspace(-1, 1, out.numel(), **F64).view_as(out)
+    return out, torch.autograd.grad((out * weight).sum(), params)
+
+
+def assert_same(got, want):
+    torch.testing.assert_close(got[0], want[0], atol=1e-10, rtol=1e-8)
+    for n, (g, w) in enumerate(zip(got[1], want[1], strict=True)):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-8, msg=lambda m, n=n: f"grad {n}: {m}")
+
+
+def reference(*qkv, **call):
+    return attention(*qkv, **call, backend="reference")
+
+
+KERNELS = {"fused": lambda *a, **c: fused_attention(*a, **c, **TILES)}
+KERNELS["fused_default_tiles"] = fused_attention
+if unavailable() is None:
+    KERNELS["cpp"] = lambda *a, **c: cpp_attention(*a, **c, **TILES)
+    KERNELS["cpp_default_tiles"] = cpp_attention
+
+# every normalisation x term x mask once; shapes and id kinds rotate through the cases
+CASES = [
+    (norm, terms, mask, SHAPES[n % len(SHAPES)], IDS[n % len(IDS)])
+    for n, (norm, terms, mask) in enumerate(itertools.product(NORMALIZATIONS, TERMS, MASKS))
+]
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize(("norm", "terms", "mask", "shape", "ids"), CASES)
+def test_kernels_match_the_reference(kernel, norm, terms, mask, shape, ids):
+    qkv, params, call = make_case(shape, mask, terms, ids)
+    call["normalization"] = norm
+    call["scale"] = 0.1 if norm == "exp" else None
+    want = outputs_and_grads(reference, qkv, params, call)
+    assert_same(outputs_and_grads(KERNELS[kernel], qkv, params, call), want)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_dropout_masks_are_the_reference_s(kernel):
+    qkv, params, call = make_case(SHAPES[0], "causal", "decay+toeplitz_gate", "sorted")
+    call.update(dropout_p=0.3, dropout_seed=5)
+    want = outputs_and_grads(reference, qkv, params, call)
+    assert_same(outputs_and_grads(KERNELS[kernel], qkv, params, call), want)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_gradcheck_with_documents_and_decay(kernel):
+    (q, k, v), _, call = make_case((1, 2, 2, 6, 9), "causal", "decay", "sorted", seed=2)
+    log_forget = call.pop("bias").log_forget.detach().requires_grad_()
+
+    def fn(q, k, v, log_forget):
+        return KERNELS[kernel](q, k, v, bias=Decay(log_forget), **call)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, log_forget))
+
+
+def test_blocks_of_different_documents_are_skipped():
+    lk = 64
+    ids = torch.arange(lk) // 16  # four documents of 16 tokens, tiles of 8 x 8
+    q = k = v = torch.zeros(1, 1, lk, 4, **F64)
+    spec = resolve(q, k, v, document_ids=ids, is_causal=True)
+    plan, _ = _plan(ForwardArgs.from_spec(spec, 8, 8))
+    tiles = list(_tiles(plan))
+    assert len(tiles) == 4 * 3  # per document: 2 query blocks x (1 + 2) causal key blocks
+    unsorted = resolve(q, k, v, document_ids=torch.arange(lk) % 4)  # interleaved: none skipped
+    assert len(list(_tiles(_plan(ForwardArgs.from_spec(unsorted, 8, 8))[0]))) == 8 * 8
+
+
+def test_auto_runs_packed_calls_on_a_native_kernel():
+    q = torch.randn(1, 2, 16, 8)
+    ids = torch.arange(16) // 4
+    chosen = select_backend("auto", q, q, q, document_ids=ids).name
+    assert chosen in ("cpp", "fused")
+    chosen = select_backend("auto", q, q, q, bias=Decay(torch.full((1, 2, 16), -0.1))).name
+    assert chosen in ("cpp", "fused")
+
+
+@pytest.mark.parametrize("norm", ["softmax"])
+def test_sdpa_takes_documents_and_decay_through_its_dense_route(norm):
+    qkv, params, call = make_case(SHAPES[0], "causal+padding+bool", "decay", "unsorted")
+    want = outputs_and_grads(reference, qkv, params, call)
+    sdpa = lambda *a, **c: attention(*a, **c, backend="sdpa")  # noqa: E731
+    assert_same(outputs_and_grads(sdpa, qkv, params, call), want)
