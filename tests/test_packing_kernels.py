@@ -158,3 +158,60 @@ def test_sdpa_takes_documents_and_decay_through_its_dense_route(norm):
     want = outputs_and_grads(reference, qkv, params, call)
     sdpa = lambda *a, **c: attention(*a, **c, backend="sdpa")  # noqa: E731
     assert_same(outputs_and_grads(sdpa, qkv, params, call), want)
+
+
+# FlexAttention: exponential normalisations, no dropout. Its CPU backward is refused by an
+# argument check only (see tests/test_flex.py); lifted here so its own backward is compared.
+FLEX_CASES = [
+    (norm, terms, mask, SHAPES[n % 2], IDS[n % len(IDS)])
+    for n, (norm, terms, mask) in enumerate(
+        itertools.product(("softmax", "exp", "l2"), ("decay", "decay+toeplitz_gate"), MASKS)
+    )
+]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(("norm", "terms", "mask", "shape", "ids"), FLEX_CASES)
+def test_flex_route_matches_the_reference(monkeypatch, norm, terms, mask, shape, ids):
+    import torch.nn.attention.flex_attention as flex_module
+
+    from urpe.kernels.flex import flex_urpe_attention
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    qkv, params, call = make_case(shape, mask, terms, ids)
+    call.pop("enable_gqa")
+    call.update(normalization=norm, scale=0.1 if norm == "exp" else None)
+    want = outputs_and_grads(lambda *a, **c: reference(*a, **c, enable_gqa=True), qkv, params,
+                             call)  # fmt: skip
+    flex = lambda *a, **c: flex_urpe_attention(*a, **c, flex=flex_module.flex_attention)  # noqa: E731
+    got = outputs_and_grads(flex, qkv, params, call)
+    torch.testing.assert_close(got[0], want[0], atol=1e-12, rtol=1e-10)
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kernel", ["fused", "cpp"])
+def test_vmap_and_compile_compose_with_documents_and_decay(kernel):
+    if kernel == "cpp" and unavailable() is not None:
+        pytest.skip(unavailable())
+    (q, k, v), _, call = make_case((3, 2, 2, 7, 7), "causal", "decay", "unsorted", seed=4)
+    log_forget, ids = call["bias"].log_forget.detach(), call["document_ids"]
+
+    def one(q, k, v, log_forget, ids):  # one example: (H, L, D), (H, L), (L,)
+        return attention(q[None], k[None], v[None], bias=Decay(log_forget[None]),
+                         document_ids=ids[None], is_causal=True, backend=kernel)[0]  # fmt: skip
+
+    looped = torch.stack([one(q[i], k[i], v[i], log_forget[i], ids[i]) for i in range(3)])
+    mapped = torch.vmap(one)(q, k, v, log_forget, ids)
+    torch.testing.assert_close(mapped, looped)
+    grad = torch.func.grad(lambda lf: torch.vmap(one)(q, k, v, lf, ids).square().sum())
+    leaf = log_forget.clone().requires_grad_()
+    stacked = torch.stack([one(q[i], k[i], v[i], leaf[i], ids[i]) for i in range(3)])
+    (expected,) = torch.autograd.grad(stacked.square().sum(), leaf)
+    torch.testing.assert_close(grad(log_forget), expected)
+    compiled = torch.compile(
+        lambda q, k, v, lf, ids: attention(q, k, v, bias=Decay(lf), document_ids=ids,
+                                           is_causal=True, backend=kernel),
+        fullgraph=True, backend="eager",
+    )  # fmt: skip
+    torch.testing.assert_close(compiled(q, k, v, log_forget, ids), looped)
