@@ -215,3 +215,36 @@ def test_vmap_and_compile_compose_with_documents_and_decay(kernel):
         fullgraph=True, backend="eager",
     )  # fmt: skip
     torch.testing.assert_close(compiled(q, k, v, log_forget, ids), looped)
+
+
+class LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the largest tensor any op makes while active (numel)."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_the_blockwise_kernel_builds_no_length_squared_tensor():
+    """Documents and Decay, forward and backward, at L = 2048 on one head: no op makes a tensor
+    of even L^2 / 16 entries (the dense mask or bias would be L^2)."""
+    from urpe.kernels.blockwise import blockwise_backward, blockwise_forward
+    from urpe.kernels.layout import BackwardArgs
+
+    length = 2048
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, length, 8, generator=gen) for _ in "qkv")
+    log_forget = torch.nn.functional.logsigmoid(torch.randn(1, 1, length, generator=gen))
+    ids = torch.arange(length) // 100
+    spec = resolve(q, k, v, bias=Decay(log_forget), document_ids=ids, is_causal=True,
+                   normalization="relu2")  # fmt: skip
+    args = ForwardArgs.from_spec(spec)
+    with LargestTensor() as watch:
+        out, stat = blockwise_forward(args)
+        blockwise_backward(BackwardArgs(torch.ones_like(out), out, stat, args, True, False, False))
+    assert watch.largest < length * length // 16
