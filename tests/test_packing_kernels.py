@@ -248,3 +248,20 @@ def test_the_blockwise_kernel_builds_no_length_squared_tensor():
         out, stat = blockwise_forward(args)
         blockwise_backward(BackwardArgs(torch.ones_like(out), out, stat, args, True, False, False))
     assert watch.largest < length * length // 16
+
+
+@pytest.mark.parametrize("norm", ["softmax", "exp", "l2"])
+def test_float32_decay_far_into_the_subnormal_range_matches_the_reference(norm):
+    """A strong decay puts a band of every row's weights where float32 exp is subnormal, which
+    the blockwise kernel flushes to 0 (for speed): the result is still the reference's."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 8, generator=gen).requires_grad_() for _ in "qkv")
+    log_forget = torch.full((1, 2, 300), -0.5).requires_grad_()  # e^-0.5 per token: -150 at 300
+    call = dict(bias=Decay(log_forget), is_causal=True, normalization=norm)
+    params = [q, k, v, log_forget]
+    want = outputs_and_grads(lambda *a, **c: attention(*a, **c, backend="reference"), (q, k, v),
+                             params, call)  # fmt: skip
+    got = outputs_and_grads(lambda *a, **c: fused_attention(*a, **c, block_q=64, block_k=64),
+                            (q, k, v), params, call)  # fmt: skip
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
