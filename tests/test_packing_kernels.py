@@ -265,3 +265,13 @@ def test_float32_decay_far_into_the_subnormal_range_matches_the_reference(norm):
                             (q, k, v), params, call)  # fmt: skip
     for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_queries_before_the_first_key_see_nothing_on_every_kernel(kernel):
+    """Lq > Lk: queries at positions < 0 belong to no document (output 0, no gradient)."""
+    qkv, params, call = make_case((2, 2, 2, 9, 5), "padding", "decay+toeplitz_gate", "unsorted")
+    want = outputs_and_grads(reference, qkv, params, call)
+    got = outputs_and_grads(KERNELS[kernel], qkv, params, call)
+    assert_same(got, want)
+    assert (got[0][:, :, :4] == 0).all()
