@@ -10,23 +10,27 @@ the dense route it replaces:
     decay_sdpa_dense_bias   SDPA with that decay written out as a (B, H, L, L) bias leaf
 
 The document lengths are drawn once per length (seeded), so every row of a setting sees the
-same documents; causal settings fold causality into the dense mask and bias.
+same documents; causal settings fold causality into the dense mask and bias. Importing this
+module imports no torch (a row's call imports what it times when it is built).
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ..kernels import Decay, attention, native_backends
-from ..kernels.masks import keep_mask
 from .rows import BACKEND_LENGTH_LIMITS, Inputs, Row
+
+if TYPE_CHECKING:
+    import torch
 
 DOCUMENT_LENGTHS = (64, 512)  # shortest and longest document, in tokens
 
 
 def document_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     """(B, L) int64: each row cut into documents of 64 to 512 tokens (the last one shorter)."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     low, high = DOCUMENT_LENGTHS
     rows = []
@@ -45,6 +49,9 @@ def _ids(inputs: Inputs) -> torch.Tensor:
 
 def _log_forget(inputs: Inputs) -> torch.Tensor:
     """(B, H, L) leaf: log of forget gates mostly near 1 (FoX's init keeps them so)."""
+    import torch
+    import torch.nn.functional as F
+
     q = inputs["q"]
     if "log_forget" not in inputs:
         gen = torch.Generator(device=q.device).manual_seed(1)
@@ -55,6 +62,8 @@ def _log_forget(inputs: Inputs) -> torch.Tensor:
 
 def _packed(backend: str):
     def build(inputs: Inputs, causal: bool):
+        from ..kernels import attention
+
         q, k, v, ids = inputs["q"], inputs["k"], inputs["v"], _ids(inputs)
         return lambda: attention(q, k, v, document_ids=ids, is_causal=causal, backend=backend)
 
@@ -62,6 +71,10 @@ def _packed(backend: str):
 
 
 def _packed_sdpa_mask(inputs: Inputs, causal: bool):
+    import torch.nn.functional as F
+
+    from ..kernels.masks import keep_mask
+
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     length = q.shape[-2]
     mask = keep_mask(None, None, causal, length, length, q.device, _ids(inputs))  # (B, 1, L, L)
@@ -70,6 +83,8 @@ def _packed_sdpa_mask(inputs: Inputs, causal: bool):
 
 def _decay(backend: str):
     def build(inputs: Inputs, causal: bool):
+        from ..kernels import Decay, attention
+
         q, k, v, log_forget = inputs["q"], inputs["k"], inputs["v"], _log_forget(inputs)
         return lambda: attention(q, k, v, bias=Decay(log_forget), is_causal=causal,
                                  backend=backend)  # fmt: skip
@@ -78,6 +93,12 @@ def _decay(backend: str):
 
 
 def _decay_dense_bias(inputs: Inputs, causal: bool):
+    import torch
+    import torch.nn.functional as F
+
+    from ..kernels import Decay
+    from ..kernels.masks import keep_mask
+
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     length = q.shape[-2]
     if "decay_dense" not in inputs:  # a leaf of its own, as SDPA's users would hold it
@@ -90,10 +111,14 @@ def _decay_dense_bias(inputs: Inputs, causal: bool):
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
-def packing_rows(device: str) -> list[Row]:
-    """The rows above for every backend registered for `device` but SDPA (whose rows are the
-    dense baselines)."""
-    names = [name for name in native_backends(device) if name != "sdpa"]
+def packing_rows(device: str, backends: Sequence[str] | None = None) -> list[Row]:
+    """The rows above for these backends (None: every backend registered for `device`) but
+    SDPA (whose rows are the dense baselines)."""
+    if backends is None:
+        from ..kernels import native_backends
+
+        backends = native_backends(device)
+    names = [name for name in backends if name != "sdpa"]
     rows = []
     for kind, build, what in (
         ("packed", _packed, "document_ids, documents of 64-512 tokens"),
