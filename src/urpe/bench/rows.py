@@ -15,7 +15,8 @@ Beside them stand the external baselines, which are not urpe's kernels:
                      forward only on the CPU, where PyTorch has no backward for it)
 
 A baseline keeps its name where a derived row would take it (flex_rpe is FlexAttention's own
-route, not urpe's "flex" backend without the gate).
+route, not urpe's "flex" backend without the gate). Packed sequences and the decay bias have
+rows of their own beside their dense routes (`packing_rows`).
 
 Importing this module imports no torch (what a row times is imported when it is built), so
 that `urpe bench attention --help` answers at once: until `urpe.kernels` is loaded the flags
@@ -27,36 +28,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import torch
-
-Inputs = dict[str, "torch.Tensor"]
-Build = Callable[[Inputs, bool], Callable[[], Any]]  # (inputs, causal) -> call
-
-
-@dataclass(frozen=True)
-class Row:
-    """One benchmark row: its name, what it is (help), how to build its call, the devices it
-    runs on (None: any), where it has no backward, and the option that caps its length."""
-
-    name: str
-    help: str
-    build: Build
-    devices: tuple[str, ...] | None = None
-    forward_only_on: tuple[str, ...] = ()
-    length_limit: str | None = None  # an attribute of the parsed arguments
-
-    def has_mode(self, mode: str, device: str) -> bool:
-        return mode == "fwd" or device not in self.forward_only_on
-
+from .row_kinds import BACKEND_LENGTH_LIMITS, Build, Inputs, Row
 
 # Row names of earlier versions (results files, scripts) -> today's.
 RENAMED = {"reference": "reference_urpe"}
-# Backends whose rows are too slow or too large past a length: the option that says where.
-BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "fused": "fused_max_length"}
 # The backends urpe registers for each device, in the registry's order, available or not: the
 # rows offered before `urpe.kernels` is imported (tests/test_cli_startup.py checks the list).
 BUILT_IN_BACKENDS = {
@@ -196,7 +172,10 @@ def rows_for(device: str) -> dict[str, Row]:
 
 def rows_for_backends(device: str, backends: Sequence[str] | None) -> dict[str, Row]:
     """`rows_for` with the rows of these backends (None: the registered, available ones)."""
-    ordered = (*BASELINES, *backend_rows(device, backends), *LAST_BASELINES)
+    from .packing_rows import packing_rows  # (imports torch when its rows are built)
+
+    ordered = (*BASELINES, *backend_rows(device, backends), *LAST_BASELINES,
+               *packing_rows(device, backends))  # fmt: skip
     return {row.name: row for row in ordered if row.devices is None or device in row.devices}
 
 
