@@ -70,7 +70,7 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
             _contiguous(call.q), _contiguous(call.k), _contiguous(call.v),
             bias_code, read_bias(call.bias), None, gate_code, read_gate(call.gate), None,
             mask if float_mask else None, None if float_mask else mask,
-            None if kpm is None else _contiguous(kpm), None, *scalars,
+            None if kpm is None else _contiguous(kpm), None, None, *scalars,
         )  # fmt: skip
         return out if finite else None
 

@@ -292,9 +292,9 @@ std::tuple<at::Tensor, at::Tensor, bool> forward_if_finite(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
-    double scale, double dropout_p, int64_t dropout_threshold, const OptTensor& dropout_seed,
-    int64_t block_q, int64_t block_k) {
+    const OptTensor& key_padding, const OptTensor& documents, const OptTensor& fixed,
+    bool causal, int64_t norm, double scale, double dropout_p, int64_t dropout_threshold,
+    const OptTensor& dropout_seed, int64_t block_q, int64_t block_k) {
   if (!all_finite({q, k, v})) {
     const at::Tensor none = at::empty({0}, q.options().dtype(compute_type(q)));
     return {none, none, false};
@@ -422,9 +422,9 @@ TORCH_LIBRARY(urpe_cpp, m) {
   m.def(
       "forward_if_finite(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, "
       "Tensor? bias_index, int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, "
-      "Tensor? bool_mask, Tensor? key_padding, Tensor? fixed, bool causal, int norm, "
-      "float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, int block_q, "
-      "int block_k) -> (Tensor, Tensor, bool)",
+      "Tensor? bool_mask, Tensor? key_padding, Tensor? documents, Tensor? fixed, bool causal, "
+      "int norm, float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, "
+      "int block_q, int block_k) -> (Tensor, Tensor, bool)",
       &forward_if_finite);
   m.def(
       "backward(Tensor grad_out, Tensor stat, Tensor delta, Tensor q, Tensor k, Tensor v, "
