@@ -79,6 +79,7 @@ def _prepare(
     positions = context.positions
     if positions is not None and not (
         positions.is_aligned
+        and positions.documents is None
         and positions.query_length == positions.key_length
         and (positions.query_start == 0 or not from_zero)
     ):
