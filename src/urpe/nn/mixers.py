@@ -73,7 +73,7 @@ def _prepare(
     context = context if context is not None else AttentionContext()
     if past is not None:
         raise NotImplementedError(f"{name} does not support incremental decoding")
-    for what in ("attn_mask", "bias", "gate"):
+    for what in ("attn_mask", "bias", "gate", "document_ids"):
         if getattr(context, what) is not None:
             raise NotImplementedError(f"{name} does not take {what}")
     positions = context.positions
