@@ -36,6 +36,8 @@ def _preset_values(experiment: Any, name: str) -> str:
 
 def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> None:
     kwargs: dict[str, Any] = {"dest": option.field, "default": option.default}
+    if option.const is not None:
+        kwargs.update(action="store_const", const=option.const)
     if option.type is not None:
         kwargs["type"] = option.type
     if option.choices is not None:

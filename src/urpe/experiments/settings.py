@@ -71,6 +71,7 @@ class Option:
     choices: Callable[[], Iterable[str]] | Sequence[str] | None = None
     default: Any = argparse.SUPPRESS
     metavar: str | None = None
+    const: Any = None  # a flag without a value that sets the field to this (True: a switch)
 
     def with_help(self, help: str) -> Option:
         return replace(self, help=help)
