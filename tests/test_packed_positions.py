@@ -79,12 +79,15 @@ def test_each_packed_document_equals_it_alone(name, gate):
     gate_module = GATE_REGISTRY[gate].build(SETTINGS) if gate else None
     mha = randomized(urpe.MultiheadAttention(E, H, position=position, gate=gate_module,
                                              backend="reference")).eval()  # fmt: skip
-    ids = document_ids()
-    x = torch.randn(1, ids.shape[1], E, **F64)
+    rows = (LENGTHS, (6, 7))  # two packed rows, documents at different places
+    ids = torch.cat([document_ids(lengths) for lengths in rows])  # (2, 13)
+    x = torch.randn(2, ids.shape[1], E, **F64)
     packed = mha(x, positions=urpe.Positions.from_document_ids(ids), attn_mask=block_mask(ids))
-    for start, end in spans():
-        alone = mha(x[:, start:end], is_causal=True)
-        torch.testing.assert_close(packed[:, start:end], alone, rtol=1e-10, atol=1e-10)
+    for row, lengths in enumerate(rows):
+        for start, end in spans(lengths):
+            alone = mha(x[row : row + 1, start:end], is_causal=True)
+            torch.testing.assert_close(packed[row : row + 1, start:end], alone, rtol=1e-10,
+                                       atol=1e-10)  # fmt: skip
 
 
 @pytest.mark.parametrize("absolute", list(ABSOLUTE_REGISTRY))
