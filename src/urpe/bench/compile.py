@@ -245,7 +245,8 @@ def launch_of(case: Case):
     padding = torch.empty(b, lk, device="meta", dtype=torch.bool) if case.padding else None
     seed = torch.tensor(2**61 + 12345)  # drawn seeds are int64
     args = ForwardArgs(
-        q, k, v, bias, bias_index, gate, gate_index, mask, padding, seed, case.bias, case.gate,
+        q, k, v, bias, bias_index, gate, gate_index, mask, padding, None, seed, case.bias,
+        case.gate,
         case.causal, case.normalization, case.head_dim**-0.5, 0.1 if case.dropout else 0.0, 0, 0,
     )  # fmt: skip
     with _torch_flags(case):

@@ -37,6 +37,7 @@ from torch import Tensor
 from ..dispatch import Backend, BackendFailure
 from ..dtypes import FLOATING
 from ..spec import AttentionSpec, resolve
+from ..tables import Decay
 
 MAX_HEAD_DIM = 256
 
@@ -101,6 +102,8 @@ def spec_unsupported(spec: AttentionSpec) -> str | None:
         return f"head dims up to {MAX_HEAD_DIM}, got D={spec.head_dim}, Dv={spec.value_dim}"
     if min(q.shape) == 0 or min(k.shape) == 0 or v.shape[-1] == 0:
         return "an empty dimension (nothing to launch)"
+    if spec.document_ids is not None or isinstance(spec.bias, Decay):
+        return "document_ids and Decay have no Triton kernel yet"
     if spec.dropout_p > 0.0 and spec.lq * spec.lk >= 2**32:
         return "dropout's Philox counter covers Lq * Lk < 2^32 entries per head"
     return None
