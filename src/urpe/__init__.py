@@ -7,6 +7,7 @@ encodings and the URPE gate) -> `urpe.nn` (modules) -> `urpe.models`. All of it 
 from .encodings import (
     ALiBi,
     FireBias,
+    ForgetGate,
     KerpleBias,
     LearnedAbsolute,
     NoPosition,
@@ -32,6 +33,7 @@ __all__ = [
     "BilinearMixer",
     "Decay",
     "FireBias",
+    "ForgetGate",
     "KVCache",
     "KerpleBias",
     "LanguageModel",
