@@ -159,3 +159,17 @@ def test_fox_on_packed_documents_equals_each_alone(gate):
     packed = model(tokens, document_ids=ids)
     for start, end in ((0, 3), (3, 7), (7, 9)):
         torch.testing.assert_close(packed[:, start:end], model(tokens[:, start:end]))
+
+
+def test_fox_with_memory_decodes_the_same_with_and_without_a_cache():
+    """The log f of memory and cached keys travel with them (KVCache.key_state)."""
+    from urpe.models.lm import IncrementalState, LanguageModel
+
+    torch.manual_seed(3)
+    config = urpe.TransformerConfig(vocab_size=7, num_layers=2, dim=E, num_heads=H,
+                                    position="fox", gate="toeplitz")  # fmt: skip
+    model = LanguageModel(config, segment_length=4, memory_length=4).double().eval()
+    tokens = torch.randint(0, 7, (2, 11))
+    with torch.no_grad():
+        cached, plain = IncrementalState(model), IncrementalState(model, use_cache=False)
+        torch.testing.assert_close(cached.feed(tokens), plain.feed(tokens))

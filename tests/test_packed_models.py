@@ -83,3 +83,14 @@ def test_document_ids_misuse_is_one_line():
     mixer = decoder("rpe", None, mixers={0: "conv"})
     with pytest.raises(NotImplementedError, match="does not take document_ids"):
         mixer(tokens, document_ids=ids)
+
+
+def test_attention_module_takes_document_ids_per_call():
+    torch.manual_seed(0)
+    mha = urpe.MultiheadAttention(8, 2, position=urpe.RotaryEncoding(4)).double()
+    ids, _ = packed_row()
+    x = torch.randn(1, ids.shape[1], 8, dtype=torch.float64)
+    positions = urpe.Positions.from_document_ids(ids)
+    out = mha(x, document_ids=ids, positions=positions, is_causal=True)
+    for start, end in spans():
+        torch.testing.assert_close(out[:, start:end], mha(x[:, start:end], is_causal=True))
