@@ -16,14 +16,7 @@ from urpe.encodings import POSITION_REGISTRY, EncodingSettings, ForgetGate
 
 E, H = 8, 2
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: more threads only add synchronisation, very slow on a loaded CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fox_attention(position="fox", gate=None, dim=E):

@@ -8,42 +8,26 @@ import torch
 import urpe
 from urpe.encodings import GATE_REGISTRY, POSITION_REGISTRY
 
-LENGTHS = (3, 5, 1, 4)
+from .test_packed_positions import document_ids, spans
+from .test_positions import randomized
+
 TOKEN_ENCODINGS = [n for n, r in POSITION_REGISTRY.items() if not r.uses_relation]
 TOKEN_GATES = [None, *(n for n, r in GATE_REGISTRY.items() if not r.uses_relation)]
 CHUNKS = ((0, 4), (4, 5), (5, 13))  # a KV cache fed 4, 1 and 8 tokens
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: more threads only add synchronisation, very slow on a loaded CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def packed_row():
-    ids = torch.cat([torch.full((n,), d) for d, n in enumerate(LENGTHS)])[None]  # (1, 13)
+    ids = document_ids()  # (1, 13)
     return ids, torch.randint(0, 11, ids.shape)
-
-
-def spans():
-    start = 0
-    for n in LENGTHS:
-        yield start, start + n
-        start += n
 
 
 def decoder(position, gate, **changes):
     torch.manual_seed(0)
     config = urpe.TransformerConfig(vocab_size=11, max_len=8, num_layers=2, dim=8, num_heads=2,
                                     position=position, gate=gate, **changes)  # fmt: skip
-    model = urpe.TransformerDecoder(config).double().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)  # gates and tables away from their init
-    return model
+    return randomized(urpe.TransformerDecoder(config)).eval()  # tables away from their init
 
 
 @pytest.mark.parametrize("gate", TOKEN_GATES)

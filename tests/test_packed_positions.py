@@ -12,6 +12,8 @@ import torch
 import urpe
 from urpe.encodings import ABSOLUTE_REGISTRY, GATE_REGISTRY, POSITION_REGISTRY, EncodingSettings
 
+from .test_positions import randomized
+
 F64 = dict(dtype=torch.float64)
 H, D, E = 2, 4, 8
 LENGTHS = (3, 5, 1, 4)  # one packed row of four documents, 13 tokens
@@ -40,14 +42,6 @@ def spans(lengths=LENGTHS):
     for n in lengths:
         yield start, start + n
         start += n
-
-
-def randomized(module):
-    module = module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn_like(p) * 0.5)
-    return module
 
 
 def test_positions_restart_at_every_document():
