@@ -72,6 +72,9 @@ def test_packed_loss_equals_each_document_alone(position, gate):
     for row, (b, s, e) in enumerate(documents):
         torch.testing.assert_close(packed[b, s:e], alone[row, : e - s], rtol=1e-10, atol=1e-10)
     scored = targets != IGNORE_INDEX
+    crossing, _ = model(inputs)  # the same rows without document ids: attention crosses them
+    crossing = F.cross_entropy(crossing.transpose(1, 2), targets, reduction="none")
+    assert not torch.allclose(crossing[scored], packed[scored])
     mean_packed = packed[scored].mean()
     mean_alone = alone[alone_targets != IGNORE_INDEX].mean()
     torch.testing.assert_close(mean_packed, mean_alone, rtol=1e-12, atol=1e-12)
