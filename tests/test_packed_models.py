@@ -78,3 +78,16 @@ def test_attention_module_takes_document_ids_per_call():
     out = mha(x, document_ids=ids, positions=positions, is_causal=True)
     for start, end in spans():
         torch.testing.assert_close(out[:, start:end], mha(x[:, start:end], is_causal=True))
+
+
+@pytest.mark.parametrize("position", ["fire", "fox"])
+def test_packed_encoder_rows_equal_each_document_alone(position):
+    torch.manual_seed(0)
+    config = urpe.TransformerConfig(vocab_size=11, max_len=8, num_layers=2, dim=8, num_heads=2,
+                                    position=position, gate="toeplitz",
+                                    absolute="learned")  # fmt: skip
+    model = randomized(urpe.TransformerEncoder(config)).eval()
+    ids, tokens = packed_row()
+    packed = model(tokens, document_ids=ids)  # bidirectional: documents on both sides hidden
+    for start, end in spans():
+        torch.testing.assert_close(packed[:, start:end], model(tokens[:, start:end]))

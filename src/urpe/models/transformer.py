@@ -140,7 +140,7 @@ class _Transformer(_LoadGuard, nn.Module):
     ) -> Tensor:
         """tokens (B, L) -> hidden states (B, L, E) of the input tokens.
 
-        document_ids: (B, L) ids of packed documents (see `packed_positions`).
+        document_ids: (B, L) ids of packed documents (see `_packed_positions`).
         layer_inputs: if a list, each layer's input (B, L', E) is appended to it (L' includes
         marker tokens when they were added).
         """
