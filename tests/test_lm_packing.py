@@ -112,6 +112,8 @@ def test_pack_trains_packed_rows(tmp_path, monkeypatch):
         train = record["config"]["train"]
         assert train["stream"] == "packed-documents/1" and train["document_separator"] == "\n\n"
         assert "-packed-" in record["name"] and record["result"]["val_loss"] > 0
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "paragraphs.txt (packed) | fox |" in report
 
 
 def test_pack_refuses_memory_and_explains_itself(tmp_path, capsys):
