@@ -124,8 +124,9 @@ class CausalLM(Objective):
     def _step(self, batch: dict[str, Tensor], memory: list[Tensor] | None):
         if bool(batch["reset"]):
             memory = None
-        logits, memory = self.model(batch["inputs"], memory,
-                                    document_ids=batch.get("document_ids"))  # fmt: skip
+        # Only packed batches carry document ids (not every model takes them).
+        packed = {k: batch[k] for k in ("document_ids",) if k in batch}
+        logits, memory = self.model(batch["inputs"], memory, **packed)
         total, count = token_losses(logits, batch["targets"])
         return total, count, memory
 
