@@ -185,7 +185,9 @@ class Positions:
         """Packed documents: each key's position counts from the start of its document.
 
         document_ids: (Lk,) or (B, Lk) integer, one id per key; a document is a run of equal
-            ids (packing concatenates them), and position 0 is where the id changes. The queries
+            ids (packing concatenates them), and position 0 is where the id changes. Attention
+            joins equal ids wherever they are, so give each document of a row its own id (as
+            0, 1, 2, ... does). The queries
             are the last `query_length` keys (default all of them): a KV cache passes the ids of
             cache + new tokens.
 
