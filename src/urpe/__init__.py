@@ -7,7 +7,6 @@ encodings and the URPE gate) -> `urpe.nn` (modules) -> `urpe.models`. All of it 
 from .encodings import (
     ALiBi,
     FireBias,
-    ForgetGate,
     KerpleBias,
     LearnedAbsolute,
     NoPosition,
@@ -33,7 +32,6 @@ __all__ = [
     "BilinearMixer",
     "Decay",
     "FireBias",
-    "ForgetGate",
     "KVCache",
     "KerpleBias",
     "LanguageModel",

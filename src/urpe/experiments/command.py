@@ -36,8 +36,6 @@ def _preset_values(experiment: Any, name: str) -> str:
 
 def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> None:
     kwargs: dict[str, Any] = {"dest": option.field, "default": option.default}
-    if option.const is not None:
-        kwargs.update(action="store_const", const=option.const)
     if option.type is not None:
         kwargs["type"] = option.type
     if option.choices is not None:
@@ -45,6 +43,8 @@ def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> No
         kwargs["choices"] = list(choices)
     if option.metavar is not None:
         kwargs["metavar"] = option.metavar
+    if option.action is not None:
+        kwargs["action"] = option.action
     help_text = option.help
     if "{presets}" in help_text:
         help_text = help_text.replace("{presets}", _preset_values(experiment, option.field))

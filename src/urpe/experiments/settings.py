@@ -61,7 +61,8 @@ class Option:
     """A flag that sets the preset field `field`. In `help`, "{presets}" becomes the presets'
     values of that field. `choices` may be a function, read when the parser is built, so that
     names registered before then are accepted. `default` other than SUPPRESS: a value the flag
-    always has (then it is the same for every preset)."""
+    always has (then it is the same for every preset). `action="store_true"`: a switch, True
+    when given (the preset's value otherwise)."""
 
     flags: tuple[str, ...]
     field: str
@@ -71,7 +72,7 @@ class Option:
     choices: Callable[[], Iterable[str]] | Sequence[str] | None = None
     default: Any = argparse.SUPPRESS
     metavar: str | None = None
-    const: Any = None  # a flag without a value that sets the field to this (True: a switch)
+    action: str | None = None
 
     def with_help(self, help: str) -> Option:
         return replace(self, help=help)

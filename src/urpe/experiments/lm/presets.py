@@ -95,7 +95,7 @@ PACK = Option(
     "without padding, but are cut into documents at every blank line; a token attends only "
     "within its document, positions restart at each document, and a document's first token is "
     "not predicted from the one before. Validation and test keep scoring the contiguous stream. "
-    "Variants with memory cannot pack (default: off)", const=True,
+    "Variants with memory cannot pack (default: off)", action="store_true",
 )  # fmt: skip
 OPTIONS = (
     Option(("--dataset",), "dataset", "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
