@@ -30,6 +30,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: more threads only add synchronisation, very slow on a loaded CPU. Use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 

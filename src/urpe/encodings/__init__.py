@@ -10,6 +10,7 @@ from .absolute import LearnedAbsolute, SinusoidalAbsolute, sinusoid, sinusoid_fr
 from .base import NoPosition, RelativeEncoding, clipped_table_term
 from .bias import ALiBi, FireBias, KerpleBias, RelativeBias, T5Bias, alibi_slopes
 from .buckets import t5_buckets
+from .forgetting import ForgetGate
 from .gate import RelationGate, ToeplitzGate
 from .positions import Positions
 from .registry import (
@@ -40,6 +41,7 @@ __all__ = [
     "EncodingSettings",
     "EncodingSpec",
     "FireBias",
+    "ForgetGate",
     "GATE_REGISTRY",
     "KerpleBias",
     "LearnedAbsolute",

@@ -41,6 +41,12 @@ class RelativeEncoding(nn.Module):
         """
         return x
 
+    def key_state(self, x: Tensor) -> Tensor | None:
+        """What this encoding reads per key from the layer's input x (B, L, kdim) at those keys:
+        (B, H, L), kept beside the keys in a KV cache and given to `attend` as `key_state=` over
+        all keys; None (the default) for encodings that read no input (all but FoX's)."""
+        return None
+
     def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm | None:
         """The pre-normalisation term for queries q (B, H, Lq, D) at `positions`.
 

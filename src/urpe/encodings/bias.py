@@ -257,7 +257,8 @@ class FireBias(RelativeEncoding):
             return torch.log1p(c * x)
 
         normaliser = psi(torch.maximum(qpos, self.threshold.abs())) + self.eps  # (B or 1, Lq)
-        features = torch.stack(
-            [psi(offsets.abs()) / normaliser[..., None], (offsets > 0).to(dtype)], -1
-        )  # (B or 1, Lq, Lk, 2)
+        distance = psi(offsets.abs()) / normaliser[..., None]  # (B or 1, Lq, Lk)
+        # Packed documents give per-row query positions but shared offsets: broadcast the side.
+        side = (offsets > 0).to(dtype).expand_as(distance)
+        features = torch.stack([distance, side], -1)  # (B or 1, Lq, Lk, 2)
         return self.mlp(features).permute(0, 3, 1, 2).to(q.dtype)  # (B or 1, H, Lq, Lk)

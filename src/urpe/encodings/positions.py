@@ -19,6 +19,13 @@ looking at tensor values (no host sync, no graph break under `torch.compile`):
 
 KV-cache decoding and segment memory (Transformer-XL) are the same layout: Lq new queries at
 past .. past + Lq - 1 over past + Lq keys (`Positions.sequence(Lq, past=M)`).
+
+Packed documents (`Positions.from_document_ids`): several documents concatenated in one row,
+attention kept inside each (`urpe.attention(..., document_ids=)`). The absolute positions restart
+at 0 with every document (what RoPE, FIRE and absolute encodings read), while the layout stays
+aligned: within a document key - query is the same counted from the row's start or from the
+document's, and pairs across documents are never attended, so Toeplitz terms keep their
+structure and need no change.
 """
 
 from __future__ import annotations
@@ -100,6 +107,7 @@ class Positions:
         # constructors that know it; never derived from tensor values.
         self._aligned_start: int | None = None
         self._relation_range: tuple[int, int] | None = None
+        self._documents: Tensor | None = None
 
     @property
     def query(self) -> Tensor:
@@ -167,6 +175,39 @@ class Positions:
         positions._device = _device_of(device)
         positions._aligned_start = start
         positions._relation_range = None
+        positions._documents = None
+        return positions
+
+    @classmethod
+    def from_document_ids(
+        cls, document_ids: Tensor, query_length: int | None = None, relation: Tensor | None = None
+    ) -> Positions:
+        """Packed documents: each key's position counts from the start of its document.
+
+        document_ids: (Lk,) or (B, Lk) integer, one id per key; a document is a run of equal
+            ids (packing concatenates them), and position 0 is where the id changes. Attention
+            joins equal ids wherever they are, so give each document of a row its own id (as
+            0, 1, 2, ... does). The queries
+            are the last `query_length` keys (default all of them): a KV cache passes the ids of
+            cache + new tokens.
+
+        The layout stays aligned (see the module doc): `offsets()` are the row's own j - i',
+        equal to the in-document offsets for every pair a query may attend to, so Toeplitz terms
+        keep their structure; `query` and `key` are the restarted positions.
+        """
+        _check_index_tensor("document_ids", document_ids, (1, 2))
+        lk = document_ids.shape[-1]
+        lq = lk if query_length is None else query_length
+        if not 0 <= lq <= lk:
+            raise ValueError(f"query_length must be in [0, {lk}], got {query_length}")
+        index = torch.arange(lk, device=document_ids.device).expand_as(document_ids)
+        starts = torch.ones_like(document_ids, dtype=torch.bool)
+        starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
+        first = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
+        key = index - first  # (B?, Lk): steps since the document's first key
+        positions = cls.aligned(lq, lk, device=document_ids.device, relation=relation)
+        positions._query, positions._key = key[..., lk - lq :], key
+        positions._documents = document_ids
         return positions
 
     @classmethod
@@ -208,6 +249,8 @@ class Positions:
 
     def with_relation(self, relation: Tensor | None) -> Positions:
         """The same positions (and structure) with another relation index."""
+        if self._documents is not None:
+            return Positions.from_document_ids(self._documents, self.query_length, relation)
         if self.is_aligned:
             lq, lk = self._lengths
             return Positions.aligned(lq, lk, start=self._aligned_start, device=self._device,
@@ -226,6 +269,8 @@ class Positions:
     @property
     def batch(self) -> int | None:
         """B when positions are per row, else None (shared by the batch)."""
+        if self._documents is not None:
+            return self._documents.shape[0] if self._documents.dim() == 2 else None
         if self.is_aligned:
             return None
         for t in (self.query, self.key):
@@ -239,9 +284,15 @@ class Positions:
         return self._aligned_start is not None
 
     @property
+    def documents(self) -> Tensor | None:
+        """The document ids (Lk,) or (B, Lk) of packed positions (`from_document_ids`), else
+        None."""
+        return self._documents
+
+    @property
     def query_start(self) -> int | None:
-        """Position of the first query as a Python int when aligned, else None."""
-        if self._aligned_start is None:
+        """Position of the first query as a Python int when aligned (one sequence), else None."""
+        if self._aligned_start is None or self._documents is not None:
             return None
         return self._aligned_start + self.key_length - self.query_length
 
@@ -250,7 +301,14 @@ class Positions:
         return self._device
 
     def offsets(self) -> Tensor:
-        """d_ij = key position - query position. Shape (B or 1, Lq, Lk), int64."""
+        """d_ij = key position - query position. Shape (B or 1, Lq, Lk), int64.
+
+        Packed documents: the row's own offsets j - i' (1, Lq, Lk), which equal the in-document
+        ones for every pair inside a document (the only pairs attended)."""
+        if self._documents is not None:
+            lq, lk = self._lengths
+            key = torch.arange(lk, device=self._device)
+            return (key[None, :] - key[lk - lq :, None])[None]
         query = self.query if self.query.dim() == 2 else self.query[None]  # (B or 1, Lq)
         key = self.key if self.key.dim() == 2 else self.key[None]  # (B or 1, Lk)
         return key.long()[:, None, :] - query.long()[:, :, None]
@@ -314,6 +372,8 @@ class Positions:
 
     def __repr__(self) -> str:
         form = f"aligned, start={self._aligned_start}" if self.is_aligned else "arbitrary"
+        if self._documents is not None:
+            form = "packed documents"
         rows = "shared" if self.batch is None else f"per row (B={self.batch})"
         relation = "" if self.relation is None else f", relation {tuple(self.relation.shape)}"
         return f"Positions(Lq={self.query_length}, Lk={self.key_length}, {form}, {rows}{relation})"

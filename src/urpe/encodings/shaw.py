@@ -78,7 +78,7 @@ def _check_backend(backend: str, q: Tensor, k: Tensor, v: Tensor, kwargs: dict) 
     if backend == "auto":
         return
     call = {name: kwargs[name] for name in ("attn_mask", "is_causal", "key_padding_mask",
-            "gate", "normalization", "dropout_p") if name in kwargs}  # fmt: skip
+            "gate", "normalization", "dropout_p", "document_ids") if name in kwargs}  # fmt: skip
     chosen = choose_backend(backend, resolve(q, k, v, **call))
     if chosen.name != "reference":
         raise ValueError(

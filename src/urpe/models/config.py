@@ -52,7 +52,9 @@ class TransformerConfig:
         (normalised to an `EncodingSpec`).
     position: the relative encoding inside attention (a name in POSITIONS; "rpe" is the paper's
         per-offset Toeplitz bias in "unique" mode, clipped beyond max_len; "t5" takes
-        num_buckets and bucket_max_distance; "relation" a bias indexed by `Positions.relation`).
+        num_buckets and bucket_max_distance; "relation" a bias indexed by `Positions.relation`;
+        "fox" the Forgetting Transformer's decay from forget gates of each layer's input, option
+        init_bias).
     absolute: an absolute encoding added to the embeddings (None, "learned", "sinusoidal").
     gate: URPE's post-normalisation gate C: None (plain RPE), "toeplitz" (per offset, the
         paper's URPE), "t5" (T5 buckets, "urpe-t5") or "relation" (indexed by

@@ -90,17 +90,29 @@ class LanguageModel(nn.Module):
 
     # ----------------------------------------------------------------------------------- forward
     def forward(
-        self, tokens: Tensor, memory: Memory | None = None, *, use_memory: bool | None = None
+        self,
+        tokens: Tensor,
+        memory: Memory | None = None,
+        *,
+        use_memory: bool | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, Memory | None]:
         """tokens (B, L) -> (logits (B, L, V), memory for the next segment or None).
 
         memory: the previous call's returned memory (per layer (B, m, E), m <= M), or None at the
             start of a stream. use_memory: default `memory_length > 0`; False evaluates a memory
             model without recurrence (returns None).
+        document_ids: (B, L) ids of packed documents (see `urpe.TransformerDecoder`); a packed
+            row carries no memory, so not with recurrence.
         """
         recurrent = self.memory_length > 0 if use_memory is None else use_memory
+        if document_ids is not None and recurrent and self.memory_length > 0:
+            raise ValueError(
+                "packed documents (document_ids) carry no memory: use a model with "
+                "memory_length=0, or use_memory=False"
+            )
         if not recurrent or self.memory_length == 0:
-            return self.decoder(tokens), None
+            return self.decoder(tokens, document_ids=document_ids), None
         if memory is not None and memory[0].shape[1] == 0:
             memory = None
         logits, layer_inputs = self.decoder(tokens, memory=memory, return_layer_inputs=True)

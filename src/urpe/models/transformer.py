@@ -135,10 +135,12 @@ class _Transformer(_LoadGuard, nn.Module):
         positions: Positions | None = None,
         memory: list[Tensor] | None = None,
         attn_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
         layer_inputs: list[Tensor] | None = None,
     ) -> Tensor:
         """tokens (B, L) -> hidden states (B, L, E) of the input tokens.
 
+        document_ids: (B, L) ids of packed documents (see `_packed_positions`).
         layer_inputs: if a list, each layer's input (B, L', E) is appended to it (L' includes
         marker tokens when they were added).
         """
@@ -154,11 +156,13 @@ class _Transformer(_LoadGuard, nn.Module):
             past = self._check_memory(memory, b)
         check_tokens(tokens, self.config.vocab_size, key_padding_mask, past if memory else 0)
         wrap = self.markers is not None and past == 0  # later chunks find it in cache or memory
-        if wrap and (positions is not None or attn_mask is not None):
+        if wrap and (positions is not None or attn_mask is not None or document_ids is not None):
             raise ValueError(
-                "marker tokens place themselves around each row's real tokens; positions and "
-                "attn_mask cannot be given with markers=True"
+                "marker tokens place themselves around each row's real tokens; positions, "
+                "attn_mask and document_ids cannot be given with markers=True"
             )
+        if document_ids is not None:
+            positions = self._packed_positions(tokens, document_ids, cache, memory, positions)
         x = self.embed(tokens)  # (B, L, E)
         slot = None
         if wrap:
@@ -170,7 +174,7 @@ class _Transformer(_LoadGuard, nn.Module):
             )
         context = self._context(
             positions, x.shape[1], past, b, x.device, key_padding_mask=key_padding_mask,
-            attn_mask=attn_mask,
+            attn_mask=attn_mask, document_ids=document_ids,
         )  # fmt: skip
         positions = context.positions
         if self.absolute is not None:
@@ -189,6 +193,34 @@ class _Transformer(_LoadGuard, nn.Module):
             x = layer(x, context, past=layer_past)
         x = self.final_norm(x)
         return self.markers.unwrap(x, slot) if wrap else x
+
+    def _packed_positions(
+        self,
+        tokens: Tensor,
+        document_ids: Tensor,
+        cache: list[KVCache] | None,
+        memory: list[Tensor] | None,
+        positions: Positions | None,
+    ) -> Positions:
+        """The positions of packed documents: restarting with every document, over the cached
+        keys' documents too; `positions` when the caller gave their own."""
+        if not isinstance(document_ids, Tensor) or document_ids.is_floating_point() or \
+                tuple(document_ids.shape) != tuple(tokens.shape):  # fmt: skip
+            raise ValueError(
+                f"document_ids must be an integer tensor shaped like tokens {tuple(tokens.shape)}"
+            )
+        if memory is not None:
+            raise ValueError("document_ids cannot be combined with memory (segment recurrence)")
+        if positions is not None:
+            return positions
+        held = cache[0].documents if cache else None
+        if cache and cache[0].length and held is None:
+            raise ValueError(
+                f"the cache holds {cache[0].length} keys without document ids: give "
+                "document_ids from the first call on, or none"
+            )
+        ids = document_ids if held is None else torch.cat([held, document_ids], dim=-1)
+        return Positions.from_document_ids(ids, query_length=tokens.shape[1])
 
     def memory_cache(self, memory: list[Tensor] | None) -> list[KVCache]:
         """One `KVCache` per layer holding the keys and values that `memory` (one (B, M, E)
@@ -227,6 +259,7 @@ class TransformerEncoder(_Transformer):
         *,
         positions: Positions | None = None,
         attn_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """tokens (B, L) int; key_padding_mask (B, L) bool, True = padded.
 
@@ -234,17 +267,23 @@ class TransformerEncoder(_Transformer):
             `Positions.from_padding(mask)` counts positions over real tokens, `Positions.graph`
             carries a relation for relation-indexed encodings.
         attn_mask: SDPA's meaning, broadcastable to (B, H, L, L), given to every layer.
+        document_ids: (B, L) integer ids of packed documents (runs of equal ids): each token
+            attends only within its document, at positions counted from the document's start
+            (`Positions.from_document_ids`, unless `positions` are given).
         """
-        return self._run(tokens, key_padding_mask, positions=positions, attn_mask=attn_mask)
+        return self._run(tokens, key_padding_mask, positions=positions, attn_mask=attn_mask,
+                         document_ids=document_ids)  # fmt: skip
 
 
 class TransformerDecoder(_Transformer):
     """Causal language model: tokens (B, L) -> next-token logits (B, L, V).
 
     Pass `cache=model.new_cache()` and feed tokens a chunk at a time to decode incrementally;
-    the result equals the full forward pass. Or pass `memory` (one (B, M, E) tensor per layer,
-    the layer inputs of M earlier positions, see `return_layer_inputs` and `next_memory`) to
-    attend to a previous segment without a cache, Transformer-XL style.
+    the result equals the full forward pass. Pass `document_ids` to train on packed rows
+    (documents concatenated without padding): each document's logits equal it run alone. Or
+    pass `memory` (one (B, M, E) tensor per layer, the layer inputs of M earlier positions, see
+    `return_layer_inputs` and `next_memory`) to attend to a previous segment without a cache,
+    Transformer-XL style.
     """
 
     causal = True
@@ -267,6 +306,7 @@ class TransformerDecoder(_Transformer):
         memory: list[Tensor] | None = None,
         *,
         attn_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
         return_layer_inputs: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """tokens (B, L) -> logits (B, L, V); with return_layer_inputs, (logits, layer_inputs).
@@ -278,13 +318,16 @@ class TransformerDecoder(_Transformer):
         memory: one (B, M, E) tensor per layer: that layer's inputs at M earlier positions.
             Cannot be combined with a cache.
         attn_mask: SDPA's meaning over all keys, given to every layer.
+        document_ids: (B, L) integer ids of packed documents for the tokens of this call (runs
+            of equal ids; a cache keeps the earlier ones): each token attends only within its
+            document, at positions counted from the document's start. Not with memory.
         return_layer_inputs: also return each layer's input (B, L, E) (markers included when
             they were added), from which `next_memory` forms the next segment's memory.
         """
         layer_inputs: list[Tensor] | None = [] if return_layer_inputs else None
         hidden = self._run(
             tokens, key_padding_mask, cache=cache, positions=positions, memory=memory,
-            attn_mask=attn_mask, layer_inputs=layer_inputs,
+            attn_mask=attn_mask, document_ids=document_ids, layer_inputs=layer_inputs,
         )  # fmt: skip
         logits = self.head(hidden)
         return (logits, layer_inputs) if return_layer_inputs else logits

@@ -51,11 +51,14 @@ class MultiheadAttention(nn.Module):
         b, length, _ = x.shape
         return x.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, hd)
 
-    def project_keys_values(self, states: Tensor, key_positions: Tensor) -> tuple[Tensor, Tensor]:
+    def project_keys_values(
+        self, states: Tensor, key_positions: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Keys (rotated at key_positions (M,) or (B, M)) and values (B, H, M, hd) of states
-        (B, M, kdim): what `KVCache.from_memory` stores for segment memory."""
+        (B, M, kdim), and the encoding's key state (B, H, M) or None: what
+        `KVCache.from_memory` stores for segment memory."""
         k = self.position.rotate(self._heads(self.k_proj(states)), key_positions)
-        return k, self._heads(self.v_proj(states))
+        return k, self._heads(self.v_proj(states)), self.position.key_state(states)
 
     def forward(
         self,
@@ -77,7 +80,8 @@ class MultiheadAttention(nn.Module):
                 `KVCache.from_memory`) before this call's keys: the new keys are appended to it
                 and the queries attend to all.
             keywords: the per-call form, `key_padding_mask=`, `attn_mask=`, `is_causal=`,
-                `positions=`, `bias=`, `gate=` (an `AttentionContext` is built from them),
+                `positions=`, `bias=`, `gate=`, `document_ids=` (an `AttentionContext` is built
+                from them),
                 `cache=` (= past) and `memory=` (B, M, E) hidden states of M earlier positions
                 (Transformer-XL; made into past keys here, at positions 0 .. M - 1 before the
                 segment, with key_padding_mask (B, M + Lq) or (B, Lq)).
@@ -109,12 +113,17 @@ class MultiheadAttention(nn.Module):
         positions = context.positions_for(lq, lk, b, query.device)
         q = self.position.rotate(q, positions.query)
         k = self.position.rotate(k, positions.key[..., lk - k.shape[-2] :])  # the new keys
-        key_padding_mask = context.key_padding_mask
+        key_padding_mask, documents = context.key_padding_mask, context.document_ids
+        key_state = self.position.key_state(key)  # (B, H, L_new) or None
         if past is not None:
-            k, v = past.append(k, v, key_padding_mask)
-            key_padding_mask = past.padding
+            k, v = past.append(k, v, key_padding_mask, documents, key_state)
+            key_padding_mask, documents, key_state = past.padding, past.documents, past.key_state
         scale = self.head_dim**-0.5
         extra = {} if context.attn_mask is None else {"attn_mask": context.attn_mask}
+        if documents is not None:
+            extra["document_ids"] = documents
+        if key_state is not None:
+            extra["key_state"] = key_state
         bias = context.bias
         if bias is None and self.position.query_independent:  # one term per pass (and tie)
             bias = context.term(

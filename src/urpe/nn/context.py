@@ -25,7 +25,15 @@ from ..encodings import Positions
 from ..kernels import PositionTerm
 
 # The per-call keywords the modules took before the context; they still build one.
-CONTEXT_KEYWORDS = ("key_padding_mask", "attn_mask", "is_causal", "positions", "bias", "gate")
+CONTEXT_KEYWORDS = (
+    "key_padding_mask",
+    "attn_mask",
+    "is_causal",
+    "positions",
+    "bias",
+    "gate",
+    "document_ids",
+)
 PAST_KEYWORDS = ("cache", "memory")
 
 
@@ -40,6 +48,9 @@ class AttentionContext:
         keys. is_causal: query i sees keys j <= i + Lk - Lq.
     bias, gate: precomputed terms (tensor, `Toeplitz`, `Relation`) that replace the encoding's
         bias and the module's gate in every layer.
+    document_ids: (B, L) integer ids of packed documents for the keys of this call (past keys
+        carry their own, as padding): a query attends only to keys of its own document
+        (`urpe.attention`'s document_ids); pair it with `Positions.from_document_ids`.
     """
 
     positions: Positions | None = None
@@ -48,6 +59,7 @@ class AttentionContext:
     is_causal: bool = False
     bias: PositionTerm | None = None
     gate: PositionTerm | None = None
+    document_ids: Tensor | None = None
     _checked: dict = field(default_factory=dict, init=False, repr=False)
     _terms: dict = field(default_factory=dict, init=False, repr=False)
 

@@ -73,12 +73,13 @@ def _prepare(
     context = context if context is not None else AttentionContext()
     if past is not None:
         raise NotImplementedError(f"{name} does not support incremental decoding")
-    for what in ("attn_mask", "bias", "gate"):
+    for what in ("attn_mask", "bias", "gate", "document_ids"):
         if getattr(context, what) is not None:
             raise NotImplementedError(f"{name} does not take {what}")
     positions = context.positions
     if positions is not None and not (
         positions.is_aligned
+        and positions.documents is None
         and positions.query_length == positions.key_length
         and (positions.query_start == 0 or not from_zero)
     ):

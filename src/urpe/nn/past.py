@@ -18,8 +18,8 @@ class ProjectsKeys(Protocol):
     def project_keys_values(
         self, states: Tensor, key_positions: Tensor
     ) -> tuple[
-        Tensor, Tensor
-    ]: ...  # (B, M, E) -> keys, values (B, H, M, hd), keys rotated as the encoding does
+        Tensor, Tensor, Tensor | None
+    ]: ...  # (B, M, E) -> keys, values (B, H, M, hd) (rotated as the encoding does), key state
 
 
 @dataclass
@@ -27,13 +27,17 @@ class KVCache:
     """Keys and values seen so far by one self-attention layer.
 
     keys, values: (B, H, L, D) (already rotated where the encoding rotates); padding: (B, L) bool
-    or None. Starts empty; `MultiheadAttention` appends the keys of each call to it in place, and
-    its queries attend to all of them.
+    or None; documents: (B, L) document ids of packed sequences, or None; key_state: (B, H, L)
+    what the encoding computed per key from the layer's input (FoX's log forget gates), or None.
+    Starts empty; `MultiheadAttention` appends the keys of each call to it in place, and its
+    queries attend to all of them.
     """
 
     keys: Tensor | None = None
     values: Tensor | None = None
     padding: Tensor | None = None
+    documents: Tensor | None = None
+    key_state: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -56,11 +60,23 @@ class KVCache:
         if key_positions is None:
             key_positions = torch.arange(states.shape[1], device=states.device)
         cache = cls()
-        cache.append(*attention.project_keys_values(states, key_positions), padding)
+        k, v, key_state = attention.project_keys_values(states, key_positions)
+        cache.append(k, v, padding, key_state=key_state)
         return cache
 
-    def append(self, k: Tensor, v: Tensor, padding: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Add the keys and values (B, H, n, D) of n new positions; returns all keys, values."""
+    def append(
+        self,
+        k: Tensor,
+        v: Tensor,
+        padding: Tensor | None,
+        documents: Tensor | None = None,
+        key_state: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Add the keys and values (B, H, n, D) of n new positions (with their padding (B, n),
+        document ids (B, n) and key state (B, H, n), where given); returns all keys, values."""
+        old = self.length
+        self.documents = _extended(self.documents, documents, old, "document ids")
+        self.key_state = _extended(self.key_state, key_state, old, "key states")
         if self.keys is None:
             self.keys, self.values = k, v
         else:
@@ -73,3 +89,16 @@ class KVCache:
             cur = padding if padding is not None else k.new_zeros(b, new, dtype=bool)
             self.padding = torch.cat([prev, cur], dim=-1)
         return self.keys, self.values
+
+
+def _extended(held: Tensor | None, new: Tensor | None, old: int, what: str) -> Tensor | None:
+    """`held` (over the `old` cached keys) with `new` appended along the last dimension; a cache
+    holds them for all of its keys or for none."""
+    if new is None and held is None:
+        return None
+    if new is None or (held is None and old > 0):
+        raise ValueError(
+            f"this KVCache holds {what} for {'all' if new is None else 'none'} of its {old} keys: "
+            "give them with every call or with none (start a new cache)"
+        )
+    return new if held is None else torch.cat([held, new], dim=-1)

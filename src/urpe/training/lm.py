@@ -3,7 +3,8 @@
 - `SegmentStream`: Transformer-XL's contiguous batching as a step stream (`data.py`): the
   global batch of step t is segment t of `ContiguousBatches(train, B, L)`, so a resumed run
   continues at exactly the segment it would have seen, and row b of step t + 1 continues row b of
-  step t (part p of the batch always holds the same rows).
+  step t (part p of the batch always holds the same rows). With a separator, the same rows as
+  packed documents (document ids per row).
 - `CausalLM`: loss = mean cross-entropy (nats) over scored next-token targets; reports it as
   bits per token (`loss / ln 2`: bits per character for character or byte tokens) or as
   perplexity (`exp(loss)`, word or subword tokens). With a memory model it carries each part's
@@ -29,6 +30,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from ..data.text import IGNORE_INDEX, ContiguousBatches, SlidingWindows
+from ..data.text.documents import document_ends, packed_documents
 from ..models.lm import LanguageModel
 from .inputs import InputEncoding
 from .objectives import Objective
@@ -48,12 +50,19 @@ def report_metric(loss_nats: float, metric: str) -> float:
 
 class SegmentStream:
     """Step t's global batch = segment t of `ContiguousBatches(tokens, batch_size, L)` (endless,
-    epoch after epoch); part p of P holds rows [p B / P, (p + 1) B / P) of every segment."""
+    epoch after epoch); part p of P holds rows [p B / P, (p + 1) B / P) of every segment.
 
-    def __init__(self, tokens: Tensor, batch_size: int, segment_length: int):
+    separator: (k,) token ids that end a document (a blank line), or None. Given, the batches
+    are packed documents (`urpe.data.text.documents`): they carry "document_ids" (B, L), and
+    the target after each document's end is not scored."""
+
+    def __init__(
+        self, tokens: Tensor, batch_size: int, segment_length: int, separator: Tensor | None = None
+    ):
         self.tokens, self.batch_size, self.segment_length = tokens, batch_size, segment_length
         self._batches: dict[int, dict[int, ContiguousBatches]] = {}
         ContiguousBatches(tokens, batch_size, segment_length)  # checks the sizes now
+        self.ends = None if separator is None else document_ends(tokens, separator)  # (N,)
 
     def batch(self, step: int, part: int, parts: int) -> dict[str, Tensor]:
         per_layout = self._batches.setdefault(parts, {})
@@ -61,7 +70,13 @@ class SegmentStream:
             per_layout[part] = ContiguousBatches(self.tokens, self.batch_size, self.segment_length,
                                                  rank=part, world_size=parts)  # fmt: skip
         segment = per_layout[part][step]
-        return segment_batch(segment.inputs, segment.targets, segment.reset_memory, part)
+        batch = segment_batch(segment.inputs, segment.targets, segment.reset_memory, part)
+        if self.ends is not None:
+            stream = segment.offsets[:, None] + torch.arange(self.segment_length)  # (B, L)
+            batch["document_ids"], batch["targets"] = packed_documents(
+                self.ends[stream], segment.targets
+            )
+        return batch
 
 
 def segment_batch(inputs: Tensor, targets: Tensor, reset: bool, part: int = 0) -> dict[str, Tensor]:
@@ -109,7 +124,9 @@ class CausalLM(Objective):
     def _step(self, batch: dict[str, Tensor], memory: list[Tensor] | None):
         if bool(batch["reset"]):
             memory = None
-        logits, memory = self.model(batch["inputs"], memory)
+        # Only packed batches carry document ids (not every model takes them).
+        packed = {k: batch[k] for k in ("document_ids",) if k in batch}
+        logits, memory = self.model(batch["inputs"], memory, **packed)
         total, count = token_losses(logits, batch["targets"])
         return total, count, memory
 

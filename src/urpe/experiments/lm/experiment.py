@@ -1,7 +1,8 @@
 """The LM experiment on the shared runner: run configs, `run_one` and `EXPERIMENT`.
 
 A run is (dataset, variant, seed) under a preset's settings. `run_one` trains a `LanguageModel`
-with `CausalLM` on contiguous segments of the training split, then measures, on the first
+with `CausalLM` on contiguous segments of the training split (with `--pack`, the same segments as
+packed documents, cut at blank lines: `urpe.data.text.documents`), then measures, on the first
 `eval_tokens` tokens of the validation and test splits:
 
 - val/test loss at the training length (memory models with their memory, as trained);
@@ -36,13 +37,16 @@ from .report import write_report
 from .variants import parse_variant
 
 DATA_STREAM = "contiguous-segments/1"
+PACKED_STREAM = "packed-documents/1"  # the same rows as documents (--pack)
+DOCUMENT_SEPARATOR = "\n\n"  # a blank line ends a document
 EVAL_BATCH = 8
 CURVE_TOKENS = 8192  # validation during training (the learning curves) reads this many tokens
 
 
 def run_name(variant: str, seed: int, preset: Preset) -> str:
     dataset = preset.dataset.split(":")[0]
-    return f"{dataset}-{variant}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
+    packed = "-packed" if preset.pack else ""
+    return f"{dataset}-{variant}{packed}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
 
 
 def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_size: int,
@@ -56,7 +60,7 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_si
     )  # fmt: skip
     memory = preset.memory_length if v.memory else 0
     optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
-    return {
+    config = {
         "experiment": "lm",
         "dataset": preset.dataset,
         "tokenizer": preset.tokenizer,
@@ -70,8 +74,11 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_si
             "memory_length": memory,
         },
         "optim": optim.to_dict(),
-        **schedule_sections(preset, precision),
+        **schedule_sections(preset, precision, PACKED_STREAM if preset.pack else DATA_STREAM),
     }
+    if preset.pack:
+        config["train"]["document_separator"] = DOCUMENT_SEPARATOR
+    return config
 
 
 def fit_text(context, objective, stream, valid, config: dict, length: int, log_every: int) -> None:
@@ -134,11 +141,36 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     except DatasetError as error:
         flag = f"--{error.setting.replace('_', '-')}" if error.setting else "--dataset"
         raise UsageError(flag, str(error)) from None
+    if preset.pack:
+        check_packing(preset, corpus.tokenizer)
     needed = (preset.batch_size * preset.segment_length) + 1
     if len(corpus.train) < needed:
         raise UsageError("--dataset", f"the training split has {len(corpus.train)} tokens, "
                                       f"fewer than one update needs ({needed})")  # fmt: skip
     return locate_data(specs(preset, precision, corpus.vocab_size, corpus.metric))
+
+
+def check_packing(preset: Preset, tokenizer) -> None:
+    """UsageError naming --pack where it cannot run: variants with memory, or a tokenizer that
+    has no tokens for the document separator."""
+    recurrent = [v for v in preset.variants if parse_variant(v).memory]
+    if recurrent:
+        raise UsageError("--pack", f"packed rows carry no memory; variants {', '.join(recurrent)} "
+                                   "use it: choose variants without +mem or txl")  # fmt: skip
+    if tokenizer.encode(DOCUMENT_SEPARATOR).numel() == 0:
+        raise UsageError("--pack", "this tokenizer has no tokens for a blank line, which ends a "
+                                   "document: choose --tokenizer char, byte or bpe")  # fmt: skip
+
+
+def document_separator(config: dict[str, Any], tokenizer) -> torch.Tensor | None:
+    """The token ids that end a document in a packed run, or None."""
+    train = config["train"]
+    if train["stream"] not in (DATA_STREAM, PACKED_STREAM):
+        raise ValueError(f"this urpe trains streams {DATA_STREAM} and {PACKED_STREAM}, not "
+                         f"{train['stream']}")  # fmt: skip
+    if train["stream"] == DATA_STREAM:
+        return None
+    return tokenizer.encode(train["document_separator"])
 
 
 def load_run_corpus(config: dict[str, Any]):
@@ -184,10 +216,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     from ...training.lm import CausalLM, SegmentStream, evaluate
 
     cpu_start, load_start = time.process_time(), os.getloadavg()[0]
-    if config["train"]["stream"] != DATA_STREAM:
-        raise ValueError(f"this urpe trains stream {DATA_STREAM}, not {config['train']['stream']}")
     seed = config["seed"]
     corpus = load_run_corpus(config)
+    separator = document_separator(config, corpus.tokenizer)
     corpus.tokenizer.save(context.run_dir / "tokenizer")
     context.start(seed)
     model = LanguageModel.from_model_config(config["model"])
@@ -196,7 +227,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
                          run=config, inputs=inputs)  # fmt: skip
     train, ev = config["train"], config["eval"]
     length = model.segment_length
-    stream = SegmentStream(corpus.train, train["batch_size"], length)
+    stream = SegmentStream(corpus.train, train["batch_size"], length, separator)
     fit_text(context, objective, stream, corpus.valid, config, length, log_every=10)
     model = model.cpu().float().eval()
     val_tokens, test_tokens = _head(corpus.valid, ev["tokens"]), _head(corpus.test, ev["tokens"])

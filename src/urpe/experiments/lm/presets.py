@@ -53,6 +53,7 @@ class Preset(ModelChoices, TextRun):
     ffn_dim: int
     dropout: float
     gradient_clip: float | None = 0.25
+    pack: bool = False  # train on packed documents (see PACK)
 
 
 # fmt: off
@@ -89,6 +90,13 @@ VARIANTS_OPTION = variants_option(
     "carries memory by itself ({presets})",
     Names("variant", (), parse=parse_variant),
 )
+PACK = Option(
+    ("--pack",), "pack", "train on packed documents: the training rows stay contiguous text "
+    "without padding, but are cut into documents at every blank line; a token attends only "
+    "within its document, positions restart at each document, and a document's first token is "
+    "not predicted from the one before. Validation and test keep scoring the contiguous stream. "
+    "Variants with memory cannot pack (default: off)", action="store_true",
+)  # fmt: skip
 OPTIONS = (
     Option(("--dataset",), "dataset", "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
            "wikitext-103:DIR, text:PATH or a file path ({presets})"),
@@ -103,6 +111,7 @@ OPTIONS = (
     STEPS, BATCH_SIZE.with_help("segments per update, over all devices ({presets})"), LR, WARMUP,
     LAYERS, DIM, HEADS, FFN_DIM,
     *EVALUATION_OPTIONS,
+    PACK,
     *MODEL_OPTIONS,
 )  # fmt: skip
 COMMAND = CommandLine(

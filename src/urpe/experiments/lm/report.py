@@ -25,6 +25,10 @@ def _key(record: dict) -> tuple[str, str]:
     return record["config"]["dataset"], record["config"]["variant"]
 
 
+def _packed(config: dict) -> bool:
+    return "document_separator" in config["train"]
+
+
 def rows(records: list[dict]) -> list[dict]:
     """One flat row per run; a user's file shown by its name (`dataset_labels`)."""
     labels = dataset_labels(record["config"] for record in records)
@@ -33,7 +37,9 @@ def rows(records: list[dict]) -> list[dict]:
         c, r = record["config"], record["result"]
         metric = r["metric"]
         out.append({
-            "id": record["id"], "dataset": labels[c["dataset"]], "variant": c["variant"],
+            "id": record["id"], "variant": c["variant"],
+            # Packed runs (--pack) are another training setting: never averaged with the rest.
+            "dataset": labels[c["dataset"]] + (" (packed)" if _packed(c) else ""),
             "seed": c["seed"], "metric": metric, "params": r["params"],
             "val": report_metric(r["val_loss"], metric),
             "test": report_metric(r["test_loss"], metric),

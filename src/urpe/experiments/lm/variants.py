@@ -34,6 +34,7 @@ BASES: dict[str, Base] = {
     "kerple": Base("KERPLE log kernel bias", {"position": "kerple-log"}),
     "fire": Base("FIRE functional bias", {"position": "fire"}),
     "shaw": Base("Shaw et al. relative keys and values", {"position": "shaw"}),
+    "fox": Base("Forgetting Transformer forget-gate decay", {"position": "fox"}),
     "txl": Base("Transformer-XL relative attention + segment memory", {"position": "txl"}, True),
 }
 ALIASES = {"urpe": "rpe+urpe"}

@@ -1,0 +1,74 @@
+"""Forgetting attention (FoX: Lin, Nikishin, He and Courville, "Forgetting Transformer: Softmax
+Attention with a Forget Gate", ICLR 2025, Eq. 4-6): a data-dependent decay bias.
+
+Every token t carries a forget gate per head, computed from the layer's input x_t,
+
+    f_t = sigmoid(w_h . x_t + b_h),        b_ij = sum_{t = j+1 .. i} log f_t     (j <= i)
+
+so a query discounts a key by how much was forgotten between them. The bias needs only the
+per-token log f_t: it goes to `urpe.attention` as `urpe.Decay(log_forget)`, b_ij = -|c_i' - c_j|
+with c = cumsum(log f) along the keys, never as a dense (L, L) tensor. With packed documents the
+sum runs inside a document only (pairs across documents are masked), and with a KV cache the
+log f of earlier keys travel in the cache (`key_state`). It combines with any gate C (URPE).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..kernels import Decay, attention
+from .base import RelativeEncoding, refuse_precomputed_bias
+from .positions import Positions
+from .registry import register_position
+
+# f_0 = sigmoid(5) = 0.9933 per token: close to 1 (a query starts out seeing keys hundreds of
+# tokens back), yet far enough from saturation for the gate's gradient (1 - f) to move it.
+FORGET_OPTIONS = {"init_bias": 5.0}
+
+
+@register_position(
+    "fox",
+    lambda s: ForgetGate(s.dim, s.num_heads, init_bias=s.init_bias),
+    uses_order=True,
+    options=FORGET_OPTIONS,
+)
+class ForgetGate(RelativeEncoding):
+    """FoX's forget gates: log f = logsigmoid(x W^T + b), one per token per head.
+
+    Args:
+        dim: width of the layer's key input x. num_heads: H.
+        init_bias: b at initialisation, the same for every head (default 5: f ~ 0.993, near 1,
+            so the model starts close to one without decay; the FoX code's default is 0,
+            f = 0.5). init_std: W ~ N(0, init_std) (FoX's 0.02).
+    """
+
+    def __init__(self, dim: int, num_heads: int, init_bias: float = 5.0, init_std: float = 0.02):
+        super().__init__()
+        self.proj = nn.Linear(dim, num_heads)
+        nn.init.normal_(self.proj.weight, std=init_std)
+        nn.init.constant_(self.proj.bias, float(init_bias))
+
+    def key_state(self, x: Tensor) -> Tensor:
+        """x (B, L, dim) -> log f (B, H, L), every value <= 0."""
+        return F.logsigmoid(self.proj(x)).transpose(-1, -2)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        positions: Positions,
+        scale: float,
+        bias=None,
+        key_state: Tensor | None = None,
+        **kwargs,
+    ) -> Tensor:
+        refuse_precomputed_bias(self, bias)
+        if key_state is None:
+            raise ValueError(
+                "ForgetGate computes its decay from the layer's input: run it inside "
+                "urpe.MultiheadAttention, which passes key_state=log f of every key"
+            )
+        return attention(q, k, v, bias=Decay(key_state.to(q.dtype)), scale=scale, **kwargs)

@@ -1,0 +1,168 @@
+"""The "fox" encoding: Forgetting Transformer forget gates (Lin et al., ICLR 2025).
+
+Checked against a direct transcription of the paper's Eq. 4-6 (a double loop summing log f_t
+between key and query, written into a dense bias), forward and gradients; and as a model:
+from TransformerConfig and the CLI, training on a synthetic task, on packed documents.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import urpe
+from urpe.encodings import POSITION_REGISTRY, EncodingSettings, ForgetGate
+
+E, H = 8, 2
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def fox_attention(position="fox", gate=None, dim=E):
+    settings = EncodingSettings(num_heads=H, head_dim=dim // H, dim=dim, max_length=8)
+    gate = urpe.encodings.GATE_REGISTRY[gate].build(settings) if gate else None
+    module = POSITION_REGISTRY[position].build(settings)
+    mha = urpe.MultiheadAttention(dim, H, position=module, gate=gate, backend="reference")
+    mha = mha.double()
+    with torch.no_grad():  # forget gates well away from 1, so the decay matters
+        module.proj.weight.normal_(0, 0.5)
+        module.proj.bias.uniform_(0.0, 2.0)
+        if gate is not None:
+            gate.table.add_(torch.randn_like(gate.table) * 0.3)
+    return mha
+
+
+def paper_bias(x, proj):
+    """FoX, Eq. 4-6, written out: f_t = sigmoid(w_h . x_t + b_h) per head, and
+    D_ij = sum_{t=j+1..i} log f_t for j <= i (-inf above the diagonal, the causal mask)."""
+    b, length, _ = x.shape
+    heads = proj.weight.shape[0]
+    bias = torch.full((b, heads, length, length), -math.inf, dtype=x.dtype)
+    for n in range(b):
+        for h in range(heads):
+            log_f = [
+                math.log(torch.sigmoid(proj.weight[h] @ x[n, t] + proj.bias[h]).item())
+                for t in range(length)
+            ]  # floats: no autograd here, see `paper_bias_differentiable`
+            for i in range(length):
+                for j in range(i + 1):
+                    bias[n, h, i, j] = sum(log_f[j + 1 : i + 1])
+    return bias
+
+
+def paper_bias_differentiable(x, proj):
+    """The same double loop on tensors, so gradients flow to w and b."""
+    log_f = torch.log(torch.sigmoid(x @ proj.weight.T + proj.bias))  # (B, L, H)
+    length = x.shape[1]
+    rows = []
+    for i in range(length):
+        row = [log_f[:, j + 1 : i + 1].sum(1) for j in range(i + 1)]  # each (B, H)
+        row += [torch.full_like(log_f[:, 0], -math.inf)] * (length - i - 1)
+        rows.append(torch.stack(row, -1))  # (B, H, L)
+    return torch.stack(rows, -2)  # (B, H, L, L)
+
+
+def by_hand(mha, x, bias, gate=None):
+    """Multi-head attention with a given dense bias (what mha should compute)."""
+
+    def heads(t):
+        return t.view(*x.shape[:2], H, -1).transpose(1, 2)
+
+    q, k, v = heads(mha.q_proj(x)), heads(mha.k_proj(x)), heads(mha.v_proj(x))
+    out = urpe.attention(q, k, v, bias=bias, gate=gate, backend="reference")
+    return mha.out_proj(out.transpose(1, 2).reshape(x.shape))
+
+
+def test_bias_equals_the_papers_formula():
+    torch.manual_seed(0)
+    mha = fox_attention()
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    with torch.no_grad():
+        want = paper_bias(x, mha.position.proj)
+    log_f = mha.position.key_state(x)  # (B, H, L)
+    assert log_f.shape == (2, H, 6) and (log_f <= 0).all()
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x, is_causal=True), by_hand(mha, x, want))
+
+
+def test_gradients_reach_w_and_b_as_through_the_dense_formula():
+    torch.manual_seed(1)
+    mha = fox_attention(gate="toeplitz")
+    x = torch.randn(2, 5, E, dtype=torch.float64)
+    proj = mha.position.proj
+    gate = mha.gate(urpe.Positions.sequence(5))
+    mha(x, is_causal=True).square().sum().backward()
+    got = [p.grad.clone() for p in (proj.weight, proj.bias)]
+    assert all(g.abs().sum() > 0 for g in got)
+    mha.zero_grad()
+    by_hand(mha, x, paper_bias_differentiable(x, proj), gate).square().sum().backward()
+    for g, p in zip(got, (proj.weight, proj.bias), strict=True):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_forget_gates_start_near_one():
+    gate = ForgetGate(E, H)
+    f = torch.sigmoid(gate.proj(torch.randn(100, E)))
+    assert f.min() > 0.98 and f.max() < 1  # sigmoid(5) = 0.9933, w ~ N(0, 0.02)
+    assert ForgetGate(E, H, init_bias=0.0).proj.bias.abs().max() == 0  # FoX's own default
+
+
+def test_fox_from_config_and_cli():
+    config = urpe.TransformerConfig(vocab_size=5, position={"name": "fox", "init_bias": 2.0})
+    model = urpe.TransformerDecoder(config)
+    assert isinstance(model.layers[0].mixer.position, ForgetGate)
+    assert (model.layers[0].mixer.position.proj.bias == 2.0).all()
+    from urpe.experiments.model_choices import _positions
+
+    assert "fox" in _positions()  # --position fox in every reproduction
+
+
+def test_a_tiny_fox_model_trains():
+    torch.manual_seed(0)
+    config = urpe.TransformerConfig(vocab_size=8, max_len=16, num_layers=1, dim=16, num_heads=2,
+                                    position="fox", gate="toeplitz", norm_first=True)  # fmt: skip
+    model = urpe.TransformerDecoder(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    start = torch.randint(0, 8, (16, 1))
+    tokens = (start + torch.arange(12)) % 8  # count upwards: the next token is the last + 1
+    losses = []
+    for _ in range(30):
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0]
+    assert model.layers[0].mixer.position.proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("gate", [None, "toeplitz"])
+def test_fox_on_packed_documents_equals_each_alone(gate):
+    torch.manual_seed(2)
+    config = urpe.TransformerConfig(vocab_size=7, max_len=8, num_layers=2, dim=E, num_heads=H,
+                                    position="fox", gate=gate)  # fmt: skip
+    model = urpe.TransformerDecoder(config).double().eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.mixer.position.proj.bias.fill_(0.5)  # strong forgetting
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2]])
+    tokens = torch.randint(0, 7, ids.shape)
+    packed = model(tokens, document_ids=ids)
+    for start, end in ((0, 3), (3, 7), (7, 9)):
+        torch.testing.assert_close(packed[:, start:end], model(tokens[:, start:end]))
+
+
+def test_fox_with_memory_decodes_the_same_with_and_without_a_cache():
+    """The log f of memory and cached keys travel with them (KVCache.key_state)."""
+    from urpe.models.lm import IncrementalState, LanguageModel
+
+    torch.manual_seed(3)
+    config = urpe.TransformerConfig(vocab_size=7, num_layers=2, dim=E, num_heads=H,
+                                    position="fox", gate="toeplitz")  # fmt: skip
+    model = LanguageModel(config, segment_length=4, memory_length=4).double().eval()
+    tokens = torch.randint(0, 7, (2, 11))
+    with torch.no_grad():
+        cached, plain = IncrementalState(model), IncrementalState(model, use_cache=False)
+        torch.testing.assert_close(cached.feed(tokens), plain.feed(tokens))
