@@ -18,9 +18,9 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _SOURCES = {
     **dict.fromkeys(
-        ("ALiBi", "FireBias", "KerpleBias", "LearnedAbsolute", "NoPosition", "Positions",
-         "RelationBias", "RelationGate", "RelativeBias", "RelativeEncoding", "RotaryEncoding",
-         "ShawRelative", "SinusoidalAbsolute", "T5Bias", "ToeplitzGate",
+        ("ALiBi", "FireBias", "ForgetGate", "KerpleBias", "LearnedAbsolute", "NoPosition",
+         "Positions", "RelationBias", "RelationGate", "RelativeBias", "RelativeEncoding",
+         "RotaryEncoding", "ShawRelative", "SinusoidalAbsolute", "T5Bias", "ToeplitzGate",
          "TransformerXLRelative"),
         "urpe.encodings",
     ),
@@ -48,6 +48,7 @@ __all__ = [
     "BilinearMixer",
     "Decay",
     "FireBias",
+    "ForgetGate",
     "KVCache",
     "KerpleBias",
     "LanguageModel",
@@ -96,6 +97,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .encodings import (
         ALiBi,
         FireBias,
+        ForgetGate,
         KerpleBias,
         LearnedAbsolute,
         NoPosition,

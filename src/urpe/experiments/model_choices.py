@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 BUILT_IN = {
     "normalization": ("urpe.kernels.normalization", ("softmax", "exp", "l2", "relu2")),
     "position": ("urpe.encodings.registry", ("none", "rpe", "t5", "alibi", "kerple-log",
-                                             "kerple-power", "fire", "rope", "shaw", "txl")),
+                                             "kerple-power", "fire", "fox", "rope", "shaw",
+                                             "txl")),
     "gate": ("urpe.encodings.registry", ("none", "toeplitz", "t5")),
     "mixer": ("urpe.nn.mixers", ("attention", "bilinear", "conv")),
     "backend": ("urpe.kernels.dispatch", ("auto", "reference", "sdpa", "fused", "triton", "flex",
