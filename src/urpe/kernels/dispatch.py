@@ -292,7 +292,10 @@ def _wants_grad(q, k, v, attn_mask, bias, gate) -> bool:
     if not torch.is_grad_enabled():
         return False
     for t in (q, k, v, attn_mask, bias, gate):
-        if t is not None and (t.table if type(t) is Toeplitz else t).requires_grad:
+        if t is None:
+            continue
+        tensor = t.table if type(t) is Toeplitz else getattr(t, "log_forget", t)  # Decay's
+        if tensor.requires_grad:
             return True
     return False
 
