@@ -12,11 +12,14 @@ Where it runs:
   it on the CPU; ask for it with `backend="triton"`.
 
 Supported: every normalisation ("softmax", "exp", "l2", "relu2"), bias and gate as `Toeplitz`,
-`Relation` or dense tensors (each with gradients), key padding, causal masking (tiles beyond the
-diagonal skipped), `attn_mask` (bool: read per tile, hidden pairs weigh exactly 0; float: added to
-the bias, which is then expanded to a dense (B, H, Lq, Lk) tensor, so prefer a bias table or a
-bool mask where memory matters), Lq != Lk, grouped-query attention (k and v with fewer heads),
-float16, bfloat16 (float32 accumulation), float32 and float64, head dims 1 to 256 (padded to a
+`Relation` or dense tensors (each with gradients), a `Decay` bias (formed per tile from
+cumsum(log_forget), O(L) memory, gradient to log_forget without atomics), key padding, causal
+masking (tiles beyond the diagonal skipped), packed documents (`document_ids`, (B, Lk) ids read
+per tile, O(L) memory; tiles sharing no document skipped), `attn_mask` (bool: read per tile,
+hidden pairs weigh exactly 0; float: added to the bias, which is then expanded to a dense
+(B, H, Lq, Lk) tensor, so prefer a bias table or a bool mask where memory matters), Lq != Lk,
+grouped-query attention (k and v with fewer heads), float16, bfloat16 (float32 accumulation),
+float32 and float64, head dims 1 to 256 (padded to a
 power of two >= 16; 16 to 128 is what it is tuned and tested for), dropout after the gate. It
 composes with `torch.func.grad`, `vmap` (per-example gradients included), `functional_call` and
 `torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache, for why table

@@ -69,7 +69,7 @@ KERNELS = {
 TILED_BY = {"forward": "BLOCK_M", "backward_kv": "BLOCK_N", "backward_q": "BLOCK_M"}
 
 TUNING_KEY = ["lq_bucket", "lk_bucket", "BLOCK_D", "BLOCK_DV", "B_KIND", "C_KIND", "NORM",
-              "CAUSAL", "HAS_PAD", "HAS_MASK", "DROPOUT"]  # fmt: skip
+              "CAUSAL", "HAS_PAD", "HAS_MASK", "DOCS", "DROPOUT"]  # fmt: skip
 
 
 def dtype_family(dtype) -> str:
@@ -157,6 +157,8 @@ def tuned(kernel: str):
         if kernel == "backward_q":
             options["key"] = [*TUNING_KEY, "B_GRAD", "C_GRAD"]
             options["reset_to_zero"] = ["dB_ptr", "dC_ptr"]  # atomically accumulated
+        elif kernel == "backward_kv":
+            options["key"] = [*TUNING_KEY, "B_GRAD"]  # a Decay's gradient, or none
         _autotuned[kernel] = _autotune(configs, **options)(KERNELS[kernel])
     return _autotuned[kernel]
 
