@@ -15,7 +15,7 @@ import itertools
 import pytest
 import torch
 
-from urpe.kernels import Relation, Toeplitz, attention, host, native_backends, plans
+from urpe.kernels import Decay, Relation, Toeplitz, attention, host, native_backends, plans
 
 F64 = dict(dtype=torch.float64)
 B, H, L, D = 2, 2, 7, 4
@@ -77,6 +77,10 @@ def _calls():
     yield "bool mask", dict(attn_mask=torch.rand(L, L, generator=gen) > 0.3)
     yield "float mask", dict(attn_mask=torch.randn(L, L, generator=gen, **F64))
     yield "dropout", dict(dropout_p=0.25, dropout_seed=torch.tensor(7))
+    ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2], [3, 1, 3, 1, 1, 2, 2]])
+    yield "documents + causal", dict(document_ids=ids, is_causal=True)
+    log_forget = torch.nn.functional.logsigmoid(torch.randn(B, H, L, generator=gen, **F64))
+    yield "decay + documents", dict(bias=Decay(log_forget), document_ids=ids[:1])
 
 
 CASES = list(_calls())
@@ -147,6 +151,8 @@ def _term_to(term, device):
         return Toeplitz(term.table.to(device))
     if isinstance(term, Relation):
         return Relation(term.table.to(device), term.index.to(device), term.in_range)
+    if isinstance(term, Decay):
+        return Decay(term.log_forget.to(device))
     return term
 
 

@@ -284,7 +284,7 @@ def test_raw_ops_pass_torch_library_checks():
     table = torch.randn(2, 9, generator=gen).to(**f)
     gate = torch.rand(1, 2, 18, 18, generator=gen).to(**f)
     mask = (torch.rand(1, 1, 18, 18, generator=gen) < 0.8).to(DEVICE)
-    tensors = (q, k, v, table, None, gate, None, mask, None, None)
+    tensors = (q, k, v, table, None, gate, None, mask, None, None, None)
     scalars = ("toeplitz", "dense", True, "softmax", 0.25, 0.0, 0, 0)
     checks = ("test_schema", "test_faketensor")
     torch.library.opcheck(ops.TRITON.forward_op, (*tensors, *scalars), test_utils=checks)

@@ -22,7 +22,7 @@ from .encodings import (
     ToeplitzGate,
     TransformerXLRelative,
 )
-from .kernels import Relation, Toeplitz, attention, reference_attention
+from .kernels import Decay, Relation, Toeplitz, attention, reference_attention
 from .models import LanguageModel, TransformerConfig, TransformerDecoder, TransformerEncoder
 from .nn import AttentionContext, BilinearMixer, KVCache, MultiheadAttention, SeparableConvMixer
 
@@ -30,6 +30,7 @@ __all__ = [
     "ALiBi",
     "AttentionContext",
     "BilinearMixer",
+    "Decay",
     "FireBias",
     "KVCache",
     "KerpleBias",

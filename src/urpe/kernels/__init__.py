@@ -21,7 +21,15 @@ from .masks import causal_keep
 from .normalization import NORMALIZATIONS, Normalization, register_normalization
 from .reference import reference_weights
 from .spec import AttentionSpec, resolve
-from .tables import PositionTerm, Relation, Toeplitz, dense_term, query_positions, relative_offsets
+from .tables import (
+    Decay,
+    PositionTerm,
+    Relation,
+    Toeplitz,
+    dense_term,
+    query_positions,
+    relative_offsets,
+)
 from .triton import triton_backend
 
 # The GPU backends. "triton" goes first in "auto" (it declines CPU calls and plain softmax);
@@ -38,6 +46,7 @@ __all__ = [
     "NORMALIZATIONS",
     "AttentionSpec",
     "Backend",
+    "Decay",
     "Normalization",
     "PositionTerm",
     "Relation",

@@ -182,6 +182,7 @@ def attention(
     key_padding_mask: Tensor | None = None,
     normalization: str = "softmax",
     dropout_seed: int | Tensor | None = None,
+    document_ids: Tensor | None = None,
     backend: str = "auto",
 ) -> Tensor:
     """URPE attention: out = dropout(normalize(scale * q k^T + B + M) * C) @ v.
@@ -207,7 +208,10 @@ def attention(
         bias: B, added to the logits before normalisation. A tensor broadcastable to
             (..., H, Lq, Lk), a `Toeplitz` table over offsets j - i, or a `Relation` (a table
             indexed by an integer (..., Lq, Lk) relation; indices out of range raise ValueError).
-        gate: C, multiplied into the weights after normalisation (URPE). Same forms as bias.
+            Or a `urpe.Decay(log_forget)`: FoX's data-dependent decay -|c_pos(i) - c_j| with
+            c = cumsum(log_forget) over the keys, computed from O(L) numbers (bias only).
+        gate: C, multiplied into the weights after normalisation (URPE). Same forms as bias
+            (but not `Decay`).
         key_padding_mask: bool, broadcastable to (..., Lk); True marks a padded key (as in
             nn.MultiheadAttention: the opposite sense of a bool attn_mask).
         normalization: "softmax", "exp" (no denominator), "l2" (exp / l2 norm of the row),
@@ -215,17 +219,22 @@ def attention(
             registered in `urpe.kernels.NORMALIZATIONS`.
         dropout_seed: int or int64 scalar tensor fixing the dropout masks (reference and fused
             backends; SDPA draws its own). Default: drawn from torch's generator.
+        document_ids: integer, broadcastable to (..., Lk): packed sequences. Query i belongs
+            to the document of key i + Lk - Lq (the `is_causal` alignment, so a KV cache works)
+            and sees only keys of its own document; combines with every other argument. The
+            same as the dense bool mask ids[pos(i)] == ids[j], without building it on the
+            native kernels (which skip tiles where no query and key share a document).
         backend: "auto" (fastest that applies), or a name from `urpe.kernels.BACKENDS`.
 
     Returns:
         (..., H, Lq, Dv) in q's dtype (half precision is computed in float32).
 
-    Hidden pairs (key_padding_mask, is_causal, bool attn_mask) get weight exactly 0 under every
-    normalisation, and a query with no visible key returns 0 with zero gradients; so does a
-    query whose logits are all -inf. A query, key or value row holding NaN/inf is treated as
-    zeros and makes exactly the output rows that see it NaN (a non-finite key or value that a
-    query cannot see never reaches it); those rows pass no gradient. `exp` raises ValueError
-    instead of overflowing. Every backend behaves the same way on all of this.
+    Hidden pairs (key_padding_mask, is_causal, document_ids, bool attn_mask) get weight exactly
+    0 under every normalisation, and a query with no visible key returns 0 with zero gradients;
+    so does a query whose logits are all -inf. A query, key or value row holding NaN/inf is
+    treated as zeros and makes exactly the output rows that see it NaN (a non-finite key or
+    value that a query cannot see never reaches it); those rows pass no gradient. `exp` raises
+    ValueError instead of overflowing. Every backend behaves the same way on all of this.
 
     Cost around the kernel: a call whose signature (shapes, dtypes, devices, masks' and terms'
     kinds, scalar arguments) was seen before skips the checks and the backend choice (see
@@ -235,12 +244,12 @@ def attention(
     """
     key = plans.signature(
         q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
-        key_padding_mask, normalization, dropout_seed, backend, BROKEN,
+        key_padding_mask, normalization, dropout_seed, backend, BROKEN, document_ids,
     )  # fmt: skip
     plan = plans.find(key) if key is not None else None
     if plan is not None:
         # seen before: checked, and its backend chosen
-        spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate)
+        spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate, document_ids)
         try:
             return execute(plan.backend.run, spec)
         except BackendFailure as failure:
@@ -250,7 +259,7 @@ def attention(
     spec = resolve(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
-        normalization=normalization, dropout_seed=dropout_seed,
+        normalization=normalization, dropout_seed=dropout_seed, document_ids=document_ids,
     )  # fmt: skip
     if backend != "auto":
         chosen = choose_backend(backend, spec)

@@ -21,7 +21,7 @@ from torch import Tensor
 from .nonfinite import all_finite_now, guarded
 from .ops import checked_finite_output
 from .spec import AttentionSpec
-from .tables import Relation, Toeplitz
+from .tables import Decay, Relation, Toeplitz
 
 
 def _term_tensors(spec: AttentionSpec) -> list[Tensor]:
@@ -29,6 +29,8 @@ def _term_tensors(spec: AttentionSpec) -> list[Tensor]:
     for term in (spec.bias, spec.gate, spec.attn_mask):
         if isinstance(term, (Toeplitz, Relation)):
             tensors.append(term.table)
+        elif isinstance(term, Decay):
+            tensors.append(term.log_forget)
         elif isinstance(term, Tensor) and term.is_floating_point():
             tensors.append(term)
     return tensors

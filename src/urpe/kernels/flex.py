@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .dtypes import compute_dtype
 from .spec import AttentionSpec, resolve
-from .tables import PositionTerm, Relation, Toeplitz
+from .tables import Decay, PositionTerm, Relation, Toeplitz
 
 
 def flex_spec_unsupported(spec: AttentionSpec, cpu_backward: bool = True) -> str | None:
@@ -51,6 +51,8 @@ def flex_spec_unsupported(spec: AttentionSpec, cpu_backward: bool = True) -> str
         return f"FlexAttention computes exponential weights; {spec.normalization!r} is not one"
     if spec.dropout_p > 0.0:
         return "FlexAttention has no dropout"
+    if spec.document_ids is not None or isinstance(spec.bias, Decay):
+        return "document_ids and Decay are not routed through FlexAttention yet"
     if q.device.type not in ("cuda", "cpu"):
         return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {q.device.type}"
     if cpu_backward and q.device.type == "cpu" and torch.is_grad_enabled():

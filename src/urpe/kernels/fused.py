@@ -31,6 +31,7 @@ from .execute import execute
 from .layout import ForwardArgs
 from .reference import draw_seed
 from .spec import AttentionSpec, resolve
+from .tables import Decay
 
 # ---------------------------------------------------------------------------------------------
 # 1. and 2. Raw ops and autograd
@@ -62,6 +63,8 @@ def fused_run(spec: AttentionSpec, block_q: int = BLOCK_Q, block_k: int = BLOCK_
 
 def fused_unsupported(spec: AttentionSpec) -> str | None:
     """The fused kernel runs every call that `urpe.attention` accepts."""
+    if spec.document_ids is not None or isinstance(spec.bias, Decay):
+        return "document_ids and Decay have no fused kernel yet"
     return None
 
 

@@ -13,8 +13,9 @@ implementations and the kernels' own reads all come from these two declarations
 
 A bias or gate travels as (tensor, index, kind): kind "none", "dense" (a (B|1, H|1, Lq|1, Lk|1)
 tensor), "toeplitz" (a table (H|1, 2K+1) over clamped offsets) or "relation" (a table (H|1, R)
-with a range-checked (B|1, Lq, Lk) int64 index). Every tensor except a table and the seed has
-the batch as dim 0, B or 1 (broadcast).
+with a range-checked (B|1, Lq, Lk) int64 index); a bias may also be "decay" (a `Decay`'s
+log_forget, (B|1, H|1, Lk)). `document_ids` is (B|1, Lk) integer or None. Every tensor except a
+table and the seed has the batch as dim 0, B or 1 (broadcast).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from .spec import AttentionSpec
-from .tables import PositionTerm, Relation, Toeplitz
+from .tables import Decay, PositionTerm, Relation, Toeplitz
 
 TABLE_KINDS = ("toeplitz", "relation")
 
@@ -38,6 +39,8 @@ def term_arguments(term: PositionTerm | None) -> tuple[Tensor | None, Tensor | N
         return term.table, None, "toeplitz"
     if isinstance(term, Relation):
         return term.table, term.index, "relation"
+    if isinstance(term, Decay):
+        return term.log_forget, None, "decay"
     return term, None, "dense"
 
 
@@ -53,6 +56,7 @@ class ForwardArgs(NamedTuple):
     gate_index: Tensor | None
     attn_mask: Tensor | None  # (B|1, H|1, Lq|1, Lk|1): bool (True takes part) or float (added)
     key_padding_mask: Tensor | None  # (B|1, Lk) bool, True = padded
+    document_ids: Tensor | None  # (B|1, Lk) integer: query i sees key j iff same document
     dropout_seed: Tensor | None  # int64 scalar tensor (no host sync where it is made)
     bias_kind: str
     gate_kind: str
@@ -70,8 +74,9 @@ class ForwardArgs(NamedTuple):
         gate, gate_index, gate_kind = term_arguments(spec.gate)
         return cls(
             spec.q, spec.k, spec.v, bias, bias_index, gate, gate_index, spec.attn_mask,
-            spec.key_padding_mask, spec.dropout_seed, bias_kind, gate_kind, spec.is_causal,
-            spec.normalization, spec.scale, spec.dropout_p, int(block_q), int(block_k),
+            spec.key_padding_mask, spec.document_ids, spec.dropout_seed, bias_kind, gate_kind,
+            spec.is_causal, spec.normalization, spec.scale, spec.dropout_p, int(block_q),
+            int(block_k),
         )  # fmt: skip
 
     def kind(self, term: str) -> str:

@@ -1,6 +1,6 @@
-"""Which keys each query may see: key padding, causality and a boolean `attn_mask`.
+"""Which keys each query may see: key padding, causality, documents and a boolean `attn_mask`.
 
-These three are the *hiding* masks. A hidden (query, key) pair takes no part in the call at all:
+These four are the *hiding* masks. A hidden (query, key) pair takes no part in the call at all:
 its weight is exactly 0 under every normalisation, and non-finite numbers in a hidden key or value
 never reach the query's output (see `nonfinite`). A `-inf` in a bias or a float `attn_mask` also
 gives weight 0, but does not hide the key's contents.
@@ -23,6 +23,21 @@ def causal_keep(lq: int, lk: int, device: torch.device | None = None) -> Tensor:
     return relative_offsets(lq, lk, device) <= 0
 
 
+def query_documents(document_ids: Tensor, lq: int) -> tuple[Tensor, Tensor]:
+    """The document of each query: ids at pos(i) = i + Lk - Lq, and whether pos(i) >= 0 (a
+    query before the first key belongs to no document). (B|1, Lk) -> (B|1, Lq), (Lq,) bool."""
+    lk = document_ids.shape[-1]
+    positions = torch.arange(lq, device=document_ids.device) + (lk - lq)
+    return document_ids[:, positions.clamp_min(0)], positions >= 0
+
+
+def document_keep(document_ids: Tensor, lq: int) -> Tensor:
+    """(B|1, 1, Lq, Lk) bool: query i and key j are in the same document."""
+    query_ids, placed = query_documents(document_ids, lq)
+    same = query_ids[:, :, None] == document_ids[:, None, :]  # (B|1, Lq, Lk)
+    return (same & placed[:, None])[:, None]
+
+
 def keep_mask(
     key_padding_mask: Tensor | None,
     attn_mask: Tensor | None,
@@ -30,15 +45,20 @@ def keep_mask(
     lq: int,
     lk: int,
     device: torch.device | None = None,
+    document_ids: Tensor | None = None,
 ) -> Tensor | None:
     """Bool (B|1, H|1, Lq|1, Lk), True where query i may see key j; None when nothing is hidden.
 
     key_padding_mask: (B|1, Lk) bool, True marks a padded key. attn_mask: 4-D, only a bool one
-    hides (True takes part); a float mask is additive and is ignored here.
+    hides (True takes part); a float mask is additive and is ignored here. document_ids:
+    (B|1, Lk) integer, a query sees only keys of its own document (see `query_documents`).
     """
     keep = None
     if is_causal:
         keep = causal_keep(lq, lk, device)[None, None]  # (1, 1, Lq, Lk)
+    if document_ids is not None:
+        same = document_keep(document_ids, lq)
+        keep = same if keep is None else keep & same
     if key_padding_mask is not None:
         keys = ~key_padding_mask[:, None, None, :]  # (B|1, 1, 1, Lk)
         keep = keys if keep is None else keep & keys
@@ -55,15 +75,17 @@ def visible_key_counts(
     lk: int,
     key_flags: Tensor | None = None,
     device: torch.device | None = None,
+    document_ids: Tensor | None = None,
 ) -> Tensor:
     """n_i: how many keys query i sees (only keys with key_flags True, if given).
 
     key_flags: (B|1, H|1, Lk) bool or None. Returns int64 (B|1, H|1, Lq). Without a boolean
-    attn_mask this never builds an (Lq, Lk) matrix: causal counts are prefix sums over the keys.
-    Either mask may broadcast over the keys (key dim 1): it then counts for all Lk of them.
+    attn_mask this never builds an (Lq, Lk) matrix: causal counts are prefix sums over the keys
+    (per document: over the keys sorted by document, see `_document_counts`). Either mask may
+    broadcast over the keys (key dim 1): it then counts for all Lk of them.
     """
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        keep = keep_mask(key_padding_mask, attn_mask, is_causal, lq, lk, device)
+        keep = keep_mask(key_padding_mask, attn_mask, is_causal, lq, lk, device, document_ids)
         if key_flags is not None:
             keep = keep & key_flags[..., None, :]  # (B|1, H|1, Lq|1, Lk|1)
         keep = keep.expand(*keep.shape[:-1], lk)  # a broadcast key dim stands for Lk keys
@@ -73,9 +95,42 @@ def visible_key_counts(
         keys = keys & ~key_padding_mask[:, None, :]  # (B|1, Lk|1) broadcasts over the keys
     if key_flags is not None:
         keys = keys & key_flags
+    if document_ids is not None:
+        return _document_counts(keys, document_ids, is_causal, lq)
     if not is_causal:
         return keys.sum(-1, keepdim=True).expand(*keys.shape[:2], lq)
     # seen[..., c]: flagged keys among the first c; query i sees the first i + Lk - Lq + 1
     seen = torch.cat([torch.zeros_like(keys[..., :1], dtype=torch.int64), keys.cumsum(-1)], -1)
     last = (torch.arange(lq, device=device) + (lk - lq + 1)).clamp(0, lk)  # (Lq,)
     return seen[..., last]
+
+
+def _document_counts(keys: Tensor, document_ids: Tensor, is_causal: bool, lq: int) -> Tensor:
+    """Visible-key counts with documents in O(L log L), no (Lq, Lk) matrix. keys (B|1, H|1,
+    Lk|1) bool (True: counted), document_ids (B|1, Lk) -> int64 (B, H|1, Lq).
+
+    A stable sort by document puts each document's keys side by side in their original order,
+    so a query's visible keys are a run of the sorted order: from its document's first key to
+    itself (causal) or to its document's last key. Prefix sums over the sorted flags count them.
+    """
+    lk = document_ids.shape[-1]
+    batch = max(keys.shape[0], document_ids.shape[0])
+    heads = keys.shape[1]
+    sorted_ids, order = torch.sort(document_ids, dim=-1, stable=True)  # (B|1, Lk)
+    flags = keys.expand(batch, heads, lk).gather(-1, order[:, None].expand(batch, heads, lk))
+    prefix = torch.cat([flags.new_zeros(batch, heads, 1, dtype=torch.int64),
+                        flags.cumsum(-1)], -1)  # (B, H|1, Lk + 1)  # fmt: skip
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(lk, device=order.device).expand_as(order)
+    )  # rank[p]: where key p sits in the sorted order
+    query_ids, placed = query_documents(document_ids, lq)  # (B|1, Lq), (Lq,)
+    first = torch.searchsorted(sorted_ids, query_ids.contiguous())  # (B|1, Lq)
+    if is_causal:
+        last = rank[:, (torch.arange(lq, device=order.device) + (lk - lq)).clamp_min(0)] + 1
+    else:
+        last = torch.searchsorted(sorted_ids, query_ids.contiguous(), right=True)
+    at = (batch, heads, lq)
+    counts = prefix.gather(-1, last[:, None].expand(at)) - prefix.gather(
+        -1, first[:, None].expand(at)
+    )
+    return counts * placed

@@ -8,8 +8,8 @@ urpe's rule is instead:
   zeros before the backend runs, and gets zero gradient.
 - Output row i of a head is NaN exactly when it could have seen such a row: its own query row is
   non-finite and it sees at least one key, or it sees a key whose key or value row is
-  non-finite. "Sees" is decided by the hiding masks only (key_padding_mask, is_causal and a
-  boolean attn_mask; see `masks`). A row that sees no key stays 0.
+  non-finite. "Sees" is decided by the hiding masks only (key_padding_mask, is_causal,
+  document_ids and a boolean attn_mask; see `masks`). A row that sees no key stays 0.
 - NaN output rows pass no gradient back; every other row is exactly what it would be if the
   non-finite rows held any finite value.
 
@@ -81,8 +81,9 @@ def poisoned_rows(spec: AttentionSpec, q_ok: Tensor, kv_ok: Tensor) -> Tensor:
         bad_keys = bad_keys.repeat_interleave(spec.groups, dim=1)  # (B, H, Lk)
     masks = (spec.key_padding_mask, spec.attn_mask, spec.is_causal, spec.lq, spec.lk)
     device = spec.q.device
-    sees_bad = visible_key_counts(*masks, key_flags=bad_keys, device=device) > 0
-    sees_any = visible_key_counts(*masks, device=device) > 0
+    ids = spec.document_ids
+    sees_bad = visible_key_counts(*masks, key_flags=bad_keys, device=device, document_ids=ids) > 0
+    sees_any = visible_key_counts(*masks, device=device, document_ids=ids) > 0
     return sees_bad | (~q_ok & sees_any)
 
 

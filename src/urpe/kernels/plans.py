@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .spec import AttentionSpec, flatten_leading
-from .tables import Toeplitz
+from .spec import AttentionSpec, checked_log_forget, flatten_leading
+from .tables import Decay, Toeplitz
 from .watched import LISTENERS
 
 CAPACITY = 64
@@ -51,9 +51,13 @@ class Plan:
         return cls(backend, spec.is_causal, spec.normalization, spec.scale, spec.dropout_p,
                    spec.batch_shape)  # fmt: skip
 
-    def spec(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, bias, gate):
+    def spec(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, bias, gate,
+             document_ids=None):  # fmt: skip
         """The spec `resolve` would build for these tensors (their signature is this plan's)."""
         shape = self.batch_shape
+        if type(bias) is Decay:  # its values are checked on every call (where they can be read)
+            checked_log_forget(bias.log_forget)
+            bias = Decay(flatten_leading(bias.log_forget, shape, 2))
         if len(shape) != 1:  # (..., H, L, D) -> (B, H, L, D)
             b = q.shape[:-3].numel()
             q = q.reshape(b, *q.shape[-3:])
@@ -61,11 +65,13 @@ class Plan:
             v = v.reshape(b, *v.shape[-3:])
         return AttentionSpec(
             q, k, v,
-            bias if bias is None or type(bias) is Toeplitz else flatten_leading(bias, shape, 3),
+            bias if bias is None or type(bias) in (Toeplitz, Decay)
+            else flatten_leading(bias, shape, 3),
             gate if gate is None or type(gate) is Toeplitz else flatten_leading(gate, shape, 3),
             None if attn_mask is None else flatten_leading(attn_mask, shape, 3),
             None if key_padding_mask is None else flatten_leading(key_padding_mask, shape, 1),
             self.is_causal, self.normalization, self.scale, self.dropout_p, None, shape,
+            None if document_ids is None else flatten_leading(document_ids, shape, 1),
         )  # fmt: skip
 
 
@@ -88,6 +94,9 @@ def _term_key(term):
         if type(table) not in _PLAIN:
             return _NOT_CACHED
         return ("toeplitz", table.shape, table.dtype, table.device)
+    if type(term) is Decay:
+        lf = term.log_forget
+        return _NOT_CACHED if type(lf) not in _PLAIN else ("decay", lf.shape, lf.dtype, lf.device)
     if isinstance(term, Tensor):
         return _tensor_key(term)
     return _NOT_CACHED  # Relation (its index is checked per call), or not a term at all
@@ -95,7 +104,7 @@ def _term_key(term):
 
 def signature(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
               key_padding_mask, normalization, dropout_seed, backend,
-              broken: dict) -> tuple | None:  # fmt: skip
+              broken: dict, document_ids=None) -> tuple | None:  # fmt: skip
     """The call's signature, or None when the call is not remembered (module docstring).
     `broken`: dispatch's BROKEN (a backend found broken changes what "auto" chooses)."""
     if (
@@ -116,9 +125,10 @@ def signature(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias,
     key = (
         q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
         _tensor_key(attn_mask), _tensor_key(key_padding_mask), _term_key(bias), _term_key(gate),
-        dropout_p, is_causal, scale, enable_gqa, normalization, backend, id(broken), len(broken),
+        _tensor_key(document_ids), dropout_p, is_causal, scale, enable_gqa, normalization,
+        backend, id(broken), len(broken),
     )  # fmt: skip
-    return None if _NOT_CACHED in key[9:13] else key
+    return None if _NOT_CACHED in key[9:14] else key
 
 
 def find(key: tuple) -> Plan | None:

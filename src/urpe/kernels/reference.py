@@ -2,7 +2,7 @@
 
 This is the specification. Every fast kernel is tested against it:
 
-    s = scale * q @ k^T + B + M          (B: bias; M: a float attn_mask)
+    s = scale * q @ k^T + B + M          (B: bias, a `Decay` densified; M: a float attn_mask)
     a = normalize(s) over visible keys   (hidden pairs get exactly 0; see `masks`)
     a = a * C                            (C: URPE's gate, after normalisation)
     out = dropout(a) @ v
@@ -40,8 +40,9 @@ def reference_weights_of(spec: AttentionSpec) -> Tensor:
         if term is not None and term.dtype != torch.bool:
             scores = scores + term.to(dtype)
     keep = keep_mask(
-        spec.key_padding_mask, spec.attn_mask, spec.is_causal, spec.lq, spec.lk, q.device
-    )
+        spec.key_padding_mask, spec.attn_mask, spec.is_causal, spec.lq, spec.lk, q.device,
+        spec.document_ids,
+    )  # fmt: skip
     weights = spec.norm.weights(scores, keep)
     gate = dense_term(spec.gate, spec.lq, spec.lk)
     if gate is not None:

@@ -2,7 +2,9 @@
 
 SDPA takes a pre-softmax additive term but nothing after the softmax, so URPE's gate and the
 row-sum-breaking normalisations are out of its reach. It also draws its own dropout mask, so it
-cannot honour an explicit `dropout_seed`.
+cannot honour an explicit `dropout_seed`. `document_ids` and a `Decay` bias are handed over
+densely (a (B|1, 1, Lq, Lk) bool mask, a (B|1, H, Lq, Lk) bias): the same results, at O(L^2)
+memory, which the native kernels avoid (they come first in "auto" for Decay).
 """
 
 from __future__ import annotations
@@ -46,13 +48,17 @@ def sdpa_run(spec: AttentionSpec) -> Tensor:
         and additive is None
         and spec.key_padding_mask is None
         and spec.attn_mask is None
+        and spec.document_ids is None
     )
     mask = additive
-    hides = spec.key_padding_mask is not None or (
-        spec.attn_mask is not None and spec.attn_mask.dtype == torch.bool
+    hides = (
+        spec.key_padding_mask is not None
+        or spec.document_ids is not None
+        or (spec.attn_mask is not None and spec.attn_mask.dtype == torch.bool)
     )
     if hides or (spec.is_causal and not native_causal):
-        keep = keep_mask(spec.key_padding_mask, spec.attn_mask, spec.is_causal, lq, lk, q.device)
+        keep = keep_mask(spec.key_padding_mask, spec.attn_mask, spec.is_causal, lq, lk, q.device,
+                         spec.document_ids)  # fmt: skip
         mask = keep if additive is None else additive.masked_fill(~keep, float("-inf"))
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=native_causal,

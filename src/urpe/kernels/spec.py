@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from .dtypes import HALF, compute_dtype
+from .host import may_read
 from .normalization import NORMALIZATIONS, Normalization
 from .ops import checked_relation_index
-from .tables import PositionTerm, Relation, Toeplitz
+from .tables import Decay, PositionTerm, Relation, Toeplitz
 
 
 @dataclass(slots=True, eq=False)  # not frozen: a frozen init costs 1 us more per call
@@ -28,11 +29,14 @@ class AttentionSpec:
     q: (B, H, Lq, D). k: (B, Hkv, Lk, D). v: (B, Hkv, Lk, Dv). H is a multiple of Hkv (grouped
     queries: query head h uses key/value head h // (H / Hkv)).
     bias, gate: None, a dense tensor (B|1, H|1, Lq|1, Lk|1), a `Toeplitz`, or a `Relation` whose
-    index is (B|1, Lq, Lk) int64 and already range-checked.
+    index is (B|1, Lq, Lk) int64 and already range-checked; bias may also be a `Decay` whose
+    log_forget is (B|1, H|1, Lk).
     attn_mask: None or 4-D (B|1, H|1, Lq|1, Lk|1): bool (True takes part) or float (added to the
     logits). key_padding_mask: None or (B|1, Lk) bool, True marks a padded key.
     dropout_seed: None (the backend draws one) or an int64 scalar tensor.
     batch_shape: the caller's leading dims, restored on the output.
+    document_ids: None or (B|1, Lk) integer: query i sees key j only if
+    ids[pos(i)] == ids[j], pos(i) = i + Lk - Lq (a query with pos(i) < 0 sees no key).
     """
 
     q: Tensor
@@ -48,6 +52,7 @@ class AttentionSpec:
     dropout_p: float = 0.0
     dropout_seed: Tensor | None = None
     batch_shape: tuple[int, ...] = ()
+    document_ids: Tensor | None = None
 
     # Sizes read off the tensors: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv).
     batch = property(lambda self: self.q.shape[0])
@@ -152,6 +157,9 @@ def _check_term(name: str, term, q: Tensor, full: tuple[int, ...]) -> None:
         _broadcasts(name, tuple(term.shape), full, "(..., H, Lq, Lk)")
         _check_device(name, term, q)
         return
+    if isinstance(term, Decay):
+        _check_decay(name, term, q, full)
+        return
     if isinstance(term, (Toeplitz, Relation)):
         heads = full[-3]
         if term.num_heads not in (1, heads):
@@ -173,9 +181,62 @@ def _check_term(name: str, term, q: Tensor, full: tuple[int, ...]) -> None:
             _broadcasts(f"{name} index", tuple(term.index.shape), want, "(..., Lq, Lk)")
             _check_device(f"{name} index", term.index, q)
         return
-    raise TypeError(
-        f"{name} must be a Tensor, urpe.Toeplitz or urpe.Relation, got {type(term).__name__}"
+    kinds = "urpe.Toeplitz, urpe.Relation or urpe.Decay"
+    if name != "bias":
+        kinds = "urpe.Toeplitz or urpe.Relation"
+    raise TypeError(f"{name} must be a Tensor, {kinds}, got {type(term).__name__}")
+
+
+def _check_decay(name: str, term: Decay, q: Tensor, full: tuple[int, ...]) -> None:
+    """full: (*batch, H, Lq, Lk)."""
+    if name != "bias":
+        raise TypeError(
+            f"urpe.Decay is a bias (added to the logits), not a {name}: pass it as bias="
+        )
+    lf = term.log_forget
+    *batch, heads, _, lk = full
+    if lf.shape[-1] != lk or lf.shape[-2] not in (1, heads):
+        raise ValueError(
+            f"Decay log_forget must have shape (..., H|1, Lk) = (..., {heads}, {lk}), got "
+            f"{tuple(lf.shape)}"
+        )
+    _broadcasts("Decay log_forget", tuple(lf.shape), (*batch, heads, lk), "(..., H, Lk)")
+    if lf.dtype != q.dtype and q.dtype not in HALF:
+        raise TypeError(f"Decay log_forget dtype {lf.dtype} does not match q dtype {q.dtype}")
+    _check_device("Decay log_forget", lf, q)
+    checked_log_forget(lf)
+
+
+def checked_log_forget(log_forget: Tensor) -> None:
+    """ValueError unless every value is <= 0 and finite; only where values may be read (on an
+    accelerator the check would make the host wait for the device: it is skipped there)."""
+    if not may_read(log_forget) or log_forget.numel() == 0:
+        return
+    with torch.no_grad():
+        bad = ~(log_forget <= 0)  # NaN compares False: caught here too
+        if bool(bad.any()):
+            value = log_forget[bad].flatten()[0].item()
+            raise ValueError(
+                f"Decay log_forget must be <= 0 and finite (log of a forget gate in (0, 1], "
+                f"e.g. F.logsigmoid(x)), got {value}"
+            )
+        if not bool(torch.isfinite(log_forget).all()):
+            raise ValueError(
+                "Decay log_forget must be finite (-inf would forget everything before it): "
+                "clamp it, e.g. log_forget.clamp_min(-1e4)"
+            )
+
+
+def _check_document_ids(ids, q: Tensor, batch_shape: tuple[int, ...], lk: int) -> None:
+    integer = isinstance(ids, Tensor) and not (
+        ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
     )
+    if not integer:
+        raise TypeError(
+            "document_ids must be an integer Tensor (..., Lk): the document of each key"
+        )
+    _broadcasts("document_ids", tuple(ids.shape), (*batch_shape, lk), "(..., Lk)")
+    _check_device("document_ids", ids, q)
 
 
 def flatten_leading(t: Tensor, batch_shape: tuple[int, ...], trailing: int) -> Tensor:
@@ -197,6 +258,8 @@ def flatten_leading(t: Tensor, batch_shape: tuple[int, ...], trailing: int) -> T
 def _flatten_term(name: str, term, batch_shape: tuple[int, ...]):
     if term is None or isinstance(term, Toeplitz):
         return term
+    if isinstance(term, Decay):
+        return Decay(flatten_leading(term.log_forget, batch_shape, 2))  # (B|1, H|1, Lk)
     if isinstance(term, Relation):
         index = flatten_leading(term.index, batch_shape, 2)  # (B|1, Lq, Lk)
         if term.in_range:  # built in range, or checked once already
@@ -210,7 +273,7 @@ def resolve(
     is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
     bias: PositionTerm | None = None, gate: PositionTerm | None = None,
     key_padding_mask: Tensor | None = None, normalization: str = "softmax",
-    dropout_seed: int | Tensor | None = None,
+    dropout_seed: int | Tensor | None = None, document_ids: Tensor | None = None,
 ) -> AttentionSpec:  # fmt: skip
     """Check `urpe.attention`'s arguments and build the spec (see `urpe.attention`)."""
     _check_qkv(q, k, v, enable_gqa)
@@ -252,6 +315,8 @@ def resolve(
         _broadcasts("key_padding_mask", tuple(key_padding_mask.shape), (*batch_shape, lk),
                     "(..., Lk)")  # fmt: skip
         _check_device("key_padding_mask", key_padding_mask, q)
+    if document_ids is not None:
+        _check_document_ids(document_ids, q, batch_shape, lk)
     if dropout_seed is not None:
         if isinstance(dropout_seed, Tensor):
             if (
@@ -287,4 +352,7 @@ def resolve(
         dropout_p=float(dropout_p),
         dropout_seed=dropout_seed,
         batch_shape=batch_shape,
+        document_ids=(
+            None if document_ids is None else flatten_leading(document_ids, batch_shape, 1)
+        ),
     )

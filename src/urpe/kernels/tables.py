@@ -117,7 +117,57 @@ class Relation:
         return self.table[:, self.index.long()].movedim(0, -3)
 
 
-PositionTerm = Tensor | Toeplitz | Relation
+@dataclass(frozen=True)
+class Decay:
+    """A data-dependent decay bias: value(b, h, i, j) = -|c[b, h, pos(i)] - c[b, h, j]| with
+    c = cumsum(log_forget, -1) along the keys and pos(i) = i + Lk - Lq.
+
+    For j <= pos(i) this is sum_{t = j+1 .. pos(i)} log f_t, the Forgetting Transformer's decay
+    bias (FoX: Lin, Nikishin, He and Courville, "Forgetting Transformer: Softmax Attention with
+    a Forget Gate", ICLR 2025), with per-token, per-head forget gates f_t in (0, 1] given as
+    log_forget = log f_t <= 0. Keys after the query (j > pos(i)) get the mirrored sum, so the
+    term is defined without a causal mask too.
+
+    log_forget: (..., H, Lk) or (..., 1, Lk), leading dims broadcastable to the call's batch
+    dims; values must be <= 0 and finite (`urpe.attention` checks that where it may read values:
+    on the CPU, outside torch.compile). Gradients flow to log_forget. A bias term only: it is a
+    log-space weight, so `gate=Decay(...)` raises TypeError (a gate multiplies after the
+    normalisation, where -|...| <= 0 would flip signs). Native kernels compute it per tile from
+    c (O(L) memory); `dense()` builds the (..., H, Lq, Lk) tensor the reference adds.
+    """
+
+    log_forget: Tensor
+
+    def __post_init__(self) -> None:
+        t = self.log_forget
+        if not isinstance(t, Tensor):
+            raise TypeError(f"Decay log_forget must be a Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"Decay log_forget must have shape (..., H, Lk), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"Decay log_forget must be floating point, got {t.dtype}")
+
+    num_heads = property(lambda self: self.log_forget.shape[-2])
+
+    def cumulative(self) -> Tensor:
+        """c = cumsum(log_forget) along the keys, (..., H, Lk) (float64 for float64 input)."""
+        return self.log_forget.cumsum(-1)
+
+    def dense(self, lq: int, lk: int) -> Tensor:
+        """The term as a dense tensor of shape (..., H, Lq, Lk)."""
+        c = self.cumulative()  # (..., H, Lk)
+        c_query = c[..., lk - lq :] if lq <= lk else _query_cumulative(c, lq, lk)  # (..., H, Lq)
+        return -(c_query[..., :, None] - c[..., None, :]).abs()
+
+
+def _query_cumulative(c: Tensor, lq: int, lk: int) -> Tensor:
+    """c at pos(i) for Lq > Lk: queries before the first key (pos(i) < 0) read c = 0, the value
+    before any key (they see no key of a document, and causality hides every key from them)."""
+    pad = c.new_zeros(*c.shape[:-1], lq - lk)
+    return torch.cat([pad, c], -1)
+
+
+PositionTerm = Tensor | Toeplitz | Relation | Decay
 
 
 def dense_term(term: PositionTerm | None, lq: int, lk: int) -> Tensor | None:

@@ -40,6 +40,7 @@ from ..layout import ForwardArgs
 from ..nonfinite import FINITE_CHECKS
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
+from ..tables import Decay
 from .build import is_loaded, threaded, unavailable
 
 __all__ = ["cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
@@ -50,6 +51,8 @@ def cpp_unsupported(spec: AttentionSpec) -> str | None:
     """Why the C++ kernel cannot run this call (None: it can). Builds it on the first CPU call."""
     if spec.q.device.type != "cpu":
         return f"the C++ kernel runs on the CPU, not {spec.q.device.type}"
+    if spec.document_ids is not None or isinstance(spec.bias, Decay):
+        return "document_ids and Decay have no C++ kernel yet"
     if _built_in().get(spec.normalization) is not spec.norm:
         return f"normalization {spec.normalization!r} has no C++ form (backend 'fused' runs it)"
     return unavailable()

@@ -34,11 +34,11 @@ Causal masking follows urpe's rule, query i sees key j <= i + Lk - Lq; tiles tha
 block can see are never visited. Key padding (one byte per key) and a boolean attn_mask (one byte
 per pair, read through its strides, 0 where it broadcasts) hide pairs the same way: a hidden pair
 has weight exactly 0 under every normalisation, and a row that sees nothing gives 0. Documents
-arrive as spans (`ops._document_spans`, O(L)): for each key, the first and the last key of its
-document. Two positions share a document exactly when their first keys are equal (compared pair
-by pair, whatever the order of the ids), and a block walks only the span from the first key to
-the last of its documents: with packed (sorted) documents the tiles that cross none of the
-block's documents are never visited; interleaved ids widen the span, never the result.
+arrive as spans (`ops._document_spans`, O(L) memory): for each key, the first and the last key
+of its document. Two positions share a document exactly when their first keys are equal
+(compared pair by pair, whatever the order of the ids), and a block walks only the span from the
+first key to the last of its documents: with packed (sorted) documents the tiles that cross none
+of the block's documents are never visited; interleaved ids widen the span, never the result.
 Dropout regenerates its keep mask from a counter-based Philox stream: counter (i Lk + j,
 batch*heads index, offset), key = seed. Nothing here allocates memory.
 """
