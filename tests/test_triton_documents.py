@@ -240,3 +240,39 @@ def test_auto_and_the_capability_check_take_documents_and_decay():
     assert triton_unsupported(*qkv, **call) is None
     out = attention(*qkv, **call, backend="triton")
     _close(out, _reference(*qkv, **call))
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # masks.py's scatter_ in vmap
+def test_vmap_of_grad_folds_documents_and_decay_into_the_batch():
+    """Per-example gradients (vmap of grad) with per-example document ids and log_forget: the
+    raw ops' vmap rule folds both into the batch (one launch) and matches a loop."""
+    gen = torch.Generator().manual_seed(12)
+    n, b, h, l, d = 2, 1, 2, 18, 16
+    q = torch.randn(n, b, h, l, d, generator=gen).to(**F64)
+    k, v = (torch.randn(b, h, l, d, generator=gen).to(**F64) for _ in "kv")
+    ids = torch.stack([_ids("packed", b, l, gen), _ids("unsorted", b, l, gen)])  # (N, B, L)
+    log_forget = (-torch.rand(n, b, h, l, generator=gen)).to(**F64)
+
+    def loss(q, ids, log_forget):
+        out = attention(q, k, v, document_ids=ids, bias=Decay(log_forget), is_causal=True,
+                        backend="triton")  # fmt: skip
+        return out.square().sum()
+
+    got = torch.func.vmap(torch.func.grad(loss, argnums=(0, 2)))(q, ids, log_forget)
+    for i in range(n):
+        leaves = [q[i].clone().requires_grad_(), log_forget[i].clone().requires_grad_()]
+        want = torch.autograd.grad(loss(leaves[0], ids[i], leaves[1]), leaves)
+        for g, w in zip(got, want, strict=True):
+            _close(g[i], w)
+
+
+def test_auto_leaves_plain_softmax_to_sdpa_but_not_packed_documents():
+    """On a GPU (meta tensors stand in), plain softmax goes to SDPA's FlashAttention; with
+    document ids SDPA would need the dense (Lq, Lk) mask, so the Triton kernel keeps the call."""
+    from urpe.kernels.spec import resolve
+    from urpe.kernels.triton import spec_defers
+
+    q = torch.empty(2, 2, 64, 16, device="meta")
+    ids = torch.empty(2, 64, device="meta", dtype=torch.int64)
+    assert "SDPA" in spec_defers(resolve(q, q, q))
+    assert spec_defers(resolve(q, q, q, document_ids=ids)) is None

@@ -287,7 +287,8 @@ def _source(case: Case):
     m, n = case.blocks[:2]
     if case.kernel == "dropout_mask":
         keep = torch.empty(1, device="meta", dtype=torch.uint8)
-        fn, values = K.dropout_mask_kernel, (keep, 2**61 + 12345, 0, 1024, 1024, 8, 0.1)
+        seed = torch.empty(1, device="meta", dtype=torch.int64)  # read on the device
+        fn, values = K.dropout_mask_kernel, (keep, seed, 0, 1024, 1024, 8, 0.1)
         meta = dict(BLOCK_M=m, BLOCK_N=n)
     else:
         launch = launch_of(case)

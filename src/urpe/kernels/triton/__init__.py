@@ -113,7 +113,8 @@ def spec_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should leave a call the Triton kernel could run to another backend."""
     if spec.q.device.type == "cpu":
         return "Triton's CPU interpreter is for testing; the fused kernel is faster"
-    if spec.gate is None and spec.bias is None and spec.normalization == "softmax":
+    plain = spec.gate is None and spec.bias is None and spec.normalization == "softmax"
+    if plain and spec.document_ids is None:  # SDPA would take documents as a dense mask
         return "plain softmax attention: SDPA (FlashAttention) is faster"
     return None
 

@@ -34,11 +34,12 @@ Causal masking follows urpe's rule, query i sees key j <= i + Lk - Lq; tiles tha
 block can see are never visited. Key padding (one byte per key) and a boolean attn_mask (one byte
 per pair, read through its strides, 0 where it broadcasts) hide pairs the same way: a hidden pair
 has weight exactly 0 under every normalisation, and a row that sees nothing gives 0. Documents
-arrive as spans (`ops._document_spans`, O(L) memory): for each key, the first and the last key
-of its document. Two positions share a document exactly when their first keys are equal
-(compared pair by pair, whatever the order of the ids), and a block walks only the span from the
-first key to the last of its documents: with packed (sorted) documents the tiles that cross none
-of the block's documents are never visited; interleaved ids widen the span, never the result.
+arrive as spans (`ops._document_spans`, O(L) memory): for each key, the first key of its
+document, and running bounds on the first and last keys of the documents around it. Two
+positions share a document exactly when their first keys are equal (compared pair by pair,
+whatever the order of the ids), and a block walks only the keys (dK/dV: queries) between the
+bounds at its two ends: with packed (sorted) documents the tiles that cross none of the block's
+documents are never visited; interleaved ids widen the span, never the result.
 Dropout regenerates its keep mask from a counter-based Philox stream: counter (i Lk + j,
 batch*heads index, offset), key = seed. Nothing here allocates memory.
 """
@@ -59,9 +60,9 @@ from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CO
     SOFTMAX,
     TOEPLITZ,
     _corner,
+    _decay_at,
     _decay_grad,
-    _document_of,
-    _document_spans,
+    _document_span,
     _dot,
     _dropout_keep,
     _program,
@@ -131,16 +132,14 @@ def attention_fwd_kernel(
     hi = lk
     if CAUSAL:  # keys beyond the block's last query position are skipped, tile and all
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
-    q_doc = offs_m
+    if B_KIND == DECAY:  # c at the queries' positions
+        c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
     if DOCS:  # keys outside the span of the block's documents are skipped, tile and all
-        q_doc, first, last = _document_spans(span_ptr, b, offs_m + shift, lk)
+        first, last = _document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
         lo = first // BLOCK_N * BLOCK_N
         hi = tl.minimum(hi, last + 1)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + cols
-        k_doc = offs_n
-        if DOCS:
-            k_doc = _document_of(span_ptr, b, offs_n, lk)
         kt = tl.load(
             _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
             mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
@@ -150,9 +149,12 @@ def attention_fwd_kernel(
         inside = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
         keep = _visible(
             offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-            q_doc, k_doc, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
+            span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
         )  # fmt: skip
-        if B_KIND != NO_TERM:
+        if B_KIND == DECAY:  # -|c_pos(i) - c_j|
+            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            s += -tl.abs(c_q[:, None] - c_k[None, :])
+        elif B_KIND != NO_TERM:
             s += _term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
@@ -259,22 +261,20 @@ def attention_bwd_kv_kernel(
     hi = lq
     if CAUSAL:  # queries before n0 - shift see none of these keys
         lo = tl.maximum(n0 - shift, 0) // BLOCK_M * BLOCK_M
-    k_doc = offs_n
     if DOCS:  # queries outside the span of the keys' documents are skipped, tile and all
-        k_doc, first, last = _document_spans(span_ptr, b, offs_n, lk)
+        first, last = _document_span(span_ptr, b, n0, n0 + BLOCK_N - 1, lk)
         lo = tl.maximum(lo, tl.maximum(first - shift, 0) // BLOCK_M * BLOCK_M)
         hi = tl.minimum(hi, last + 1 - shift)
     for g in range(0, group):
         h = hk * group + g
         bh = b * heads + h
+        if B_KIND == DECAY:  # c at these keys, for this query head
+            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
         if B_GRAD == DECAY:  # d c at these keys from this query head, summed over the queries
             dc = tl.zeros([BLOCK_N], ACC)
         for m0 in range(lo, hi, BLOCK_M):
             offs_m = m0 + rows
             row_ok = offs_m < lq
-            q_doc = offs_m
-            if DOCS:
-                q_doc = _document_of(span_ptr, b, offs_m + shift, lk)
             q = tl.load(
                 _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
@@ -290,9 +290,12 @@ def attention_bwd_kv_kernel(
             inside = row_ok[:, None] & (offs_n[None, :] < lk)
             keep = _visible(
                 offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si,
-                M_sj, q_doc, k_doc, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
+                M_sj, span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
             )  # fmt: skip
-            if B_KIND != NO_TERM:
+            if B_KIND == DECAY:
+                c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+                s += -tl.abs(c_q[:, None] - c_k[None, :])
+            elif B_KIND != NO_TERM:
                 s += _term_tile(
                     B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n,
                     m0, n0, shift, inside, ACC,
@@ -328,7 +331,7 @@ def attention_bwd_kv_kernel(
                 ds = 2.0 * r * dp / stat[:, None]
             ds = tl.where(keep, ds, 0.0)
             if B_GRAD == DECAY:
-                dc += _decay_grad(ds, B_ptr, B_sb, B_sh, B_K, b, h, offs_m, offs_n, shift)[1]
+                dc += _decay_grad(ds, c_q, c_k)[1]
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, UPCAST).to(ACC)
         if B_GRAD == DECAY:  # (B, H, Lk), each entry written once
             tl.store(dB_ptr + bh * lk + offs_n, dc, mask=offs_n < lk)
@@ -403,17 +406,15 @@ def attention_bwd_q_kernel(
     hi = lk
     if CAUSAL:
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
-    q_doc = offs_m
+    if B_KIND == DECAY:
+        c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
     if DOCS:
-        q_doc, first, last = _document_spans(span_ptr, b, offs_m + shift, lk)
+        first, last = _document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
         lo = first // BLOCK_N * BLOCK_N
         hi = tl.minimum(hi, last + 1)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + cols
         col_ok = offs_n < lk
-        k_doc = offs_n
-        if DOCS:
-            k_doc = _document_of(span_ptr, b, offs_n, lk)
         kt = tl.load(
             _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
             mask=col_ok[None, :] & (offs_d[:, None] < head_dim),
@@ -428,9 +429,12 @@ def attention_bwd_q_kernel(
         inside = row_ok[:, None] & col_ok[None, :]
         keep = _visible(
             offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-            q_doc, k_doc, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
+            span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
         )  # fmt: skip
-        if B_KIND != NO_TERM:
+        if B_KIND == DECAY:  # -|c_pos(i) - c_j|
+            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            s += -tl.abs(c_q[:, None] - c_k[None, :])
+        elif B_KIND != NO_TERM:
             s += _term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
@@ -464,7 +468,7 @@ def attention_bwd_q_kernel(
             ds = 2.0 * r * dp / stat[:, None]
         ds = tl.where(keep, ds, 0.0)
         if B_GRAD == DECAY:
-            dc += _decay_grad(ds, B_ptr, B_sb, B_sh, B_K, b, h, offs_m, offs_n, shift)[0]
+            dc += _decay_grad(ds, c_q, c_k)[0]
         elif B_GRAD != NO_TERM:
             _term_grad(
                 B_GRAD, ds, dB_ptr, dB_sh, B_idx, B_sb, B_si, B_sj, B_K, b, h, offs_m, offs_n,

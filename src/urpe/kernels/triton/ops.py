@@ -88,20 +88,22 @@ def _pad_bytes(q: Tensor, k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
 
 
 def _document_spans(q: Tensor, k: Tensor, document_ids: Tensor | None) -> Tensor:
-    """For each key, the first and the last key of its document: (B, 2, Lk) int32, O(L log L)
-    time (one sort) and O(L) memory, never an (Lq, Lk) mask. Two keys share a document exactly
-    when their first keys agree, so the kernels compare those; the span [first, last] of a
-    block's documents bounds the tiles it walks (exact for packed, sorted ids; interleaved ids
-    only widen it). Nothing is read on the host."""
+    """Documents as the kernels read them: (B, 3, Lk) int32, O(L) memory (never an (Lq, Lk)
+    mask) and O(L log L) time (one sort), nothing read on the host. Row 0: the first key of each
+    key's document (two keys share a document exactly when these agree: the kernels compare
+    them); row 1: the least first key of the documents of keys j.. (a running minimum from the
+    end); row 2: the greatest last key of the documents of keys ..j (a running maximum). A block
+    of positions a..e needs only keys row1[a]..row2[e]: exact for packed, sorted ids."""
     b, lk = q.shape[0], k.shape[2]
     if document_ids is None:
         return _dummy(q, torch.int32)
     ids = document_ids.expand(b, lk).contiguous()
     ordered, order = torch.sort(ids, dim=-1, stable=True)  # a document's keys in key order
-    start = torch.searchsorted(ordered, ids)  # where each key's document starts in that order
-    end = torch.searchsorted(ordered, ids, right=True) - 1
-    spans = torch.stack([order.gather(-1, start), order.gather(-1, end)], 1)  # (B, 2, Lk)
-    return spans.to(torch.int32)
+    first = order.gather(-1, torch.searchsorted(ordered, ids))
+    last = order.gather(-1, torch.searchsorted(ordered, ids, right=True) - 1)
+    lower = first.flip(-1).cummin(-1).values.flip(-1)
+    upper = last.cummax(-1).values
+    return torch.stack([first, lower, upper], 1).to(torch.int32)
 
 
 def _mask_args(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> tuple:
@@ -133,7 +135,7 @@ def _term_args(q: Tensor, k: Tensor, term: Tensor | None, index: Tensor | None, 
         c = term.to(compute_dtype(q.dtype)).cumsum(-1).contiguous()
         s_b = 0 if c.shape[0] == 1 else c.stride(0)
         s_h = 0 if c.shape[1] == 1 else c.stride(1)
-        return (c, _dummy(q, torch.int32), s_b, s_h, 0, 0, lk)  # K: the key count
+        return (c, _dummy(q, torch.int32), s_b, s_h, 0, 0, 0)
     if kind == K.RELATION.value:
         table = term.contiguous()
         s_h = 0 if table.shape[0] == 1 else table.stride(0)

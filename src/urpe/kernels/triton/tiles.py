@@ -55,37 +55,39 @@ def _tile(corner_ptr, rows, cols, s_i, s_j):
 @triton.jit
 def _document_of(span_ptr, b, positions, lk):
     """The document of the keys at these positions (a query's: i + Lk - Lq), named by its first
-    key; -1 outside [0, Lk). span_ptr: (B, 2, Lk) int32, each key's first and last key of its
-    document (`ops._document_spans`)."""
+    key; -1 outside [0, Lk). span_ptr: (B, 3, Lk) int32 (`ops._document_spans`)."""
     inside = (positions >= 0) & (positions < lk)
-    return tl.load(span_ptr + b * 2 * lk + positions, mask=inside, other=-1)
+    return tl.load(span_ptr + b * 3 * lk + positions, mask=inside, other=-1)
 
 
 @triton.jit
-def _document_spans(span_ptr, b, positions, lk):
-    """(documents, first, last): `_document_of`, and the first and last key of all those
-    documents together (first = Lk and last = -1 when no position is in range)."""
-    inside = (positions >= 0) & (positions < lk)
-    first = tl.load(span_ptr + b * 2 * lk + positions, mask=inside, other=-1)
-    last = tl.load(span_ptr + (b * 2 + 1) * lk + positions, mask=inside, other=-1)
-    return first, tl.min(tl.where(inside, first, lk), 0), tl.max(last, 0)
+def _document_span(span_ptr, b, start, end, lk):
+    """(first, last): keys first..last hold every key of the documents of positions start..end
+    (a block's; clamped to [0, Lk), last = -1 when end < 0). Two scalar loads of the spans'
+    running bounds, not a reduction over the block (which cost the dK/dV kernel 17 registers
+    and a spill): exact for packed, sorted ids, wider for interleaved ones."""
+    row = span_ptr + b * 3 * lk
+    first = tl.load(row + lk + tl.minimum(tl.maximum(start, 0), lk - 1))
+    last = tl.load(row + 2 * lk + tl.minimum(tl.maximum(end, 0), lk - 1))
+    return first, tl.where(end < 0, -1, last)
 
 
 @triton.jit
 def _visible(
     offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-    q_doc, k_doc, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+    span_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
     DOCS: tl.constexpr,
 ):  # fmt: skip
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
-    in the same document (q_doc, k_doc: `_document_of`; a query before the first key is in
-    none), allowed by the boolean attn_mask, read through its strides: 0 where it broadcasts)."""
+    in the same document (`_document_of`), allowed by the boolean attn_mask, read through its
+    strides: 0 where it broadcasts)."""
     keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
     if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
         keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
-    if DOCS:
-        placed = offs_m + shift >= 0
-        keep = keep & placed[:, None] & (q_doc[:, None] == k_doc[None, :])
+    if DOCS:  # a query before the first key has document -1, which no key in range has
+        q_doc = _document_of(span_ptr, b, offs_m + shift, lk)
+        k_doc = _document_of(span_ptr, b, offs_n, lk)
+        keep = keep & (q_doc[:, None] == k_doc[None, :])
     if HAS_PAD:
         padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
         keep = keep & (padded == 0)[None, :]
@@ -107,13 +109,9 @@ def _term_tile(
     TOEPLITZ: table[h, clamp(j - pos(i), -K, K) + K] (s_h = 0 shares one row across heads).
     RELATION: table[h, index[b, i, j]] (index strides s_b, s_i, s_j; s_b = 0 shares one index).
     DENSE: term[b, h, i, j] through strides, 0 where the term broadcasts.
-    DECAY: -|c[b, h, pos(i)] - c[b, h, j]|, c = cumsum(log_forget) (B|1, H|1, Lk) through s_b,
-    s_h (0 where it broadcasts); max_offset holds Lk; a query before the first key reads c = 0.
+    (A DECAY bias is the kernels' own: `_decay_at`.)
     """
-    if KIND == DECAY:
-        c_q, c_k = _decay_rows(ptr, s_b, s_h, max_offset, b, h, offs_m, offs_n, shift)
-        val = -tl.abs(c_q[:, None] - c_k[None, :])
-    elif KIND == TOEPLITZ:
+    if KIND == TOEPLITZ:
         d = offs_n[None, :] - offs_m[:, None] - shift
         col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
         val = tl.load(ptr + h * s_h + col, mask=inside, other=0.0)
@@ -128,22 +126,21 @@ def _term_tile(
 
 
 @triton.jit
-def _decay_rows(ptr, s_b, s_h, lk, b, h, offs_m, offs_n, shift):
-    """c at the queries' positions (0 before the first key) and at the keys (see `_term_tile`)."""
+def _decay_at(ptr, s_b, s_h, b, h, positions, lk):
+    """A Decay's c = cumsum(log_forget) at these positions: ptr (B|1, H|1, Lk) through s_b, s_h
+    (0 where it broadcasts); 0 outside [0, Lk) (a query before the first key reads 0). The
+    kernels load c at their fixed positions once and c at the walked ones per tile, and form
+    the bias -|c_pos(i) - c_j| in registers."""
     row = ptr + _wide(b) * s_b + _wide(h) * s_h
-    positions = offs_m + shift
-    c_q = tl.load(row + positions, mask=(positions >= 0) & (positions < lk), other=0.0)
-    c_k = tl.load(row + offs_n, mask=offs_n < lk, other=0.0)
-    return c_q, c_k
+    return tl.load(row + positions, mask=(positions >= 0) & (positions < lk), other=0.0)
 
 
 @triton.jit
-def _decay_grad(ds, ptr, s_b, s_h, lk, b, h, offs_m, offs_n, shift):
-    """A tile's gradient of c through b_ij = -|c_pos(i) - c_j| from dB = ds: (per query,
-    per key) sums, -sum_j ds_ij sign(c_pos(i) - c_j) and sum_i ds_ij sign(...). sign(0) = 0,
-    as torch's |x| has it. The dQ kernel keeps the first, the dK/dV kernel the second: each
-    entry is written once (no atomics)."""
-    c_q, c_k = _decay_rows(ptr, s_b, s_h, lk, b, h, offs_m, offs_n, shift)
+def _decay_grad(ds, c_q, c_k):
+    """A tile's gradient of c through b_ij = -|c_q_i - c_k_j| from dB = ds: (per query, per
+    key) sums, -sum_j ds_ij sign(c_q_i - c_k_j) and sum_i ds_ij sign(...). sign(0) = 0, as
+    torch's |x| has it. The dQ kernel keeps the first, the dK/dV kernel the second: each entry
+    is written once (no atomics)."""
     diff = c_q[:, None] - c_k[None, :]
     signed = tl.where(diff > 0, ds, tl.where(diff < 0, -ds, 0.0))
     return -tl.sum(signed, 1), tl.sum(signed, 0)
