@@ -232,10 +232,10 @@ def test_decay_gradients_are_deterministic_without_atomics():
 
 def test_auto_and_the_capability_check_take_documents_and_decay():
     """The Triton backend accepts both (no refusal left in its capability check), and
-    urpe.attention(backend="triton") gives the reference's result."""
+    urpe.attention(backend="triton") gives the reference's result (int16 ids here)."""
     gen = torch.Generator().manual_seed(6)
     qkv = _qkv(2, 2, 2, 17, 17, 16, 16, gen)
-    call = dict(document_ids=_ids("packed", 2, 17, gen),
+    call = dict(document_ids=_ids("packed", 2, 17, gen).to(torch.int16),
                 bias=Decay((-torch.rand(2, 2, 17, generator=gen)).to(**F64)))  # fmt: skip
     assert triton_unsupported(*qkv, **call) is None
     out = attention(*qkv, **call, backend="triton")
