@@ -64,8 +64,9 @@ def _document_of(span_ptr, b, positions, lk):
 def _document_span(span_ptr, b, start, end, lk):
     """(first, last): keys first..last hold every key of the documents of positions start..end
     (a block's; clamped to [0, Lk), last = -1 when end < 0). Two scalar loads of the spans'
-    running bounds, not a reduction over the block (which cost the dK/dV kernel 17 registers
-    and a spill): exact for packed, sorted ids, wider for interleaved ones."""
+    running bounds, not a min/max over the block's ids (with which the bf16 D=128 dK/dV kernel
+    on sm_90 went from 238 registers to 255 and a 16 B spill): exact for packed, sorted ids,
+    wider for interleaved ones."""
     row = span_ptr + b * 3 * lk
     first = tl.load(row + lk + tl.minimum(tl.maximum(start, 0), lk - 1))
     last = tl.load(row + 2 * lk + tl.minimum(tl.maximum(end, 0), lk - 1))
