@@ -53,11 +53,11 @@ def _tile(corner_ptr, rows, cols, s_i, s_j):
 
 
 @triton.jit
-def _document_of(span_ptr, b, positions, lk):
+def _document_of(span_ptr, b, positions, lk, missing):
     """The document of the keys at these positions (a query's: i + Lk - Lq), named by its first
-    key; -1 outside [0, Lk). span_ptr: (B, 3, Lk) int32 (`ops._document_spans`)."""
+    key; `missing` (< 0) outside [0, Lk). span_ptr: (B, 3, Lk) int32 (`ops._document_spans`)."""
     inside = (positions >= 0) & (positions < lk)
-    return tl.load(span_ptr + b * 3 * lk + positions, mask=inside, other=-1)
+    return tl.load(span_ptr + b * 3 * lk + positions, mask=inside, other=missing)
 
 
 @triton.jit
@@ -82,13 +82,15 @@ def _visible(
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
     in the same document (`_document_of`), allowed by the boolean attn_mask, read through its
     strides: 0 where it broadcasts)."""
-    keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+    if DOCS:  # one compare: queries out of range (or before the first key) read document -1,
+        # keys out of range -2, so equal documents imply both in range
+        q_doc = _document_of(span_ptr, b, offs_m + shift, lk, -1)
+        k_doc = _document_of(span_ptr, b, offs_n, lk, -2)
+        keep = q_doc[:, None] == k_doc[None, :]
+    else:
+        keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
     if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
         keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
-    if DOCS:  # a query before the first key has document -1, which no key in range has
-        q_doc = _document_of(span_ptr, b, offs_m + shift, lk)
-        k_doc = _document_of(span_ptr, b, offs_n, lk)
-        keep = keep & (q_doc[:, None] == k_doc[None, :])
     if HAS_PAD:
         padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
         keep = keep & (padded == 0)[None, :]
@@ -143,7 +145,7 @@ def _decay_grad(ds, c_q, c_k):
     torch's |x| has it. The dQ kernel keeps the first, the dK/dV kernel the second: each entry
     is written once (no atomics)."""
     diff = c_q[:, None] - c_k[None, :]
-    signed = tl.where(diff > 0, ds, tl.where(diff < 0, -ds, 0.0))
+    signed = ds * ((diff > 0).to(ds.dtype) - (diff < 0).to(ds.dtype))
     return -tl.sum(signed, 1), tl.sum(signed, 0)
 
 
