@@ -139,13 +139,16 @@ def launch_factors(kernel: str, dtype: str) -> dict[str, tuple]:
     return factors
 
 
-def kept_blocks(kernel: str, head_dim: int, dtype: str) -> tuple:
-    """The autotuner's configurations for this kernel, head dim and dtype."""
+def kept_blocks(kernel: str, head_dim: int, dtype: str, features: dict | None = None) -> tuple:
+    """The autotuner's configurations for this kernel, head dim, dtype and call features (the
+    dK/dV kernel has its own for a Decay's gradient)."""
     from ..kernels.triton.launch import configs_for, dtype_family
 
     if kernel == "dropout_mask":
         return ((16, 16, 4, 1),)
-    return configs_for(kernel, head_dim, dtype_family(dtype))
+    features = features or {}
+    decay_grad = features.get("bias", Case.bias) == "decay" and features.get("bias_grad", True)
+    return configs_for(kernel, head_dim, dtype_family(dtype), decay_grad)
 
 
 def feature_rows(kernel: str, dtype: str, strength: int = STRENGTH) -> list[dict]:
@@ -184,7 +187,7 @@ def full_matrix(archs=ARCHS, dtypes=DTYPES, strength: int = STRENGTH) -> list[Ca
             if kernel == "dropout_mask" and (dtype, d) != (DTYPES[0], HEAD_DIMS[0]):
                 continue
             for features in feature_rows(kernel, dtype, strength):
-                for blocks in kept_blocks(kernel, d, dtype):
+                for blocks in kept_blocks(kernel, d, dtype, features):
                     cases.append(Case(kernel, arch, dtype, d, blocks, **features))
     return list(dict.fromkeys(cases))
 
@@ -199,10 +202,10 @@ def quick_matrix(archs=ARCHS) -> list[Case]:
     cases = []
     for kernel, arch in itertools.product(KERNELS, archs):
         for dtype, d in (("bfloat16", 64), ("bfloat16", 128)):
-            for blocks in kept_blocks(kernel, d, dtype)[:1]:
-                cases.append(Case(kernel, arch, dtype, d, blocks))
-                if d == 128:
-                    cases.append(Case(kernel, arch, dtype, d, blocks, bias="decay"))
+            cases.append(Case(kernel, arch, dtype, d, kept_blocks(kernel, d, dtype)[0]))
+            if d == 128:
+                decay = kept_blocks(kernel, d, dtype, dict(bias="decay"))[0]
+                cases.append(Case(kernel, arch, dtype, d, decay, bias="decay"))
         cases.append(Case(kernel, arch, "float32", 64, kept_blocks(kernel, 64, "float32")[0]))
         cases.append(Case("dropout_mask", arch, "float16", 64, (16, 16, 4, 1)))
     for kernel, features in ONCE_SPILLED:

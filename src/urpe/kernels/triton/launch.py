@@ -55,7 +55,14 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("backward_kv", 128, "fp32"): ((16, 32, 8, 2),),
     ("backward_q", 64, "fp32"): ((16, 32, 4, 2),),
     ("backward_q", 128, "fp32"): ((16, 32, 8, 2),),
+    # a Decay's gradient (the keys' share of d c) in the dK/dV kernel: 16 query rows a tile.
+    # 32 x 32 and 16 x 64 spilled 8 to 24 B for Decay + Toeplitz gate + exp + every mask +
+    # documents, G=2, odd lengths (sm_80 and sm_90, bf16)
+    ("backward_kv_decay", 64, "half"): ((16, 32, 4, 2),),
+    ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
 }  # fmt: skip
+for _d in (64, 128):
+    CONFIGS[("backward_kv_decay", _d, "fp32")] = CONFIGS[("backward_kv", _d, "fp32")]
 for (_kernel, _d, _family), _shapes in list(CONFIGS.items()):
     if _family == "fp32":
         CONFIGS[(_kernel, _d, "fp64")] = _shapes
@@ -82,8 +89,13 @@ def dtype_family(dtype) -> str:
     return "half"
 
 
-def configs_for(kernel: str, block_d: int, family: str) -> tuple[tuple[int, int, int, int], ...]:
-    """The tile configurations the autotuner may pick for this kernel, head dim and dtype."""
+def configs_for(
+    kernel: str, block_d: int, family: str, decay_grad: bool = False
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The tile configurations the autotuner may pick for this kernel, head dim and dtype (and,
+    for the dK/dV kernel, whether it computes a Decay's gradient)."""
+    if decay_grad and kernel == "backward_kv":
+        kernel = "backward_kv_decay"
     return CONFIGS[(kernel, 64 if block_d <= 64 else 128, family)]
 
 
@@ -132,8 +144,9 @@ def _prune(kernel: str):
     def prune(configs, named_args, **kwargs):
         block_d = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"])
         family = dtype_family(named_args["q_ptr"].dtype)
+        decay_grad = kwargs.get("B_GRAD") == K.DECAY.value
         wanted = {tuple(tile_meta(kernel, m, n).items()) + (w, s)
-                  for m, n, w, s in configs_for(kernel, block_d, family)}  # fmt: skip
+                  for m, n, w, s in configs_for(kernel, block_d, family, decay_grad)}  # fmt: skip
         kept = [c for c in configs
                 if tuple(c.kwargs.items()) + (c.num_warps, c.num_stages) in wanted]  # fmt: skip
         return kept or configs[:1]
@@ -147,7 +160,8 @@ _autotuned: dict[str, object] = {}
 def tuned(kernel: str):
     """The autotuned launcher of a kernel (built on first use: never under the interpreter)."""
     if kernel not in _autotuned:
-        shapes = sorted({s for (name, _, _), v in CONFIGS.items() if name == kernel for s in v})
+        shapes = sorted({s for (name, _, _), v in CONFIGS.items()
+                         if name in (kernel, f"{kernel}_decay") for s in v})  # fmt: skip
         configs = [
             triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s,
                           maxnreg=MAX_REGISTERS)
