@@ -140,15 +140,16 @@ def launch_factors(kernel: str, dtype: str) -> dict[str, tuple]:
 
 
 def kept_blocks(kernel: str, head_dim: int, dtype: str, features: dict | None = None) -> tuple:
-    """The autotuner's configurations for this kernel, head dim, dtype and call features (the
-    dK/dV kernel has its own for a Decay's gradient)."""
+    """The autotuner's configurations for this kernel, head dim, dtype and call features (some
+    variants have their own: `launch.configs_for`)."""
     from ..kernels.triton.launch import configs_for, dtype_family
 
     if kernel == "dropout_mask":
         return ((16, 16, 4, 1),)
     features = features or {}
     decay_grad = features.get("bias", Case.bias) == "decay" and features.get("bias_grad", True)
-    return configs_for(kernel, head_dim, dtype_family(dtype), decay_grad)
+    documents = features.get("documents", Case.documents)
+    return configs_for(kernel, head_dim, dtype_family(dtype), decay_grad, documents)
 
 
 def feature_rows(kernel: str, dtype: str, strength: int = STRENGTH) -> list[dict]:

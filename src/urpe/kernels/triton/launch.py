@@ -55,14 +55,15 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("backward_kv", 128, "fp32"): ((16, 32, 8, 2),),
     ("backward_q", 64, "fp32"): ((16, 32, 4, 2),),
     ("backward_q", 128, "fp32"): ((16, 32, 8, 2),),
-    # a Decay's gradient (the keys' share of d c) in the dK/dV kernel: 16 query rows a tile.
-    # 32 x 32 and 16 x 64 spilled 8 to 24 B for Decay + Toeplitz gate + exp + every mask +
-    # documents, G=2, odd lengths (sm_80 and sm_90, bf16)
+    # Variants with their own configurations (`configs_for`; other dtypes use the kernel's).
+    # A Decay's gradient (the keys' share of d c) in the dK/dV kernel: 32 x 32 and 16 x 64
+    # spilled 8 to 24 B for Decay + Toeplitz gate + exp + every mask + documents, G=2, odd
+    # lengths (sm_80 and sm_90, bf16): 16 query rows a tile.
     ("backward_kv_decay", 64, "half"): ((16, 32, 4, 2),),
     ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
+    # Documents: 128 x 32 spilled 8 B for a dense bias and gate, G=16, Lk=1000 (sm_90, bf16)
+    ("forward_docs", 64, "half"): ((64, 32, 4, 3),),
 }  # fmt: skip
-for _d in (64, 128):
-    CONFIGS[("backward_kv_decay", _d, "fp32")] = CONFIGS[("backward_kv", _d, "fp32")]
 for (_kernel, _d, _family), _shapes in list(CONFIGS.items()):
     if _family == "fp32":
         CONFIGS[(_kernel, _d, "fp64")] = _shapes
@@ -90,13 +91,15 @@ def dtype_family(dtype) -> str:
 
 
 def configs_for(
-    kernel: str, block_d: int, family: str, decay_grad: bool = False
+    kernel: str, block_d: int, family: str, decay_grad: bool = False, documents: bool = False
 ) -> tuple[tuple[int, int, int, int], ...]:
-    """The tile configurations the autotuner may pick for this kernel, head dim and dtype (and,
-    for the dK/dV kernel, whether it computes a Decay's gradient)."""
-    if decay_grad and kernel == "backward_kv":
-        kernel = "backward_kv_decay"
-    return CONFIGS[(kernel, 64 if block_d <= 64 else 128, family)]
+    """The tile configurations the autotuner may pick for this kernel, head dim and dtype, and
+    the variant: a Decay's gradient wanted (B_GRAD = DECAY), document ids (DOCS)."""
+    d = 64 if block_d <= 64 else 128
+    for variant, on in (("decay", decay_grad), ("docs", documents)):
+        if on and (f"{kernel}_{variant}", d, family) in CONFIGS:
+            return CONFIGS[(f"{kernel}_{variant}", d, family)]
+    return CONFIGS[(kernel, d, family)]
 
 
 class Launch(NamedTuple):
@@ -144,9 +147,10 @@ def _prune(kernel: str):
     def prune(configs, named_args, **kwargs):
         block_d = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"])
         family = dtype_family(named_args["q_ptr"].dtype)
-        decay_grad = kwargs.get("B_GRAD") == K.DECAY.value
+        variant = dict(decay_grad=kwargs.get("B_GRAD") == K.DECAY.value,
+                       documents=bool(kwargs.get("DOCS")))  # fmt: skip
         wanted = {tuple(tile_meta(kernel, m, n).items()) + (w, s)
-                  for m, n, w, s in configs_for(kernel, block_d, family, decay_grad)}  # fmt: skip
+                  for m, n, w, s in configs_for(kernel, block_d, family, **variant)}  # fmt: skip
         kept = [c for c in configs
                 if tuple(c.kwargs.items()) + (c.num_warps, c.num_stages) in wanted]  # fmt: skip
         return kept or configs[:1]
@@ -160,8 +164,10 @@ _autotuned: dict[str, object] = {}
 def tuned(kernel: str):
     """The autotuned launcher of a kernel (built on first use: never under the interpreter)."""
     if kernel not in _autotuned:
-        shapes = sorted({s for (name, _, _), v in CONFIGS.items()
-                         if name in (kernel, f"{kernel}_decay") for s in v})  # fmt: skip
+        # the kernel's configurations and its variants' ("backward_kv_decay", ...)
+        mine = [v for (name, _, _), v in CONFIGS.items()
+                if name == kernel or name.startswith(f"{kernel}_")]  # fmt: skip
+        shapes = sorted({s for v in mine for s in v})
         configs = [
             triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s,
                           maxnreg=MAX_REGISTERS)
