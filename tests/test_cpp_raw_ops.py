@@ -24,7 +24,7 @@ B, H, HKV, LQ, LK, D, DV, R = 2, 4, 2, 5, 7, 8, 3, 6
 LANES = 16  # padding after each Toeplitz row (kLanes in tile.h)
 F64 = dict(dtype=torch.float64)
 NORMS = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
-KINDS = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3}
+KINDS = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3, "decay": 4}
 
 
 def good_forward() -> dict:
@@ -43,6 +43,7 @@ def good_forward() -> dict:
         float_mask=torch.randn(1, H, 1, LK, generator=gen, **F64),
         bool_mask=torch.rand(LQ, LK, generator=gen)[None, None] < 0.8,
         key_padding=torch.rand(B, LK, generator=gen) < 0.2,
+        documents=torch.randint(0, 3, (B, LK), generator=gen),
         fixed=torch.full((B, H, LQ), float(LK), **F64),
         causal=True,
         norm=NORMS["relu2"],
@@ -113,6 +114,12 @@ BAD_CALLS = {
     "key padding length": ("forward", dict(key_padding=torch.zeros(B, LK + 3, dtype=torch.bool))),
     "key padding batch": ("forward", dict(key_padding=torch.zeros(B + 1, LK, dtype=torch.bool))),
     "key padding dtype": ("forward", dict(key_padding=torch.zeros(B, LK, **F64))),
+    "documents length": ("forward", dict(documents=torch.zeros(B, LK + 1, dtype=torch.int64))),
+    "documents dtype": ("forward", dict(documents=torch.zeros(B, LK, dtype=torch.int32))),
+    "documents strided": ("forward", dict(documents=torch.zeros(LK, B, dtype=torch.int64).t())),
+    "decay shape": ("forward", dict(bias_kind=KINDS["decay"],
+                                    bias=torch.zeros(B, H, LK + 1, **F64))),
+    "decay rank": ("forward", dict(bias_kind=KINDS["decay"], bias=torch.zeros(H, LK, **F64))),
     "statistic missing": ("forward", dict(fixed=None)),
     "statistic size": ("forward", dict(fixed=torch.ones(B, H, LQ - 1, **F64))),
     "statistic dtype": ("forward", dict(fixed=torch.ones(B, H, LQ))),

@@ -15,7 +15,8 @@ Beside them stand the external baselines, which are not urpe's kernels:
                      forward only on the CPU, where PyTorch has no backward for it)
 
 A baseline keeps its name where a derived row would take it (flex_rpe is FlexAttention's own
-route, not urpe's "flex" backend without the gate).
+route, not urpe's "flex" backend without the gate). Packed sequences and the decay bias have
+rows of their own beside their dense routes (`packing_rows`).
 """
 
 from __future__ import annotations
@@ -168,7 +169,9 @@ def backend_rows(device: str) -> list[Row]:
 
 def rows_for(device: str) -> dict[str, Row]:
     """Every row that can be timed on `device`, in report order (name -> row)."""
-    ordered = (*BASELINES, *backend_rows(device), *LAST_BASELINES)
+    from .packing_rows import packing_rows  # (it builds on this module's Row)
+
+    ordered = (*BASELINES, *backend_rows(device), *LAST_BASELINES, *packing_rows(device))
     return {row.name: row for row in ordered if row.devices is None or device in row.devices}
 
 

@@ -18,8 +18,12 @@ statistic r_i; with A = P * C and dropout keep mask D (scaled by 1 / (1 - p)):
 
 Keys are stored in reversed order so that Toeplitz tiles are strided views (see `fused_terms`).
 Causal masking skips the keys no query of a block can see; only the first key block of each query
-block is partly masked. Dropout draws its keep mask from a generator seeded per tile, so the
-backward pass regenerates exactly the mask the forward pass used. Half precision is computed in
+block is partly masked. Documents (`document_ids`) are compared per tile, and a tile whose query
+and key blocks share no document is skipped: per block the smallest and largest id, disjoint
+ranges (exact for any ids; it skips most tiles when each document is one contiguous run). A
+`Decay` bias is computed per tile from the O(L) cumulative sums (`fused_terms.DecayTile`).
+Dropout hashes each weight's flat index with the seed, so the backward pass regenerates exactly
+the mask the forward pass (and the reference) used. Half precision is computed in
 float32. Pure PyTorch ops: runs wherever PyTorch does.
 
 The two entry points, `blockwise_forward` and `blockwise_backward`, take only tensors and scalars:
@@ -36,10 +40,10 @@ from torch import Tensor
 
 from .dropout import dropout_scale_at
 from .dtypes import compute_dtype
-from .fused_terms import DenseTile, RelationTile, ToeplitzTile, hankel_view
+from .fused_terms import DecayTile, DenseTile, RelationTile, ToeplitzTile, hankel_view
 from .host import may_read
 from .layout import BackwardArgs, ForwardArgs
-from .masks import visible_key_counts
+from .masks import query_documents, visible_key_counts
 from .normalization import NORMALIZATIONS, Normalization
 
 # Chosen by measurement on a 2-core AVX-512 CPU (see BENCHMARKS.md): tiles of 128 queries
@@ -47,7 +51,14 @@ from .normalization import NORMALIZATIONS, Normalization
 BLOCK_Q = 128
 BLOCK_K = 2048
 
-Reader = DenseTile | ToeplitzTile | RelationTile
+# Key tiles where documents are given: tiles as wide as the default would span many documents
+# and skip little (a 128 x 2048 tile meets ~8 documents of 256 tokens).
+DOCUMENT_BLOCK_K = 256
+
+# The built-in normalisations whose weights are exponentials (never negative)
+EXPONENTIAL = ("softmax", "exp", "l2")
+
+Reader = DenseTile | ToeplitzTile | RelationTile | DecayTile
 
 
 @dataclass
@@ -64,6 +75,12 @@ class _Plan:
     # padded_prefix[c]: reversed columns < c padded in any row (None: not read, any may be)
     padded_prefix: list[int] | None
     keep: DenseTile | None  # a boolean attn_mask, read per tile
+    # documents: key ids (B|1, Lk) reversed, query ids (B|1, Lq), and which queries have one
+    key_documents: Tensor | None
+    query_documents: Tensor | None
+    placed: Tensor | None  # (1, 1, Lq, 1) bool: pos(i) >= 0
+    # shares[query block][key block]: whether the two blocks may share a document (None: all)
+    shares: list[list[bool]] | None
     dropout_p: float
     seed: Tensor | None  # int64 scalar tensor (dropout only): never read on the host
     block_q: int
@@ -73,6 +90,8 @@ class _Plan:
     )
     compute_dtype: torch.dtype
     device: torch.device
+    # weights below the dtype's smallest normal number set to 0 (see `_flushed`)
+    flush_below: float | None = None
 
 
 class _Workspace:
@@ -97,19 +116,23 @@ class _Workspace:
 
 
 def _tiles(plan: _Plan):
-    """(query block, key block) pairs: yields i0, i1, c0, c1, the causal threshold t and whether
-    this is the query block's first key block.
+    """(query block, key block) pairs: yields i0, i1, c0, c1, the causal threshold t, and
+    whether this is the query block's first and its last key block. Tiles that share no
+    document are left out; a query block left with none meets no tile (its output stays 0).
 
     Causal: query i sees reversed column c iff i + c >= Lq - 1, so in a tile entry (r, s) is
     visible iff r + s >= t with t = Lq - 1 - i0 - c0 (everything visible when t <= 0).
     """
     for i0 in range(0, plan.lq, plan.block_q):
         i1 = min(i0 + plan.block_q, plan.lq)
-        start = _first_column(plan, i1)
-        for c0 in range(start, plan.lk, plan.block_k):
+        starts = range(_first_column(plan, i1), plan.lk, plan.block_k)
+        if plan.shares is not None:
+            row = plan.shares[i0 // plan.block_q]
+            starts = [c0 for c0 in starts if row[c0 // plan.block_k]]
+        for n, c0 in enumerate(starts):
             c1 = min(c0 + plan.block_k, plan.lk)
             t = plan.lq - 1 - i0 - c0 if plan.is_causal else 0
-            yield i0, i1, c0, c1, t, c0 == start
+            yield i0, i1, c0, c1, t, n == 0, n == len(starts) - 1
 
 
 def _first_column(plan: _Plan, i1: int) -> int:
@@ -131,6 +154,11 @@ def _masked_entries(plan: _Plan, i0: int, i1: int, c0: int, c1: int, t: int) -> 
     if plan.keep is not None:
         hidden = ~plan.keep.tile(i0, i1, c0, c1)
         masked = hidden if masked is None else masked | hidden
+    if plan.key_documents is not None:  # (B|1, 1, bq, bk): another document, or none at all
+        queries = plan.query_documents[:, None, i0:i1, None]
+        other = queries != plan.key_documents[:, None, None, c0:c1]
+        other |= ~plan.placed[:, :, i0:i1]
+        masked = other if masked is None else masked | other
     return masked
 
 
@@ -157,6 +185,27 @@ def _scores(plan, q_tile, k_blk, additive, i0, i1, c0, c1, masked, out: Tensor) 
     return s
 
 
+def _flushed(plan: _Plan, p: Tensor) -> Tensor:
+    """p with weights below the smallest normal number set to 0, in place, where the plan asks.
+
+    A decay bias pushes a band of each row's logits to where exp lands in float32's subnormal
+    range (e^-87 .. e^-104), and a matrix product over subnormal operands runs many times
+    slower on x86 (measured: 6x for the whole call). Such a weight is below 1.2e-38 of the row's
+    largest: dropping it changes no result beyond rounding (the C++ kernel's exp flushes them
+    too). Forward and backward flush alike, so the gradients stay those of the forward."""
+    if plan.flush_below is not None:
+        torch.nn.functional.threshold_(p, plan.flush_below, 0.0)
+    return p
+
+
+def _below_range(plan: _Plan, s: Tensor, shift: Tensor) -> Tensor:
+    """s with the logits whose exp(s - shift) would be subnormal at -inf, where the plan
+    flushes (`_flushed`): computing a subnormal exp costs about 20x a normal one."""
+    if plan.flush_below is not None:
+        s.masked_fill_(s < shift + math.log(plan.flush_below), float("-inf"))
+    return s
+
+
 def _single_block(plan: _Plan, i0: int, i1: int) -> bool:
     """Whether query block [i0, i1) meets all its keys in one tile. A normalisation with a
     `one_shot` form then runs it as one fused op instead of the online recurrence."""
@@ -171,14 +220,16 @@ def _accumulate(target: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
         target.baddbmm_(a, b)
 
 
-def _fixed_statistic(plan: _Plan, key_padding_mask, attn_mask) -> Tensor | None:
+def _fixed_statistic(plan: _Plan, call: ForwardArgs) -> Tensor | None:
     """r_i for normalisations that know it before the first tile, as (B, H, Lq, 1)."""
     if plan.norm.fixed_statistic is None:
         return None
+    attn_mask = call.attn_mask
     keep = attn_mask if attn_mask is not None and attn_mask.dtype == torch.bool else None
     counts = visible_key_counts(
-        key_padding_mask, keep, plan.is_causal, plan.lq, plan.lk, device=plan.device
-    )  # (B|1, H|1, Lq), keys in their original order
+        call.key_padding_mask, keep, plan.is_causal, plan.lq, plan.lk, device=plan.device,
+        document_ids=call.document_ids,
+    )  # (B|1, H|1, Lq), keys in their original order  # fmt: skip
     counts = counts.to(plan.compute_dtype)[..., None].expand(plan.batch, plan.heads, plan.lq, 1)
     return plan.norm.fixed_statistic(counts.contiguous())
 
@@ -193,7 +244,7 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
     row_max = torch.full((b, h, plan.lq, 1), float("-inf"), dtype=dtype, device=device)
     row_sum = torch.zeros(b, h, plan.lq, 1, dtype=dtype, device=device)
     work = _Workspace(plan)
-    for i0, i1, c0, c1, t, first in _tiles(plan):
+    for i0, i1, c0, c1, t, first, last in _tiles(plan):
         bq, bk = i1 - i0, c1 - c0
         rows = slice(None), slice(None), slice(i0, i1)
         if first:  # contiguous operands keep the batched matmuls on their fast path
@@ -204,7 +255,7 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
         s = _scores(plan, q_tile, k_r[:, c0:c1], additive, i0, i1, c0, c1, masked,
                     work("s", n, bq, bk))  # fmt: skip
         if one_shot:  # already normalised; rows with nothing visible come out nan, zeroed below
-            p = norm.one_shot(s)
+            p = _flushed(plan, norm.one_shot(s))
             row_sum[rows] = 1.0
             if masked is not None and gate is None:
                 p.masked_fill_(masked, 0.0)
@@ -212,7 +263,8 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
             m_old = row_max[rows]
             m_new = torch.maximum(m_old, s.amax(-1, keepdim=True))
             shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-            p, _ = norm.tile_weights(s, shift)
+            p, _ = norm.tile_weights(_below_range(plan, s, shift), shift)
+            p = _flushed(plan, p)
             if not first:
                 alpha = torch.exp(m_old - shift)  # m_old <= shift, or both -inf -> 0
                 row_sum[rows] *= alpha if power == 1 else alpha.pow(power)
@@ -220,7 +272,8 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
             row_sum[rows] += (p if power == 1 else p.pow(power)).sum(-1, keepdim=True)
             row_max[rows] = m_new
         else:  # the statistic is known up front
-            p, _ = norm.tile_weights(s, fixed[rows])
+            p, _ = norm.tile_weights(_below_range(plan, s, fixed[rows]), fixed[rows])
+            p = _flushed(plan, p)
         if gate is not None:
             p.mul_(gate.tile(i0, i1, c0, c1))
             if masked is not None:  # a gate may hold inf/nan far away: hidden pairs stay 0
@@ -228,7 +281,7 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
         if plan.dropout_p > 0.0:
             p.mul_(_dropout_keep(plan, i0, i1, c0, c1))
         _accumulate(acc, p.view(n, bq, bk), v_r[:, c0:c1], first)
-        if c1 == plan.lk:  # the query block's last key block
+        if last:  # the query block's last key block
             out[:, i0:i1] = acc
     if power is None:
         return out, fixed
@@ -249,7 +302,7 @@ def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
         delta = (grad_out * out).sum(-1).view(b, h, plan.lq, 1)
     additive_grads = [term for term in additive if term.grad is not None]
     work = _Workspace(plan)
-    for i0, i1, c0, c1, t, first in _tiles(plan):
+    for i0, i1, c0, c1, t, first, last in _tiles(plan):
         bq, bk = i1 - i0, c1 - c0
         if first:
             q_tile = q_s[:, i0:i1].contiguous()
@@ -262,11 +315,12 @@ def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
         rows = slice(None), slice(None), slice(i0, i1)
         aux = None
         if one_shot:
-            p = norm.one_shot(s)
+            p = _flushed(plan, norm.one_shot(s))
             if masked is not None:
                 p.masked_fill_(masked, 0.0)  # rows with nothing visible: nan -> 0
         else:
-            p, aux = norm.tile_weights(s, stat[rows])
+            p, aux = norm.tile_weights(_below_range(plan, s, stat[rows]), stat[rows])
+            p = _flushed(plan, p)
         da = torch.bmm(do, v_blk.transpose(1, 2), out=work("da", n, bq, bk))
         da = da.view(b, h, bq, bk)
         keep = None
@@ -292,7 +346,7 @@ def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
         ds = ds.view(n, bq, bk)
         _accumulate(dq_tile, ds, k_blk, first)
         _accumulate_keys(dk, c0, c1, ds.transpose(1, 2), q_tile, work)
-        if c1 == plan.lk:
+        if last:
             dq[:, i0:i1] = dq_tile
     return dq, dk, dv
 
@@ -316,6 +370,8 @@ def _reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader |
         return ToeplitzTile(term, lq, dtype, needs_grad)
     if kind == "relation":
         return RelationTile(term, index, lk, dtype, needs_grad)
+    if kind == "decay":
+        return DecayTile(term, lq, dtype, needs_grad)
     return DenseTile(term, lk, dtype, needs_grad)
 
 
@@ -353,6 +409,9 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
     keep = None
     if call.attn_mask is not None and call.attn_mask.dtype == torch.bool:
         keep = DenseTile(call.attn_mask, lk, torch.bool, needs_grad=False)
+    block_q = int(call.block_q) or BLOCK_Q  # 0: the default tiles
+    block_k = int(call.block_k) or (BLOCK_K if call.document_ids is None else DOCUMENT_BLOCK_K)
+    documents = _documents(call.document_ids, lq, block_q, block_k)
     plan = _Plan(
         batch=b,
         heads=h,
@@ -363,19 +422,59 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
         key_padding_mask=mask_r,
         padded_prefix=padded_prefix,
         keep=keep,
+        **documents,
         dropout_p=float(call.dropout_p),
         seed=call.dropout_seed,
-        block_q=int(call.block_q) or BLOCK_Q,  # 0: the default tiles
-        block_k=int(call.block_k) or BLOCK_K,
+        block_q=block_q,
+        block_k=block_k,
         # (where values may not be read the online recurrence runs, which is always right)
         one_shot=norm.one_shot is not None
         and may_read(call.q)
         and not _may_hold_neg_inf(call, dtype),
         compute_dtype=dtype,
         device=call.q.device,
+        # only exponential weights (>= 0) under a decay bias, in float32 (half computes in it)
+        flush_below=(
+            torch.finfo(dtype).tiny
+            if call.bias_kind == "decay" and dtype == torch.float32 and norm.name in EXPONENTIAL
+            else None
+        ),
     )
     groups = h // call.k.shape[1]
     return plan, dict(groups=groups)
+
+
+def _documents(ids: Tensor | None, lq: int, block_q: int, block_k: int) -> dict:
+    """The plan's document fields: ids per query and per reversed key, and which (query block,
+    key block) pairs may share a document (one host read, where values may be read)."""
+    if ids is None:
+        return dict(key_documents=None, query_documents=None, placed=None, shares=None)
+    ids = ids.long()
+    queries, placed = query_documents(ids, lq)  # (B|1, Lq), (Lq,)
+    keys = ids.flip(-1)  # (B|1, Lk), reversed like the kernel's columns
+    shares = None
+    if may_read(ids):
+        # per block: [lo, hi] of its ids; queries with no document stay out of the range
+        big = torch.iinfo(torch.int64).max
+        q_lo = _block_reduce(queries.masked_fill(~placed, big), block_q, torch.amin)
+        q_hi = _block_reduce(queries.masked_fill(~placed, -big), block_q, torch.amax)
+        k_lo = _block_reduce(keys, block_k, torch.amin)
+        k_hi = _block_reduce(keys, block_k, torch.amax)
+        # (B|1, nq, nk): the ranges overlap in some batch row
+        meet = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
+        shares = meet.any(0).tolist()
+    return dict(key_documents=keys, query_documents=queries, placed=placed[None, None, :, None],
+                shares=shares)  # fmt: skip
+
+
+def _block_reduce(x: Tensor, block: int, reduce) -> Tensor:
+    """(B, L) -> (B, ceil(L / block)): reduce over each block of `block` columns."""
+    n = x.shape[-1]
+    blocks = -(-n // block)
+    pad = blocks * block - n
+    if pad:
+        x = torch.cat([x, x[:, -1:].expand(-1, pad)], -1)  # repeats an id of the last block
+    return reduce(x.view(x.shape[0], blocks, block), -1)
 
 
 def _operands(call: ForwardArgs, plan: _Plan, groups: int):
@@ -413,7 +512,7 @@ def blockwise_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
         mask = DenseTile(call.attn_mask, lk, dtype, False)
     gate = _reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, False)
     additive = [t for t in (bias, mask) if t is not None]
-    fixed = _fixed_statistic(plan, call.key_padding_mask, call.attn_mask)
+    fixed = _fixed_statistic(plan, call)
     out, stat = _forward(plan, q_s, k_r, v_r, additive, gate, fixed)
     return out.view(b, h, lq, -1), stat
 

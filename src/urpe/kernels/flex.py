@@ -21,8 +21,9 @@ on it. The other exponential normalisations fit the same way, dividing by exp(h)
 h = lse(S + B) for softmax, 0 for "exp" and lse(2 (S + B)) / 2 for "l2" (a third call).
 
 Gradients of q, k, v and of the tables come from FlexAttention's own backward (captured tensors
-receive gradients). Key padding, causal masking and a boolean attn_mask become a `BlockMask`, so
-masked tiles are skipped; a float attn_mask is added in score_mod, like the bias. FlexAttention
+receive gradients). Key padding, causal masking, documents and a boolean attn_mask become a
+`BlockMask`, so masked tiles are skipped; a float attn_mask is added in score_mod, like the bias;
+a `Decay` bias is read in score_mod from its cumulative sums (O(L) captured numbers). FlexAttention
 has no dropout, and relu2 is not an exponential, so neither is supported.
 On CUDA the calls are compiled (`torch.compile(flex_attention)`); on the CPU FlexAttention runs
 eagerly and forward only (PyTorch has no CPU backward for it).
@@ -51,8 +52,6 @@ def flex_spec_unsupported(spec: AttentionSpec, cpu_backward: bool = True) -> str
         return f"FlexAttention computes exponential weights; {spec.normalization!r} is not one"
     if spec.dropout_p > 0.0:
         return "FlexAttention has no dropout"
-    if spec.document_ids is not None or isinstance(spec.bias, Decay):
-        return "document_ids and Decay are not routed through FlexAttention yet"
     if q.device.type not in ("cuda", "cpu"):
         return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {q.device.type}"
     if cpu_backward and q.device.type == "cpu" and torch.is_grad_enabled():
@@ -81,6 +80,8 @@ def _term_tensors(term: PositionTerm | None) -> list[Tensor]:
         return []
     if isinstance(term, (Toeplitz, Relation)):
         return [term.table]
+    if isinstance(term, Decay):
+        return [term.log_forget]
     return [term]
 
 
@@ -109,6 +110,19 @@ def _lookup(term: PositionTerm, shape: tuple[int, int, int, int], transform) -> 
             return table[0 if shared_heads else h, r]
 
         return relation
+    if isinstance(term, Decay):  # bias only: -|c_pos(i) - c_j|, c = cumsum(log_forget)
+        c = term.log_forget.to(compute_dtype(term.log_forget.dtype)).cumsum(-1)  # (B|1, H|1, Lk)
+        if lq > lk:  # queries before the first key read c = 0 (they see no key)
+            c_query = torch.cat([c.new_zeros(*c.shape[:-1], lq - lk), c], -1)
+        else:
+            c_query = c[..., lk - lq :]
+        shared_batch, shared_heads = c.shape[0] == 1, c.shape[1] == 1
+
+        def decay(b, h, q_idx, kv_idx):
+            bb, hh = 0 if shared_batch else b, 0 if shared_heads else h
+            return -torch.abs(c_query[bb, hh, q_idx] - c[bb, hh, kv_idx])
+
+        return decay
     dense = transform(term)
     dense = dense.reshape((1,) * (4 - dense.dim()) + tuple(dense.shape)).expand(shape)
 
@@ -128,23 +142,23 @@ def _gate_shift(gate: PositionTerm) -> Tensor:
     return torch.where(low > 0, torch.zeros_like(low), 1.0 - low)
 
 
-def _block_mask(key_padding_mask, attn_mask, is_causal, shape, device):
+def _block_mask(key_padding_mask, attn_mask, is_causal, shape, device, document_ids=None):
     """FlexAttention's BlockMask for urpe's causal rule (key j <= i + Lk - Lq), key padding
-    (B|1, Lk) and a boolean attn_mask (B|1, H|1, Lq|1, Lk|1, True takes part); None when nothing
-    is masked. A causal-only mask depends on the lengths alone: cached."""
+    (B|1, Lk), documents (B|1, Lk) and a boolean attn_mask (B|1, H|1, Lq|1, Lk|1, True takes
+    part); None when nothing is masked. A causal-only mask depends on the lengths alone:
+    cached."""
     batch, heads, lq, lk = shape
-    if key_padding_mask is None and attn_mask is None and not is_causal:
+    tensors = [t for t in (key_padding_mask, attn_mask, document_ids) if t is not None]
+    if not tensors and not is_causal:
         return None
-    if key_padding_mask is None and attn_mask is None:
+    if not tensors:
         return _causal_block_mask(lq, lk, str(device))
     # the mask varies over the batch / heads only where one of its inputs does (None: broadcast)
-    per_batch = (key_padding_mask is not None and key_padding_mask.shape[0] > 1) or (
-        attn_mask is not None and attn_mask.shape[0] > 1
-    )
+    per_batch = any(t.shape[0] > 1 for t in tensors)
     per_head = attn_mask is not None and attn_mask.shape[1] > 1
     return _make_block_mask(key_padding_mask, attn_mask, is_causal,
                             batch if per_batch else None, heads if per_head else None, lq, lk,
-                            device)  # fmt: skip
+                            device, document_ids)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=16)
@@ -152,10 +166,13 @@ def _causal_block_mask(lq: int, lk: int, device: str):
     return _make_block_mask(None, None, True, None, None, lq, lk, device)
 
 
-def _make_block_mask(key_padding_mask, attn_mask, is_causal, batch, heads, lq, lk, device):
+def _make_block_mask(key_padding_mask, attn_mask, is_causal, batch, heads, lq, lk, device,
+                     document_ids=None):  # fmt: skip
     from torch.nn.attention.flex_attention import create_block_mask
 
     shift = lk - lq
+    if document_ids is not None:  # (B|1, Lk) -> (B or 1, Lk)
+        document_ids = document_ids.expand(batch or 1, lk)
     if key_padding_mask is not None:  # (B|1, Lk) -> (B or 1, Lk), indexed by b (0 if shared)
         key_padding_mask = key_padding_mask.expand(batch or 1, lk)
     if attn_mask is not None:  # (B|1, H|1, Lq|1, Lk|1) -> (B or 1, H or 1, Lq, Lk), no copy
@@ -169,6 +186,10 @@ def _make_block_mask(key_padding_mask, attn_mask, is_causal, batch, heads, lq, l
             keep = keep & ~key_padding_mask[b if batch else 0, kv_idx]
         if attn_mask is not None:
             keep = keep & attn_mask[b if batch else 0, h if heads else 0, q_idx, kv_idx]
+        if document_ids is not None:  # query i's document: the key at i + shift, if any
+            row = b if batch else 0
+            own = document_ids[row, torch.clamp(q_idx + shift, min=0)]
+            keep = keep & (q_idx + shift >= 0) & (document_ids[row, kv_idx] == own)
         return keep
 
     return create_block_mask(mask_mod, batch, heads, lq, lk, device=device)
@@ -224,7 +245,8 @@ def flex_run(spec: AttentionSpec, flex: Callable | None = None) -> Tensor:
             hiding = attn_mask
         else:  # added in the dtype of the tables (float32 for half-precision inputs)
             additive = attn_mask.to(compute_dtype(q.dtype))
-    block_mask = _block_mask(spec.key_padding_mask, hiding, spec.is_causal, shape, q.device)
+    block_mask = _block_mask(spec.key_padding_mask, hiding, spec.is_causal, shape, q.device,
+                             spec.document_ids)  # fmt: skip
     options = dict(
         block_mask=block_mask,
         scale=spec.scale,

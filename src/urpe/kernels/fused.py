@@ -24,14 +24,13 @@ import warnings
 
 from torch import Tensor
 
-from .blockwise import BLOCK_K, BLOCK_Q, blockwise_backward, blockwise_forward
+from .blockwise import blockwise_backward, blockwise_forward
 from .composable import define_attention_ops
 from .dtypes import compute_dtype
 from .execute import execute
 from .layout import ForwardArgs
 from .reference import draw_seed
 from .spec import AttentionSpec, resolve
-from .tables import Decay
 
 # ---------------------------------------------------------------------------------------------
 # 1. and 2. Raw ops and autograd
@@ -54,8 +53,9 @@ FusedAttention = FUSED.function
 # 3. The backend and the public call
 
 
-def fused_run(spec: AttentionSpec, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Tensor:
-    """The fused backend: (B, H, Lq, Dv) in q's dtype."""
+def fused_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
+    """The fused backend: (B, H, Lq, Dv) in q's dtype. block_q, block_k: tile sizes (0: the
+    kernel's choice, `BLOCK_Q` x `BLOCK_K`, or narrower key tiles where documents are given)."""
     if spec.dropout_p > 0.0 and spec.dropout_seed is None:
         spec = spec.replace(dropout_seed=draw_seed(spec.q.device))  # a tensor: no .item()
     return FUSED(ForwardArgs.from_spec(spec, block_q, block_k)).to(spec.q.dtype)
@@ -63,15 +63,15 @@ def fused_run(spec: AttentionSpec, block_q: int = BLOCK_Q, block_k: int = BLOCK_
 
 def fused_unsupported(spec: AttentionSpec) -> str | None:
     """The fused kernel runs every call that `urpe.attention` accepts."""
-    if spec.document_ids is not None or isinstance(spec.bias, Decay):
-        return "document_ids and Decay have no fused kernel yet"
     return None
 
 
 def fused_defers(spec: AttentionSpec) -> str | None:
-    """Why "auto" should hand this call to a later backend: plain softmax without bias or gate,
-    where PyTorch's own fused SDPA kernel is faster."""
-    if spec.gate is None and spec.bias is None and spec.normalization == "softmax":
+    """Why "auto" should hand this call to a later backend: plain softmax without bias, gate or
+    documents, where PyTorch's own fused SDPA kernel is faster (SDPA would need the documents'
+    dense (L, L) mask)."""
+    plain = spec.gate is None and spec.bias is None and spec.document_ids is None
+    if plain and spec.normalization == "softmax":
         return "plain softmax attention: SDPA is faster"
     return None
 
@@ -81,16 +81,16 @@ def fused_attention(
     k: Tensor,
     v: Tensor,
     *,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int = 0,
+    block_k: int = 0,
     seed: int | Tensor | None = None,
     **kwargs,
 ) -> Tensor:
     """`urpe.attention(q, k, v, **kwargs, backend="fused")` with chosen tile sizes.
 
-    block_q, block_k: tile size (queries x keys). `dropout_seed` (in kwargs, as in
-    `urpe.attention`) fixes the dropout masks; by default one is drawn from torch's generator,
-    so `torch.manual_seed` reproduces them. `seed` is its old name (deprecated).
+    block_q, block_k: tile size (queries x keys); 0: the kernel's choice. `dropout_seed` (in
+    kwargs, as in `urpe.attention`) fixes the dropout masks; by default one is drawn from
+    torch's generator, so `torch.manual_seed` reproduces them. `seed` is its old name (deprecated).
     """
     if seed is not None:
         warnings.warn(
@@ -100,7 +100,7 @@ def fused_attention(
             stacklevel=2,
         )
         kwargs.setdefault("dropout_seed", seed)
-    if int(block_q) < 1 or int(block_k) < 1:
-        raise ValueError(f"block_q and block_k must be >= 1, got {block_q}, {block_k}")
+    if int(block_q) < 0 or int(block_k) < 0:
+        raise ValueError(f"block_q and block_k must be >= 0 (0: default), got {block_q}, {block_k}")
     spec = resolve(q, k, v, **kwargs)
     return execute(lambda s: fused_run(s, block_q, block_k), spec)

@@ -168,3 +168,48 @@ class RelationTile:
 
     def grads(self) -> Tensor | None:
         return self.grad
+
+
+class DecayTile:
+    """A `Decay` bias, -|c_pos(i) - c_j| with c = cumsum(log_forget), read per tile from c
+    (O(L) numbers per row, never an (Lq, Lk) matrix). Its gradient flows to c per query and per
+    key (d/dx -|x| = -sign x), then to log_forget as a reversed cumulative sum."""
+
+    def __init__(self, log_forget: Tensor, lq: int, dtype: torch.dtype, needs_grad: bool) -> None:
+        self.shape, self.dtype = log_forget.shape, log_forget.dtype  # (B|1, H|1, Lk)
+        self.lq = lq
+        c = log_forget.to(dtype).cumsum(-1)
+        lk = c.shape[-1]
+        self.c_keys = c.flip(-1).contiguous()  # reversed, as the kernel's columns
+        if lq > lk:  # queries before the first key read c = 0 (they see no key)
+            c = torch.cat([c.new_zeros(*c.shape[:-1], lq - lk), c], -1)
+        self.c_queries = c[..., c.shape[-1] - lq :].contiguous()  # (B|1, H|1, Lq)
+        self.grad = self.grad_queries = self.grad_keys = None
+        if needs_grad:
+            self.grad = True  # (the additive readers' marker: a gradient is wanted)
+            self.grad_queries = torch.zeros_like(self.c_queries)
+            self.grad_keys = torch.zeros_like(self.c_keys)
+
+    def _difference(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        return self.c_queries[..., i0:i1, None] - self.c_keys[..., None, c0:c1]
+
+    def tile(self, i0: int, i1: int, c0: int, c1: int) -> Tensor:
+        return self._difference(i0, i1, c0, c1).abs_().neg_()  # (B|1, H|1, bq, bk)
+
+    def add_grad(self, i0: int, i1: int, c0: int, c1: int, grad: Tensor) -> None:
+        signed = self._difference(i0, i1, c0, c1).sign_() * grad  # (B, H, bq, bk)
+        dims = tuple(d for d in range(2) if self.c_keys.shape[d] == 1 and signed.shape[d] != 1)
+        if dims:
+            signed = signed.sum(dims, keepdim=True)
+        self.grad_queries[..., i0:i1] -= signed.sum(-1)
+        self.grad_keys[..., c0:c1] += signed.sum(-2)
+
+    def grads(self) -> Tensor | None:
+        if self.grad_keys is None:
+            return None
+        grad_c = self.grad_keys.flip(-1)  # original key order
+        lk = grad_c.shape[-1]
+        placed = min(self.lq, lk)  # queries with pos(i) >= 0: the last Lk of them at most
+        grad_c[..., lk - placed :] += self.grad_queries[..., self.lq - placed :]
+        # c_t = sum_{s <= t} log_forget_s: d log_forget_s = sum_{t >= s} d c_t
+        return grad_c.flip(-1).cumsum(-1).flip(-1).to(self.dtype)

@@ -118,11 +118,9 @@ def _document_counts(keys: Tensor, document_ids: Tensor, is_causal: bool, lq: in
     heads = keys.shape[1]
     sorted_ids, order = torch.sort(document_ids, dim=-1, stable=True)  # (B|1, Lk)
     flags = keys.expand(batch, heads, lk).gather(-1, order[:, None].expand(batch, heads, lk))
-    prefix = torch.cat([flags.new_zeros(batch, heads, 1, dtype=torch.int64),
-                        flags.cumsum(-1)], -1)  # (B, H|1, Lk + 1)  # fmt: skip
-    rank = torch.empty_like(order).scatter_(
-        -1, order, torch.arange(lk, device=order.device).expand_as(order)
-    )  # rank[p]: where key p sits in the sorted order
+    zero = flags.new_zeros(batch, heads, 1, dtype=torch.int64)
+    prefix = torch.cat([zero, flags.cumsum(-1)], -1)  # (B, H|1, Lk + 1)
+    rank = order.argsort(-1)  # rank[p]: where key p sits in the sorted order (the inverse)
     query_ids, placed = query_documents(document_ids, lq)  # (B|1, Lq), (Lq,)
     first = torch.searchsorted(sorted_ids, query_ids.contiguous())  # (B|1, Lq)
     if is_causal:

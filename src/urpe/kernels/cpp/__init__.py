@@ -14,7 +14,9 @@ shares its core with another process takes fewer items instead of holding the ot
 
 Same maths as the reference (the specification), every normalisation of the registry's four
 built-ins, Toeplitz / Relation / dense bias and gate with their gradients, key padding, causal
-masking (key blocks past the diagonal skipped), bool and float `attn_mask`, Lq != Lk, grouped
+masking (key blocks past the diagonal skipped), packed documents (`document_ids`, compared per
+row and tiles of disjoint id ranges skipped), a `Decay` bias read from its cumulative sums (O(L),
+with its gradient), bool and float `attn_mask`, Lq != Lk, grouped
 queries, dropout (the reference's own hash, so both draw the same mask), float64 and float32.
 float16 is computed in float32. bfloat16 too, but its seven matrix products take bfloat16
 operands (q, k, v, dO as given; the weights and dS rounded to bfloat16) and accumulate in
@@ -40,7 +42,6 @@ from ..layout import ForwardArgs
 from ..nonfinite import FINITE_CHECKS
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
-from ..tables import Decay
 from .build import is_loaded, threaded, unavailable
 
 __all__ = ["cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsupported",
@@ -51,8 +52,6 @@ def cpp_unsupported(spec: AttentionSpec) -> str | None:
     """Why the C++ kernel cannot run this call (None: it can). Builds it on the first CPU call."""
     if spec.q.device.type != "cpu":
         return f"the C++ kernel runs on the CPU, not {spec.q.device.type}"
-    if spec.document_ids is not None or isinstance(spec.bias, Decay):
-        return "document_ids and Decay have no C++ kernel yet"
     if _built_in().get(spec.normalization) is not spec.norm:
         return f"normalization {spec.normalization!r} has no C++ form (backend 'fused' runs it)"
     return unavailable()

@@ -201,6 +201,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
+    if (!P.hiding.shares(b, i0 / P.block_q, j0, P.block_k)) continue;  // no common document
     const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart, as da_tile
     T* da_tile = W.da.data();

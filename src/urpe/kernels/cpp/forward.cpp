@@ -298,6 +298,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
+    if (!P.hiding.shares(b, i0 / P.block_q, j0, P.block_k)) continue;  // no common document
     const int64_t n = std::min(P.block_k, key_end - j0);
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart

@@ -5,7 +5,8 @@
 //   dense     (B|1, H|1, Lq|1, Lk|1), any strides
 //   Toeplitz  (H|1, Lq + Lk - 1): the table read at every offset j - pos(i), entry j - i + Lq - 1
 //   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
-// and the masks as bool (B|1, H|1, Lq|1, Lk|1) and key padding (B|1, Lk|1), any strides; it
+//   Decay     c = cumsum(log_forget) (B|1, H|1, Lk), contiguous (bias only)
+// document ids as (B|1, Lk) int64, contiguous, and the masks as bool (B|1, H|1, Lq|1, Lk|1) and key padding (B|1, Lk|1), any strides; it
 // gets back, for a term whose gradient is asked for, the gradient of that same tensor.
 // The ops are public, so every argument is checked here (`make_problem`): a wrong one raises
 // a RuntimeError naming it, never reads or writes out of bounds.
@@ -70,8 +71,8 @@ void check_relation_range(const at::Tensor& index, int64_t relations, const char
 template <typename T>
 Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t batch,
                   int64_t heads, int64_t lq, int64_t lk, const char* name) {
-  TORCH_CHECK(kind >= kNone && kind <= kRelation, "urpe_cpp: unknown ", name, " kind ", kind,
-              " (0 none, 1 dense, 2 Toeplitz, 3 relation)");
+  TORCH_CHECK(kind >= kNone && kind <= kDecay, "urpe_cpp: unknown ", name, " kind ", kind,
+              " (0 none, 1 dense, 2 Toeplitz, 3 relation, 4 decay)");
   Term<T> term;
   if (kind == kNone) return term;
   TORCH_CHECK(tensor.has_value(), "urpe_cpp: a ", name, " of kind ", kind, " needs its tensor");
@@ -89,6 +90,14 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
     term.sh = stride_or_zero(t, 1);
     term.si = stride_or_zero(t, 2);
     term.sj = stride_or_zero(t, 3);
+    return term;
+  }
+  if (kind == kDecay) {
+    check_broadcasts(t, {batch, heads, lk}, name, "(B|1, H|1, Lk) cumulative log_forget");
+    TORCH_CHECK(t.is_contiguous(), "urpe_cpp: a decay ", name, " must be contiguous");
+    term.sb = stride_or_zero(t, 0);
+    term.sh = stride_or_zero(t, 1);
+    term.row_len = lk;
     return term;
   }
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && (t.size(0) == 1 || t.size(0) == heads),
@@ -116,12 +125,50 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   return term;
 }
 
+// The document ids and, per block of queries and of keys, the range of ids it holds (a tile
+// whose two ranges are disjoint is skipped: exact for any ids, and most tiles when each
+// document is one run of keys).
+void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t lq, int64_t lk,
+                   int64_t block_q, int64_t block_k) {
+  check_cpu(ids, "documents");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_contiguous(),
+              "urpe_cpp: documents must be contiguous int64");
+  check_broadcasts(ids, {batch, lk}, "documents", "(B|1, Lk)");
+  const int64_t rows = ids.size(0);
+  const int64_t* data = ids.data_ptr<int64_t>();
+  hiding.docs = data;
+  hiding.docs_sb = rows == 1 ? 0 : lk;
+  hiding.lk = lk;
+  hiding.query_blocks = (lq + block_q - 1) / block_q;
+  hiding.key_blocks = (lk + block_k - 1) / block_k;
+  const int64_t none_lo = std::numeric_limits<int64_t>::max();
+  const int64_t none_hi = std::numeric_limits<int64_t>::min();
+  hiding.query_lo.assign(rows * hiding.query_blocks, none_lo);
+  hiding.query_hi.assign(rows * hiding.query_blocks, none_hi);
+  hiding.key_lo.assign(rows * hiding.key_blocks, none_lo);
+  hiding.key_hi.assign(rows * hiding.key_blocks, none_hi);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t* id = data + row * lk;
+    for (int64_t j = 0; j < lk; ++j) {
+      const int64_t k = row * hiding.key_blocks + j / block_k;
+      hiding.key_lo[k] = std::min(hiding.key_lo[k], id[j]);
+      hiding.key_hi[k] = std::max(hiding.key_hi[k], id[j]);
+    }
+    for (int64_t i = std::max<int64_t>(0, lq - lk); i < lq; ++i) {  // queries at pos >= 0
+      const int64_t q = row * hiding.query_blocks + i / block_q, own = id[i + lk - lq];
+      hiding.query_lo[q] = std::min(hiding.query_lo[q], own);
+      hiding.query_hi[q] = std::max(hiding.query_hi[q], own);
+    }
+  }
+}
+
 template <typename T>
 Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         int64_t bias_kind, const OptTensor& bias, const OptTensor& bias_index,
                         int64_t gate_kind, const OptTensor& gate, const OptTensor& gate_index,
                         const OptTensor& float_mask, const OptTensor& bool_mask,
-                        const OptTensor& key_padding, const OptTensor& fixed, bool causal,
+                        const OptTensor& key_padding, const OptTensor& documents,
+                        const OptTensor& fixed, bool causal,
                         int64_t norm, double scale, double dropout_p, int64_t threshold,
                         const OptTensor& seed, int64_t block_q, int64_t block_k) {
   // bfloat16 operands are multiplied as they are (the compute dtype T is then float)
@@ -209,21 +256,22 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
               " x ", block_k);
   P.block_q = block_q;
   P.block_k = block_k;
+  if (documents.has_value()) set_documents(hiding, *documents, B, lq, lk, block_q, block_k);
   return P;
 }
 
 #define URPE_PROBLEM_ARGS                                                                     \
   q, k, v, bias_kind, bias, bias_index, gate_kind, gate, gate_index, float_mask, bool_mask,  \
-      key_padding, fixed, causal, norm, scale, dropout_p, dropout_threshold, dropout_seed,   \
-      block_q, block_k
+      key_padding, documents, fixed, causal, norm, scale, dropout_p, dropout_threshold,       \
+      dropout_seed, block_q, block_k
 
 std::tuple<at::Tensor, at::Tensor> forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
-    double scale, double dropout_p, int64_t dropout_threshold, const OptTensor& dropout_seed,
-    int64_t block_q, int64_t block_k) {
+    const OptTensor& key_padding, const OptTensor& documents, const OptTensor& fixed,
+    bool causal, int64_t norm, double scale, double dropout_p, int64_t dropout_threshold,
+    const OptTensor& dropout_seed, int64_t block_q, int64_t block_k) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor out, stat;
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::forward", [&] {
@@ -247,8 +295,10 @@ TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor&
     g.sh = stride_or_zero(grad, 1);
     g.si = stride_or_zero(grad, 2);
     g.sj = stride_or_zero(grad, 3);
-  } else {
-    grad = at::zeros({workers, tensor.size(0), tensor.size(1)}, tensor.options());
+  } else {  // tables and decay: one copy per worker
+    std::vector<int64_t> sizes{workers};
+    for (int64_t size : tensor.sizes()) sizes.push_back(size);
+    grad = at::zeros(sizes, tensor.options());
     g.slot_size = tensor.numel();
   }
   g.data = grad.data_ptr<T>();
@@ -260,9 +310,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, const OptTensor& fixed, bool causal, int64_t norm,
-    double scale, double dropout_p, int64_t dropout_threshold, const OptTensor& dropout_seed,
-    int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
+    const OptTensor& key_padding, const OptTensor& documents, const OptTensor& fixed,
+    bool causal, int64_t norm, double scale, double dropout_p, int64_t dropout_threshold,
+    const OptTensor& dropout_seed, int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
     int64_t items_per_thread) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor dq = at::empty(q.sizes(), options);
@@ -345,15 +395,15 @@ TORCH_LIBRARY(urpe_cpp, m) {
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, Tensor? bias_index, "
       "int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, "
-      "Tensor? key_padding, Tensor? fixed, bool causal, int norm, float scale, "
-      "float dropout_p, int dropout_threshold, Tensor? dropout_seed, int block_q, int block_k) "
+      "Tensor? key_padding, Tensor? documents, Tensor? fixed, bool causal, int norm, "
+      "float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, int block_q, int block_k) "
       "-> (Tensor, Tensor)",
       &forward);
   m.def(
       "backward(Tensor grad_out, Tensor stat, Tensor delta, Tensor q, Tensor k, Tensor v, "
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "
       "Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, Tensor? key_padding, "
-      "Tensor? fixed, bool causal, int norm, float scale, float dropout_p, "
+      "Tensor? documents, Tensor? fixed, bool causal, int norm, float scale, float dropout_p, "
       "int dropout_threshold, Tensor? dropout_seed, int block_q, int block_k, bool needs_bias, "
       "bool needs_gate, bool needs_mask, int items_per_thread) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",

@@ -28,7 +28,8 @@ namespace urpe_cpp {
 // Normalisations (urpe.kernels.normalization): weights a = f(s, r_i) for a row statistic r_i.
 enum Norm : int64_t { kSoftmax = 0, kExp = 1, kL2 = 2, kRelu2 = 3 };
 // How a bias or gate is given.
-enum Kind : int64_t { kNone = 0, kDense = 1, kToeplitz = 2, kRelation = 3 };
+// kDecay: a `Decay` bias -|c[pos(i)] - c[j]|, read from c = cumsum(log_forget) (B|1, H|1, Lk).
+enum Kind : int64_t { kNone = 0, kDense = 1, kToeplitz = 2, kRelation = 3, kDecay = 4 };
 
 // Row loops vectorise only where every call in them is inlined; GCC stops inlining a helper
 // once a file has many instantiations of the loops unless told to.
@@ -216,6 +217,14 @@ struct Term {
     return index + b * ib + i * ii + j0 * ij;
   }
 
+  // Decay: (b, h)'s row of c (row_len = Lk entries), and c at query i's position (0 before
+  // the first key, where a query sees no key)
+  const T* decay_row(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
+  T decay_query(const T* c, int64_t i) const {
+    const int64_t pos = i + row_len - lq;
+    return pos >= 0 ? c[pos] : T(0);
+  }
+
   // The values of keys [j0, j0 + n) at a pointer readable for `span` >= n entries (what lies
   // past n is anything: the loops mask it); `buf` (span entries) holds them where they must be
   // gathered.
@@ -226,6 +235,13 @@ struct Term {
       const T* table = data + table_row(h);
       const int64_t* idx = relation_index(b, i, j0);
       for (int64_t j = 0; j < n; ++j) buf[j] = table[idx[j * ij]];
+      return buf;
+    }
+    if (kind == kDecay) {
+      const T* c = decay_row(b, h) + j0;
+      const T cq = decay_query(decay_row(b, h), i);
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) buf[j] = -std::abs(cq - c[j]);
       return buf;
     }
     const T* p = data + b * sb + h * sh + i * si + j0 * sj;
@@ -265,6 +281,20 @@ struct TermGrad {
       T* dst = data + slot * slot_size + layout.table_row(h);
       const int64_t* idx = layout.relation_index(b, i, j0);
       for (int64_t j = 0; j < n; ++j) dst[idx[j * layout.ij]] += g[j];
+    } else if (layout.kind == kDecay) {
+      // d/dc of -|c_q - c_j|: -sign to the query's entry, +sign to each key's
+      const T* c = layout.decay_row(b, h);
+      T* dst = data + slot * slot_size + b * layout.sb + h * layout.sh;
+      const T cq = layout.decay_query(c, i);
+      T total = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const T cj = c[j0 + j];
+        const T signed_g = cq > cj ? g[j] : (cq < cj ? -g[j] : T(0));
+        dst[j0 + j] += signed_g;
+        total += signed_g;
+      }
+      const int64_t pos = i + layout.row_len - layout.lq;
+      if (pos >= 0) dst[pos] -= total;
     } else {
       T* dst = data + b * sb + h * sh + i * si + j0 * sj;
       if (sj == 0) {
@@ -291,8 +321,8 @@ const T* masked_gate_row(const Term<T>& gate, int64_t b, int64_t h, int64_t i, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Which pairs are hidden: causal masking (a contiguous tail of each row segment), key padding
-// and a boolean attn_mask (flags per entry).
+// Which pairs are hidden: causal masking (a contiguous tail of each row segment), key padding,
+// documents and a boolean attn_mask (flags per entry).
 
 struct Hiding {
   bool causal = false;
@@ -301,6 +331,20 @@ struct Hiding {
   int64_t pad_sb = 0, pad_sj = 0;  // its strides, 0 along a broadcast dim
   const bool* keep = nullptr;     // bool attn_mask, True = takes part
   int64_t kb = 0, kh = 0, ki = 0, kj = 0;
+  const int64_t* docs = nullptr;  // document ids (B|1, Lk), contiguous along the keys
+  int64_t docs_sb = 0, lk = 0;
+  // per (batch row of docs, block): the smallest and largest id of the block's queries (ids
+  // at their positions; none for queries before the first key) and of its keys
+  std::vector<int64_t> query_lo, query_hi, key_lo, key_hi;
+  int64_t query_blocks = 0, key_blocks = 0;
+
+  // whether query block qb and the key block starting at j0 may share a document in row b
+  bool shares(int64_t b, int64_t qb, int64_t j0, int64_t block_k) const {
+    if (docs == nullptr) return true;
+    const int64_t row = docs_sb == 0 ? 0 : b, kb_ = j0 / block_k;
+    const int64_t q = row * query_blocks + qb, k = row * key_blocks + kb_;
+    return query_lo[q] <= key_hi[k] && key_lo[k] <= query_hi[q];
+  }
 
   // keys [j0, j0 + n) that come before the causal edge for query i
   int64_t visible(int64_t i, int64_t j0, int64_t n) const {
@@ -318,6 +362,24 @@ struct Hiding {
   // pointer readable for span >= n entries; nullptr when neither mask exists
   const uint8_t* flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
                        uint8_t* buf) const {
+    const uint8_t* base = mask_flags(b, h, i, j0, n, span, buf);
+    if (docs == nullptr) return base;
+    const int64_t* row = docs + b * docs_sb;
+    const int64_t pos = i + shift;
+    if (pos < 0) {  // before the first key: in no document
+      std::fill(buf, buf + n, uint8_t{1});
+      return buf;
+    }
+    const int64_t own = row[pos];
+    for (int64_t j = 0; j < n; ++j) {
+      buf[j] = static_cast<uint8_t>((base != nullptr && base[j]) || row[j0 + j] != own);
+    }
+    return buf;
+  }
+
+  // `flags` from key padding and the bool mask alone
+  const uint8_t* mask_flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                            int64_t span, uint8_t* buf) const {
     if (keep == nullptr) {
       if (pad == nullptr) return nullptr;
       const bool* pp = pad + b * pad_sb + j0 * pad_sj;
