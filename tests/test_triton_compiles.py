@@ -70,7 +70,8 @@ def test_the_matrix_holds_every_pair_of_launch_features(kernel, dtype):
     assert covered(rows, factors, STRENGTH) == all_combinations(factors, STRENGTH)
     cases = full_matrix(archs=(80,), dtypes=(dtype,))
     for row in rows:
-        for blocks in launch.configs_for(kernel, 64, launch.dtype_family(dtype)):
+        variant = (row["bias"] == "decay" and row.get("bias_grad", True), row["documents"])
+        for blocks in launch.configs_for(kernel, 64, launch.dtype_family(dtype), *variant):
             assert Case(kernel, 80, dtype, 64, blocks, **row) in cases
 
 
@@ -94,17 +95,29 @@ def test_every_constexpr_of_a_launch_is_a_feature_of_the_matrix(kernel):
     assert varied == set(meta) - NOT_FEATURES
 
 
-@pytest.mark.parametrize("kernel", ["forward", "backward_kv", "backward_q"])
+@pytest.mark.parametrize(
+    ("kernel", "decay_grad", "documents"),
+    [(kernel, decay, docs) for kernel in ("forward", "backward_kv", "backward_q")
+     for decay, docs in ((False, False), (True, False), (False, True), (True, True))],
+)  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
-def test_the_autotuner_tries_exactly_the_checked_configurations(kernel, dtype, head_dim):
-    """The autotuner's pruning keeps, per head dim and dtype, the configurations the compile
-    checks above cover (and that list is what `urpe bench compile` reports on)."""
+def test_the_autotuner_tries_exactly_the_checked_configurations(
+    kernel, decay_grad, documents, dtype, head_dim
+):
+    """The autotuner's pruning keeps, per head dim, dtype and variant (a Decay's gradient,
+    document ids), the configurations the compile checks above cover (and that list is what
+    `urpe bench compile` reports on)."""
+    from urpe.kernels.triton import kernels as K
+
     tuner = launch.tuned(kernel)
     block_d = max(16, triton.next_power_of_2(head_dim))
     named = {"q_ptr": torch.empty(0, dtype=dtype)}
-    kept = tuner.early_config_prune(tuner.configs, named, BLOCK_D=block_d, BLOCK_DV=block_d)
+    grad = K.DECAY.value if decay_grad else K.NO_TERM.value
+    kept = tuner.early_config_prune(tuner.configs, named, BLOCK_D=block_d, BLOCK_DV=block_d,
+                                    B_GRAD=grad, DOCS=documents)  # fmt: skip
     shapes = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
-    expected = launch.configs_for(kernel, block_d, launch.dtype_family(dtype))
+    expected = launch.configs_for(kernel, block_d, launch.dtype_family(dtype), decay_grad,
+                                  documents)  # fmt: skip
     assert sorted(shapes) == sorted(expected)
     assert {c.maxnreg for c in kept} == {launch.MAX_REGISTERS}  # what `urpe bench compile` uses

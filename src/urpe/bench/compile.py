@@ -76,6 +76,7 @@ class Case:
     dropout: bool = True
     padding: bool = True
     mask: bool = True
+    documents: bool = True  # document_ids (packed sequences)
     groups: int = 1  # query heads per key/value head
     lq: int | None = None  # None: SHAPE["length"]
     lk: int | None = None
@@ -89,7 +90,10 @@ class Case:
         if self.kernel == "dropout_mask":
             return f"{self.kernel:<12} sm_{self.arch} {m}x{n} w{w} s{s}"
         flags = [f for f, on in (("causal", self.causal), ("dropout", self.dropout),
-                                 ("pad", self.padding), ("mask", self.mask)) if on]  # fmt: skip
+                                 ("pad", self.padding), ("mask", self.mask),
+                                 ("docs", self.documents)) if on]  # fmt: skip
+        if self.kernel == "backward_kv" and self.bias == "decay":
+            flags += ["dB"] if self.bias_grad else []
         if self.kernel == "backward_q":
             flags += [f for f, on in (("dB", self.bias_grad), ("dC", self.gate_grad),
                                       ("det", self.deterministic)) if on]  # fmt: skip
@@ -114,30 +118,38 @@ FEATURES_FROM = [f.name for f in fields(Case)].index("bias")  # the fields that 
 def launch_factors(kernel: str, dtype: str) -> dict[str, tuple]:
     """Every feature of a public call that changes the program a kernel compiles to, with every
     value it can take there: the constexpr flags `ops` derives from a call (bias and gate kinds,
-    normalisation, causal, padding, a bool mask, dropout; for the dQ kernel the term gradients
-    wanted and the deterministic mode; for float32 TF32 products) and the integer arguments
-    Triton specialises (lengths, query heads per kv head). `test_triton_compiles` checks that
-    every constexpr argument of the kernels is one of these or a tile or dtype constant."""
+    a Decay being a bias only, normalisation, causal, padding, a bool mask, document ids,
+    dropout; for the dQ kernel the term gradients wanted and the deterministic mode, for the
+    dK/dV kernel whether a Decay's gradient is wanted; for float32 TF32 products) and the
+    integer arguments Triton specialises (lengths, query heads per kv head).
+    `test_triton_compiles` checks that every constexpr argument of the kernels is one of these or
+    a tile or dtype constant."""
     from ..kernels.triton import ops
 
-    kinds = tuple(ops.KIND_CODES)
-    factors = dict(bias=kinds, gate=kinds, normalization=tuple(ops.NORMALIZATION_CODES),
-                   causal=BOOLS, padding=BOOLS, mask=BOOLS, dropout=BOOLS, groups=GROUPS,
-                   lq=LENGTHS, lk=LENGTHS)  # fmt: skip
+    factors = dict(bias=tuple(ops.KIND_CODES), gate=ops.GATE_KINDS,
+                   normalization=tuple(ops.NORMALIZATION_CODES), causal=BOOLS, padding=BOOLS,
+                   mask=BOOLS, documents=BOOLS, dropout=BOOLS, groups=GROUPS, lq=LENGTHS,
+                   lk=LENGTHS)  # fmt: skip
     if kernel == "backward_q":
         factors.update(bias_grad=BOOLS, gate_grad=BOOLS, deterministic=BOOLS)
+    if kernel == "backward_kv":
+        factors.update(bias_grad=BOOLS)
     if dtype == "float32":
         factors["tf32"] = BOOLS
     return factors
 
 
-def kept_blocks(kernel: str, head_dim: int, dtype: str) -> tuple:
-    """The autotuner's configurations for this kernel, head dim and dtype."""
+def kept_blocks(kernel: str, head_dim: int, dtype: str, features: dict | None = None) -> tuple:
+    """The autotuner's configurations for this kernel, head dim, dtype and call features (some
+    variants have their own: `launch.configs_for`)."""
     from ..kernels.triton.launch import configs_for, dtype_family
 
     if kernel == "dropout_mask":
         return ((16, 16, 4, 1),)
-    return configs_for(kernel, head_dim, dtype_family(dtype))
+    features = features or {}
+    decay_grad = features.get("bias", Case.bias) == "decay" and features.get("bias_grad", True)
+    documents = features.get("documents", Case.documents)
+    return configs_for(kernel, head_dim, dtype_family(dtype), decay_grad, documents)
 
 
 def feature_rows(kernel: str, dtype: str, strength: int = STRENGTH) -> list[dict]:
@@ -157,11 +169,14 @@ def feature_rows(kernel: str, dtype: str, strength: int = STRENGTH) -> list[dict
 # 128 registers): rows of their own, whatever the covering array holds.
 ONCE_SPILLED = (
     ("backward_kv", dict(bias="dense", gate="relation", normalization="l2", causal=False,
-                         padding=False, mask=False, dropout=False, groups=2, lq=1024, lk=1024)),
+                         padding=False, mask=False, documents=False, dropout=False, groups=2,
+                         lq=1024, lk=1024)),
     ("backward_kv", dict(bias="relation", gate="none", normalization="l2", causal=False,
-                         padding=False, mask=True, dropout=False, groups=1, lq=1000, lk=1024)),
+                         padding=False, mask=True, documents=False, dropout=False, groups=1,
+                         lq=1000, lk=1024)),
     ("backward_kv", dict(bias="relation", gate="dense", normalization="exp", causal=False,
-                         padding=True, mask=False, dropout=False, groups=1, lq=1024, lk=1)),
+                         padding=True, mask=False, documents=False, dropout=False, groups=1,
+                         lq=1024, lk=1)),
 )  # fmt: skip
 
 
@@ -173,22 +188,25 @@ def full_matrix(archs=ARCHS, dtypes=DTYPES, strength: int = STRENGTH) -> list[Ca
             if kernel == "dropout_mask" and (dtype, d) != (DTYPES[0], HEAD_DIMS[0]):
                 continue
             for features in feature_rows(kernel, dtype, strength):
-                for blocks in kept_blocks(kernel, d, dtype):
+                for blocks in kept_blocks(kernel, d, dtype, features):
                     cases.append(Case(kernel, arch, dtype, d, blocks, **features))
     return list(dict.fromkeys(cases))
 
 
 def quick_matrix(archs=ARCHS) -> list[Case]:
-    """A representative subset (about 25 compilations, 3 minutes on one core): the heaviest
-    variant (Toeplitz bias and gate, causal, padding, bool mask, dropout) at the autotuner's first
+    """A representative subset (about 30 compilations, 4 minutes on one core): the heaviest
+    variants (Toeplitz bias and gate, causal, padding, bool mask, document ids, dropout; and the
+    same with a Decay bias at D=128, where registers are scarcest) at the autotuner's first
     configuration per kernel x target x D in bf16 (fp16 compiles to about the same registers),
     one fp32 case per kernel, the dropout-mask kernel and, on sm_80, the launches that once
     spilled."""
     cases = []
     for kernel, arch in itertools.product(KERNELS, archs):
         for dtype, d in (("bfloat16", 64), ("bfloat16", 128)):
-            for blocks in kept_blocks(kernel, d, dtype)[:1]:
-                cases.append(Case(kernel, arch, dtype, d, blocks))
+            cases.append(Case(kernel, arch, dtype, d, kept_blocks(kernel, d, dtype)[0]))
+            if d == 128:
+                decay = kept_blocks(kernel, d, dtype, dict(bias="decay"))[0]
+                cases.append(Case(kernel, arch, dtype, d, decay, bias="decay"))
         cases.append(Case(kernel, arch, "float32", 64, kept_blocks(kernel, 64, "float32")[0]))
         cases.append(Case("dropout_mask", arch, "float16", 64, (16, 16, 4, 1)))
     for kernel, features in ONCE_SPILLED:
@@ -211,6 +229,8 @@ def _term(kind: str, b: int, h: int, lq: int, lk: int, dtype) -> tuple:
         return torch.empty(h, 64, **meta), index
     if kind == "dense":
         return torch.empty(b, h, lq, lk, **meta), None
+    if kind == "decay":  # log_forget
+        return torch.empty(b, h, lk, **meta), None
     return None, None
 
 
@@ -243,11 +263,12 @@ def launch_of(case: Case):
     gate, gate_index = _term(case.gate, b, h, lq, lk, dtype)
     mask = torch.empty(b, 1, lq, lk, device="meta", dtype=torch.bool) if case.mask else None
     padding = torch.empty(b, lk, device="meta", dtype=torch.bool) if case.padding else None
+    ids = torch.empty(b, lk, device="meta", dtype=torch.int64) if case.documents else None
     seed = torch.tensor(2**61 + 12345)  # drawn seeds are int64
     args = ForwardArgs(
-        q, k, v, bias, bias_index, gate, gate_index, mask, padding, None, seed, case.bias,
-        case.gate,
-        case.causal, case.normalization, case.head_dim**-0.5, 0.1 if case.dropout else 0.0, 0, 0,
+        q, k, v, bias, bias_index, gate, gate_index, mask, padding, ids, seed, case.bias,
+        case.gate, case.causal, case.normalization, case.head_dim**-0.5,
+        0.1 if case.dropout else 0.0, 0, 0,
     )  # fmt: skip
     with _torch_flags(case):
         if case.kernel == "forward":
@@ -270,7 +291,7 @@ def _source(case: Case):
     m, n = case.blocks[:2]
     if case.kernel == "dropout_mask":
         keep = torch.empty(1, device="meta", dtype=torch.uint8)
-        seed = torch.empty(1, device="meta", dtype=torch.int64)  # read by the kernel (no sync)
+        seed = torch.empty(1, device="meta", dtype=torch.int64)  # read on the device
         fn, values = K.dropout_mask_kernel, (keep, seed, 0, 1024, 1024, 8, 0.1)
         meta = dict(BLOCK_M=m, BLOCK_N=n)
     else:

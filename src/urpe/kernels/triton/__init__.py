@@ -12,11 +12,14 @@ Where it runs:
   it on the CPU; ask for it with `backend="triton"`.
 
 Supported: every normalisation ("softmax", "exp", "l2", "relu2"), bias and gate as `Toeplitz`,
-`Relation` or dense tensors (each with gradients), key padding, causal masking (tiles beyond the
-diagonal skipped), `attn_mask` (bool: read per tile, hidden pairs weigh exactly 0; float: added to
-the bias, which is then expanded to a dense (B, H, Lq, Lk) tensor, so prefer a bias table or a
-bool mask where memory matters), Lq != Lk, grouped-query attention (k and v with fewer heads),
-float16, bfloat16 (float32 accumulation), float32 and float64, head dims 1 to 256 (padded to a
+`Relation` or dense tensors (each with gradients), a `Decay` bias (formed per tile from
+cumsum(log_forget), O(L) memory, gradient to log_forget without atomics), key padding, causal
+masking (tiles beyond the diagonal skipped), packed documents (`document_ids`, (B, Lk) ids read
+per tile, O(L) memory; tiles sharing no document skipped), `attn_mask` (bool: read per tile,
+hidden pairs weigh exactly 0; float: added to the bias, which is then expanded to a dense
+(B, H, Lq, Lk) tensor, so prefer a bias table or a bool mask where memory matters), Lq != Lk,
+grouped-query attention (k and v with fewer heads), float16, bfloat16 (float32 accumulation),
+float32 and float64, head dims 1 to 256 (padded to a
 power of two >= 16; 16 to 128 is what it is tuned and tested for), dropout after the gate. It
 composes with `torch.func.grad`, `vmap` (per-example gradients included), `functional_call` and
 `torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache, for why table
@@ -37,7 +40,6 @@ from torch import Tensor
 from ..dispatch import Backend, BackendFailure
 from ..dtypes import FLOATING
 from ..spec import AttentionSpec, resolve
-from ..tables import Decay
 
 MAX_HEAD_DIM = 256
 
@@ -102,8 +104,6 @@ def spec_unsupported(spec: AttentionSpec) -> str | None:
         return f"head dims up to {MAX_HEAD_DIM}, got D={spec.head_dim}, Dv={spec.value_dim}"
     if min(q.shape) == 0 or min(k.shape) == 0 or v.shape[-1] == 0:
         return "an empty dimension (nothing to launch)"
-    if spec.document_ids is not None or isinstance(spec.bias, Decay):
-        return "document_ids and Decay have no Triton kernel yet"
     if spec.dropout_p > 0.0 and spec.lq * spec.lk >= 2**32:
         return "dropout's Philox counter covers Lq * Lk < 2^32 entries per head"
     return None
@@ -113,7 +113,8 @@ def spec_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should leave a call the Triton kernel could run to another backend."""
     if spec.q.device.type == "cpu":
         return "Triton's CPU interpreter is for testing; the fused kernel is faster"
-    if spec.gate is None and spec.bias is None and spec.normalization == "softmax":
+    plain = spec.gate is None and spec.bias is None and spec.normalization == "softmax"
+    if plain and spec.document_ids is None:  # SDPA would take documents as a dense mask
         return "plain softmax attention: SDPA (FlashAttention) is faster"
     return None
 

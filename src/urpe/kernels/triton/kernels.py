@@ -25,10 +25,21 @@ its (possibly zero, i.e. broadcast) strides. Their gradients are reduced per til
 combined across tiles with float32 atomic adds; a dense term's gradient is stored, each entry
 written once. See `urpe.kernels.triton` for why atomics (not deterministic).
 
+A Decay bias is formed per tile from c = cumsum(log_forget) (B|1, H|1, Lk), computed once by
+the launcher: b_ij = -|c_pos(i) - c_j|. Its gradient d c is a row sum of dB * sign (the queries'
+share, dQ kernel) and a column sum (the keys' share, dK/dV kernel), each entry written once; the
+launcher adds the two and takes the reversed cumulative sum (d log_forget).
+
 Causal masking follows urpe's rule, query i sees key j <= i + Lk - Lq; tiles that no query of a
 block can see are never visited. Key padding (one byte per key) and a boolean attn_mask (one byte
 per pair, read through its strides, 0 where it broadcasts) hide pairs the same way: a hidden pair
-has weight exactly 0 under every normalisation, and a row that sees nothing gives 0.
+has weight exactly 0 under every normalisation, and a row that sees nothing gives 0. Documents
+arrive as spans (`ops._document_spans`, O(L) memory): for each key, the first key of its
+document, and running bounds on the first and last keys of the documents around it. Two
+positions share a document exactly when their first keys are equal (compared pair by pair,
+whatever the order of the ids), and a block walks only the keys (dK/dV: queries) between the
+bounds at its two ends: with packed (sorted) documents the tiles that cross none of the block's
+documents are never visited; interleaved ids widen the span, never the result.
 Dropout regenerates its keep mask from a counter-based Philox stream: counter (i Lk + j,
 batch*heads index, offset), key = seed. Nothing here allocates memory.
 """
@@ -39,6 +50,7 @@ import triton
 import triton.language as tl
 
 from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CODE>
+    DECAY,
     DENSE,
     EXP,
     L2,
@@ -48,6 +60,9 @@ from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CO
     SOFTMAX,
     TOEPLITZ,
     _corner,
+    _decay_at,
+    _decay_grad,
+    _document_span,
     _dot,
     _dropout_keep,
     _program,
@@ -79,14 +94,15 @@ def dropout_mask_kernel(
 
 @triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
 def attention_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+    q_ptr, k_ptr, v_ptr, o_ptr, stat_ptr, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, span_ptr,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed_ptr, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DOCS: tl.constexpr, DROPOUT: tl.constexpr,
+    ACC: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -112,10 +128,17 @@ def attention_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
     l_i = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
+    lo = 0
     hi = lk
     if CAUSAL:  # keys beyond the block's last query position are skipped, tile and all
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
-    for n0 in range(0, hi, BLOCK_N):
+    if B_KIND == DECAY:  # c at the queries' positions
+        c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+    if DOCS:  # keys outside the span of the block's documents are skipped, tile and all
+        first, last = _document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
+        lo = first // BLOCK_N * BLOCK_N
+        hi = tl.minimum(hi, last + 1)
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + cols
         kt = tl.load(
             _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
@@ -126,9 +149,12 @@ def attention_fwd_kernel(
         inside = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
         keep = _visible(
             offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-            CAUSAL, HAS_PAD, HAS_MASK,
+            span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
         )  # fmt: skip
-        if B_KIND != NO_TERM:
+        if B_KIND == DECAY:  # -|c_pos(i) - c_j|
+            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            s += -tl.abs(c_q[:, None] - c_k[None, :])
+        elif B_KIND != NO_TERM:
             s += _term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
@@ -192,20 +218,22 @@ def attention_fwd_kernel(
 @triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
 def attention_bwd_kv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dk_ptr, dv_ptr,
-    pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K,
+    pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, span_ptr,
+    B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed_ptr, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DOCS: tl.constexpr, DROPOUT: tl.constexpr,
+    ACC: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B_GRAD: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_N keys of one (batch, key/value head); walks every query of the heads
-    that share them. Writes dK, dV (the term gradients are the dQ kernel's: it holds one
-    accumulator where this one holds two, and the registers they need)."""
+    that share them. Writes dK, dV (the table and dense term gradients are the dQ kernel's: it
+    holds one accumulator where this one holds two, and the registers they need) and, for a
+    Decay bias (B_GRAD = DECAY), the keys' share of d c (a vector per head: no atomics)."""
     pid_n, bhk = _program(lk, BLOCK_N)
     kv_heads = heads // group
     b = (bhk // kv_heads).to(tl.int64)
@@ -230,12 +258,21 @@ def attention_bwd_kv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], ACC)
     lo = 0
+    hi = lq
     if CAUSAL:  # queries before n0 - shift see none of these keys
         lo = tl.maximum(n0 - shift, 0) // BLOCK_M * BLOCK_M
+    if DOCS:  # queries outside the span of the keys' documents are skipped, tile and all
+        first, last = _document_span(span_ptr, b, n0, n0 + BLOCK_N - 1, lk)
+        lo = tl.maximum(lo, tl.maximum(first - shift, 0) // BLOCK_M * BLOCK_M)
+        hi = tl.minimum(hi, last + 1 - shift)
     for g in range(0, group):
         h = hk * group + g
         bh = b * heads + h
-        for m0 in range(lo, lq, BLOCK_M):
+        if B_KIND == DECAY:  # c at these keys, for this query head
+            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+        if B_GRAD == DECAY:  # d c at these keys from this query head, summed over the queries
+            dc = tl.zeros([BLOCK_N], ACC)
+        for m0 in range(lo, hi, BLOCK_M):
             offs_m = m0 + rows
             row_ok = offs_m < lq
             q = tl.load(
@@ -253,9 +290,12 @@ def attention_bwd_kv_kernel(
             inside = row_ok[:, None] & (offs_n[None, :] < lk)
             keep = _visible(
                 offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si,
-                M_sj, CAUSAL, HAS_PAD, HAS_MASK,
+                M_sj, span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
             )  # fmt: skip
-            if B_KIND != NO_TERM:
+            if B_KIND == DECAY:
+                c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+                s += -tl.abs(c_q[:, None] - c_k[None, :])
+            elif B_KIND != NO_TERM:
                 s += _term_tile(
                     B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n,
                     m0, n0, shift, inside, ACC,
@@ -290,7 +330,11 @@ def attention_bwd_kv_kernel(
             else:
                 ds = 2.0 * r * dp / stat[:, None]
             ds = tl.where(keep, ds, 0.0)
+            if B_GRAD == DECAY:
+                dc += _decay_grad(ds, c_q, c_k)[1]
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, UPCAST).to(ACC)
+        if B_GRAD == DECAY:  # (B, H, Lk), each entry written once
+            tl.store(dB_ptr + bh * lk + offs_n, dc, mask=offs_n < lk)
     dk = dk * scale
     kv_mask = offs_n[:, None] < lk
     dk_corner = dk_ptr + (_wide(bhk) * lk + n0) * head_dim
@@ -310,21 +354,23 @@ def attention_bwd_kv_kernel(
 @triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
 def attention_bwd_q_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, stat_ptr, delta_ptr, dq_ptr,
-    pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
+    pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj, span_ptr,
     B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, dB_ptr, dB_sh,
     C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, dC_ptr, dC_sh,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     heads, group, lq, lk, head_dim, value_dim, scale, dropout_p, seed_ptr, rng_offset,
     lq_bucket, lk_bucket,
     B_KIND: tl.constexpr, C_KIND: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, DOCS: tl.constexpr, DROPOUT: tl.constexpr,
+    ACC: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, B_GRAD: tl.constexpr, C_GRAD: tl.constexpr,
     WIDTH: tl.constexpr,
 ):  # fmt: skip
     """One program: dQ for BLOCK_M queries of one (batch, head), recomputing each tile; adds
     the bias and gate gradients. B_GRAD, C_GRAD: the kind of gradient buffer (NO_TERM: none
-    wanted; DENSE for a table term in deterministic mode, reduced afterwards in a fixed order)."""
+    wanted; DENSE for a table term in deterministic mode, reduced afterwards in a fixed order;
+    DECAY: the queries' share of d c, (B, H, Lq), the keys' share being the dK/dV kernel's)."""
     pid_m, bh = _program(lq, BLOCK_M)
     b = (bh // heads).to(tl.int64)
     h = (bh % heads).to(tl.int64)
@@ -356,10 +402,19 @@ def attention_bwd_q_kernel(
     k_base = k_ptr + b * skb + hk * skh
     v_base = v_ptr + b * svb + hk * svh
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    if B_GRAD == DECAY:  # d c at the queries' positions, summed over the keys
+        dc = tl.zeros([BLOCK_M], ACC)
+    lo = 0
     hi = lk
     if CAUSAL:
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
-    for n0 in range(0, hi, BLOCK_N):
+    if B_KIND == DECAY:
+        c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+    if DOCS:
+        first, last = _document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
+        lo = first // BLOCK_N * BLOCK_N
+        hi = tl.minimum(hi, last + 1)
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + cols
         col_ok = offs_n < lk
         kt = tl.load(
@@ -376,9 +431,12 @@ def attention_bwd_q_kernel(
         inside = row_ok[:, None] & col_ok[None, :]
         keep = _visible(
             offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-            CAUSAL, HAS_PAD, HAS_MASK,
+            span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
         )  # fmt: skip
-        if B_KIND != NO_TERM:
+        if B_KIND == DECAY:  # -|c_pos(i) - c_j|
+            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            s += -tl.abs(c_q[:, None] - c_k[None, :])
+        elif B_KIND != NO_TERM:
             s += _term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
@@ -409,13 +467,17 @@ def attention_bwd_q_kernel(
         else:
             ds = 2.0 * r * dp / stat[:, None]
         ds = tl.where(keep, ds, 0.0)
-        if B_GRAD != NO_TERM:
+        if B_GRAD == DECAY:
+            dc += _decay_grad(ds, c_q, c_k)[0]
+        elif B_GRAD != NO_TERM:
             _term_grad(
                 B_GRAD, ds, dB_ptr, dB_sh, B_idx, B_sb, B_si, B_sj, B_K, b, h, offs_m, offs_n,
                 m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N, WIDTH,
             )  # fmt: skip
         k_tile = tl.trans(kt)  # (BLOCK_N, BLOCK_D)
         dq += _dot(ds.to(k_tile.dtype), k_tile, PRECISION, UPCAST).to(ACC)
+    if B_GRAD == DECAY:  # (B, H, Lq), each entry written once
+        tl.store(dB_ptr + bh * lq + offs_m, dc, mask=row_ok)
     dq = dq * scale
     dq_corner = dq_ptr + (bh * lq + m0) * head_dim
     tl.store(

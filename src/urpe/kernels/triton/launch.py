@@ -55,6 +55,14 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("backward_kv", 128, "fp32"): ((16, 32, 8, 2),),
     ("backward_q", 64, "fp32"): ((16, 32, 4, 2),),
     ("backward_q", 128, "fp32"): ((16, 32, 8, 2),),
+    # Variants with their own configurations (`configs_for`; other dtypes use the kernel's).
+    # A Decay's gradient (the keys' share of d c) in the dK/dV kernel: 32 x 32 and 16 x 64
+    # spilled 8 to 24 B for Decay + Toeplitz gate + exp + every mask + documents, G=2, odd
+    # lengths (sm_80 and sm_90, bf16): 16 query rows a tile.
+    ("backward_kv_decay", 64, "half"): ((16, 32, 4, 2),),
+    ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
+    # Documents: 128 x 32 spilled 8 B for a dense bias and gate, G=16, Lk=1000 (sm_90, bf16)
+    ("forward_docs", 64, "half"): ((64, 32, 4, 3),),
 }  # fmt: skip
 for (_kernel, _d, _family), _shapes in list(CONFIGS.items()):
     if _family == "fp32":
@@ -69,7 +77,7 @@ KERNELS = {
 TILED_BY = {"forward": "BLOCK_M", "backward_kv": "BLOCK_N", "backward_q": "BLOCK_M"}
 
 TUNING_KEY = ["lq_bucket", "lk_bucket", "BLOCK_D", "BLOCK_DV", "B_KIND", "C_KIND", "NORM",
-              "CAUSAL", "HAS_PAD", "HAS_MASK", "DROPOUT"]  # fmt: skip
+              "CAUSAL", "HAS_PAD", "HAS_MASK", "DOCS", "DROPOUT"]  # fmt: skip
 
 
 def dtype_family(dtype) -> str:
@@ -82,9 +90,16 @@ def dtype_family(dtype) -> str:
     return "half"
 
 
-def configs_for(kernel: str, block_d: int, family: str) -> tuple[tuple[int, int, int, int], ...]:
-    """The tile configurations the autotuner may pick for this kernel, head dim and dtype."""
-    return CONFIGS[(kernel, 64 if block_d <= 64 else 128, family)]
+def configs_for(
+    kernel: str, block_d: int, family: str, decay_grad: bool = False, documents: bool = False
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The tile configurations the autotuner may pick for this kernel, head dim and dtype, and
+    the variant: a Decay's gradient wanted (B_GRAD = DECAY), document ids (DOCS)."""
+    d = 64 if block_d <= 64 else 128
+    for variant, on in (("decay", decay_grad), ("docs", documents)):
+        if on and (f"{kernel}_{variant}", d, family) in CONFIGS:
+            return CONFIGS[(f"{kernel}_{variant}", d, family)]
+    return CONFIGS[(kernel, d, family)]
 
 
 class Launch(NamedTuple):
@@ -132,8 +147,10 @@ def _prune(kernel: str):
     def prune(configs, named_args, **kwargs):
         block_d = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"])
         family = dtype_family(named_args["q_ptr"].dtype)
+        variant = dict(decay_grad=kwargs.get("B_GRAD") == K.DECAY.value,
+                       documents=bool(kwargs.get("DOCS")))  # fmt: skip
         wanted = {tuple(tile_meta(kernel, m, n).items()) + (w, s)
-                  for m, n, w, s in configs_for(kernel, block_d, family)}  # fmt: skip
+                  for m, n, w, s in configs_for(kernel, block_d, family, **variant)}  # fmt: skip
         kept = [c for c in configs
                 if tuple(c.kwargs.items()) + (c.num_warps, c.num_stages) in wanted]  # fmt: skip
         return kept or configs[:1]
@@ -147,7 +164,10 @@ _autotuned: dict[str, object] = {}
 def tuned(kernel: str):
     """The autotuned launcher of a kernel (built on first use: never under the interpreter)."""
     if kernel not in _autotuned:
-        shapes = sorted({s for (name, _, _), v in CONFIGS.items() if name == kernel for s in v})
+        # the kernel's configurations and its variants' ("backward_kv_decay", ...)
+        mine = [v for (name, _, _), v in CONFIGS.items()
+                if name == kernel or name.startswith(f"{kernel}_")]  # fmt: skip
+        shapes = sorted({s for v in mine for s in v})
         configs = [
             triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s,
                           maxnreg=MAX_REGISTERS)
@@ -157,6 +177,8 @@ def tuned(kernel: str):
         if kernel == "backward_q":
             options["key"] = [*TUNING_KEY, "B_GRAD", "C_GRAD"]
             options["reset_to_zero"] = ["dB_ptr", "dC_ptr"]  # atomically accumulated
+        elif kernel == "backward_kv":
+            options["key"] = [*TUNING_KEY, "B_GRAD"]  # a Decay's gradient, or none
         _autotuned[kernel] = _autotune(configs, **options)(KERNELS[kernel])
     return _autotuned[kernel]
 

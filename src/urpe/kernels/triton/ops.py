@@ -87,6 +87,25 @@ def _pad_bytes(q: Tensor, k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     return key_padding_mask.expand(q.shape[0], k.shape[2]).contiguous().view(torch.uint8)
 
 
+def _document_spans(q: Tensor, k: Tensor, document_ids: Tensor | None) -> Tensor:
+    """Documents as the kernels read them: (B, 3, Lk) int32, O(L) memory (never an (Lq, Lk)
+    mask) and O(L log L) time (one sort), nothing read on the host. Row 0: the first key of each
+    key's document (two keys share a document exactly when these agree: the kernels compare
+    them); row 1: the least first key of the documents of keys j.. (a running minimum from the
+    end); row 2: the greatest last key of the documents of keys ..j (a running maximum). A block
+    of positions a..e needs only keys row1[a]..row2[e]: exact for packed, sorted ids."""
+    b, lk = q.shape[0], k.shape[2]
+    if document_ids is None:
+        return _dummy(q, torch.int32)
+    ids = document_ids.expand(b, lk).contiguous()
+    ordered, order = torch.sort(ids, dim=-1, stable=True)  # a document's keys in key order
+    first = order.gather(-1, torch.searchsorted(ordered, ids))
+    last = order.gather(-1, torch.searchsorted(ordered, ids, right=True) - 1)
+    lower = first.flip(-1).cummin(-1).values.flip(-1)
+    upper = last.cummax(-1).values
+    return torch.stack([first, lower, upper], 1).to(torch.int32)
+
+
 def _mask_args(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> tuple:
     """Kernel arguments (ptr, s_b, s_h, s_i, s_j) of a boolean attn_mask (B|1, H|1, Lq|1, Lk|1),
     read as bytes through its strides (stride 0 where it broadcasts: nothing is copied)."""
@@ -112,6 +131,11 @@ def _term_args(q: Tensor, k: Tensor, term: Tensor | None, index: Tensor | None, 
         table = term.contiguous()
         s_h = 0 if table.shape[0] == 1 else table.stride(0)
         return (table, _dummy(q, torch.int32), 0, s_h, 0, 0, (table.shape[1] - 1) // 2)
+    if kind == K.DECAY.value:  # c = cumsum(log_forget) (B|1, H|1, Lk), once, in O(L)
+        c = term.to(compute_dtype(q.dtype)).cumsum(-1).contiguous()
+        s_b = 0 if c.shape[0] == 1 else c.stride(0)
+        s_h = 0 if c.shape[1] == 1 else c.stride(1)
+        return (c, _dummy(q, torch.int32), s_b, s_h, 0, 0, 0)
     if kind == K.RELATION.value:
         table = term.contiguous()
         s_h = 0 if table.shape[0] == 1 else table.stride(0)
@@ -137,7 +161,8 @@ def _buckets(q: Tensor, k: Tensor) -> tuple[int, int]:
 # autograd Function of the fused backend.
 
 KIND_CODES = {"none": K.NO_TERM.value, "toeplitz": K.TOEPLITZ.value, "relation": K.RELATION.value,
-              "dense": K.DENSE.value}  # fmt: skip
+              "dense": K.DENSE.value, "decay": K.DECAY.value}  # fmt: skip
+GATE_KINDS = ("none", "toeplitz", "relation", "dense")  # a Decay is a bias only
 
 
 def _launch_meta(args: ForwardArgs, kinds: tuple[int, int]) -> dict:
@@ -149,6 +174,7 @@ def _launch_meta(args: ForwardArgs, kinds: tuple[int, int]) -> dict:
         CAUSAL=args.is_causal,
         HAS_PAD=args.key_padding_mask is not None,
         HAS_MASK=args.attn_mask is not None,
+        DOCS=args.document_ids is not None,
         DROPOUT=args.dropout_p > 0.0,
         BLOCK_DV=max(16, triton.next_power_of_2(args.v.shape[-1])),
         **_compile_flags(args.q),
@@ -177,7 +203,7 @@ def forward_launch(args: ForwardArgs) -> tuple[Launch, Tensor, Tensor]:
     kinds = (KIND_CODES[args.bias_kind], KIND_CODES[args.gate_kind])
     launch = (
         q, k, v, out, stat, _pad_bytes(q, k, args.key_padding_mask),
-        *_mask_args(q, k, args.attn_mask),
+        *_mask_args(q, k, args.attn_mask), _document_spans(q, k, args.document_ids),
         *_term_args(q, k, args.bias, args.bias_index, kinds[0]),
         *_term_args(q, k, args.gate, args.gate_index, kinds[1]),
         *_common_args(q, k, v), args.scale, args.dropout_p,
@@ -207,9 +233,12 @@ def _grad_kind(kind: int, needed: bool) -> int:
     runs deterministically in that mode, at O(B H Lq Lk) float32 memory)."""
     if not needed or kind == K.NO_TERM.value:
         return K.NO_TERM.value
-    if kind != K.DENSE.value and torch.are_deterministic_algorithms_enabled():
+    if kind in TABLE_CODES and torch.are_deterministic_algorithms_enabled():
         return K.DENSE.value
-    return kind
+    return kind  # a Decay's gradient needs no atomics: deterministic as it is
+
+
+TABLE_CODES = (K.TOEPLITZ.value, K.RELATION.value)  # the kinds whose gradients use atomics
 
 
 def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, grad_kind: int):
@@ -217,6 +246,8 @@ def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, grad_kind: int)
     acc = compute_dtype(q.dtype)
     if grad_kind == K.NO_TERM.value:
         return _dummy(q, acc), 0
+    if grad_kind == K.DECAY.value:  # the queries' share of d c, (B, H, Lq), written once
+        return torch.empty(q.shape[:3], device=q.device, dtype=acc), 0
     if grad_kind == K.DENSE.value:  # full (B, H, Lq, Lk); reduced to the term's shape afterwards
         b, h, lq = q.shape[:3]
         return torch.zeros(b, h, lq, k.shape[2], device=q.device, dtype=acc), h
@@ -247,10 +278,23 @@ def _table_grad(dense: Tensor, args: ForwardArgs, term: str) -> Tensor:
     return torch.zeros_like(table, dtype=dense.dtype).index_add_(1, index.flatten(), per_head)
 
 
+def _decay_grad(queries: Tensor, keys: Tensor, log_forget: Tensor) -> Tensor:
+    """d log_forget from d c's two shares: queries (B, H, Lq) at positions i + Lk - Lq (those
+    before the first key read a constant), keys (B, H, Lk). c is a cumulative sum, so
+    d log_forget_t = sum_{s >= t} d c_s, a reversed cumulative sum (O(L))."""
+    lq, lk = queries.shape[-1], keys.shape[-1]
+    dc = keys.clone()
+    dc[..., max(lk - lq, 0) :] += queries[..., max(lq - lk, 0) :]
+    grad = dc.flip(-1).cumsum(-1).flip(-1)
+    return grad.sum_to_size(log_forget.shape).to(log_forget.dtype)
+
+
 def _term_grad_result(buffer: Tensor, args: ForwardArgs, term: str, grad_kind: int):
     if grad_kind == K.NO_TERM.value:
         return None
     tensor = args.bias if term == "bias" else args.gate
+    if grad_kind == K.DECAY.value:  # buffer: (queries' share, keys' share)
+        return _decay_grad(*buffer, tensor)
     if grad_kind == K.DENSE.value:
         if args.kind(term) == "dense":
             buffer = buffer.sum_to_size(tensor.shape)
@@ -278,7 +322,8 @@ def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
     dq = torch.empty(b, h, lq, d, device=q.device, dtype=q.dtype)
     dk = torch.empty(b, hk, lk, d, device=q.device, dtype=k.dtype)
     dv_ = torch.empty(b, hk, lk, dv, device=q.device, dtype=v.dtype)
-    masks = (_pad_bytes(q, k, args.key_padding_mask), *_mask_args(q, k, args.attn_mask))
+    masks = (_pad_bytes(q, k, args.key_padding_mask), *_mask_args(q, k, args.attn_mask),
+             _document_spans(q, k, args.document_ids))  # fmt: skip
     bias_args = _term_args(q, k, args.bias, args.bias_index, kinds[0])
     gate_args = _term_args(q, k, args.gate, args.gate_index, kinds[1])
     d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, bias_grad)
@@ -286,15 +331,21 @@ def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
     common = (*_common_args(q, k, v), args.scale, args.dropout_p,
               _seed_tensor(args.dropout_seed, q.device), 0, *_buckets(q, k))  # fmt: skip
     meta = _launch_meta(args, kinds)
-    kv_args = (q, k, v, grad_out, grads.stat, delta, dk, dv_, *masks, *bias_args, *gate_args,
-               *common)  # fmt: skip
+    # the keys' share of a Decay's d c (the dK/dV kernel's; the queries' is the dQ kernel's)
+    kv_grad = bias_grad if bias_grad == K.DECAY.value else K.NO_TERM.value
+    d_keys = (torch.empty(b, h, lk, device=q.device, dtype=acc) if kv_grad == K.DECAY.value
+              else _dummy(q, acc))  # fmt: skip
+    kv_args = (q, k, v, grad_out, grads.stat, delta, dk, dv_, *masks, *bias_args, d_keys,
+               *gate_args, *common)  # fmt: skip
     q_args = (
         q, k, v, grad_out, grads.stat, delta, dq, *masks,
         *bias_args, d_bias, d_bias_sh, *gate_args, d_gate, d_gate_sh, *common,
     )  # fmt: skip
-    kv = Launch("backward_kv", kv_args, meta, lk, b * hk)
+    kv = Launch("backward_kv", kv_args, dict(meta, B_GRAD=kv_grad), lk, b * hk)
     q_launch = Launch("backward_q", q_args, dict(meta, B_GRAD=bias_grad, C_GRAD=gate_grad), lq,
                       b * h)  # fmt: skip
+    if bias_grad == K.DECAY.value:
+        d_bias = (d_bias, d_keys)
     return kv, q_launch, (dq, dk, dv_, d_bias, d_gate)
 
 
@@ -366,6 +417,7 @@ def triton_attention(
     gate=None,
     attn_mask: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
+    document_ids: Tensor | None = None,
     is_causal: bool = False,
     normalization: str = "softmax",
     scale: float | None = None,
@@ -383,10 +435,14 @@ def triton_attention(
     Args:
         q: (..., H, Lq, D). k: (..., Hkv, Lk, D), v: (..., Hkv, Lk, Dv), with H a multiple of Hkv
             (grouped-query attention: query head h reads key/value head h // (H / Hkv)).
-        bias, gate: B and C as in `urpe.attention` (dense tensor, `Toeplitz` or `Relation`).
+        bias, gate: B and C as in `urpe.attention` (dense tensor, `Toeplitz` or `Relation`; the
+            bias may be a `Decay`, computed per tile from cumsum(log_forget)).
         attn_mask: as in `urpe.attention`: bool (True takes part; read by the kernel per tile)
             or float (M, added to the bias, which is then expanded to a dense tensor).
         key_padding_mask: (..., Lk) bool, True marks a padded key.
+        document_ids: (..., Lk) integer, packed documents: query i sees only keys of the
+            document of key i + Lk - Lq (compared per tile; with packed, sorted ids the tiles
+            outside a block's documents are skipped).
         is_causal: query i sees keys j <= i + Lk - Lq.
         normalization: "softmax", "exp", "l2" or "relu2".
         scale: logit scale, default 1 / sqrt(D).
@@ -414,8 +470,8 @@ def triton_attention(
         given[_RENAMED[old]] = value
     spec = resolve(
         q, k, v, bias=bias, gate=gate, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        is_causal=is_causal, normalization=normalization, scale=scale, dropout_p=dropout_p,
-        dropout_seed=given["dropout_seed"], enable_gqa=True,
+        document_ids=document_ids, is_causal=is_causal, normalization=normalization, scale=scale,
+        dropout_p=dropout_p, dropout_seed=given["dropout_seed"], enable_gqa=True,
     )  # fmt: skip
     reason = spec_unsupported(spec)
     if reason is not None:

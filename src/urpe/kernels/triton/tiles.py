@@ -10,7 +10,7 @@ import triton.language as tl
 # They must be `tl.constexpr` objects: a compiled kernel may read no other module global (the CPU
 # interpreter allows plain ints, which is how a plain int here once broke every GPU launch).
 # The launcher takes their plain values (`.value`).
-NO_TERM, TOEPLITZ, RELATION, DENSE = (tl.constexpr(code) for code in range(4))
+NO_TERM, TOEPLITZ, RELATION, DENSE, DECAY = (tl.constexpr(code) for code in range(5))
 SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
 
 
@@ -53,13 +53,42 @@ def _tile(corner_ptr, rows, cols, s_i, s_j):
 
 
 @triton.jit
+def _document_of(span_ptr, b, positions, lk, missing):
+    """The document of the keys at these positions (a query's: i + Lk - Lq), named by its first
+    key; `missing` (< 0) outside [0, Lk). span_ptr: (B, 3, Lk) int32 (`ops._document_spans`)."""
+    inside = (positions >= 0) & (positions < lk)
+    return tl.load(span_ptr + b * 3 * lk + positions, mask=inside, other=missing)
+
+
+@triton.jit
+def _document_span(span_ptr, b, start, end, lk):
+    """(first, last): keys first..last hold every key of the documents of positions start..end
+    (a block's; clamped to [0, Lk), last = -1 when end < 0). Two scalar loads of the spans'
+    running bounds, not a min/max over the block's ids (with which the bf16 D=128 dK/dV kernel
+    on sm_90 went from 238 registers to 255 and a 16 B spill): exact for packed, sorted ids,
+    wider for interleaved ones."""
+    row = span_ptr + b * 3 * lk
+    first = tl.load(row + lk + tl.minimum(tl.maximum(start, 0), lk - 1))
+    last = tl.load(row + 2 * lk + tl.minimum(tl.maximum(end, 0), lk - 1))
+    return first, tl.where(end < 0, -1, last)
+
+
+@triton.jit
 def _visible(
     offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-    CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+    span_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+    DOCS: tl.constexpr,
 ):  # fmt: skip
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
-    allowed by the boolean attn_mask, read through its strides: 0 where it broadcasts)."""
-    keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
+    in the same document (`_document_of`), allowed by the boolean attn_mask, read through its
+    strides: 0 where it broadcasts)."""
+    if DOCS:  # one compare: queries out of range (or before the first key) read document -1,
+        # keys out of range -2, so equal documents imply both in range
+        q_doc = _document_of(span_ptr, b, offs_m + shift, lk, -1)
+        k_doc = _document_of(span_ptr, b, offs_n, lk, -2)
+        keep = q_doc[:, None] == k_doc[None, :]
+    else:
+        keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
     if CAUSAL:  # query i sits at position i + shift, shift = Lk - Lq
         keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
     if HAS_PAD:
@@ -83,6 +112,7 @@ def _term_tile(
     TOEPLITZ: table[h, clamp(j - pos(i), -K, K) + K] (s_h = 0 shares one row across heads).
     RELATION: table[h, index[b, i, j]] (index strides s_b, s_i, s_j; s_b = 0 shares one index).
     DENSE: term[b, h, i, j] through strides, 0 where the term broadcasts.
+    (A DECAY bias is the kernels' own: `_decay_at`.)
     """
     if KIND == TOEPLITZ:
         d = offs_n[None, :] - offs_m[:, None] - shift
@@ -96,6 +126,27 @@ def _term_tile(
         corner = ptr + _corner(b, s_b, h, s_h, m0, s_i, n0, s_j)
         val = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0.0)
     return val.to(ACC)
+
+
+@triton.jit
+def _decay_at(ptr, s_b, s_h, b, h, positions, lk):
+    """A Decay's c = cumsum(log_forget) at these positions: ptr (B|1, H|1, Lk) through s_b, s_h
+    (0 where it broadcasts); 0 outside [0, Lk) (a query before the first key reads 0). The
+    kernels load c at their fixed positions once and c at the walked ones per tile, and form
+    the bias -|c_pos(i) - c_j| in registers."""
+    row = ptr + _wide(b) * s_b + _wide(h) * s_h
+    return tl.load(row + positions, mask=(positions >= 0) & (positions < lk), other=0.0)
+
+
+@triton.jit
+def _decay_grad(ds, c_q, c_k):
+    """A tile's gradient of c through b_ij = -|c_q_i - c_k_j| from dB = ds: (per query, per
+    key) sums, -sum_j ds_ij sign(c_q_i - c_k_j) and sum_i ds_ij sign(...). sign(0) = 0, as
+    torch's |x| has it. The dQ kernel keeps the first, the dK/dV kernel the second: each entry
+    is written once (no atomics)."""
+    diff = c_q[:, None] - c_k[None, :]
+    signed = ds * ((diff > 0).to(ds.dtype) - (diff < 0).to(ds.dtype))
+    return -tl.sum(signed, 1), tl.sum(signed, 0)
 
 
 @triton.jit
