@@ -58,7 +58,7 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     # Variants with their own configurations (`configs_for`; other dtypes use the kernel's).
     # A Decay's gradient (the keys' share of d c) in the dK/dV kernel: 32 x 32 and 16 x 64
     # spilled 8 to 24 B for Decay + Toeplitz gate + exp + every mask + documents, G=2, odd
-    # lengths (sm_80 and sm_90, bf16): 16 query rows a tile.
+    # lengths (sm_80 and sm_90, bf16): 16 x 32 tiles.
     ("backward_kv_decay", 64, "half"): ((16, 32, 4, 2),),
     ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
     # Documents: 128 x 32 spilled 8 B for a dense bias and gate, G=16, Lk=1000 (sm_90, bf16)
