@@ -238,8 +238,6 @@ def attention_bwd_kv_kernel(
     kv_heads = heads // group
     b = (bhk // kv_heads).to(tl.int64)
     hk = (bhk % kv_heads).to(tl.int64)
-    if DROPOUT:  # read once on the device (the launch never reads it on the host)
-        seed = tl.load(seed_ptr)
     shift = lk - lq
     n0 = pid_n * BLOCK_N
     rows = tl.arange(0, BLOCK_M)
@@ -305,7 +303,9 @@ def attention_bwd_kv_kernel(
             p, r = _weights(s, keep, stat, NORM)
             da = _dot(do, vt, PRECISION, UPCAST).to(ACC)  # dO V^T, (BLOCK_M, BLOCK_N)
             if DROPOUT:
-                drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+                drop_keep = _dropout_keep(
+                    tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
+                )
                 da = tl.where(drop_keep, da / (1.0 - dropout_p), 0.0)
             a = p
             dp = da
