@@ -527,12 +527,12 @@ def test_bench_imports_nothing_from_experiments():
 def test_the_fused_kernel_assumes_no_cpu():
     """The pure-PyTorch fused kernel (a GPU benchmark row) builds every tensor on its inputs'
     device: on the meta device a stray CPU tensor would raise."""
-    from urpe.kernels.fused import fused_attention
+    from urpe.kernels.blockwise import blockwise_attention
 
     q, k, v = (torch.randn(2, 2, 40, 16, device="meta", requires_grad=True) for _ in range(3))
     tables = [torch.randn(2, 11, device="meta", requires_grad=True) for _ in range(2)]
     for norm in ("softmax", "exp", "l2", "relu2"):
-        out = fused_attention(q, k, v, bias=Toeplitz(tables[0]), gate=Toeplitz(tables[1]),
+        out = blockwise_attention(q, k, v, bias=Toeplitz(tables[0]), gate=Toeplitz(tables[1]),
                               is_causal=True, normalization=norm, block_q=16,
                               block_k=16)  # fmt: skip
         out.sum().backward()

@@ -24,11 +24,11 @@ import torch
 import torch.nn.attention.flex_attention as flex_module
 
 from urpe.kernels import Relation, Toeplitz, attention, native_backends, reference_attention
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import cpp_attention
 from urpe.kernels.cpp import unavailable as cpp_unavailable
 from urpe.kernels.execute import execute
 from urpe.kernels.flex import flex_run, flex_spec_unsupported
-from urpe.kernels.fused import fused_attention
 from urpe.kernels.masks import visible_key_counts
 from urpe.kernels.spec import resolve
 from urpe.kernels.triton import triton_unsupported
@@ -120,7 +120,7 @@ def _lifted_flex(q, k, v, **call):
 RUNNERS = {
     "reference": lambda *a, **c: attention(*a, **c, backend="reference"),
     "sdpa": lambda *a, **c: attention(*a, **c, backend="sdpa"),
-    "fused": lambda *a, **c: fused_attention(*a, **c, block_q=4, block_k=8),
+    "fused": lambda *a, **c: blockwise_attention(*a, **c, block_q=4, block_k=8),
     "cpp": lambda *a, **c: cpp_attention(*a, **c, block_q=4, block_k=8),
     "auto": lambda *a, **c: attention(*a, **c),
     "triton": lambda *a, **c: attention(*a, **c, backend="triton"),

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
+from urpe.kernels.blockwise import blockwise_attention
+from urpe.kernels.blockwise.tiles import antidiagonal_sums
 from urpe.kernels.dispatch import BROKEN
-from urpe.kernels.fused import fused_attention
-from urpe.kernels.fused_terms import antidiagonal_sums
 
 from .kernel_cases import (
     MASKS,
@@ -36,7 +36,7 @@ TILES = SMALL_TILES
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("terms", TERMS, ids=lambda t: f"{t[0]}-{t[1]}")
 def test_matches_reference(normalization, mask, shape, terms):
-    check_against_reference(fused_attention, shape, mask, terms, normalization, **TILES)
+    check_against_reference(blockwise_attention, shape, mask, terms, normalization, **TILES)
 
 
 @pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3)])
@@ -45,7 +45,7 @@ def test_tile_sizes_do_not_matter(tiles):
     want = outputs_and_grads(reference_attention, qkv, params, call)
     block_q, block_k = tiles
     got = outputs_and_grads(
-        lambda *a, **c: fused_attention(*a, **c, block_q=block_q, block_k=block_k),
+        lambda *a, **c: blockwise_attention(*a, **c, block_q=block_q, block_k=block_k),
         qkv,
         params,
         call,
@@ -62,7 +62,7 @@ def test_gradcheck_tiny():
         terms = dict(bias=Toeplitz(tb), gate=Relation(tc, call["gate"].index))
         rest = {k: v for k, v in call.items() if k not in ("bias", "gate")}
         tiles = dict(block_q=2, block_k=3)
-        return fused_attention(q, k, v, **terms, **rest, **tiles, dropout_p=0.3, dropout_seed=7)
+        return blockwise_attention(q, k, v, **terms, **rest, **tiles, dropout_p=0.3, dropout_seed=7)
 
     assert torch.autograd.gradcheck(fn, (*qkv, table_b, table_c))
 
@@ -75,7 +75,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
     q, k, v = qkv
     eye = torch.eye(40, dtype=torch.float64).expand(2, 2, 40, 40)
     with torch.no_grad():
-        dropped = fused_attention(q, k, eye, **call, dropout_p=p, dropout_seed=3, **TILES)
+        dropped = blockwise_attention(q, k, eye, **call, dropout_p=p, dropout_seed=3, **TILES)
         weights = reference_attention(q, k, eye, **call)
     kept = dropped != 0
     torch.testing.assert_close(dropped, weights * kept / (1 - p))
@@ -88,7 +88,7 @@ def test_dropout_is_the_reference_with_one_shared_mask():
         return (w * kept / (1 - p)) @ v
 
     def fused_seeded(q, k, v, **c):
-        return fused_attention(q, k, v, **c, dropout_p=p, dropout_seed=3, **TILES)
+        return blockwise_attention(q, k, v, **c, dropout_p=p, dropout_seed=3, **TILES)
 
     assert_close(
         outputs_and_grads(fused_seeded, qkv, params, call),
@@ -96,11 +96,11 @@ def test_dropout_is_the_reference_with_one_shared_mask():
     )
     # a different seed draws a different mask; the default seed follows torch.manual_seed
     with torch.no_grad():
-        other = fused_attention(q, k, v, **call, dropout_p=p, dropout_seed=4, **TILES)
+        other = blockwise_attention(q, k, v, **call, dropout_p=p, dropout_seed=4, **TILES)
         torch.manual_seed(0)
-        first = fused_attention(q, k, v, **call, dropout_p=p, **TILES)
+        first = blockwise_attention(q, k, v, **call, dropout_p=p, **TILES)
         torch.manual_seed(0)
-        again = fused_attention(q, k, v, **call, dropout_p=p, **TILES)
+        again = blockwise_attention(q, k, v, **call, dropout_p=p, **TILES)
     assert not torch.equal(other, fused_seeded(q, k, v, **call))
     assert torch.equal(first, again)
 
@@ -109,7 +109,7 @@ def test_poison_padded_rows_are_zero_and_padded_keys_are_ignored():
     qkv, params, call = case((2, 3, 10, 10, 16), "padding", "toeplitz", "toeplitz")
     q, k, v = qkv
     padding = call["key_padding_mask"]
-    out = fused_attention(q, k, v, **call, **TILES)
+    out = blockwise_attention(q, k, v, **call, **TILES)
     assert torch.equal(out[0], torch.zeros_like(out[0]))  # batch row 0: every key padded
     grads = torch.autograd.grad(out.sum(), params)
     assert all(torch.isfinite(g).all() for g in grads)
@@ -117,7 +117,7 @@ def test_poison_padded_rows_are_zero_and_padded_keys_are_ignored():
     poison = padding[:, None, :, None]
     k2 = k.detach().masked_fill(poison, 1e4)
     v2 = v.detach().masked_fill(poison, -3e3)
-    torch.testing.assert_close(fused_attention(q, k2, v2, **call, **TILES), out)
+    torch.testing.assert_close(blockwise_attention(q, k2, v2, **call, **TILES), out)
 
 
 def test_infinite_gate_far_away_stays_out_of_masked_keys():
@@ -129,7 +129,7 @@ def test_infinite_gate_far_away_stays_out_of_masked_keys():
     finite = table.nan_to_num(posinf=5.0).requires_grad_()
     table.requires_grad_()
     got = outputs_and_grads(
-        lambda *a, **c: fused_attention(*a, **c, **TILES),
+        lambda *a, **c: blockwise_attention(*a, **c, **TILES),
         qkv,
         [*params, table],
         call | dict(gate=Toeplitz(table)),
@@ -159,7 +159,7 @@ def test_half_precision_close_to_reference(dtype, normalization):
         scale=0.05 if normalization == "exp" else None,
     )
     got = outputs_and_grads(
-        lambda *a, **c: fused_attention(*a, **c, **TILES), (q, k, v), tensors, call
+        lambda *a, **c: blockwise_attention(*a, **c, **TILES), (q, k, v), tensors, call
     )
     assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])
     # Compared with the reference in float64 on the same (rounded) inputs: the reference run in
@@ -219,5 +219,5 @@ def test_default_tiles_at_lengths_beyond_one_key_block(normalization):
     qkv, params, call = case((1, 2, 300, 2100, 32), "causal+padding", "toeplitz", "toeplitz")
     call["normalization"] = normalization
     want = outputs_and_grads(reference_attention, qkv, params, call)
-    got = outputs_and_grads(fused_attention, qkv, params, call)
+    got = outputs_and_grads(blockwise_attention, qkv, params, call)
     assert_close(got, want)

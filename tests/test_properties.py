@@ -27,13 +27,13 @@ from urpe.kernels import (
     native_backends,
     select_backend,
 )
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import cpp_attention
-from urpe.kernels.fused import fused_attention
 
 # The backends built for the CPU (the GPU ones have their own tests: test_triton, test_flex).
 CPU_BACKENDS = native_backends("cpu")
 # The tiled kernels, run again with the drawn tile sizes.
-TILED = {"fused": fused_attention, "cpp": cpp_attention}
+TILED = {"fused": blockwise_attention, "cpp": cpp_attention}
 
 CI = settings(
     max_examples=120,

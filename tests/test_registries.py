@@ -23,8 +23,8 @@ from urpe.kernels import (
     register_normalization,
     select_backend,
 )
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import unavailable
-from urpe.kernels.fused import fused_attention
 from urpe.kernels.reference import reference_run
 
 # The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else fused.
@@ -99,7 +99,7 @@ def test_a_registered_normalization_runs_on_every_kernel(sigmoid):
     assert select_backend("auto", q, k, v, **call).name == "fused"
     for tiles in (dict(), dict(block_q=2, block_k=3)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v, table)]
-        got = fused_attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), **tiles)
+        got = blockwise_attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), **tiles)
         torch.testing.assert_close(got, want)
         for g, w in zip(torch.autograd.grad(got.square().sum(), leaves), want_grads, strict=True):
             torch.testing.assert_close(g, w)

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from . import plans
+from .blockwise import blockwise_defers, blockwise_run, blockwise_unsupported
 from .execute import execute
-from .fused import fused_defers, fused_run, fused_unsupported
 from .reference import reference_run
 from .sdpa import sdpa_run, sdpa_unsupported
 from .spec import AttentionSpec, resolve
@@ -110,9 +110,11 @@ def register_backend(backend: Backend) -> Backend:
 register_backend(Backend("reference", reference_run, _always, priority=0))
 register_backend(Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20))
 # Fused goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
-# plain softmax to SDPA (see `fused_defers` for the measured rule). On the CPU the compiled C++
-# kernel ("cpp", registered in `urpe.kernels`) goes before fused, which is its fallback.
-register_backend(Backend("fused", fused_run, fused_unsupported, priority=30, defers=fused_defers))
+# plain softmax to SDPA (see `blockwise_defers` for the measured rule). On the CPU the compiled
+# C++ kernel ("cpp", registered in `urpe.kernels`) goes before fused, which is its fallback.
+register_backend(
+    Backend("fused", blockwise_run, blockwise_unsupported, priority=30, defers=blockwise_defers)
+)
 
 
 def native_backends(device_type: str) -> list[str]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from .checks import checked_relation_index
 from .dtypes import HALF, compute_dtype
 from .normalization import NORMALIZATIONS, Normalization
-from .ops import checked_relation_index
 from .tables import PositionTerm, Relation, Toeplitz
 
 

@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..blockwise import blockwise_defers
 from ..dispatch import Backend
 from ..execute import execute
-from ..fused import fused_defers
 from ..layout import ForwardArgs
 from ..nonfinite import FINITE_CHECKS
 from ..reference import draw_seed
@@ -93,7 +93,7 @@ def cpp_defers(spec: AttentionSpec) -> str | None:
     torch's threads)."""
     if not threaded():
         return "the C++ kernel was built without OpenMP: its tiles run on one thread"
-    return fused_defers(spec)
+    return blockwise_defers(spec)
 
 
 def cpp_backend() -> Backend:

@@ -16,10 +16,10 @@ import functools
 import torch
 from torch import Tensor
 
+from ..blockwise import forward_fake
 from ..composable import define_attention_ops
 from ..dropout import keep_threshold
 from ..dtypes import compute_dtype
-from ..fused import forward_fake
 from ..layout import BackwardArgs, ForwardArgs
 from ..masks import visible_key_counts
 from ..normalization import NORMALIZATIONS
