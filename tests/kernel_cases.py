@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from urpe.kernels import NORMALIZATIONS as REGISTERED
-from urpe.kernels import Relation, Toeplitz, reference_attention
+from urpe.kernels import Normalization, Relation, Toeplitz, reference_attention
 
 SMALL_TILES = dict(block_q=8, block_k=16)  # every case spans several query and key blocks
 NORMALIZATIONS = tuple(REGISTERED)  # read from the registry: a new entry is tested here too
@@ -91,3 +91,29 @@ def check_against_reference(kernel, shape, mask, terms, normalization, **tiles) 
     want = outputs_and_grads(reference_attention, qkv, params, call)
     got = outputs_and_grads(lambda *a, **c: kernel(*a, **c, **tiles), qkv, params, call)
     assert_close(got, want)
+
+
+def _sigmoid_weights(scores, keep):
+    a = torch.sigmoid(scores)
+    return a if keep is None else a.masked_fill(~keep, 0.0)
+
+
+def _sigmoid_tile(s, r):
+    return s.sigmoid_(), None  # no row statistic: r is the zero `fixed_statistic`
+
+
+def _sigmoid_grad(dp, a, aux, delta, r):
+    return dp.mul_(a).mul_(1 - a)  # d sigmoid = a (1 - a)
+
+
+def sigmoid_normalization(name: str = "sigmoid") -> Normalization:
+    """Sigmoid attention, a_ij = sigmoid(s_ij), as a registry entry named `name`."""
+    return Normalization(
+        name=name,
+        formula="a_ij = sigmoid(s_ij)",
+        weights=_sigmoid_weights,
+        tile_weights=_sigmoid_tile,
+        grad_logits=_sigmoid_grad,
+        fixed_statistic=torch.zeros_like,
+        hidden_logit=float("-inf"),  # sigmoid(-inf) = 0
+    )

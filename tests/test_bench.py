@@ -32,7 +32,9 @@ from urpe.kernels import (
     native_backends,
     reference_attention,
     register_backend,
+    registered,
 )
+from urpe.kernels.capabilities import Capabilities
 from urpe.kernels.reference import reference_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,12 +110,12 @@ def dummy_backends():
         calls.append(spec)
         return reference_run(spec)
 
-    names = ("bench_dummy", "bench_dummy_cuda")
-    register_backend(Backend(names[0], run))
-    register_backend(Backend(names[1], run, devices=("cuda",)))
-    yield calls
-    for name in names:
-        BACKENDS.pop(name)
+    cuda_only = Capabilities("a test kernel", devices=("cuda",))
+    with (
+        registered(register_backend, Backend("bench_dummy", run)),
+        registered(register_backend, Backend("bench_dummy_cuda", run, capabilities=cuda_only)),
+    ):
+        yield calls
 
 
 def test_every_registered_backend_is_a_row(dummy_backends):

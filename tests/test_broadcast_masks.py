@@ -143,7 +143,7 @@ def _runs(name: str, case: dict) -> bool:
         return flex_spec_unsupported(spec, cpu_backward=False) is None
     from urpe.kernels import BACKENDS
 
-    return BACKENDS[name].unsupported(spec) is None
+    return BACKENDS[name].refusal(spec) is None
 
 
 def _outputs_and_grads(fn, case: dict):

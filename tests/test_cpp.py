@@ -9,6 +9,7 @@ where it cannot be built (one warning, "auto" runs the eager kernel, nothing fai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -212,18 +213,17 @@ def test_auto_picks_cpp_on_the_cpu_and_sdpa_for_plain_softmax():
     )
 
 
-def test_a_normalization_registered_later_is_left_to_fused(monkeypatch):
+def test_a_normalization_registered_later_is_left_to_fused():
     from urpe.kernels import NORMALIZATIONS as REGISTERED
-    from urpe.kernels.normalization import Normalization
+    from urpe.kernels import register_normalization, registered
 
-    softmax = REGISTERED["softmax"]
-    twin = Normalization(**{**softmax.__dict__, "name": "softmax-twin"})
-    monkeypatch.setitem(REGISTERED, "softmax-twin", twin)
+    twin = dataclasses.replace(REGISTERED["softmax"], name="softmax-twin")
     q = torch.randn(1, 2, 8, 16)
     call = dict(gate=Toeplitz(torch.ones(2, 5)), normalization="softmax-twin")
-    assert select_backend("auto", q, q, q, **call).name == "fused"
-    with pytest.raises(ValueError, match="no C\\+\\+ form"):
-        attention(q, q, q, **call, backend="cpp")
+    with registered(register_normalization, twin):
+        assert select_backend("auto", q, q, q, **call).name == "fused"
+        with pytest.raises(ValueError, match="'softmax-twin' has no form in the C\\+\\+ kernel"):
+            attention(q, q, q, **call, backend="cpp")
 
 
 def test_the_build_key_follows_sources_flags_and_machine():

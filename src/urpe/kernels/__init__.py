@@ -23,6 +23,7 @@ from .reference import reference_weights
 from .spec import AttentionSpec, resolve
 from .tables import PositionTerm, Relation, Toeplitz, dense_term, query_positions, relative_offsets
 from .triton import triton_backend
+from .watched import registered
 
 # The GPU backends. "triton" goes first in "auto" (it declines CPU calls and plain softmax);
 # "flex" runs only when asked for by name (the exact FlexAttention route, the baseline).
@@ -52,6 +53,7 @@ __all__ = [
     "reference_weights",
     "register_backend",
     "register_normalization",
+    "registered",
     "relative_offsets",
     "resolve",
     "select_backend",

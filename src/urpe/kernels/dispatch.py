@@ -25,9 +25,12 @@ dropout_seed (None: draw one if you need one). What a backend must do: hidden pa
 exactly 0; a row with no visible key returns 0 (no NaN) with zero gradients; a row of -inf logits
 likewise returns 0. What it need not do, because `execute` does it around every backend: empty
 calls, non-finite q/k/v (they arrive finite), overflow checks for `exp`, and leading batch dims.
-`unsupported(spec)` says why a call is out of reach (then "auto" skips it and naming the
-backend raises that reason); `defers(spec)` says why "auto" should leave a call it could run to a
-later backend. "auto" tries backends by descending `priority` (None: only by name).
+What a backend can run is declared once in its `Capabilities` table (`capabilities.py`:
+normalisations, term kinds, dtypes, devices, gradients, dropout, head dims); `unsupported(spec)`
+adds what a table cannot say. Where either refuses a call, "auto" skips it and naming the
+backend raises that reason (`Backend.refusal`); `defers(spec)` says why "auto" should leave a
+call it could run to a later backend. "auto" tries backends by descending `priority` (None: only
+by name).
 
 A backend that accepts a call but cannot run on this machine (a GPU kernel that does not compile
 or launch on this GPU, a broken install) raises `BackendFailure` from `run`. "auto" then warns
@@ -45,10 +48,11 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from . import plans
-from .blockwise import blockwise_defers, blockwise_run, blockwise_unsupported
+from .blockwise import BLOCKWISE_CAPABILITIES, blockwise_defers, blockwise_run
+from .capabilities import Capabilities
 from .execute import execute
 from .reference import reference_run
-from .sdpa import sdpa_run, sdpa_unsupported
+from .sdpa import SDPA_CAPABILITIES, sdpa_run, sdpa_unsupported
 from .spec import AttentionSpec, resolve
 from .tables import PositionTerm
 from .watched import WatchedDict, WatchedList
@@ -75,22 +79,29 @@ def _warn_once(message: str) -> None:
 
 @dataclass(frozen=True)
 class Backend:
-    """A kernel: name, run(spec) -> output, why it cannot run a call (None: it can), its place
-    in "auto" (higher priority first; None: never chosen by "auto") and why "auto" should pass
-    a call it could run on to a later backend. `devices`: the device types it is built for
-    (None: any); elsewhere it may still run as an emulation for its own tests (Triton's CPU
-    interpreter), and the tests that sweep the whole registry leave it out. `available`: why
-    it cannot run on this machine at all (a kernel that failed to build), or None; such a
-    backend is left out of `native_backends` (and so of those tests and the benchmark's rows)
-    and its `unsupported` gives the same reason."""
+    """A kernel: name, run(spec) -> output, why it cannot run a call beyond what its
+    `capabilities` table says (None: it can), its place in "auto" (higher priority first; None:
+    never chosen by "auto") and why "auto" should pass a call it could run on to a later
+    backend. `available`: why it cannot run on this machine at all (a kernel that failed to
+    build), or None; such a backend is left out of `native_backends` (and so of the tests and
+    the benchmark rows that sweep them) and its `unsupported` gives the same reason."""
 
     name: str
     run: Callable[[AttentionSpec], Tensor]
     unsupported: Callable[[AttentionSpec], str | None] = _always
     priority: float | None = None
     defers: Callable[[AttentionSpec], str | None] | None = None
-    devices: tuple[str, ...] | None = None
+    capabilities: Capabilities = Capabilities("the backend")
     available: Callable[[], str | None] | None = None
+
+    @property
+    def devices(self) -> tuple[str, ...] | None:
+        """The device types it is built for (None: any); see `Capabilities`."""
+        return self.capabilities.devices
+
+    def refusal(self, spec: AttentionSpec) -> str | None:
+        """Why it cannot run this call: its table's reason, else its own `unsupported`'s."""
+        return self.capabilities.refuses(spec) or self.unsupported(spec)
 
 
 # Watched: any change, registered or by hand, voids the remembered calls (see `plans`).
@@ -107,13 +118,26 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-register_backend(Backend("reference", reference_run, _always, priority=0))
-register_backend(Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20))
+register_backend.registries = (BACKENDS, AUTO_ORDER)  # for `registered`
+
+
+register_backend(
+    Backend("reference", reference_run, priority=0, capabilities=Capabilities("the reference"))
+)
+register_backend(
+    Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20, capabilities=SDPA_CAPABILITIES)
+)
 # Fused goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
 # plain softmax to SDPA (see `blockwise_defers` for the measured rule). On the CPU the compiled
 # C++ kernel ("cpp", registered in `urpe.kernels`) goes before fused, which is its fallback.
 register_backend(
-    Backend("fused", blockwise_run, blockwise_unsupported, priority=30, defers=blockwise_defers)
+    Backend(
+        "fused",
+        blockwise_run,
+        priority=30,
+        defers=blockwise_defers,
+        capabilities=BLOCKWISE_CAPABILITIES,
+    )
 )
 
 
@@ -143,7 +167,7 @@ def _auto_iter(spec: AttentionSpec) -> Iterator[Backend]:
         if (
             (name, device) not in BROKEN
             and (backend.defers is None or backend.defers(spec) is None)
-            and backend.unsupported(spec) is None
+            and backend.refusal(spec) is None
         ):
             yield backend
 
@@ -158,7 +182,7 @@ def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
         raise RuntimeError(f"no registered backend accepts this call (auto order {AUTO_ORDER})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
-    reason = BACKENDS[backend].unsupported(spec)
+    reason = BACKENDS[backend].refusal(spec)
     if reason is not None:
         raise ValueError(f"backend {backend!r} cannot run this call: {reason}")
     return BACKENDS[backend]

@@ -58,6 +58,9 @@ def register_normalization(norm: Normalization) -> Normalization:
     return norm
 
 
+register_normalization.registries = (NORMALIZATIONS,)  # for `registered`
+
+
 # ---------------------------------------------------------------------------------------------
 # Reference formulas on whole rows
 

@@ -25,11 +25,13 @@ import warnings
 
 from torch import Tensor
 
+from ..capabilities import Capabilities
 from ..composable import define_attention_ops
 from ..dtypes import compute_dtype
 from ..execute import execute
 from ..layout import ForwardArgs
 from ..reference import draw_seed
+from ..sdpa import SDPA_CAPABILITIES
 from ..spec import AttentionSpec, resolve
 from .kernel import BLOCK_K, BLOCK_Q, blockwise_backward, blockwise_forward
 
@@ -63,15 +65,15 @@ def blockwise_run(spec: AttentionSpec, block_q: int = BLOCK_Q, block_k: int = BL
     return BLOCKWISE(ForwardArgs.from_spec(spec, block_q, block_k)).to(spec.q.dtype)
 
 
-def blockwise_unsupported(spec: AttentionSpec) -> str | None:
-    """The blockwise kernel runs every call that `urpe.attention` accepts."""
-    return None
+# Every call that `urpe.attention` accepts, with the registry's formulas of any normalisation.
+BLOCKWISE_CAPABILITIES = Capabilities("the blockwise kernel")
 
 
 def blockwise_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should hand this call to a later backend: plain softmax without bias or gate,
-    where PyTorch's own fused SDPA kernel is faster."""
-    if spec.gate is None and spec.bias is None and spec.normalization == "softmax":
+    where PyTorch's own fused SDPA kernel is faster (where SDPA implements the softmax: not one
+    registered again with other formulas)."""
+    if spec.gate is None and spec.bias is None and SDPA_CAPABILITIES.implements(spec.norm):
         return "plain softmax attention: SDPA is faster"
     return None
 

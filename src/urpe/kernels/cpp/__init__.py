@@ -19,8 +19,8 @@ queries, dropout (the reference's own hash, so both draw the same mask), float64
 float16 is computed in float32. bfloat16 too, but its seven matrix products take bfloat16
 operands (q, k, v, dO as given; the weights and dS rounded to bfloat16) and accumulate in
 float32, as SDPA does, where torch's BLAS has a bf16 x bf16 -> float routine (MKL's, on AMX or
-AVX512-BF16); elsewhere they run in float32 too. A normalisation registered later is left to
-"fused".
+AVX512-BF16); elsewhere they run in float32 too. A normalisation registered later (or registered
+again with other formulas) is left to "fused": see `CPP_CAPABILITIES`.
 
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
 "auto" warns once and runs "fused" instead. The layers are those of the fused and Triton
@@ -34,7 +34,9 @@ import torch
 from torch import Tensor
 
 from ..blockwise import blockwise_defers
+from ..capabilities import Capabilities, built_in
 from ..dispatch import Backend
+from ..dtypes import FLOATING
 from ..execute import execute
 from ..layout import ForwardArgs
 from ..nonfinite import FINITE_CHECKS
@@ -46,20 +48,19 @@ __all__ = ["cpp_attention", "cpp_backend", "cpp_defers", "cpp_run", "cpp_unsuppo
            "unavailable"]  # fmt: skip
 
 
+# The registry's four built-ins as the C++ loop implements them (codes in ops.py).
+CPP_CAPABILITIES = Capabilities(
+    "the C++ kernel",
+    normalizations=built_in("softmax", "exp", "l2", "relu2"),
+    dtypes=FLOATING,
+    devices=("cpu",),
+)
+
+
 def cpp_unsupported(spec: AttentionSpec) -> str | None:
-    """Why the C++ kernel cannot run this call (None: it can). Builds it on the first CPU call."""
-    if spec.q.device.type != "cpu":
-        return f"the C++ kernel runs on the CPU, not {spec.q.device.type}"
-    if _built_in().get(spec.normalization) is not spec.norm:
-        return f"normalization {spec.normalization!r} has no C++ form (backend 'fused' runs it)"
+    """Why the C++ kernel cannot run this call beyond its table (None: it can): it could not
+    be built. Builds it on the first CPU call."""
     return unavailable()
-
-
-def _built_in() -> dict:
-    """The normalisations the C++ loop implements (ops.py, imported on first use)."""
-    from .ops import BUILT_IN
-
-    return BUILT_IN
 
 
 def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
@@ -81,7 +82,7 @@ def cpp_attention(
     if int(block_q) < 0 or int(block_k) < 0:
         raise ValueError(f"block_q and block_k must be >= 0, got {block_q}, {block_k}")
     spec = resolve(q, k, v, **kwargs)
-    reason = cpp_unsupported(spec)
+    reason = cpp_backend().refusal(spec)
     if reason is not None:
         raise ValueError(f"backend 'cpp' cannot run this call: {reason}")
     return execute(lambda s: cpp_run(s, block_q, block_k), spec)
@@ -99,7 +100,7 @@ def cpp_defers(spec: AttentionSpec) -> str | None:
 def cpp_backend() -> Backend:
     """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
     return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
-                   devices=("cpu",), available=unavailable)  # fmt: skip
+                   capabilities=CPP_CAPABILITIES, available=unavailable)  # fmt: skip
 
 
 def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:

@@ -24,12 +24,9 @@ from ..layout import BackwardArgs, ForwardArgs
 from ..masks import visible_key_counts
 from ..normalization import NORMALIZATIONS
 
-# Codes of library.cpp's enums.
+# Codes of library.cpp's enums (the normalisations are those of the backend's capability table).
 NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
 KIND_CODES = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3}
-# The entries the C++ loop implements; a normalisation registered later (or one of these names
-# registered again with other formulas) is left to the eager kernels.
-BUILT_IN = {name: NORMALIZATIONS[name] for name in NORMALIZATION_CODES}
 
 # Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
 # issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.

@@ -50,6 +50,7 @@ from ..spec import AttentionSpec, resolve
 from ..tables import dense_term
 from . import kernels as K
 from .launch import Launch, fixed_blocks, interpreting, run_launch
+from .support import refusal
 
 NORMALIZATION_CODES = {"softmax": K.SOFTMAX.value, "exp": K.EXP.value, "l2": K.L2.value,
                        "relu2": K.RELU2.value}  # fmt: skip
@@ -400,8 +401,6 @@ def triton_attention(
     Returns:
         (..., H, Lq, Dv) in q's dtype. Half-precision inputs accumulate in float32.
     """
-    from . import spec_unsupported
-
     given = dict(dropout_seed=dropout_seed, block_q=block_q, block_k=block_k)
     for old, value in renamed.items():
         if old not in _RENAMED:
@@ -417,7 +416,7 @@ def triton_attention(
         is_causal=is_causal, normalization=normalization, scale=scale, dropout_p=dropout_p,
         dropout_seed=given["dropout_seed"], enable_gqa=True,
     )  # fmt: skip
-    reason = spec_unsupported(spec)
+    reason = refusal(spec)
     if reason is not None:
         raise ValueError(f"backend 'triton' cannot run this call: {reason}")
     for name in ("block_q", "block_k"):
