@@ -68,7 +68,7 @@ def test_softmax_registered_again_with_other_formulas_is_refused_by_every_compil
                 entry_point(q, k, v, **terms)
         # "auto" runs both calls where the registry's formulas are read: sigmoid attention
         for call in (terms, {}):
-            assert select_backend("auto", q, k, v, **call).name in ("fused", "reference")
+            assert select_backend("auto", q, k, v, **call).name in ("blockwise", "reference")
             torch.testing.assert_close(
                 attention(q, k, v, **call), _sigmoid_by_hand(q, k, v, **call)
             )
@@ -81,7 +81,7 @@ def test_softmax_registered_again_with_other_formulas_is_refused_by_every_compil
 def test_every_backend_declares_its_table_and_dispatch_reads_it():
     q, k, v, table = _inputs()
     gated = dict(gate=Toeplitz(table))
-    for name in ("reference", "sdpa", "fused", "cpp", "triton", "flex"):
+    for name in ("reference", "sdpa", "blockwise", "cpp", "triton", "flex"):
         assert isinstance(BACKENDS[name].capabilities, Capabilities), name
     assert "SDPA takes no gate" in BACKENDS["sdpa"].refusal(resolve(q, k, v, **gated))
     with pytest.raises(ValueError, match="FlexAttention has no dropout"):

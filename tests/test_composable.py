@@ -4,8 +4,8 @@ A kernel that sits behind a pair of custom ops supplies only its forward, its ba
 shapes of its forward's outputs; the ops, their schemas, fake implementations, vmap rules and the
 autograd Function come from the shared layout. These tests build such a kernel from the reference
 (materialising, differentiated by autograd inside the backward op) and check that it composes
-with autograd, torch.func and torch.compile like the shipped ones, and that the shipped fused ops
-pass torch.library's own checks for every kind of term.
+with autograd, torch.func and torch.compile like the shipped ones, and that the shipped
+blockwise ops pass torch.library's own checks for every kind of term.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_a_kernel_on_the_layout_composes_with_func_and_compile():
 
 
 @pytest.mark.parametrize("bias_kind", ["none", "toeplitz", "relation", "dense"])
-def test_the_fused_ops_pass_torch_library_checks(bias_kind):
+def test_the_blockwise_ops_pass_torch_library_checks(bias_kind):
     q, k, v, table, gate = _inputs()
     bias = {
         "none": None,

@@ -113,7 +113,7 @@ def test_grouped_queries_and_empty_calls_in_the_spec():
 
 def test_native_backends_leave_out_the_gpu_built_ones():
     cpu = native_backends("cpu")
-    assert {"reference", "sdpa", "fused"} <= set(cpu)
+    assert {"reference", "sdpa", "blockwise"} <= set(cpu)
     assert "triton" not in cpu and "flex" not in cpu
     assert {"triton", "flex"} <= set(native_backends("cuda"))
 

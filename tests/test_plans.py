@@ -133,15 +133,15 @@ def test_registering_a_backend_or_a_normalization_forgets_every_plan():
 def test_a_backend_replaced_by_hand_is_not_run_from_an_old_plan():
     q, k, v = _qkv()
     plans.forget()
-    attention(q, k, v, backend="fused")
+    attention(q, k, v, backend="blockwise")
     ran = []
 
     def spy(spec):
         ran.append(spec)
         return BACKENDS["reference"].run(spec)
 
-    with registered(register_backend, Backend("fused", spy)):
-        attention(q, k, v, backend="fused")
+    with registered(register_backend, Backend("blockwise", spy)):
+        attention(q, k, v, backend="blockwise")
     assert len(ran) == 1
     plans.forget()
 

@@ -1,7 +1,7 @@
 """One place to extend: a normalisation or a backend registered once is used everywhere.
 
 A new normalisation (sigmoid attention, defined here in a dozen lines) runs on the reference and
-on the fused kernel without touching either; a new backend is picked by "auto", by name, and
+on the blockwise kernel without touching either; a new backend is picked by "auto", by name, and
 skipped where it says it cannot run.
 """
 
@@ -29,8 +29,8 @@ from urpe.kernels.reference import reference_run
 
 from .kernel_cases import sigmoid_normalization
 
-# The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else fused.
-GATED_ON_CPU = "cpp" if unavailable() is None else "fused"
+# The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else blockwise.
+GATED_ON_CPU = "cpp" if unavailable() is None else "blockwise"
 
 F64 = dict(dtype=torch.float64)
 
@@ -74,7 +74,7 @@ def test_a_registered_normalization_runs_on_every_kernel(sigmoid):
     want = attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), backend="reference")
     torch.testing.assert_close(want, by_hand)
     want_grads = torch.autograd.grad(want.square().sum(), leaves)
-    assert select_backend("auto", q, k, v, **call).name == "fused"
+    assert select_backend("auto", q, k, v, **call).name == "blockwise"
     for tiles in (dict(), dict(block_q=2, block_k=3)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v, table)]
         got = blockwise_attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), **tiles)

@@ -27,7 +27,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture
 def triton_first(monkeypatch):
-    """ "auto" takes the Triton kernel first (on the CPU it normally defers to the fused one),
+    """ "auto" takes the Triton kernel first (on the CPU it normally defers to the blockwise one),
     and forgets earlier failures and warnings."""
     backend = dataclasses.replace(dispatch.BACKENDS["triton"], defers=None)
     monkeypatch.setattr(dispatch, "BROKEN", {})

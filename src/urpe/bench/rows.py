@@ -50,9 +50,17 @@ class Row:
 
 
 # Row names of earlier versions (results files, scripts) -> today's.
-RENAMED = {"reference": "reference_urpe"}
+RENAMED = {"reference": "reference_urpe", "fused_urpe": "blockwise_urpe",
+           "fused_rpe": "blockwise_rpe"}  # fmt: skip
+
+
+def current_names(records: list[dict]) -> list[dict]:
+    """Records (results of any version) with today's row names."""
+    return [dict(r, name=RENAMED[r["name"]]) if r.get("name") in RENAMED else r for r in records]
+
+
 # Backends whose rows are too slow or too large past a length: the option that says where.
-BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "fused": "fused_max_length"}
+BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "blockwise": "blockwise_max_length"}
 
 
 def _sdpa(inputs: Inputs, causal: bool):

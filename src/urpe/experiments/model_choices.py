@@ -58,8 +58,15 @@ def _backends() -> list[str]:
     return ["auto", *BACKENDS]
 
 
+def _backend(name: str) -> str:
+    """A backend's name as given, or today's for a renamed one ("fused": "blockwise")."""
+    from ..kernels.dispatch import current_backend_name
+
+    return current_backend_name(name)
+
+
 BACKEND = Option(("--backend",), "backend", "attention kernel (default: auto, the fastest that "
-                 "applies)", choices=_backends)  # fmt: skip
+                 "applies)", type=_backend, choices=_backends)  # fmt: skip
 MODEL_OPTIONS = (
     Option(("--normalization",), "normalization", "attention normalisation of every run "
            "(default: each variant's own)", choices=_normalizations),

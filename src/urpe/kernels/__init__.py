@@ -29,8 +29,8 @@ from .watched import registered
 # "flex" runs only when asked for by name (the exact FlexAttention route, the baseline).
 register_backend(triton_backend())
 register_backend(flex_backend())
-# The compiled CPU tile loop, before "fused" in "auto" on the CPU (built on first use; where it
-# cannot be built, "auto" warns once and "fused" runs).
+# The compiled CPU tile loop, before "blockwise" in "auto" on the CPU (built on first use; where
+# it cannot be built, "auto" warns once and "blockwise" runs).
 register_backend(cpp_backend())
 
 __all__ = [

@@ -104,6 +104,24 @@ class Backend:
         return self.capabilities.refuses(spec) or self.unsupported(spec)
 
 
+# Old backend names -> today's. An old name keeps working (configs, command lines, checkpoints
+# and run records that hold it) with one DeprecationWarning per process.
+RENAMED_BACKENDS = {"fused": "blockwise"}
+
+
+def current_backend_name(name: str) -> str:
+    """`name`, or today's name for a renamed backend (warning once that the old one is
+    deprecated)."""
+    new = RENAMED_BACKENDS.get(name) if type(name) is str else None
+    if new is None:
+        return name
+    message = f"backend {name!r} is deprecated: it is called {new!r} now"
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+    return new
+
+
 # Watched: any change, registered or by hand, voids the remembered calls (see `plans`).
 BACKENDS: dict[str, Backend] = WatchedDict()
 # Tried in this order by backend="auto"; the reference always applies, so it comes last.
@@ -127,12 +145,12 @@ register_backend(
 register_backend(
     Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20, capabilities=SDPA_CAPABILITIES)
 )
-# Fused goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
+# Blockwise goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
 # plain softmax to SDPA (see `blockwise_defers` for the measured rule). On the CPU the compiled
-# C++ kernel ("cpp", registered in `urpe.kernels`) goes before fused, which is its fallback.
+# C++ kernel ("cpp", registered in `urpe.kernels`) goes before blockwise, its fallback.
 register_backend(
     Backend(
-        "fused",
+        "blockwise",
         blockwise_run,
         priority=30,
         defers=blockwise_defers,
@@ -176,6 +194,7 @@ def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
     """The kernel `attention` would use for this resolved call."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    backend = current_backend_name(backend)
     if backend == "auto":
         for candidate in _auto_iter(spec):
             return candidate
@@ -239,7 +258,7 @@ def attention(
         normalization: "softmax", "exp" (no denominator), "l2" (exp / l2 norm of the row),
             "relu2" (relu(s)^2 / n, n the number of keys the query sees), or any name
             registered in `urpe.kernels.NORMALIZATIONS`.
-        dropout_seed: int or int64 scalar tensor fixing the dropout masks (reference and fused
+        dropout_seed: int or int64 scalar tensor fixing the dropout masks (reference and blockwise
             backends; SDPA draws its own). Default: drawn from torch's generator.
         backend: "auto" (fastest that applies), or a name from `urpe.kernels.BACKENDS`.
 
@@ -259,6 +278,7 @@ def attention(
     call never waits for the device and a CUDA graph can capture it; the one exception is
     `normalization="exp"`, whose overflow check must read the result (see `urpe.kernels.host`).
     """
+    backend = current_backend_name(backend)  # an old name: today's
     key = plans.signature(
         q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
         key_padding_mask, normalization, dropout_seed, backend, BROKEN,

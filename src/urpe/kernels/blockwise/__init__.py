@@ -88,7 +88,7 @@ def blockwise_attention(
     seed: int | Tensor | None = None,
     **kwargs,
 ) -> Tensor:
-    """`urpe.attention(q, k, v, **kwargs, backend="fused")` with chosen tile sizes.
+    """`urpe.attention(q, k, v, **kwargs, backend="blockwise")` with chosen tile sizes.
 
     block_q, block_k: tile size (queries x keys). `dropout_seed` (in kwargs, as in
     `urpe.attention`) fixes the dropout masks; by default one is drawn from torch's generator,

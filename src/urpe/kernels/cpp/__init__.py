@@ -1,6 +1,6 @@
 """URPE attention as a compiled C++ tile loop on the CPU: backend "cpp", first in "auto" there.
 
-The eager blockwise kernel ("fused") runs each step of a tile as its own PyTorch op over an
+The eager blockwise kernel ("blockwise") runs each step of a tile as its own PyTorch op over an
 8 MB score tile, each op parallel on its own: many short passes that each wait for the slowest
 thread, which a busy machine makes slow. This kernel keeps a score tile (256 x 512 forward,
 128 x 512 backward) in cache and does everything per element on it inside one C++ loop
@@ -20,10 +20,10 @@ float16 is computed in float32. bfloat16 too, but its seven matrix products take
 operands (q, k, v, dO as given; the weights and dS rounded to bfloat16) and accumulate in
 float32, as SDPA does, where torch's BLAS has a bf16 x bf16 -> float routine (MKL's, on AMX or
 AVX512-BF16); elsewhere they run in float32 too. A normalisation registered later (or registered
-again with other formulas) is left to "fused": see `CPP_CAPABILITIES`.
+again with other formulas) is left to "blockwise": see `CPP_CAPABILITIES`.
 
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
-"auto" warns once and runs "fused" instead. The layers are those of the fused and Triton
+"auto" warns once and runs "blockwise" instead. The layers are those of the blockwise and Triton
 kernels: C++ ops on tensors (`library.cpp`), custom ops with fakes, vmap rules and an autograd
 Function around them (`ops.py`), and the backend here.
 """
@@ -90,7 +90,7 @@ def cpp_attention(
 
 def cpp_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should hand a call the kernel could run to a later backend: plain softmax
-    (SDPA is faster), or a build without OpenMP, whose tiles run on one thread ("fused" uses
+    (SDPA is faster), or a build without OpenMP, whose tiles run on one thread ("blockwise" uses
     torch's threads)."""
     if not threaded():
         return "the C++ kernel was built without OpenMP: its tiles run on one thread"
@@ -98,7 +98,7 @@ def cpp_defers(spec: AttentionSpec) -> str | None:
 
 
 def cpp_backend() -> Backend:
-    """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
+    """Before "blockwise" in "auto" on the CPU; plain softmax still goes to SDPA."""
     return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
                    capabilities=CPP_CAPABILITIES, available=unavailable)  # fmt: skip
 

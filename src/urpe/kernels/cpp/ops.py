@@ -5,7 +5,7 @@ the C++ ops take (the compute dtype, contiguous, a Toeplitz table read out at ev
 the call, the statistic of exp/relu2 counted up front) and turn the C++ gradients back into
 gradients of the caller's tensors. `define_attention_ops` puts them behind
 `urpe::cpp_attention_forward` / `_backward` with fake implementations, vmap rules and an
-autograd Function, as for the fused and Triton kernels, so torch.func and torch.compile
+autograd Function, as for the blockwise and Triton kernels, so torch.func and torch.compile
 compose with them.
 """
 

@@ -2,11 +2,11 @@
 
 1. Raw ops `urpe::triton_attention_forward` / `urpe::triton_attention_backward`
    (`torch.library.custom_op`, with fake implementations so `torch.compile` traces through them):
-   tensors and scalars only, in the fused backend's signature. A bias or gate arrives as
+   tensors and scalars only, in the blockwise backend's signature. A bias or gate arrives as
    (tensor, index, kind), kind one of "none", "toeplitz", "relation", "dense"; the attn_mask is
    boolean (a float one is added to the bias first, in layer 3). Their vmap rules fold a vmapped
    dim into the batch, or loop where folding would be wrong (`urpe.kernels.composable`).
-2. Autograd: `TritonAttention`, the autograd.Function with `setup_context` shared with the fused
+2. Autograd: `TritonAttention`, the autograd.Function with `setup_context` shared with the blockwise
    backend, so `torch.func.grad`, `vmap`, `functional_call` and `torch.compile(fullgraph=True)`
    compose with the kernel.
 3. `triton_run(spec)`, the backend, and `triton_attention`, the documented function with
@@ -135,7 +135,7 @@ def _buckets(q: Tensor, k: Tensor) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 # Layer 1: the raw ops' bodies, on the argument layout every such kernel shares
 # (`urpe.kernels.layout`): `define_attention_ops` registers them with the vmap rules and the
-# autograd Function of the fused backend.
+# autograd Function of the blockwise backend.
 
 KIND_CODES = {"none": K.NO_TERM.value, "toeplitz": K.TOEPLITZ.value, "relation": K.RELATION.value,
               "dense": K.DENSE.value}  # fmt: skip
@@ -319,7 +319,7 @@ def _backward(grads: BackwardArgs) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
-# Layer 2: autograd (shared with the fused backend)
+# Layer 2: autograd (shared with the blockwise backend)
 
 TRITON = define_attention_ops("triton_attention", _forward, _backward, _forward_fake)
 TritonAttention = TRITON.function

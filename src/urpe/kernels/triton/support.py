@@ -96,7 +96,7 @@ def spec_unsupported(spec: AttentionSpec) -> str | None:
 def spec_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should leave a call the Triton kernel could run to another backend."""
     if spec.q.device.type == "cpu":
-        return "Triton's CPU interpreter is for testing; the fused kernel is faster"
+        return "Triton's CPU interpreter is for testing; the blockwise kernel is faster"
     if spec.gate is None and spec.bias is None and SDPA_CAPABILITIES.implements(spec.norm):
         return "plain softmax attention: SDPA (FlashAttention) is faster"
     return None
