@@ -132,13 +132,32 @@ def test_every_backend_built_for_a_device_is_in_the_suite():
     assert all(_grid(name) for name in RUNNERS)  # every table accepts some shared case
 
 
-@pytest.mark.parametrize("backend", ["blockwise", "cpp"])
+TILED = {"blockwise": blockwise_attention, "cpp": cpp_attention}
+
+
+def _tiled(backend: str):
+    if backend == "cpp" and unavailable() is not None:
+        pytest.skip(f"the C++ kernel is unavailable: {unavailable()}")
+    return TILED[backend]
+
+
+@pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3), (3, 1000)])
+@pytest.mark.parametrize("backend", list(TILED))
+def test_tile_sizes_do_not_matter(backend, tiles):
+    kernel = _tiled(backend)
+    qkv, params, call = case((2, 2, 11, 19, 16), "causal+padding", "toeplitz", "toeplitz")
+    want = outputs_and_grads(reference_attention, qkv, params, call)
+    got = outputs_and_grads(
+        lambda *a, **c: kernel(*a, **c, block_q=tiles[0], block_k=tiles[1]), qkv, params, call
+    )
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", list(TILED))
 def test_gradcheck_tiny(backend):
     """Finite differences on a tiny call with dropout, key padding, causal masking and both
     table forms, tiles of 2 x 3."""
-    if backend == "cpp" and unavailable() is not None:
-        pytest.skip(f"the C++ kernel is unavailable: {unavailable()}")
-    kernel = {"blockwise": blockwise_attention, "cpp": cpp_attention}[backend]
+    kernel = _tiled(backend)
     qkv, params, call = case((1, 2, 5, 7, 4), "causal+padding", "toeplitz", "relation")
     call["key_padding_mask"][0] = torch.tensor([0, 0, 1, 0, 0, 1, 0], dtype=torch.bool)
     index = call["gate"].index

@@ -29,20 +29,6 @@ from .kernel_cases import (
 TILES = SMALL_TILES
 
 
-@pytest.mark.parametrize("tiles", [(1, 1), (4, 64), (64, 5), (7, 3)])
-def test_tile_sizes_do_not_matter(tiles):
-    qkv, params, call = case((2, 2, 11, 19, 16), "causal+padding", "toeplitz", "toeplitz")
-    want = outputs_and_grads(reference_attention, qkv, params, call)
-    block_q, block_k = tiles
-    got = outputs_and_grads(
-        lambda *a, **c: blockwise_attention(*a, **c, block_q=block_q, block_k=block_k),
-        qkv,
-        params,
-        call,
-    )
-    assert_close(got, want)
-
-
 def test_dropout_is_the_reference_with_one_shared_mask():
     """Recover the blockwise kernel's dropped weights with v = identity, then check that output and
     gradients are those of the reference weights with that keep mask, and the drop rate is p."""
