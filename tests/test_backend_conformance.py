@@ -168,3 +168,33 @@ def test_gradcheck_tiny(backend):
                       block_k=3, dropout_p=0.3, dropout_seed=7)  # fmt: skip
 
     assert torch.autograd.gradcheck(fn, (*qkv, params[3], params[4]))
+
+
+@pytest.mark.parametrize("normalization", list(NORMALIZATIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("backend", list(TILED))
+def test_lower_precision_close_to_reference(backend, dtype, normalization):
+    """Against the float64 reference on the same (rounded) inputs: the reference run in half
+    precision would sum the table gradients in half precision itself, the kernels in float32."""
+    kernel = _tiled(backend)
+    gen = torch.Generator().manual_seed(1)
+    b, h, lq, lk, d = 2, 4, 33, 47, 32
+    q, k, v = (torch.randn(b, h, n, d, generator=gen).to(dtype) for n in (lq, lk, lk))
+    table_b = torch.randn(h, 21, generator=gen).mul(0.3).to(dtype)
+    table_c = torch.randn(h, 21, generator=gen).mul(0.2).add(1).to(dtype)
+    tensors = [t.requires_grad_() for t in (q, k, v, table_b, table_c)]
+    padding = torch.rand(b, lk, generator=gen) < 0.2
+    call = dict(bias=Toeplitz(table_b), gate=Toeplitz(table_c), is_causal=True,
+                key_padding_mask=padding, normalization=normalization,
+                scale=0.05 if normalization == "exp" else None)  # fmt: skip
+    tiled = lambda *a, **c: kernel(*a, **c, **SMALL_TILES)  # noqa: E731
+    got = outputs_and_grads(tiled, (q, k, v), tensors, call)
+    assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])
+    exact = [t.detach().double().requires_grad_() for t in tensors]
+    exact_call = call | dict(bias=Toeplitz(exact[3]), gate=Toeplitz(exact[4]))
+    want = outputs_and_grads(reference_attention, exact[:3], exact, exact_call)
+    tol = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}[dtype]
+    # relative to the largest entry: exp's outputs and the table gradients sum many terms
+    for g, r in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
+        scale = r.abs().max().clamp_min(1)
+        torch.testing.assert_close(g.double() / scale, r / scale, atol=tol, rtol=tol)
