@@ -4,6 +4,7 @@
 or normalisation is added to (see `dispatch` and `normalization`).
 """
 
+from .capabilities import Capabilities
 from .cpp import cpp_backend
 from .dispatch import (
     AUTO_ORDER,
@@ -39,6 +40,7 @@ __all__ = [
     "NORMALIZATIONS",
     "AttentionSpec",
     "Backend",
+    "Capabilities",
     "Normalization",
     "PositionTerm",
     "Relation",

@@ -3,18 +3,23 @@
 Adding a backend
 ----------------
 A backend is registered once and is then used by `backend="auto"`, selectable by name, run
-by the tests that enumerate `BACKENDS` (tests/test_properties.py, tests/test_transforms.py, ...)
-against the reference, and timed by `urpe bench attention` (row `<name>_urpe`):
+by the tests that enumerate `BACKENDS` (tests/test_backend_conformance.py, which asks for a
+runner, tests/test_properties.py, tests/test_transforms.py, ...) against the reference, and timed
+by `urpe bench attention` (row `<name>_urpe`):
 
-    from urpe.kernels import AttentionSpec, Backend, register_backend
+    from urpe.kernels import AttentionSpec, Backend, Capabilities, register_backend
+    from urpe.kernels.capabilities import built_in
 
     def my_unsupported(spec: AttentionSpec) -> str | None:
-        return None if spec.q.is_cuda else "needs CUDA"   # a reason, or None when it can run
+        return None if my_kernel_loads() else "no build"  # a reason, or None when it can run
 
     def my_run(spec: AttentionSpec) -> Tensor:            # (B, H, Lq, Dv) in spec.q.dtype
         ...
 
-    register_backend(Backend("triton", my_run, my_unsupported, priority=40))
+    # what a table can state (normalisations, term kinds, dtypes, devices, ...) goes in it
+    table = Capabilities("my kernel", normalizations=built_in("softmax"), devices=("cuda",))
+    register_backend(Backend("triton", my_run, my_unsupported, priority=40,
+                             capabilities=table))
 
 `run` receives one `AttentionSpec` (see `spec.py`): q (B, H, Lq, D), k, v (B, Hkv, Lk, *) with
 Hkv dividing H (grouped queries), bias and gate (None, a dense 4-D tensor, `Toeplitz` or
