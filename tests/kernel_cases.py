@@ -14,7 +14,7 @@ NORMALIZATIONS = tuple(REGISTERED)  # read from the registry: a new entry is tes
 MASKS = ("none", "causal", "padding", "causal+padding")
 # (B, H, Hkv, Lq, Lk, D, Dv): odd lengths, Lq < Lk (queries are the last Lq positions) and
 # Lq > Lk (then causal queries before Lq - Lk see no key), grouped queries, 1 and many heads
-SHAPES = ((2, 2, 1, 13, 13, 16, 19), (1, 4, 2, 9, 21, 32, 35), (3, 3, 3, 30, 18, 128, 131))
+SHAPES = ((2, 2, 1, 13, 13, 16, 19), (1, 4, 2, 9, 21, 32, 35), (3, 3, 3, 30, 18, 64, 67))
 # (bias, gate) kinds
 TERMS = (
     (None, None),
