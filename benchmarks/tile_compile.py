@@ -16,7 +16,6 @@ import statistics
 import time
 
 import torch
-
 from urpe.kernels.fused_terms import hankel_view
 
 

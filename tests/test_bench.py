@@ -42,11 +42,20 @@ from urpe.kernels import (
     native_backends,
     reference_attention,
     register_backend,
+    registered,
 )
+from urpe.kernels.capabilities import Capabilities
 from urpe.kernels.reference import reference_run
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL_ROWS = ["sdpa", "sdpa_dense_bias", "reference_urpe", "fused_urpe", "fused_rpe", "cpp_urpe"]
+SMALL_ROWS = [
+    "sdpa",
+    "sdpa_dense_bias",
+    "reference_urpe",
+    "blockwise_urpe",
+    "blockwise_rpe",
+    "cpp_urpe",
+]
 SMALL_ROWS = [name for name in SMALL_ROWS if name in rows.rows_for("cpu")]  # cpp: where built
 
 
@@ -88,7 +97,8 @@ def test_a_small_run_writes_the_documented_json(small_run):
 def test_memory_is_measured_in_subprocesses_and_plotted(small_run):
     results = json.loads((small_run / "bench.json").read_text())
     memory = {(r["name"], r["length"]): r for r in results["memory"]}
-    rows = {"reference_urpe", "fused_urpe", "fused_rpe", "cpp_urpe", "sdpa"} & set(SMALL_ROWS)
+    tiled = {"reference_urpe", "blockwise_urpe", "blockwise_rpe", "cpp_urpe", "sdpa"}
+    rows = tiled & set(SMALL_ROWS)
     assert set(memory) == {(n, 512) for n in rows}
     # The reference materialises (B, H, L, L) matrices: at L=512 with H=2 in float32 each
     # is 2 MB, and forward+backward keeps several.
@@ -99,7 +109,7 @@ def test_memory_is_measured_in_subprocesses_and_plotted(small_run):
 def test_markdown_of_a_small_run(small_run):
     text = (small_run / "BENCH.md").read_text()
     assert "## Targets" in text and "## Time, float32" in text and "## Peak memory" in text
-    assert "| fused_urpe |" in text and "![peak memory](memory.png)" in text
+    assert "| blockwise_urpe |" in text and "![peak memory](memory.png)" in text
     if "cpp_urpe" in SMALL_ROWS:  # the profile's default row
         assert "## Where cpp URPE spends its time" in text and "`urpe_cpp::backward`" in text
     assert "## Under contention" not in text  # not asked for
@@ -118,12 +128,12 @@ def dummy_backends():
         calls.append(spec)
         return reference_run(spec)
 
-    names = ("bench_dummy", "bench_dummy_cuda")
-    register_backend(Backend(names[0], run))
-    register_backend(Backend(names[1], run, devices=("cuda",)))
-    yield calls
-    for name in names:
-        BACKENDS.pop(name)
+    cuda_only = Capabilities("a test kernel", devices=("cuda",))
+    with (
+        registered(register_backend, Backend("bench_dummy", run)),
+        registered(register_backend, Backend("bench_dummy_cuda", run, capabilities=cuda_only)),
+    ):
+        yield calls
 
 
 def test_every_registered_backend_is_a_row(dummy_backends):
@@ -244,14 +254,14 @@ def test_dense_bias_is_the_toeplitz_bias_with_the_causal_mask():
 
 def test_length_limits_skip_rows_with_a_reason():
     class Limits:
-        reference_max_length, dense_max_length, fused_max_length = 64, 32, None
+        reference_max_length, dense_max_length, blockwise_max_length = 64, 32, None
 
     cpu = rows.rows_for("cpu")
     assert (
         rows.skip_reason(cpu["reference_urpe"], 128, Limits) == "reference_urpe skipped above L=64"
     )
     assert rows.skip_reason(cpu["sdpa_dense_bias"], 64, Limits) is not None
-    assert rows.skip_reason(cpu["fused_urpe"], 10**6, Limits) is None  # no cap on the CPU
+    assert rows.skip_reason(cpu["blockwise_urpe"], 10**6, Limits) is None  # no cap on the CPU
     assert rows.skip_reason(cpu["sdpa"], 10**6, Limits) is None
 
 
@@ -264,13 +274,13 @@ def _timed(name, mode, ms, length=2048, dtype="float32", **condition):
 
 
 def test_ratios_divide_by_the_baseline_of_the_same_setting_and_condition():
-    records = [_timed("sdpa", "fwd", 4.0), _timed("fused_urpe", "fwd", 6.0),
-               _timed("sdpa", "fwdbwd", 10.0), _timed("fused_urpe", "fwdbwd", 25.0),
-               _timed("fused_urpe", "fwd", 3.0, length=128),  # no SDPA at this length
+    records = [_timed("sdpa", "fwd", 4.0), _timed("blockwise_urpe", "fwd", 6.0),
+               _timed("sdpa", "fwdbwd", 10.0), _timed("blockwise_urpe", "fwdbwd", 25.0),
+               _timed("blockwise_urpe", "fwd", 3.0, length=128),  # no SDPA at this length
                _timed("sdpa", "fwd", 1.0, dtype="bfloat16"),
                _timed("sdpa", "fwd", 2.0, threads=1, busy=True),
-               _timed("fused_urpe", "fwd", 7.0, threads=1, busy=True),
-               _timed("fused_urpe", "fwd", 7.0, threads=2, busy=True),  # no SDPA at 2 threads
+               _timed("blockwise_urpe", "fwd", 7.0, threads=1, busy=True),
+               _timed("blockwise_urpe", "fwd", 7.0, threads=2, busy=True),  # no SDPA at 2 threads
                dict(name="reference_urpe", mode="fwd", length=2048, dtype="float32",
                     skipped="too long")]  # fmt: skip
     measure.add_ratios(records, "sdpa")
@@ -280,24 +290,26 @@ def test_ratios_divide_by_the_baseline_of_the_same_setting_and_condition():
 
 
 def test_cpu_targets_on_known_records():
-    times = [_timed("sdpa", "fwdbwd", 10.0), _timed("fused_urpe", "fwdbwd", 14.0),
-             _timed("sdpa_dense_bias", "fwdbwd", 40.0), _timed("fused_rpe", "fwdbwd", 13.0),
-             _timed("sdpa", "fwd", 4.0), _timed("fused_urpe", "fwd", 6.0),
-             _timed("fused_rpe", "fwd", 6.0),
-             _timed("fused_urpe", "fwdbwd", 1.0, length=512)]  # fmt: skip
-    memory = [dict(name="fused_urpe", length=n, peak_mb=0.01 * n) for n in (512, 8192)]
+    times = [_timed("sdpa", "fwdbwd", 10.0), _timed("blockwise_urpe", "fwdbwd", 14.0),
+             _timed("sdpa_dense_bias", "fwdbwd", 40.0), _timed("blockwise_rpe", "fwdbwd", 13.0),
+             _timed("sdpa", "fwd", 4.0), _timed("blockwise_urpe", "fwd", 6.0),
+             _timed("blockwise_rpe", "fwd", 6.0),
+             _timed("blockwise_urpe", "fwdbwd", 1.0, length=512)]  # fmt: skip
+    memory = [dict(name="blockwise_urpe", length=n, peak_mb=0.01 * n) for n in (512, 8192)]
     memory += [dict(name="reference_urpe", length=n, peak_mb=1e-4 * n * n) for n in (512, 1024)]
     e2e = [dict(name="urpe_auto", size="quick", time_ms=30.0),
            dict(name="nope_sdpa", size="quick", time_ms=20.0)]  # fmt: skip
     result = {t["target"]: t for t in targets.cpu_targets(times, memory, e2e)}
-    sdpa = result["fused URPE fwd+bwd / bias-free SDPA"]
+    sdpa = result["blockwise URPE fwd+bwd / bias-free SDPA"]
     assert sdpa["value"] == pytest.approx(1.4) and sdpa["met"] is True
-    assert result["fused URPE fwd / bias-free SDPA"]["met"] is False  # 1.5 > 1.3
-    assert result["fused URPE fwd+bwd / SDPA dense bias"]["value"] == pytest.approx(0.35)
-    assert result["fused URPE / fused RPE, fwd+bwd"]["value"] == pytest.approx(14 / 13)
-    memory_ratio = result["fused URPE peak memory / reference at L=8192 (extrapolated a + b L^2)"]
+    assert result["blockwise URPE fwd / bias-free SDPA"]["met"] is False  # 1.5 > 1.3
+    assert result["blockwise URPE fwd+bwd / SDPA dense bias"]["value"] == pytest.approx(0.35)
+    assert result["blockwise URPE / blockwise RPE, fwd+bwd"]["value"] == pytest.approx(14 / 13)
+    memory_ratio = result[
+        "blockwise URPE peak memory / reference at L=8192 (extrapolated a + b L^2)"
+    ]
     assert memory_ratio["value"] == pytest.approx(0.01 * 8192 / (1e-4 * 8192**2), rel=1e-6)
-    growth = result["fused URPE memory growth L=512->8192 (linear: 16x, quadratic: 256x)"]
+    growth = result["blockwise URPE memory growth L=512->8192 (linear: 16x, quadratic: 256x)"]
     assert growth["value"] == pytest.approx(16.0) and growth["met"] is True
     e2e_ratio = result["end-to-end step (quick): URPE auto / no-PE SDPA"]
     assert e2e_ratio["value"] == 1.5 and e2e_ratio["met"] is False
@@ -333,7 +345,7 @@ def test_the_cpp_targets_judge_bfloat16_and_memory_on_their_own_rows():
     assert result["cpp URPE peak memory / reference at L=8192 (measured)"]["value"] == (
         pytest.approx(0.02 * 8192 / 2000.0)
     )
-    assert "fused URPE peak memory / reference at L=8192 (measured)" not in result
+    assert "blockwise URPE peak memory / reference at L=8192 (measured)" not in result
 
 
 def _gpu_record(name, mode, ms, length=4096, head_dim=64, causal=False, peak_mb=100.0):
@@ -402,8 +414,8 @@ def test_contention_section_from_known_records():
         for t, b, factor in ((1, False, 1.0), (1, True, 1.0), (2, False, 1.0), (2, True, 1.0))
         for name, mode, ms in (("sdpa", "fwd", 4.0), ("sdpa", "fwdbwd", 10.0))
     ] + [
-        {**_timed("fused_urpe", "fwdbwd", 31.0, threads=2, busy=True), "ratio_to_sdpa": 3.1},
-        dict(name="fused_urpe", mode="fwd", length=2048, dtype="float32", threads=2, busy=True,
+        {**_timed("blockwise_urpe", "fwdbwd", 31.0, threads=2, busy=True), "ratio_to_sdpa": 3.1},
+        dict(name="blockwise_urpe", mode="fwd", length=2048, dtype="float32", threads=2, busy=True,
              skipped="failed"),
     ]  # fmt: skip
     text = report.markdown(results)
@@ -412,7 +424,7 @@ def test_contention_section_from_known_records():
     assert ("| kernel | fwd, 1T idle | fwd, 1T busy | fwd, 2T idle | fwd, 2T busy | "
             "fwd+bwd, 1T idle | fwd+bwd, 1T busy | fwd+bwd, 2T idle | fwd+bwd, 2T busy |"
             ) in section  # fmt: skip
-    assert "| fused_urpe |  |  |  | - |  |  |  | 3.10x (31.0) |" in section
+    assert "| blockwise_urpe |  |  |  | - |  |  |  | 3.10x (31.0) |" in section
     assert "| sdpa | 1.00x (4.0) |" in section
 
 
@@ -502,14 +514,14 @@ def test_a_condition_sets_and_restores_the_thread_count():
 def test_a_contention_run_reports_every_condition(tmp_path):
     out = tmp_path / "bench.json"
     code = main(["bench", "attention", "--lengths", "32", "--dtypes", "float32", "--rows", "sdpa",
-                 "fused_urpe", "--heads", "1", "--head-dim", "8", "--repeats", "1",
+                 "blockwise_urpe", "--heads", "1", "--head-dim", "8", "--repeats", "1",
                  "--memory-lengths", "--no-end-to-end", "--profile", "0", "--contention",
                  "--contention-lengths", "32", "--json", str(out),
                  "--markdown", str(tmp_path / "BENCH.md")])  # fmt: skip
     assert code == 0
     records = json.loads(out.read_text())["contention"]
     seen = {(r["name"], r["mode"], r["threads"], r["busy"]) for r in records}
-    assert seen == {(n, m, t, b) for n in ("sdpa", "fused_urpe") for m in ("fwd", "fwdbwd")
+    assert seen == {(n, m, t, b) for n in ("sdpa", "blockwise_urpe") for m in ("fwd", "fwdbwd")
                     for t in (1, 2) for b in (False, True)}  # fmt: skip
     assert all(math.isfinite(r["ratio_to_sdpa"]) for r in records)
     assert "## Under contention" in (tmp_path / "BENCH.md").read_text()
@@ -534,13 +546,13 @@ def test_gpu_runs_check_the_urpe_rows_against_the_reference():
     from urpe.bench.cuda import check_outputs
 
     cpu = rows.rows_for("cpu")
-    chosen = [cpu[name] for name in ("reference_urpe", "fused_urpe", "fused_rpe")]
+    chosen = [cpu[name] for name in ("reference_urpe", "blockwise_urpe", "blockwise_rpe")]
     inputs = make_inputs(1, 2, 32, 8, torch.float32)
     records = [dict(name=row.name, mode=mode, time_ms=1.0) for row in chosen
                for mode in ("fwd", "fwdbwd")]  # fmt: skip
     check_outputs(chosen, inputs, True, records)
     errors = {(r["name"], r["mode"]): r.get("error_vs_reference") for r in records}
-    assert errors.pop(("fused_urpe", "fwd")) < 1e-5
+    assert errors.pop(("blockwise_urpe", "fwd")) < 1e-5
     assert set(errors.values()) == {None}  # the reference itself, RPE rows, fwd+bwd: unchecked
 
 
@@ -573,15 +585,15 @@ def test_bench_imports_nothing_from_experiments():
     assert done.stdout.strip() == "[]"
 
 
-def test_the_fused_kernel_assumes_no_cpu():
-    """The pure-PyTorch fused kernel (a GPU benchmark row) builds every tensor on its inputs'
+def test_the_blockwise_kernel_assumes_no_cpu():
+    """The pure-PyTorch blockwise kernel (a GPU benchmark row) builds every tensor on its inputs'
     device: on the meta device a stray CPU tensor would raise."""
-    from urpe.kernels.fused import fused_attention
+    from urpe.kernels.blockwise import blockwise_attention
 
     q, k, v = (torch.randn(2, 2, 40, 16, device="meta", requires_grad=True) for _ in range(3))
     tables = [torch.randn(2, 11, device="meta", requires_grad=True) for _ in range(2)]
     for norm in ("softmax", "exp", "l2", "relu2"):
-        out = fused_attention(q, k, v, bias=Toeplitz(tables[0]), gate=Toeplitz(tables[1]),
+        out = blockwise_attention(q, k, v, bias=Toeplitz(tables[0]), gate=Toeplitz(tables[1]),
                               is_causal=True, normalization=norm, block_q=16,
                               block_k=16)  # fmt: skip
         out.sum().backward()

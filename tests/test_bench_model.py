@@ -33,7 +33,7 @@ EXPECTED = {
               ("sdpa", *(f"{b}_{t}" for b in ("auto", "reference", "cpp")
                          for t in ("none", "gate", "bias"))), ("fwd",)),
     "short": (("causal", "not_causal"),
-              ("sdpa", "auto_urpe", "auto_rpe", *(("cpp_urpe",) if CPP else ()), "fused_urpe",
+              ("sdpa", "auto_urpe", "auto_rpe", *(("cpp_urpe",) if CPP else ()), "blockwise_urpe",
                "reference_urpe"), ("fwd", "fwdbwd")),
     "bf16": (("bf16",), ("sdpa", *(("cpp_urpe",) if CPP else ()), "auto_urpe"), ("fwd",)),
     "decoder": (("batch 1", "batch 4"), ("urpe", "rpe", "nope"), ("generate",)),

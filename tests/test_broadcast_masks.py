@@ -4,12 +4,12 @@
 (1, 1), (H, 1, 1), (B, 1, 1, 1), ...; `key_padding_mask` at any shape that broadcasts to
 (..., Lk). Every count or sum a kernel takes over a mask must count the keys the mask stands for,
 not its stored entries: relu2 divides by the number of visible keys, and an all-True (Lq, 1) mask
-once multiplied the output of the C++ and fused kernels by Lk.
+once multiplied the output of the C++ and blockwise kernels by Lk.
 
 Each case draws shapes (odd lengths, Lq != Lk, grouped queries, one or two batch dims), both
 masks at a random broadcast shape (bool or float attn_mask), causal masking, a normalisation, a
 bias and a gate, and sometimes a NaN key row (the non-finite rule reads the masks too). Every
-native CPU backend (reference, sdpa, fused, cpp), Triton under its interpreter and FlexAttention
+native CPU backend (reference, sdpa, blockwise, cpp), Triton under its interpreter and FlexAttention
 (its CPU backward lifted, as in test_flex) run it in float64 against the reference: output and
 the gradients of q, k, v, a float mask, the bias and the gate.
 """
@@ -24,11 +24,11 @@ import torch
 import torch.nn.attention.flex_attention as flex_module
 
 from urpe.kernels import Relation, Toeplitz, attention, native_backends, reference_attention
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import cpp_attention
 from urpe.kernels.cpp import unavailable as cpp_unavailable
 from urpe.kernels.execute import execute
 from urpe.kernels.flex import flex_run, flex_spec_unsupported
-from urpe.kernels.fused import fused_attention
 from urpe.kernels.masks import visible_key_counts
 from urpe.kernels.spec import resolve
 from urpe.kernels.triton import triton_unsupported
@@ -120,7 +120,7 @@ def _lifted_flex(q, k, v, **call):
 RUNNERS = {
     "reference": lambda *a, **c: attention(*a, **c, backend="reference"),
     "sdpa": lambda *a, **c: attention(*a, **c, backend="sdpa"),
-    "fused": lambda *a, **c: fused_attention(*a, **c, block_q=4, block_k=8),
+    "blockwise": lambda *a, **c: blockwise_attention(*a, **c, block_q=4, block_k=8),
     "cpp": lambda *a, **c: cpp_attention(*a, **c, block_q=4, block_k=8),
     "auto": lambda *a, **c: attention(*a, **c),
     "triton": lambda *a, **c: attention(*a, **c, backend="triton"),
@@ -132,7 +132,7 @@ def _runs(name: str, case: dict) -> bool:
     """Whether backend `name` takes this call (the others say why they cannot)."""
     q, k, v = case["qkv"]
     call = case["call"]
-    if name in ("reference", "auto", "fused"):
+    if name in ("reference", "auto", "blockwise"):
         return True
     if name == "cpp":
         return cpp_unavailable() is None
@@ -143,7 +143,7 @@ def _runs(name: str, case: dict) -> bool:
         return flex_spec_unsupported(spec, cpu_backward=False) is None
     from urpe.kernels import BACKENDS
 
-    return BACKENDS[name].unsupported(spec) is None
+    return BACKENDS[name].refusal(spec) is None
 
 
 def _outputs_and_grads(fn, case: dict):
@@ -217,7 +217,7 @@ def _sweep(seeds, interpreted_limit: int, flex_cases: int) -> dict[str, int]:
 # The cases the issue names
 
 
-@pytest.mark.parametrize("backend", ["fused", "cpp", "auto", "triton"])
+@pytest.mark.parametrize("backend", ["blockwise", "cpp", "auto", "triton"])
 @pytest.mark.parametrize("mask_shape", [(5, 1), (1, 1), (2, 1, 1), (1, 2, 5, 1)])
 def test_relu2_with_a_mask_broadcast_over_keys_matches_the_reference(backend, mask_shape):
     """relu2 divides by the keys a query sees: an all-True mask of key dim 1 sees all Lk."""
@@ -271,7 +271,7 @@ def test_random_broadcast_masks_agree_on_every_backend():
     ran = _sweep(range(24), interpreted_limit=3, flex_cases=2)
     # every backend met a good share of the cases (none was silently skipped throughout)
     assert set(_backends(draw_case(0), 10**9, flex=True)) == set(ran), ran
-    assert ran["fused"] == ran["auto"] == ran.get("cpp", 24) == 24 and ran["triton"] >= 6, ran
+    assert ran["blockwise"] == ran["auto"] == ran.get("cpp", 24) == 24 and ran["triton"] >= 6, ran
 
 
 @pytest.mark.slow

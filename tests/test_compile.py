@@ -13,12 +13,12 @@ import urpe
 from urpe.kernels import native_backends
 
 F64 = dict(dtype=torch.float64)
-# The fused and cpp backends run as torch.library custom ops (a fake implementation lets Dynamo
+# The blockwise and cpp backends run as torch.library custom ops (a fake implementation lets Dynamo
 # trace through them); the other two are plain PyTorch ops.
 BACKENDS = {
     "reference": dict(position="rpe", gate="toeplitz"),
     "sdpa": dict(position="rpe"),
-    "fused": dict(position="rpe", gate="toeplitz"),
+    "blockwise": dict(position="rpe", gate="toeplitz"),
     "cpp": dict(position="rpe", gate="toeplitz"),
 }
 BACKENDS = {name: terms for name, terms in BACKENDS.items() if name in native_backends("cpu")}

@@ -4,8 +4,8 @@ A kernel that sits behind a pair of custom ops supplies only its forward, its ba
 shapes of its forward's outputs; the ops, their schemas, fake implementations, vmap rules and the
 autograd Function come from the shared layout. These tests build such a kernel from the reference
 (materialising, differentiated by autograd inside the backward op) and check that it composes
-with autograd, torch.func and torch.compile like the shipped ones, and that the shipped fused ops
-pass torch.library's own checks for every kind of term.
+with autograd, torch.func and torch.compile like the shipped ones, and that the shipped
+blockwise ops pass torch.library's own checks for every kind of term.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, resolve
+from urpe.kernels.blockwise import BLOCKWISE, blockwise_attention
 from urpe.kernels.composable import define_attention_ops, strided_like
 from urpe.kernels.dtypes import compute_dtype
-from urpe.kernels.fused import FUSED, fused_attention
 from urpe.kernels.layout import BACKWARD_SCHEMA, FORWARD_SCHEMA, ForwardArgs, term_arguments
 from urpe.kernels.reference import reference_run
 from urpe.kernels.spec import AttentionSpec
@@ -151,7 +151,7 @@ def test_a_kernel_on_the_layout_composes_with_func_and_compile():
 
 
 @pytest.mark.parametrize("bias_kind", ["none", "toeplitz", "relation", "dense"])
-def test_the_fused_ops_pass_torch_library_checks(bias_kind):
+def test_the_blockwise_ops_pass_torch_library_checks(bias_kind):
     q, k, v, table, gate = _inputs()
     bias = {
         "none": None,
@@ -163,23 +163,23 @@ def test_the_fused_ops_pass_torch_library_checks(bias_kind):
     spec = resolve(q, k, v, attn_mask=mask, bias=bias, gate=gate, is_causal=True)
     args = ForwardArgs.from_spec(spec, 2, 4)
     checks = ("test_schema", "test_faketensor")
-    torch.library.opcheck(FUSED.forward_op, tuple(args), test_utils=checks)
-    out, stat = FUSED.forward_op(*args)
+    torch.library.opcheck(BLOCKWISE.forward_op, tuple(args), test_utils=checks)
+    out, stat = BLOCKWISE.forward_op(*args)
     grad_out = torch.randn(out.shape, **F64)
     backward = (grad_out, out, stat, *args, bias is not None, True, False)
-    torch.library.opcheck(FUSED.backward_op, backward, test_utils=checks)
+    torch.library.opcheck(BLOCKWISE.backward_op, backward, test_utils=checks)
 
 
 def test_the_old_argument_names_still_work_with_a_warning():
     q, k, v, bias, gate = _inputs()
     call = dict(gate=gate, dropout_p=0.4, block_q=2, block_k=3)
-    new = fused_attention(q, k, v, **call, dropout_seed=11)
+    new = blockwise_attention(q, k, v, **call, dropout_seed=11)
     with pytest.warns(DeprecationWarning, match="dropout_seed"):
-        old = fused_attention(q, k, v, **call, seed=11)
+        old = blockwise_attention(q, k, v, **call, seed=11)
     torch.testing.assert_close(old, new)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fused_attention(q, k, v, **call, dropout_seed=11)  # the new name warns nothing
+        blockwise_attention(q, k, v, **call, dropout_seed=11)  # the new name warns nothing
 
 
 # ---------------------------------------------------------------------------------- vmap rules
@@ -207,7 +207,7 @@ def test_vmap_with_dropout_gives_each_example_its_own_masks():
     seed = torch.tensor(5, dtype=torch.int64)
 
     def out(x):
-        return FUSED(_args(x, k, v, bias, gate, dropout_p=0.5, dropout_seed=seed))
+        return BLOCKWISE(_args(x, k, v, bias, gate, dropout_p=0.5, dropout_seed=seed))
 
     stacked = torch.stack([q, q + 1])
     torch.testing.assert_close(torch.vmap(out)(stacked), torch.stack([out(x) for x in stacked]))
@@ -230,13 +230,13 @@ def test_vmap_of_a_broadcast_dense_gate_gradient_sums_back_to_its_shape():
 def test_gradients_not_asked_for_come_back_empty():
     q, k, v, bias, gate = _inputs()
     args = _args(q, k, v, bias, gate)
-    out, stat = FUSED.forward_op(*args)
-    grads = FUSED.backward_op(torch.ones_like(out), out, stat, *args, False, True, False)
+    out, stat = BLOCKWISE.forward_op(*args)
+    grads = BLOCKWISE.backward_op(torch.ones_like(out), out, stat, *args, False, True, False)
     assert grads[3].numel() == 0 and grads[5].numel() == 0  # bias, attn_mask: not wanted
     assert grads[4].shape == gate.shape and grads[0].shape == q.shape
     # only the leaves that need a gradient are asked for
     leaf = gate.clone().requires_grad_()
-    (g,) = torch.autograd.grad(FUSED(_args(q, k, v, bias, leaf)).sum(), leaf)
+    (g,) = torch.autograd.grad(BLOCKWISE(_args(q, k, v, bias, leaf)).sum(), leaf)
     torch.testing.assert_close(g, grads[4].to(g.dtype), rtol=1e-6, atol=1e-9)
 
 

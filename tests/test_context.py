@@ -200,7 +200,7 @@ def test_every_module_honours_backend():
     for position in (urpe.ShawRelative(4, 3), urpe.RelativeBias(2, 3), urpe.NoPosition()):
         with pytest.raises(ValueError, match="backend must be 'auto' or one of"):
             urpe.MultiheadAttention(8, 2, position=position, backend="no-such")(x)
-    shaw = urpe.MultiheadAttention(8, 2, position=urpe.ShawRelative(4, 3), backend="fused")
+    shaw = urpe.MultiheadAttention(8, 2, position=urpe.ShawRelative(4, 3), backend="blockwise")
     with pytest.raises(ValueError, match="reference kernel only"):
         shaw(x)
     shaw.backend = "reference"

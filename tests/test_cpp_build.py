@@ -107,7 +107,7 @@ def test_a_build_killed_mid_way_leaves_no_lock_that_hangs_the_next_process(tmp_p
     (directory / TORCH_LOCK).write_text("")
     (directory / "library.o").write_text("half a file")
     out, err = probe(tmp_path, CXX=compiler, ONE_BUILD="1")
-    assert "AUTO fused" in out and "WARNINGS 1" in out
+    assert "AUTO blockwise" in out and "WARNINGS 1" in out
     assert "REASON the build failed: the compiler failed" in out
     assert err.count("urpe: compiling the C++ CPU attention kernel") == 1
     assert not directory.exists()  # nothing half-built left for the next build
@@ -119,7 +119,7 @@ def test_a_build_that_hangs_is_stopped_after_the_time_allowed(tmp_path):
     start = time.monotonic()
     out, _ = probe(tmp_path, CXX=compiler, ONE_BUILD="1", **{build.TIMEOUT: "8"})
     assert time.monotonic() - start < 40
-    assert "AUTO fused" in out and "WARNINGS 1" in out
+    assert "AUTO blockwise" in out and "WARNINGS 1" in out
     assert "REASON the build took over 8 s and was stopped" in out
     for pid in map(int, pids.read_text().split()):  # the compiler was stopped with the build
         assert stopped(pid), f"the compiler (pid {pid}) still runs"
@@ -169,7 +169,7 @@ def test_another_process_building_is_waited_for_a_bounded_time(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    assert "AUTO fused" in out and "WARNINGS 1" in out
+    assert "AUTO blockwise" in out and "WARNINGS 1" in out
     assert f"has held the build lock {first}.lock for over 2 s (pid {holder.pid} on" in out
     assert err.count("urpe: waiting for another process to finish compiling") == 1
 
@@ -185,7 +185,7 @@ def test_the_lock_of_a_killed_builder_is_free_at_once(tmp_path):
 @pytest.mark.parametrize("compiler", ["fails", "none"])
 def test_a_truncated_cached_library_is_never_loaded(tmp_path, built_library, compiler):
     """Loading half a library kills the process with SIGBUS; it is rebuilt instead (here the
-    compiler fails) or, with no compiler, "auto" runs fused and says why."""
+    compiler fails) or, with no compiler, "auto" runs blockwise and says why."""
     env = {"ONE_BUILD": "1"}
     if compiler == "fails":
         env["CXX"] = fake_compiler(tmp_path, "exit 1")
@@ -196,7 +196,7 @@ def test_a_truncated_cached_library_is_never_loaded(tmp_path, built_library, com
     library = install_cached(built_library, directory)
     os.truncate(library, library.stat().st_size // 2)
     out, _ = probe(tmp_path, **env)
-    assert "AUTO fused" in out and "WARNINGS 1" in out
+    assert "AUTO blockwise" in out and "WARNINGS 1" in out
     if compiler == "none":
         assert "the cached build is unusable" in out and "(damaged)" in out
     else:

@@ -23,8 +23,10 @@ from urpe.kernels import (
     choose_backend,
     native_backends,
     register_backend,
+    registered,
     resolve,
 )
+from urpe.kernels.capabilities import Capabilities
 from urpe.kernels.reference import reference_run
 
 
@@ -46,13 +48,8 @@ def recorder():
         "test-defers", run, lambda s: None, priority=999,
         defers=lambda s: "passes causal calls on" if s.is_causal else None,
     )  # fmt: skip
-    before = list(AUTO_ORDER)
-    for backend in (high, deferring):
-        register_backend(backend)
-    yield seen
-    for name in ("test-high", "test-defers"):
-        BACKENDS.pop(name)
-    AUTO_ORDER[:] = before
+    with registered(register_backend, high), registered(register_backend, deferring):
+        yield seen
 
 
 def _qkv(*batch, h=2, lq=3, lk=4, d=8):
@@ -116,7 +113,7 @@ def test_grouped_queries_and_empty_calls_in_the_spec():
 
 def test_native_backends_leave_out_the_gpu_built_ones():
     cpu = native_backends("cpu")
-    assert {"reference", "sdpa", "fused"} <= set(cpu)
+    assert {"reference", "sdpa", "blockwise"} <= set(cpu)
     assert "triton" not in cpu and "flex" not in cpu
     assert {"triton", "flex"} <= set(native_backends("cuda"))
 
@@ -128,11 +125,10 @@ def test_native_backends_leave_out_one_that_cannot_run_here():
     def not_here() -> str:
         return "its compiler is missing"
 
-    register_backend(Backend("unbuilt", reference_run, devices=("cpu",), available=not_here))
-    register_backend(Backend("built", reference_run, devices=("cpu",), available=lambda: None))
-    try:
+    cpu_only = Capabilities("a test kernel", devices=("cpu",))
+    unbuilt = Backend("unbuilt", reference_run, capabilities=cpu_only, available=not_here)
+    built = Backend("built", reference_run, capabilities=cpu_only, available=lambda: None)
+    with registered(register_backend, unbuilt), registered(register_backend, built):
         cpu = native_backends("cpu")
         assert "built" in cpu and "unbuilt" not in cpu
-    finally:
-        del BACKENDS["unbuilt"], BACKENDS["built"]
-        register_backend(BACKENDS["reference"])
+    assert "built" not in BACKENDS and "unbuilt" not in BACKENDS

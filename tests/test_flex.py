@@ -1,4 +1,5 @@
-"""The FlexAttention route against the reference in float64: forward and every gradient.
+"""The FlexAttention route against the reference in float64: what is particular to it (the
+shared grid of cases is in test_backend_conformance.py): zero gate entries, masks, refusals.
 
 The route is exact (an identity, not an approximation), so in float64 it must agree with the
 reference to rounding, about 1e-15 relative. PyTorch refuses FlexAttention's backward on the CPU
@@ -50,52 +51,6 @@ def _gate(kind, h, lq, lk, b, gen):
         return Relation(table, index), table
     dense = torch.randn(b, h, lq, lk, generator=gen).to(**f).requires_grad_()  # "dense"
     return dense, dense
-
-
-CASES = [
-    # (normalization, gate kind, mask, (B, H, Hkv, Lq, Lk, D))
-    ("softmax", "positive", "none", (2, 2, 2, 19, 19, 16)),
-    ("softmax", "signed", "causal", (1, 4, 2, 13, 29, 16)),
-    ("softmax", "relation", "padding", (2, 2, 2, 17, 23, 16)),
-    ("softmax", "dense", "causal+padding", (2, 2, 1, 21, 21, 16)),
-    ("softmax", None, "causal", (1, 2, 2, 25, 11, 16)),
-    ("exp", "signed", "padding", (2, 2, 2, 15, 15, 16)),
-    ("l2", "positive", "causal", (1, 2, 2, 18, 27, 16)),
-    ("l2", "signed", "none", (1, 2, 2, 14, 14, 16)),
-]
-
-
-@pytest.mark.parametrize(("norm", "gate_kind", "mask", "shape"), CASES)
-def test_flex_route_matches_the_reference_in_float64(flex, norm, gate_kind, mask, shape):
-    b, h, hk, lq, lk, d = shape
-    gen = torch.Generator().manual_seed(CASES.index((norm, gate_kind, mask, shape)))
-    q, k, v = _inputs(b, h, hk, lq, lk, d, gen)
-    bias_table = (0.5 * torch.randn(h, 2 * max(lq, lk) - 1, generator=gen)).to(q).requires_grad_()
-    params = [q, k, v, bias_table]
-    gate = None
-    if gate_kind is not None:
-        gate, gate_tensor = _gate(gate_kind, h, lq, lk, b, gen)
-        params.append(gate_tensor)
-    padding = None
-    if "padding" in mask:
-        padding = (torch.rand(b, lk, generator=gen) < 0.3).to(DEVICE)
-        padding[-1] = True  # a batch row with every key padded
-    call = dict(bias=Toeplitz(bias_table), gate=gate, key_padding_mask=padding,
-                is_causal="causal" in mask, normalization=norm)  # fmt: skip
-
-    def reference(q, k, v, **c):
-        return reference_attention(
-            q, k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1), **c
-        )
-
-    out = flex_urpe_attention(q, k, v, **call, flex=flex)
-    expected = reference(q, k, v, **call)
-    weight = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(DEVICE)
-    grads = torch.autograd.grad((out * weight).sum(), params)
-    expected_grads = torch.autograd.grad((expected * weight).sum(), params)
-    for got, want in zip((out, *grads), (expected, *expected_grads), strict=True):
-        error = (got - want).norm() / want.norm().clamp_min(1e-300)
-        assert error < 1e-13, f"relative error {error:.2e}"
 
 
 def test_zero_gate_entries_keep_their_gradient(flex):

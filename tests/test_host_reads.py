@@ -124,7 +124,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 @cuda
-@pytest.mark.parametrize("backend", ["auto", "triton", "fused", "sdpa", "reference"])
+@pytest.mark.parametrize("backend", ["auto", "triton", "blockwise", "sdpa", "reference"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_no_synchronisation_on_cuda_forward_or_backward(backend, case):
     label, call = CASES[case]

@@ -20,8 +20,8 @@ from urpe.kernels import (
     native_backends,
     select_backend,
 )
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import cpp_attention
-from urpe.kernels.fused import fused_attention
 
 # The backends built for the CPU (the GPU ones have their own tests: test_triton, test_flex).
 CPU_BACKENDS = native_backends("cpu")
@@ -43,7 +43,7 @@ def _accepting(q, k, v, **call) -> list[str]:
 
 
 # The tiled kernels again with small tiles, so that every row spans several key blocks.
-TILED = {"fused": fused_attention, "cpp": cpp_attention}
+TILED = {"blockwise": blockwise_attention, "cpp": cpp_attention}
 
 
 def _runners(q, k, v, **call):
@@ -274,11 +274,11 @@ def test_empty_tensors_forward_and_backward(norm, shape):
             assert g.shape == leaf.shape and torch.equal(g, torch.zeros_like(g)), name
 
 
-def test_fused_backward_with_an_empty_batch():
+def test_blockwise_backward_with_an_empty_batch():
     """The first edition crashed here."""
     q, k, v = (torch.randn(0, 2, 5, 4, requires_grad=True) for _ in range(3))
     table = torch.randn(2, 9, requires_grad=True)
-    out = fused_attention(q, k, v, bias=Toeplitz(table), gate=Toeplitz(table))
+    out = blockwise_attention(q, k, v, bias=Toeplitz(table), gate=Toeplitz(table))
     out.sum().backward()
     assert torch.equal(table.grad, torch.zeros_like(table))
 
@@ -327,7 +327,7 @@ def test_exp_overflow_is_an_error_under_vmap():
 @pytest.mark.parametrize("norm,causal", list(itertools.product(NORMS, [False, True])))
 def test_backends_agree_with_dropout_seed(norm, causal):
     """With an explicit dropout_seed the reference and every backend that accepts the seed agree
-    with their own repeat; the fused kernel's mask is its own (tile-seeded), so it is compared
+    with their own repeat; the blockwise kernel's mask is its own (tile-seeded), so it is compared
     with the reference through the mask it used (v = identity recovers the weights)."""
     q, k, _ = _qkv()
     eye = torch.eye(L, **F64).expand(B, H, L, L)

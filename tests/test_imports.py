@@ -47,13 +47,8 @@ CORE_THIRD_PARTY = {"torch", "triton"}
 
 # Known exceptions in areas other sessions own, each naming its owner. They are expected
 # failures: `test_known_exceptions_are_still_there` fails once one is cleared (remove it here).
-KNOWN_CYCLES = {
-    frozenset({"urpe.kernels.triton", "urpe.kernels.triton.ops"}): "the lead (kernels)",
-}
-KNOWN_PRIVATE_IMPORTS = {
-    # kernels.py calls the @triton.jit tile helpers of tiles.py
-    ("urpe.kernels.triton.kernels", "urpe.kernels.triton.tiles"): "the lead (kernels)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
+KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from urpe.kernels.cpp import unavailable as cpp_unavailable
 from .test_broadcast_masks import check_case
 
 F64 = dict(dtype=torch.float64)
-BACKENDS = ("fused", "cpp", "auto", "sdpa", "triton")
+BACKENDS = ("blockwise", "cpp", "auto", "sdpa", "triton")
 
 
 def test_a_key_padding_mask_of_one_key_with_any_strides():
@@ -30,7 +30,7 @@ def test_a_key_padding_mask_of_one_key_with_any_strides():
     assert pad.stride() == (1, 3)
     want = reference_attention(q, k, v, key_padding_mask=pad)
     assert want[1].abs().sum() == 0 and want[0].abs().sum() > 0
-    for backend in ("auto", "fused", "cpp"):
+    for backend in ("auto", "blockwise", "cpp"):
         if backend == "cpp" and cpp_unavailable() is not None:
             continue
         got = attention(q, k, v, key_padding_mask=pad, backend=backend)
@@ -91,4 +91,4 @@ def test_inputs_at_any_layout_match_the_reference(layout, lq, lk, d, normalizati
         assert not all(t.is_contiguous() for t in case["params"][:4])
     backends = [n for n in BACKENDS if n != "cpp" or cpp_unavailable() is None]
     ran = check_case(case, backends)
-    assert {"fused", "auto", "triton"} <= set(ran), ran
+    assert {"blockwise", "auto", "triton"} <= set(ran), ran

@@ -9,7 +9,7 @@ import pytest
 
 from urpe.cli import _command, build_parser, main
 from urpe.experiments.command import resolve
-from urpe.kernels import NORMALIZATIONS, register_normalization
+from urpe.kernels import NORMALIZATIONS, register_normalization, registered
 
 SYNTHETIC = ["reproduce", "synthetic", "--tasks", "probe", "--variants", "rpe,urpe"]
 TINY = ["--seq-len", "6", "--steps", "2", "--batch-size", "8", "--layers", "1", "--dim", "16",
@@ -28,9 +28,9 @@ def _configs(argv: list[str]) -> list[dict]:
 @pytest.fixture
 def copied_softmax():
     """softmax under another name, registered for one test."""
-    register_normalization(replace(NORMALIZATIONS["softmax"], name="softmax-copy"))
-    yield "softmax-copy"
-    del NORMALIZATIONS["softmax-copy"]
+    copy = replace(NORMALIZATIONS["softmax"], name="softmax-copy")
+    with registered(register_normalization, copy):
+        yield "softmax-copy"
 
 
 def test_a_registered_normalization_is_a_command_line_choice(copied_softmax, capsys):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from urpe.kernels import NORMALIZATIONS, Decay, Relation, Toeplitz, attention, select_backend
-from urpe.kernels.blockwise import _plan, _tiles
+from urpe.kernels.blockwise.kernel import _plan, _tiles
 from urpe.kernels.cpp import cpp_attention, unavailable
-from urpe.kernels.fused import fused_attention
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.layout import ForwardArgs
 from urpe.kernels.spec import resolve
 
@@ -89,8 +89,8 @@ def reference(*qkv, **call):
     return attention(*qkv, **call, backend="reference")
 
 
-KERNELS = {"fused": lambda *a, **c: fused_attention(*a, **c, **TILES)}
-KERNELS["fused_default_tiles"] = fused_attention
+KERNELS = {"blockwise": lambda *a, **c: blockwise_attention(*a, **c, **TILES)}
+KERNELS["blockwise_default_tiles"] = blockwise_attention
 if unavailable() is None:
     KERNELS["cpp"] = lambda *a, **c: cpp_attention(*a, **c, **TILES)
     KERNELS["cpp_default_tiles"] = cpp_attention
@@ -147,9 +147,9 @@ def test_auto_runs_packed_calls_on_a_native_kernel():
     q = torch.randn(1, 2, 16, 8)
     ids = torch.arange(16) // 4
     chosen = select_backend("auto", q, q, q, document_ids=ids).name
-    assert chosen in ("cpp", "fused")
+    assert chosen in ("cpp", "blockwise")
     chosen = select_backend("auto", q, q, q, bias=Decay(torch.full((1, 2, 16), -0.1))).name
-    assert chosen in ("cpp", "fused")
+    assert chosen in ("cpp", "blockwise")
 
 
 @pytest.mark.parametrize("norm", ["softmax"])
@@ -190,7 +190,7 @@ def test_flex_route_matches_the_reference(monkeypatch, norm, terms, mask, shape,
         torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("kernel", ["fused", "cpp"])
+@pytest.mark.parametrize("kernel", ["blockwise", "cpp"])
 def test_vmap_and_compile_compose_with_documents_and_decay(kernel):
     if kernel == "cpp" and unavailable() is not None:
         pytest.skip(unavailable())
@@ -261,7 +261,7 @@ def test_float32_decay_far_into_the_subnormal_range_matches_the_reference(norm):
     params = [q, k, v, log_forget]
     want = outputs_and_grads(lambda *a, **c: attention(*a, **c, backend="reference"), (q, k, v),
                              params, call)  # fmt: skip
-    got = outputs_and_grads(lambda *a, **c: fused_attention(*a, **c, block_q=64, block_k=64),
+    got = outputs_and_grads(lambda *a, **c: blockwise_attention(*a, **c, block_q=64, block_k=64),
                             (q, k, v), params, call)  # fmt: skip
     for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)

@@ -17,6 +17,7 @@ from urpe.kernels import (
     plans,
     register_backend,
     register_normalization,
+    registered,
 )
 from urpe.kernels.dispatch import BackendFailure
 from urpe.kernels.spec import resolve
@@ -122,25 +123,25 @@ def test_registering_a_backend_or_a_normalization_forgets_every_plan():
     q, k, v = _qkv()
     attention(q, k, v, gate=Toeplitz(torch.randn(2, 9, **F64)))
     assert plans._PLANS
-    register_backend(BACKENDS["reference"])
-    assert not plans._PLANS
+    with registered(register_backend, BACKENDS["reference"]):
+        assert not plans._PLANS
     attention(q, k, v, normalization="l2")
-    register_normalization(NORMALIZATIONS["l2"])
-    assert not plans._PLANS
+    with registered(register_normalization, NORMALIZATIONS["l2"]):
+        assert not plans._PLANS
 
 
-def test_a_backend_replaced_by_hand_is_not_run_from_an_old_plan(monkeypatch):
+def test_a_backend_replaced_by_hand_is_not_run_from_an_old_plan():
     q, k, v = _qkv()
     plans.forget()
-    attention(q, k, v, backend="fused")
+    attention(q, k, v, backend="blockwise")
     ran = []
 
     def spy(spec):
         ran.append(spec)
         return BACKENDS["reference"].run(spec)
 
-    monkeypatch.setitem(BACKENDS, "fused", Backend("fused", spy))
-    attention(q, k, v, backend="fused")
+    with registered(register_backend, Backend("blockwise", spy)):
+        attention(q, k, v, backend="blockwise")
     assert len(ran) == 1
     plans.forget()
 
@@ -157,14 +158,10 @@ def test_a_backend_that_fails_on_a_remembered_call_hands_it_to_the_next(monkeypa
 
     plans.forget()
     monkeypatch.setattr(dispatch, "BROKEN", {})
-    register_backend(Backend("flaky-test", flaky, priority=10_000))
-    try:
+    with registered(register_backend, Backend("flaky-test", flaky, priority=10_000)):
         gate = Toeplitz(torch.randn(2, 9, **F64))
         attention(q, k, v, gate=gate)  # runs on flaky-test and is remembered
         with pytest.warns(RuntimeWarning, match="flaky-test"):
             out = attention(q, k, v, gate=gate)  # the plan's backend fails: the next one runs
         torch.testing.assert_close(out, attention(q, k, v, gate=gate, backend="reference"))
         assert ("flaky-test", "cpu") in dispatch.BROKEN
-    finally:
-        del BACKENDS["flaky-test"]
-        register_backend(BACKENDS["reference"])

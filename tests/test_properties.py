@@ -6,7 +6,7 @@ with any broadcast shape, Toeplitz with K below and above the length, Relation w
 or shared index, shared-head tables), masks (padding with fully padded rows, causal, bool or float
 attn_mask with rows where nothing is visible), dtype (float64 exactly; float32 and bfloat16 with
 tolerances). Every backend in the registry that accepts the call runs it (the tiled kernels,
-fused and cpp, also with random small tiles), forward and gradients, against the reference.
+blockwise and cpp, also with random small tiles), forward and gradients, against the reference.
 
 Bounded for CI: a fixed number of examples, derandomized (the same examples every run).
 """
@@ -27,13 +27,13 @@ from urpe.kernels import (
     native_backends,
     select_backend,
 )
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import cpp_attention
-from urpe.kernels.fused import fused_attention
 
 # The backends built for the CPU (the GPU ones have their own tests: test_triton, test_flex).
 CPU_BACKENDS = native_backends("cpu")
 # The tiled kernels, run again with the drawn tile sizes.
-TILED = {"fused": fused_attention, "cpp": cpp_attention}
+TILED = {"blockwise": blockwise_attention, "cpp": cpp_attention}
 
 CI = settings(
     max_examples=120,

@@ -1,7 +1,7 @@
 """One place to extend: a normalisation or a backend registered once is used everywhere.
 
 A new normalisation (sigmoid attention, defined here in a dozen lines) runs on the reference and
-on the fused kernel without touching either; a new backend is picked by "auto", by name, and
+on the blockwise kernel without touching either; a new backend is picked by "auto", by name, and
 skipped where it says it cannot run.
 """
 
@@ -16,52 +16,32 @@ from urpe.kernels import (
     BACKENDS,
     NORMALIZATIONS,
     Backend,
-    Normalization,
     Toeplitz,
     attention,
     register_backend,
     register_normalization,
+    registered,
     select_backend,
 )
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.cpp import unavailable
-from urpe.kernels.fused import fused_attention
 from urpe.kernels.reference import reference_run
 
-# The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else fused.
-GATED_ON_CPU = "cpp" if unavailable() is None else "fused"
+from .kernel_cases import sigmoid_normalization
+
+# The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else blockwise.
+GATED_ON_CPU = "cpp" if unavailable() is None else "blockwise"
 
 F64 = dict(dtype=torch.float64)
 
 
-def _sigmoid_weights(scores, keep):
-    a = torch.sigmoid(scores)
-    return a if keep is None else a.masked_fill(~keep, 0.0)
-
-
-def _sigmoid_tile(s, r):
-    return s.sigmoid_(), None  # no row statistic: r is the zero `fixed_statistic`
-
-
-def _sigmoid_grad(dp, a, aux, delta, r):
-    return dp.mul_(a).mul_(1 - a)  # d sigmoid = a (1 - a)
-
-
-SIGMOID = Normalization(
-    name="sigmoid",
-    formula="a_ij = sigmoid(s_ij)",
-    weights=_sigmoid_weights,
-    tile_weights=_sigmoid_tile,
-    grad_logits=_sigmoid_grad,
-    fixed_statistic=torch.zeros_like,
-    hidden_logit=float("-inf"),  # sigmoid(-inf) = 0
-)
+SIGMOID = sigmoid_normalization()
 
 
 @pytest.fixture
 def sigmoid():
-    register_normalization(SIGMOID)
-    yield SIGMOID
-    del NORMALIZATIONS["sigmoid"]
+    with registered(register_normalization, SIGMOID):
+        yield SIGMOID
 
 
 @pytest.fixture
@@ -75,10 +55,8 @@ def extra_backend():
     def unsupported(spec):
         return "no gates here" if spec.gate is not None else None
 
-    register_backend(Backend("recording", run, unsupported, priority=1000))
-    yield calls
-    del BACKENDS["recording"]
-    register_backend(BACKENDS["reference"])  # rebuilds AUTO_ORDER without it
+    with registered(register_backend, Backend("recording", run, unsupported, priority=1000)):
+        yield calls
 
 
 def test_a_registered_normalization_runs_on_every_kernel(sigmoid):
@@ -96,10 +74,10 @@ def test_a_registered_normalization_runs_on_every_kernel(sigmoid):
     want = attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), backend="reference")
     torch.testing.assert_close(want, by_hand)
     want_grads = torch.autograd.grad(want.square().sum(), leaves)
-    assert select_backend("auto", q, k, v, **call).name == "fused"
+    assert select_backend("auto", q, k, v, **call).name == "blockwise"
     for tiles in (dict(), dict(block_q=2, block_k=3)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v, table)]
-        got = fused_attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), **tiles)
+        got = blockwise_attention(*leaves[:3], **(call | dict(bias=Toeplitz(leaves[3]))), **tiles)
         torch.testing.assert_close(got, want)
         for g, w in zip(torch.autograd.grad(got.square().sum(), leaves), want_grads, strict=True):
             torch.testing.assert_close(g, w)
@@ -139,9 +117,9 @@ def test_auto_order_follows_priority_and_skips_unranked_backends():
     def only_with_bias(spec):
         return None if spec.bias is not None else "no bias"
 
-    register_backend(Backend("by-name", recording("by-name"), priority=None))
-    register_backend(Backend("above-all", recording("above-all"), only_with_bias, priority=50))
-    try:
+    by_name = Backend("by-name", recording("by-name"), priority=None)
+    above_all = Backend("above-all", recording("above-all"), only_with_bias, priority=50)
+    with registered(register_backend, by_name), registered(register_backend, above_all):
         assert "by-name" not in AUTO_ORDER and AUTO_ORDER[0] == "above-all"
         q, k, v = (torch.randn(1, 2, 4, 3, **F64) for _ in range(3))
         attention(q, k, v, bias=torch.zeros(4, 4, **F64))  # above-all outranks every other
@@ -150,14 +128,20 @@ def test_auto_order_follows_priority_and_skips_unranked_backends():
         assert received == ["above-all", "by-name"]
         gated = select_backend("auto", q, k, v, gate=torch.ones(4, 4, **F64)).name
         assert gated == GATED_ON_CPU
-    finally:
-        del BACKENDS["by-name"], BACKENDS["above-all"]
-        register_backend(BACKENDS["reference"])  # rebuilds AUTO_ORDER without them
-    assert "above-all" not in AUTO_ORDER and AUTO_ORDER[-1] == "reference"
+    assert "above-all" not in AUTO_ORDER and "by-name" not in BACKENDS
+    assert AUTO_ORDER[-1] == "reference"
 
 
-def test_a_registered_normalization_builds_and_trains_a_model(sigmoid):
+def test_a_registered_normalization_builds_and_trains_a_model():
     """Registered once, a normalisation is a valid TransformerConfig choice: no other edit."""
+    with registered(register_normalization, SIGMOID):
+        _check_a_sigmoid_model()
+    assert "sigmoid" not in NORMALIZATIONS
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        TransformerConfig(vocab_size=7, normalization="sigmoid")
+
+
+def _check_a_sigmoid_model():
     config = TransformerConfig(
         vocab_size=7, max_len=6, num_layers=2, dim=8, num_heads=2, position="rpe",
         gate="toeplitz", normalization="sigmoid",
@@ -177,10 +161,6 @@ def test_a_registered_normalization_builds_and_trains_a_model(sigmoid):
     weights = torch.sigmoid(heads[0] @ heads[1].transpose(-1, -2) * 0.5 + bias) * gate
     want = mha.out_proj((weights @ heads[2]).transpose(1, 2).reshape(2, 6, 8))
     torch.testing.assert_close(mha(x), want)
-    del NORMALIZATIONS["sigmoid"]
-    with pytest.raises(ValueError, match="normalization must be one of"):
-        TransformerConfig(vocab_size=7, normalization="sigmoid")
-    register_normalization(SIGMOID)  # the fixture removes it again
 
 
 def test_config_backends_come_from_the_registry(extra_backend):

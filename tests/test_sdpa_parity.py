@@ -59,7 +59,7 @@ def _compare(q, k, v, sdpa_kwargs: dict, urpe_kwargs: dict, extra: tuple = ()):
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11, msg=message)
         ran.add(name)
     # the reference and the tiled kernels (cpp where it is built) run every plain softmax call
-    assert {"reference", "fused", *(["cpp"] if unavailable() is None else [])} <= ran, ran
+    assert {"reference", "blockwise", *(["cpp"] if unavailable() is None else [])} <= ran, ran
     return ran
 
 

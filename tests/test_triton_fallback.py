@@ -11,7 +11,15 @@ import warnings
 import pytest
 import torch
 
-from urpe.kernels import Relation, Toeplitz, attention, dispatch, reference_attention
+from urpe.kernels import (
+    Relation,
+    Toeplitz,
+    attention,
+    dispatch,
+    reference_attention,
+    register_backend,
+    registered,
+)
 from urpe.kernels.triton import launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -19,12 +27,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture
 def triton_first(monkeypatch):
-    """ "auto" takes the Triton kernel first (on the CPU it normally defers to the fused one),
+    """ "auto" takes the Triton kernel first (on the CPU it normally defers to the blockwise one),
     and forgets earlier failures and warnings."""
     backend = dataclasses.replace(dispatch.BACKENDS["triton"], defers=None)
-    monkeypatch.setitem(dispatch.BACKENDS, "triton", backend)
     monkeypatch.setattr(dispatch, "BROKEN", {})
     monkeypatch.setattr(dispatch, "_WARNED", set())
+    with registered(register_backend, backend):
+        yield
 
 
 def _call(**extra):

@@ -17,7 +17,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @triton.jit
 def _corner_probe(out_ptr, b, s_b, h, s_h, m0, s_i, n0, s_j):
-    tl.store(out_ptr, K._corner(b, s_b, h, s_h, m0, s_i, n0, s_j))
+    tl.store(out_ptr, K.origin(b, s_b, h, s_h, m0, s_i, n0, s_j))
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def test_the_probe_can_fail_int32_arithmetic_wraps():
 
 @triton.jit
 def _program_probe(out_ptr, length, BLOCK: tl.constexpr):
-    tile, row = K._program(length, BLOCK)
+    tile, row = K.program(length, BLOCK)
     tl.store(out_ptr + tl.program_id(0) * 2, tile)
     tl.store(out_ptr + tl.program_id(0) * 2 + 1, row)
 

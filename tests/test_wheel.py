@@ -125,7 +125,7 @@ def test_a_packaged_kernel_for_another_torch_is_said_once_and_left_alone(install
         done = _probe(installed, tmp_path)
     finally:
         record_path.write_text(original)
-    assert "AUTO fused" in done.stdout
+    assert "AUTO blockwise" in done.stdout
     said = [line for line in done.stderr.splitlines() if "urpe" in line]
     refused = "urpe: not loading the C++ kernel packaged with urpe (built for torch 0.0.0; this"
     assert sum(line.startswith(refused) for line in said) == 1, said

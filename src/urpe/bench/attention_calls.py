@@ -135,7 +135,7 @@ def _kernel_rows(names: list[str]) -> list[Row]:
 def short_calls(sizes: Sizes, progress) -> Timed:
     batch, heads, length, head_dim = sizes.short
     rows = [*_kernel_rows(["sdpa"]), *AUTO_ROWS,
-            *_kernel_rows(["cpp_urpe", "fused_urpe", "reference_urpe"])]  # fmt: skip
+            *_kernel_rows(["cpp_urpe", "blockwise_urpe", "reference_urpe"])]  # fmt: skip
     inputs = make_inputs(batch, heads, length, head_dim, torch.float32)
     cases = {
         case: (inputs, dict(length=length, causal=causal),

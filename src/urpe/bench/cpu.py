@@ -86,7 +86,9 @@ def run(args, progress, command: str) -> int:
         progress("peak memory (one subprocess per point)")
         results["memory"] = memory_curves(args, progress)
     if args.profile:
-        row = args.profile_row or ("cpp_urpe" if "cpp_urpe" in rows_for("cpu") else "fused_urpe")
+        row = args.profile_row or (
+            "cpp_urpe" if "cpp_urpe" in rows_for("cpu") else "blockwise_urpe"
+        )
         progress(f"profile {row} at L={args.profile}")
         results["profile"] = dict(
             length=args.profile, row=row, ops=profile_row(row, shape, args.profile)

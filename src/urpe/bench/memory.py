@@ -18,7 +18,7 @@ from .clocks import Call
 from .inputs import make_inputs
 from .rows import rows_for, skip_reason
 
-MEMORY_ROWS = ("reference_urpe", "fused_urpe", "fused_rpe", "cpp_urpe", "sdpa")
+MEMORY_ROWS = ("reference_urpe", "blockwise_urpe", "blockwise_rpe", "cpp_urpe", "sdpa")
 
 
 def _status_bytes(field: str) -> int:

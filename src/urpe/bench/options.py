@@ -19,7 +19,7 @@ DEVICE_DEFAULTS = {
         batch=1,
         heads=8,
         dense_max_length=4096,
-        fused_max_length=None,
+        blockwise_max_length=None,
     ),
     "cuda": dict(
         lengths=[1024, 2048, 4096, 8192, 16384],
@@ -27,7 +27,7 @@ DEVICE_DEFAULTS = {
         batch=4,
         heads=16,
         dense_max_length=8192,
-        fused_max_length=8192,
+        blockwise_max_length=8192,
     ),
 }
 
@@ -54,12 +54,13 @@ def _rows(parser, flag: str, device: str, text: str) -> None:
     )
 
 
-def _device_default(parser, flag: str, what: str, **kwargs) -> None:
+def _device_default(parser, flag: str, what: str, *old_flags: str, **kwargs) -> None:
     dest = flag.lstrip("-").replace("-", "_")
     cpu, cuda = DEVICE_DEFAULTS["cpu"][dest], DEVICE_DEFAULTS["cuda"][dest]
     parser.add_argument(
-        flag, default=argparse.SUPPRESS, help=f"{what} (default: cpu {cpu}, cuda {cuda})", **kwargs
-    )
+        flag, *old_flags, dest=dest, default=argparse.SUPPRESS,
+        help=f"{what} (default: cpu {cpu}, cuda {cuda})", **kwargs,
+    )  # fmt: skip
 
 
 def _lengths(parser, flag: str, default: list[int], what: str) -> None:
@@ -81,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _device_default(
         parser,
         "--dtypes",
-        "input dtypes (the fused kernel computes in float32)",
+        "input dtypes (the blockwise kernel computes in float32)",
         nargs="+",
         choices=DTYPES,
     )
@@ -109,8 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _device_default(
         parser,
+        "--blockwise-max-length",
+        "skip the pure-PyTorch blockwise kernel above this length (--fused-max-length: its "
+        "old name)",
         "--fused-max-length",
-        "skip the pure-PyTorch fused kernel above this length",
         type=positive_int,
     )
     add(
@@ -178,7 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ROW",
         choices=list(offered_rows("cpu")),
         help="the CPU row --profile profiles (default: cpp_urpe, what 'auto' runs for URPE on "
-        "the CPU, or fused_urpe where the C++ kernel is not built; fused_urpe shows the eager "
+        "the CPU, or blockwise_urpe where the C++ kernel is not built; blockwise_urpe shows the "
+        "eager "
         "kernel's operators)",
     )
     add("--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)")

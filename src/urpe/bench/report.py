@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from .clocks import MODES
 from .memory import MEMORY_ROWS
+from .rows import RENAMED, current_names
+
+RECORD_LISTS = ("times", "memory", "contention", "end_to_end")  # each record named by its row
 
 MET = {True: "yes", False: "**no**", None: "n/a"}
 
@@ -170,7 +173,7 @@ def _profile(results: dict) -> list[str]:
         [f"`{op['op']}`", f"{op['ms_per_call']:.1f}", f"{op['share']:.0%}", str(op["count"])]
         for op in prof["ops"]
     ]
-    row = prof.get("row", "fused_urpe")  # earlier results profiled the fused kernel only
+    row = prof.get("row", "blockwise_urpe")  # earlier results profiled that kernel only
     kernel = row.removesuffix("_urpe").removesuffix("_rpe")
     return [
         "",
@@ -183,8 +186,8 @@ def _profile(results: dict) -> list[str]:
 
 
 PROFILE_NOTES = {
-    "fused": "`bmm`/`baddbmm_` are the matrix products; the rest is elementwise work over score "
-    "tiles, which SDPA's compiled kernel does in cache.",
+    "blockwise": "`bmm`/`baddbmm_` are the matrix products; the rest is elementwise work over "
+    "score tiles, which SDPA's compiled kernel does in cache.",
     "cpp": "`urpe_cpp::forward` and `urpe_cpp::backward` are the compiled tile loops (matrix "
     "products and every per-element step inside); the rest is the preparation around them "
     "(dtype conversions, the Toeplitz rows, delta = rowsum(dO * O)) and autograd.",
@@ -217,6 +220,12 @@ def _end_to_end(results: dict) -> list[str]:
 
 
 def markdown(results: dict) -> str:
-    """The CPU report (everything of BENCHMARKS.md but the GPU section)."""
+    """The CPU report (everything of BENCHMARKS.md but the GPU section), from results of any
+    version (rows of earlier names are renamed)."""
+    results = {key: current_names(value) if key in RECORD_LISTS else value
+               for key, value in results.items()}  # fmt: skip
+    if "row" in (results.get("profile") or {}):
+        results["profile"] = dict(results["profile"], row=RENAMED.get(
+            results["profile"]["row"], results["profile"]["row"]))  # fmt: skip
     parts = (_header, _targets, _times, _contention, _memory, _profile, _end_to_end)
     return "\n".join(line for part in parts for line in part(results)) + "\n"

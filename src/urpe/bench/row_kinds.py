@@ -30,4 +30,4 @@ class Row:
 
 
 # Backends whose rows are too slow or too large past a length: the option that says where.
-BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "fused": "fused_max_length"}
+BACKEND_LENGTH_LIMITS = {"reference": "reference_max_length", "blockwise": "blockwise_max_length"}

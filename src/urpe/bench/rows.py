@@ -32,13 +32,19 @@ from collections.abc import Callable, Sequence
 from .row_kinds import BACKEND_LENGTH_LIMITS, Build, Inputs, Row
 
 # Row names of earlier versions (results files, scripts) -> today's.
-RENAMED = {"reference": "reference_urpe"}
+RENAMED = {"reference": "reference_urpe", "fused_urpe": "blockwise_urpe",
+           "fused_rpe": "blockwise_rpe"}  # fmt: skip
 # The backends urpe registers for each device, in the registry's order, available or not: the
 # rows offered before `urpe.kernels` is imported (tests/test_cli_startup.py checks the list).
 BUILT_IN_BACKENDS = {
-    "cpu": ("reference", "sdpa", "fused", "cpp"),
-    "cuda": ("reference", "sdpa", "fused", "triton", "flex"),
+    "cpu": ("reference", "sdpa", "blockwise", "cpp"),
+    "cuda": ("reference", "sdpa", "blockwise", "triton", "flex"),
 }
+
+
+def current_names(records: list[dict]) -> list[dict]:
+    """Records (results of any version) with today's row names."""
+    return [dict(r, name=RENAMED[r["name"]]) if r.get("name") in RENAMED else r for r in records]
 
 
 def _sdpa(inputs: Inputs, causal: bool):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .measure import SETTING_FIELDS
 from .memory import fit_quadratic
+from .rows import current_names
 
 CONDITION_FIELDS = ("threads", "busy")
 SETTING_LABELS = dict(
@@ -92,13 +93,15 @@ def _gpu(target: str, numerator: str, denominator: str, mode: str, limit: float,
 
 
 # fmt: off
-# Issue 4: the eager blockwise kernel ("fused") on the CPU, float32, L=2048, idle machine.
-FUSED_TARGETS = (
-    _cpu("fused URPE fwd+bwd / bias-free SDPA", "fused_urpe", "sdpa", "fwdbwd", 1.5),
-    _cpu("fused URPE fwd+bwd / SDPA dense bias", "fused_urpe", "sdpa_dense_bias", "fwdbwd", 0.5),
-    _cpu("fused URPE fwd / bias-free SDPA", "fused_urpe", "sdpa", "fwd", 1.3),
-    _cpu("fused URPE / fused RPE, fwd+bwd", "fused_urpe", "fused_rpe", "fwdbwd", 1.05),
-    _cpu("fused URPE / fused RPE, fwd", "fused_urpe", "fused_rpe", "fwd", 1.05),
+# Issue 4: the eager blockwise kernel on the CPU, float32, L=2048, idle machine.
+BLOCKWISE_TARGETS = (
+    _cpu("blockwise URPE fwd+bwd / bias-free SDPA", "blockwise_urpe", "sdpa", "fwdbwd", 1.5),
+    _cpu("blockwise URPE fwd+bwd / SDPA dense bias", "blockwise_urpe", "sdpa_dense_bias",
+         "fwdbwd", 0.5),
+    _cpu("blockwise URPE fwd / bias-free SDPA", "blockwise_urpe", "sdpa", "fwd", 1.3),
+    _cpu("blockwise URPE / blockwise RPE, fwd+bwd", "blockwise_urpe", "blockwise_rpe", "fwdbwd",
+         1.05),
+    _cpu("blockwise URPE / blockwise RPE, fwd", "blockwise_urpe", "blockwise_rpe", "fwd", 1.05),
 )
 # Issue 21: the compiled C++ tile loop ("cpp", what "auto" runs on the CPU), idle machine.
 CPP_TARGETS = (
@@ -109,7 +112,7 @@ CPP_TARGETS = (
     _cpu("cpp URPE fwd+bwd / bias-free SDPA, bfloat16", "cpp_urpe", "sdpa", "fwdbwd", 1.6,
          dtype="bfloat16"),
 )
-CPU_TARGETS = FUSED_TARGETS + CPP_TARGETS
+CPU_TARGETS = BLOCKWISE_TARGETS + CPP_TARGETS
 # Issue 21: the C++ kernel's ratio at 1 and 2 threads, idle and with one core busy.
 CONTENTION_TARGETS = tuple(
     _cpu(f"cpp URPE {label} / bias-free SDPA, {threads} thread(s), {load}", "cpp_urpe",
@@ -146,11 +149,11 @@ def _peaks(memory: list[dict], name: str) -> dict[int, float]:
 
 
 def cpu_memory_targets(memory: list[dict]) -> list[dict]:
-    """Peak memory of each tiled CPU kernel (fused, cpp) against the reference's at the longest
+    """Peak memory of each tiled CPU kernel (blockwise, cpp) against the reference's at the longest
     length (extrapolated a + b L^2 where the reference was not measured there), and its growth
     with L."""
     ref = _peaks(memory, "reference_urpe")
-    return [t for kernel in ("fused", "cpp") for t in _memory_targets(memory, kernel, ref)]
+    return [t for kernel in ("blockwise", "cpp") for t in _memory_targets(memory, kernel, ref)]
 
 
 def _memory_targets(memory: list[dict], kernel: str, ref: dict[int, float]) -> list[dict]:
@@ -236,6 +239,7 @@ def cpu_targets(
     """Issue 4's and issue 21's targets (the contention ones where contention was measured),
     judged."""
     ratios = CPU_TARGETS + (CONTENTION_TARGETS if contention else ())
+    times, memory, contention = (current_names(r) for r in (times, memory, contention))
     records = [*times, *contention]
     out = [t.judge(records) for t in ratios]
     return _judged(out + cpu_memory_targets(memory) + end_to_end_targets(e2e))

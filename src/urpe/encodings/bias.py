@@ -2,7 +2,7 @@
 
 Under softmax none of these can tell identical tokens apart (rows of the attention matrix sum
 to 1, so identical values give identical outputs): they are the paper's "RPE" family. On aligned
-positions each returns a `Toeplitz` table (FIRE: a dense tensor) so fused kernels can read it per
+positions each returns a `Toeplitz` table (FIRE: a dense tensor) so tiled kernels can read it per
 tile; on arbitrary positions (per row, offset) an exact `Relation` or dense term.
 """
 

@@ -12,7 +12,7 @@ looking at tensor values (no host sync, no graph break under `torch.compile`):
 - `is_aligned`: keys sit at consecutive positions start .. start + Lk - 1, shared by the batch, and
   the queries are the last Lq of them. That is exactly the layout of `urpe.Toeplitz`
   (pos(i) = i + Lk - Lq up to a common shift, which relative offsets do not see), so a Toeplitz
-  table stays structured and the fused kernel reads it tile by tile. `sequence` and `graph` build
+  table stays structured and the tiled kernels read it tile by tile. `sequence` and `graph` build
   aligned positions.
 - otherwise (per-row positions, arbitrary offsets) encodings fall back to an exact `Relation` over
   clipped offsets or a dense term.

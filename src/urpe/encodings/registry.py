@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from ..kernels.watched import restored
+
 
 @dataclass(frozen=True)
 class EncodingSpec:
@@ -239,14 +241,9 @@ def registered(register: Callable, name: str, cls: type, build: Callable, **decl
         with registered(register_gate, "half", HalfGate, lambda s: HalfGate()):
             TransformerConfig(vocab_size=5, gate="half")
     """
-    registry = register.registry
-    saved = dict(registry)
-    try:
+    with restored(register.registry):
         register(name, build, **declaration)(cls)
-        yield registry[name]
-    finally:
-        registry.clear()
-        registry.update(saved)
+        yield register.registry[name]
 
 
 def resolve(

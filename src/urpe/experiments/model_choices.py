@@ -39,8 +39,8 @@ BUILT_IN = {
                                              "txl")),
     "gate": ("urpe.encodings.registry", ("none", "toeplitz", "t5")),
     "mixer": ("urpe.nn.mixers", ("attention", "bilinear", "conv")),
-    "backend": ("urpe.kernels.dispatch", ("auto", "reference", "sdpa", "fused", "triton", "flex",
-                                          "cpp")),
+    "backend": ("urpe.kernels.dispatch", ("auto", "reference", "sdpa", "blockwise", "triton",
+                                          "flex", "cpp")),
 }  # fmt: skip
 
 
@@ -93,8 +93,16 @@ REGISTERED = {"normalization": _normalizations, "position": _positions, "gate": 
               "mixer": _mixers, "backend": _backends}  # fmt: skip
 _choices = {flag: _registered(flag, read) for flag, read in REGISTERED.items()}
 
+
+def _backend(name: str) -> str:
+    """A backend's name as given, or today's for a renamed one ("fused": "blockwise")."""
+    from ..kernels.dispatch import current_backend_name
+
+    return current_backend_name(name)
+
+
 BACKEND = Option(("--backend",), "backend", "attention kernel (default: auto, the fastest that "
-                 "applies)", choices=_choices["backend"])  # fmt: skip
+                 "applies)", type=_backend, choices=_choices["backend"])  # fmt: skip
 MODEL_OPTIONS = (
     Option(("--normalization",), "normalization", "attention normalisation of every run "
            "(default: each variant's own)", choices=_choices["normalization"]),

@@ -13,7 +13,8 @@ attends with
     A = softmax(Q K^T / sqrt(d) + B) * C_l[h, r(i, j)]         (URPE; C = 1 without it)
 
 where C_l is layer l's own (H, R) table, ones at initialisation, passed to the kernels as a
-`Relation` term: the fused CPU kernel reads it tile by tile, no (B, H, L, L) gate is built. With
+`Relation` term: the tiled CPU kernels (cpp, blockwise) read it tile by tile, no (B, H, L, L) gate
+is built. With
 C all ones the model computes exactly what plain Graphormer computes. URPE adds H * R
 parameters per layer (slim, R = max_distance + 4 = 24: 12 * 8 * 24 = 2,304; the paper reports
 +2,416 for its Graphormer, whose relation count it does not state).

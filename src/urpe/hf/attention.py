@@ -8,7 +8,8 @@ implementation unchanged; gated ones run
 
     out = dropout(softmax(scaling * q k^T + position_bias + mask) * C) @ v
 
-through `urpe.attention` (its dispatch: fused on CPU, Triton on CUDA), with C the module's gate at
+through `urpe.attention` (its dispatch: the compiled C++ kernel, else the blockwise one, on the CPU;
+Triton on CUDA), with C the module's gate at
 this call's positions (see `positions`). T5's `position_bias` travels as urpe's `bias`, so its
 gradient reaches T5's bias table. Packed batches (transformers' DataCollatorWithFlattening) travel
 as `document_ids` (see `packing`), each document attending only to itself.

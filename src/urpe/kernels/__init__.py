@@ -4,6 +4,7 @@
 or normalisation is added to (see `dispatch` and `normalization`).
 """
 
+from .capabilities import Capabilities
 from .cpp import cpp_backend
 from .dispatch import (
     AUTO_ORDER,
@@ -31,13 +32,14 @@ from .tables import (
     relative_offsets,
 )
 from .triton import triton_backend
+from .watched import registered
 
 # The GPU backends. "triton" goes first in "auto" (it declines CPU calls and plain softmax);
 # "flex" runs only when asked for by name (the exact FlexAttention route, the baseline).
 register_backend(triton_backend())
 register_backend(flex_backend())
-# The compiled CPU tile loop, before "fused" in "auto" on the CPU (built on first use; where it
-# cannot be built, "auto" warns once and "fused" runs).
+# The compiled CPU tile loop, before "blockwise" in "auto" on the CPU (built on first use; where
+# it cannot be built, "auto" warns once and "blockwise" runs).
 register_backend(cpp_backend())
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "AttentionSpec",
     "Backend",
     "Decay",
+    "Capabilities",
     "Normalization",
     "PositionTerm",
     "Relation",
@@ -61,6 +64,7 @@ __all__ = [
     "reference_weights",
     "register_backend",
     "register_normalization",
+    "registered",
     "relative_offsets",
     "resolve",
     "select_backend",

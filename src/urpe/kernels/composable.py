@@ -1,6 +1,6 @@
 """A kernel behind a pair of custom ops that composes with torch.func and torch.compile.
 
-The fused (blockwise) and the Triton backends wrap their kernels in flash-attention's three
+The blockwise and the Triton backends wrap their kernels in flash-attention's three
 layers: raw ops on tensors and scalars, an `autograd.Function` around them, the public call.
 `define_attention_ops(name, forward, backward, forward_fake)` builds the first two from a
 kernel's two functions, on the argument layout of `layout` (`ForwardArgs`, `BackwardArgs`):

@@ -3,18 +3,23 @@
 Adding a backend
 ----------------
 A backend is registered once and is then used by `backend="auto"`, selectable by name, run
-by the tests that enumerate `BACKENDS` (tests/test_properties.py, tests/test_transforms.py, ...)
-against the reference, and timed by `urpe bench attention` (row `<name>_urpe`):
+by the tests that enumerate `BACKENDS` (tests/test_backend_conformance.py, which asks for a
+runner, tests/test_properties.py, tests/test_transforms.py, ...) against the reference, and timed
+by `urpe bench attention` (row `<name>_urpe`):
 
-    from urpe.kernels import AttentionSpec, Backend, register_backend
+    from urpe.kernels import AttentionSpec, Backend, Capabilities, register_backend
+    from urpe.kernels.capabilities import built_in
 
     def my_unsupported(spec: AttentionSpec) -> str | None:
-        return None if spec.q.is_cuda else "needs CUDA"   # a reason, or None when it can run
+        return None if my_kernel_loads() else "no build"  # a reason, or None when it can run
 
     def my_run(spec: AttentionSpec) -> Tensor:            # (B, H, Lq, Dv) in spec.q.dtype
         ...
 
-    register_backend(Backend("triton", my_run, my_unsupported, priority=40))
+    # what a table can state (normalisations, term kinds, dtypes, devices, ...) goes in it
+    table = Capabilities("my kernel", normalizations=built_in("softmax"), devices=("cuda",))
+    register_backend(Backend("triton", my_run, my_unsupported, priority=40,
+                             capabilities=table))
 
 `run` receives one `AttentionSpec` (see `spec.py`): q (B, H, Lq, D), k, v (B, Hkv, Lk, *) with
 Hkv dividing H (grouped queries), bias and gate (None, a dense 4-D tensor, `Toeplitz` or
@@ -25,9 +30,12 @@ dropout_seed (None: draw one if you need one). What a backend must do: hidden pa
 exactly 0; a row with no visible key returns 0 (no NaN) with zero gradients; a row of -inf logits
 likewise returns 0. What it need not do, because `execute` does it around every backend: empty
 calls, non-finite q/k/v (they arrive finite), overflow checks for `exp`, and leading batch dims.
-`unsupported(spec)` says why a call is out of reach (then "auto" skips it and naming the
-backend raises that reason); `defers(spec)` says why "auto" should leave a call it could run to a
-later backend. "auto" tries backends by descending `priority` (None: only by name).
+What a backend can run is declared once in its `Capabilities` table (`capabilities.py`:
+normalisations, term kinds, dtypes, devices, gradients, dropout, head dims); `unsupported(spec)`
+adds what a table cannot say. Where either refuses a call, "auto" skips it and naming the
+backend raises that reason (`Backend.refusal`); `defers(spec)` says why "auto" should leave a
+call it could run to a later backend. "auto" tries backends by descending `priority` (None: only
+by name).
 
 A backend that accepts a call but cannot run on this machine (a GPU kernel that does not compile
 or launch on this GPU, a broken install) raises `BackendFailure` from `run`. "auto" then warns
@@ -46,10 +54,11 @@ import torch
 from torch import Tensor
 
 from . import plans
+from .blockwise import BLOCKWISE_CAPABILITIES, blockwise_defers, blockwise_run
+from .capabilities import Capabilities
 from .execute import execute
-from .fused import fused_defers, fused_run, fused_unsupported
 from .reference import reference_run
-from .sdpa import sdpa_run, sdpa_unsupported
+from .sdpa import SDPA_CAPABILITIES, sdpa_run, sdpa_unsupported
 from .spec import AttentionSpec, resolve
 from .tables import PositionTerm, Toeplitz
 from .watched import WatchedDict, WatchedList
@@ -76,25 +85,50 @@ def _warn_once(message: str) -> None:
 
 @dataclass(frozen=True)
 class Backend:
-    """A kernel: name, run(spec) -> output, why it cannot run a call (None: it can), its place
-    in "auto" (higher priority first; None: never chosen by "auto") and why "auto" should pass
-    a call it could run on to a later backend. `devices`: the device types it is built for
-    (None: any); elsewhere it may still run as an emulation for its own tests (Triton's CPU
-    interpreter), and the tests that sweep the whole registry leave it out. `available`: why
-    it cannot run on this machine at all (a kernel that failed to build), or None; such a
-    backend is left out of `native_backends` (and so of those tests and the benchmark's rows)
-    and its `unsupported` gives the same reason."""
+    """A kernel: name, run(spec) -> output, why it cannot run a call beyond what its
+    `capabilities` table says (None: it can), its place in "auto" (higher priority first; None:
+    never chosen by "auto") and why "auto" should pass a call it could run on to a later
+    backend. `available`: why it cannot run on this machine at all (a kernel that failed to
+    build), or None; such a backend is left out of `native_backends` (and so of the tests and
+    the benchmark rows that sweep them) and its `unsupported` gives the same reason."""
 
     name: str
     run: Callable[[AttentionSpec], Tensor]
     unsupported: Callable[[AttentionSpec], str | None] = _always
     priority: float | None = None
     defers: Callable[[AttentionSpec], str | None] | None = None
-    devices: tuple[str, ...] | None = None
+    capabilities: Capabilities = Capabilities("the backend")
     available: Callable[[], str | None] | None = None
     # spec -> a one-call forward for remembered calls of its signature that need no gradient
     # (decoding), or None; see `urpe.kernels.cpp.direct`
     direct: Callable[[AttentionSpec], Callable[[AttentionSpec], Tensor | None] | None] | None = None
+
+    @property
+    def devices(self) -> tuple[str, ...] | None:
+        """The device types it is built for (None: any); see `Capabilities`."""
+        return self.capabilities.devices
+
+    def refusal(self, spec: AttentionSpec) -> str | None:
+        """Why it cannot run this call: its table's reason, else its own `unsupported`'s."""
+        return self.capabilities.refuses(spec) or self.unsupported(spec)
+
+
+# Old backend names -> today's. An old name keeps working (configs, command lines, checkpoints
+# and run records that hold it) with one DeprecationWarning per process.
+RENAMED_BACKENDS = {"fused": "blockwise"}
+
+
+def current_backend_name(name: str) -> str:
+    """`name`, or today's name for a renamed backend (warning once that the old one is
+    deprecated)."""
+    new = RENAMED_BACKENDS.get(name) if type(name) is str else None
+    if new is None:
+        return name
+    message = f"backend {name!r} is deprecated: it is called {new!r} now"
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+    return new
 
 
 # Watched: any change, registered or by hand, voids the remembered calls (see `plans`).
@@ -111,12 +145,27 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-register_backend(Backend("reference", reference_run, _always, priority=0))
-register_backend(Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20))
-# Fused goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
-# plain softmax to SDPA (see `fused_defers` for the measured rule). On the CPU the compiled C++
-# kernel ("cpp", registered in `urpe.kernels`) goes before fused, which is its fallback.
-register_backend(Backend("fused", fused_run, fused_unsupported, priority=30, defers=fused_defers))
+register_backend.registries = (BACKENDS, AUTO_ORDER)  # for `registered`
+
+
+register_backend(
+    Backend("reference", reference_run, priority=0, capabilities=Capabilities("the reference"))
+)
+register_backend(
+    Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20, capabilities=SDPA_CAPABILITIES)
+)
+# Blockwise goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
+# plain softmax to SDPA (see `blockwise_defers` for the measured rule). On the CPU the compiled
+# C++ kernel ("cpp", registered in `urpe.kernels`) goes before blockwise, its fallback.
+register_backend(
+    Backend(
+        "blockwise",
+        blockwise_run,
+        priority=30,
+        defers=blockwise_defers,
+        capabilities=BLOCKWISE_CAPABILITIES,
+    )
+)
 
 
 def native_backends(device_type: str) -> list[str]:
@@ -145,7 +194,7 @@ def _auto_iter(spec: AttentionSpec) -> Iterator[Backend]:
         if (
             (name, device) not in BROKEN
             and (backend.defers is None or backend.defers(spec) is None)
-            and backend.unsupported(spec) is None
+            and backend.refusal(spec) is None
         ):
             yield backend
 
@@ -154,13 +203,14 @@ def choose_backend(backend: str, spec: AttentionSpec) -> Backend:
     """The kernel `attention` would use for this resolved call."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    backend = current_backend_name(backend)
     if backend == "auto":
         for candidate in _auto_iter(spec):
             return candidate
         raise RuntimeError(f"no registered backend accepts this call (auto order {AUTO_ORDER})")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
-    reason = BACKENDS[backend].unsupported(spec)
+    reason = BACKENDS[backend].refusal(spec)
     if reason is not None:
         raise ValueError(f"backend {backend!r} cannot run this call: {reason}")
     return BACKENDS[backend]
@@ -221,7 +271,7 @@ def attention(
         normalization: "softmax", "exp" (no denominator), "l2" (exp / l2 norm of the row),
             "relu2" (relu(s)^2 / n, n the number of keys the query sees), or any name
             registered in `urpe.kernels.NORMALIZATIONS`.
-        dropout_seed: int or int64 scalar tensor fixing the dropout masks (reference and fused
+        dropout_seed: int or int64 scalar tensor fixing the dropout masks (reference and blockwise
             backends; SDPA draws its own). Default: drawn from torch's generator.
         document_ids: integer, broadcastable to (..., Lk): packed sequences. Query i belongs
             to the document of key i + Lk - Lq (the `is_causal` alignment, so a KV cache works)
@@ -246,6 +296,7 @@ def attention(
     call never waits for the device and a CUDA graph can capture it; the one exception is
     `normalization="exp"`, whose overflow check must read the result (see `urpe.kernels.host`).
     """
+    backend = current_backend_name(backend)  # an old name: today's
     key = plans.signature(
         q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
         key_padding_mask, normalization, dropout_seed, backend, BROKEN, document_ids,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .checks import checked_finite_output
 from .nonfinite import all_finite_now, guarded
-from .ops import checked_finite_output
 from .spec import AttentionSpec
 from .tables import Decay, Relation, Toeplitz
 

@@ -34,35 +34,38 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
+from .capabilities import Capabilities, built_in
 from .dtypes import compute_dtype
 from .spec import AttentionSpec, resolve
 from .tables import Decay, PositionTerm, Relation, Toeplitz
+
+# The exponential normalisations (relu2 is not one), no dropout; on the CPU FlexAttention runs
+# eagerly and forward only (PyTorch has no CPU backward for it).
+FLEX_CAPABILITIES = Capabilities(
+    "FlexAttention",
+    normalizations=built_in("softmax", "exp", "l2"),
+    devices=("cuda",),
+    emulated=("cpu",),
+    gradients=("cuda",),
+    dropout="none",
+)
 
 
 def flex_spec_unsupported(spec: AttentionSpec, cpu_backward: bool = True) -> str | None:
     """Why the FlexAttention route cannot run this resolved call, or None when it can
     (cpu_backward: refuse CPU calls that need gradients, which PyTorch's FlexAttention cannot
     give)."""
-    q = spec.q
-    if spec.normalization not in ("softmax", "exp", "l2"):
-        return f"FlexAttention computes exponential weights; {spec.normalization!r} is not one"
-    if spec.dropout_p > 0.0:
-        return "FlexAttention has no dropout"
-    if q.device.type not in ("cuda", "cpu"):
-        return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {q.device.type}"
-    if cpu_backward and q.device.type == "cpu" and torch.is_grad_enabled():
-        tensors = [q, spec.k, spec.v]
-        for term in (spec.bias, spec.gate, spec.attn_mask):
-            tensors += _term_tensors(term)
-        if any(t.requires_grad for t in tensors):
-            return "FlexAttention has no backward on the CPU (PyTorch runs it forward-only there)"
-    if spec.is_empty or spec.head_dim == 0:
-        return "an empty dimension"
-    return None
+    table = FLEX_CAPABILITIES if cpu_backward else replace(FLEX_CAPABILITIES, gradients=None)
+    return table.refuses(spec) or _nothing_to_compute(spec)
+
+
+def _nothing_to_compute(spec: AttentionSpec) -> str | None:
+    return "an empty dimension" if spec.is_empty or spec.head_dim == 0 else None
 
 
 def flex_unsupported(q: Tensor, k: Tensor, v: Tensor, cpu_backward: bool = True, **kwargs):
@@ -73,16 +76,6 @@ def flex_unsupported(q: Tensor, k: Tensor, v: Tensor, cpu_backward: bool = True,
     except (TypeError, ValueError) as error:
         return str(error)
     return flex_spec_unsupported(spec, cpu_backward)
-
-
-def _term_tensors(term: PositionTerm | None) -> list[Tensor]:
-    if term is None:
-        return []
-    if isinstance(term, (Toeplitz, Relation)):
-        return [term.table]
-    if isinstance(term, Decay):
-        return [term.log_forget]
-    return [term]
 
 
 def _lookup(term: PositionTerm, shape: tuple[int, int, int, int], transform) -> Callable:
@@ -300,4 +293,4 @@ def flex_backend():
     """The registry's entry: by name only (never chosen by "auto")."""
     from .dispatch import Backend
 
-    return Backend("flex", flex_run, flex_spec_unsupported, devices=("cuda",))
+    return Backend("flex", flex_run, _nothing_to_compute, capabilities=FLEX_CAPABILITIES)

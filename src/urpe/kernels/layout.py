@@ -1,6 +1,6 @@
 """The raw attention ops' arguments, declared once.
 
-Every kernel that sits behind a pair of custom ops (the blockwise "fused" kernel, the Triton
+Every kernel that sits behind a pair of custom ops (the blockwise kernel, the Triton
 kernel) takes the same arguments, in flash-attention's raw-op style: tensors and scalars only, so
 that `torch.library` can register them and `torch.compile` can trace through them.
 `ForwardArgs` declares them (name, type, order, meaning) and `BackwardArgs` adds what the

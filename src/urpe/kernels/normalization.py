@@ -2,7 +2,7 @@
 
 Only softmax makes rows sum to 1; the other three are the row-sum-breaking variants Su (2022)
 lists beside URPE. An entry states everything every kernel needs, so a new normalisation is added
-here once and the reference, the fused kernel, dispatch and the tests pick it up:
+here once and the reference, the blockwise kernel, dispatch and the tests pick it up:
 
 - `weights(scores, keep)`: the reference formula on a whole (..., Lq, Lk) logit matrix. Hidden
   pairs (keep False) get exactly 0, and a row with no visible key is all 0, never NaN.
@@ -56,6 +56,9 @@ def register_normalization(norm: Normalization) -> Normalization:
     """Add (or replace) a normalisation; `urpe.attention(normalization=name)` then accepts it."""
     NORMALIZATIONS[norm.name] = norm
     return norm
+
+
+register_normalization.registries = (NORMALIZATIONS,)  # for `registered`
 
 
 # ---------------------------------------------------------------------------------------------

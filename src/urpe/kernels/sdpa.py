@@ -13,19 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .capabilities import Capabilities, built_in
 from .masks import keep_mask
 from .spec import AttentionSpec
 from .tables import dense_term
 
+SDPA_CAPABILITIES = Capabilities(
+    "SDPA", normalizations=built_in("softmax"), gate=(), dropout="unseeded"
+)
+
 
 def sdpa_unsupported(spec: AttentionSpec) -> str | None:
-    """Why SDPA cannot run this call, or None when it can."""
-    if spec.gate is not None:
-        return "SDPA has no post-softmax gate"
-    if spec.normalization != "softmax":
-        return f"SDPA only does softmax, not {spec.normalization!r}"
-    if spec.dropout_p > 0.0 and spec.dropout_seed is not None:
-        return "SDPA draws its own dropout mask and cannot take dropout_seed"
+    """Why SDPA cannot run this call beyond its table, or None when it can."""
     if spec.head_dim == 0:
         return "SDPA needs a head dim of at least 1"
     return None

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from .checks import checked_relation_index
 from .dtypes import HALF, compute_dtype
 from .host import may_read
 from .normalization import NORMALIZATIONS, Normalization
-from .ops import checked_relation_index
 from .tables import Decay, PositionTerm, Relation, Toeplitz
 
 

@@ -1,7 +1,7 @@
 """Structured relative-position terms: per-head tables looked up by a relation between i and j.
 
 A bias or gate in `urpe.attention` is either a dense tensor broadcastable to (B, H, Lq, Lk) or one
-of the two structured forms here. Structured forms let fused kernels read the term tile by tile
+of the two structured forms here. Structured forms let tiled kernels read the term tile by tile
 instead of materialising an (Lq, Lk) matrix per head; `dense()` gives the equivalent dense tensor,
 which is what the reference kernel uses.
 """

@@ -17,6 +17,7 @@ from ..encodings import (
     resolve,
 )
 from ..kernels import BACKENDS, NORMALIZATIONS
+from ..kernels.dispatch import current_backend_name
 from ..nn import MIXER_REGISTRY
 
 # Live views of the registries: each name is declared beside its class (urpe.encodings.registry,
@@ -113,6 +114,7 @@ class TransformerConfig:
             )
         for name, value in fold_legacy_fields(self.__dict__).items():
             setattr(self, name, value)
+        self.attention_backend = current_backend_name(self.attention_backend)  # "fused": old
         for name, value, allowed in (
             ("normalization", self.normalization, NORMALIZATION_NAMES),
             ("attention_backend", self.attention_backend, BACKEND_NAMES),

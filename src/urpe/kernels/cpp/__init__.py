@@ -1,6 +1,6 @@
 """URPE attention as a compiled C++ tile loop on the CPU: backend "cpp", first in "auto" there.
 
-The eager blockwise kernel ("fused") runs each step of a tile as its own PyTorch op over an
+The eager blockwise kernel ("blockwise") runs each step of a tile as its own PyTorch op over an
 8 MB score tile, each op parallel on its own: many short passes that each wait for the slowest
 thread, which a busy machine makes slow. This kernel keeps a score tile (256 x 512 forward,
 128 x 512 backward) in cache and does everything per element on it inside one C++ loop
@@ -21,11 +21,11 @@ queries, dropout (the reference's own hash, so both draw the same mask), float64
 float16 is computed in float32. bfloat16 too, but its seven matrix products take bfloat16
 operands (q, k, v, dO as given; the weights and dS rounded to bfloat16) and accumulate in
 float32, as SDPA does, where torch's BLAS has a bf16 x bf16 -> float routine (MKL's, on AMX or
-AVX512-BF16); elsewhere they run in float32 too. A normalisation registered later is left to
-"fused".
+AVX512-BF16); elsewhere they run in float32 too. A normalisation registered later (or registered
+again with other formulas) is left to "blockwise": see `CPP_CAPABILITIES`.
 
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
-"auto" warns once and runs "fused" instead. The layers are those of the fused and Triton
+"auto" warns once and runs "blockwise" instead. The layers are those of the blockwise and Triton
 kernels: C++ ops on tensors (`library.cpp`), custom ops with fakes, vmap rules and an autograd
 Function around them (`ops.py`), and the backend here.
 """
@@ -35,9 +35,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..blockwise import blockwise_defers
+from ..capabilities import Capabilities, built_in
 from ..dispatch import Backend
+from ..dtypes import FLOATING
 from ..execute import execute
-from ..fused import fused_defers
 from ..nonfinite import FINITE_CHECKS, OPAQUE_RUNS
 from ..spec import AttentionSpec, resolve
 from .build import is_loaded, threaded, unavailable
@@ -47,20 +49,19 @@ __all__ = ["FEW_QUERIES", "cpp_attention", "cpp_backend", "cpp_defers", "cpp_run
            "cpp_unsupported", "unavailable"]  # fmt: skip
 
 
+# The registry's four built-ins as the C++ loop implements them (codes in ops.py).
+CPP_CAPABILITIES = Capabilities(
+    "the C++ kernel",
+    normalizations=built_in("softmax", "exp", "l2", "relu2"),
+    dtypes=FLOATING,
+    devices=("cpu",),
+)
+
+
 def cpp_unsupported(spec: AttentionSpec) -> str | None:
-    """Why the C++ kernel cannot run this call (None: it can). Builds it on the first CPU call."""
-    if spec.q.device.type != "cpu":
-        return f"the C++ kernel runs on the CPU, not {spec.q.device.type}"
-    if _built_in().get(spec.normalization) is not spec.norm:
-        return f"normalization {spec.normalization!r} has no C++ form (backend 'fused' runs it)"
+    """Why the C++ kernel cannot run this call beyond its table (None: it can): it could not
+    be built. Builds it on the first CPU call."""
     return unavailable()
-
-
-def _built_in() -> dict:
-    """The normalisations the C++ loop implements (ops.py, imported on first use)."""
-    from .ops import BUILT_IN
-
-    return BUILT_IN
 
 
 def cpp_attention(
@@ -71,7 +72,7 @@ def cpp_attention(
     if int(block_q) < 0 or int(block_k) < 0:
         raise ValueError(f"block_q and block_k must be >= 0, got {block_q}, {block_k}")
     spec = resolve(q, k, v, **kwargs)
-    reason = cpp_unsupported(spec)
+    reason = cpp_backend().refusal(spec)
     if reason is not None:
         raise ValueError(f"backend 'cpp' cannot run this call: {reason}")
     return execute(lambda s: cpp_run(s, block_q, block_k), spec)
@@ -86,18 +87,19 @@ FEW_QUERIES = 16
 def cpp_defers(spec: AttentionSpec) -> str | None:
     """Why "auto" should hand a call the kernel could run to a later backend: plain softmax
     with more than FEW_QUERIES queries (SDPA is faster), or a build without OpenMP, whose tiles
-    run on one thread ("fused" uses torch's threads)."""
+    run on one thread ("blockwise" uses torch's threads)."""
     if not threaded():
         return "the C++ kernel was built without OpenMP: its tiles run on one thread"
     if spec.lq <= FEW_QUERIES:
         return None
-    return fused_defers(spec)
+    return blockwise_defers(spec)
 
 
 def cpp_backend() -> Backend:
-    """Before "fused" in "auto" on the CPU; plain softmax still goes to SDPA."""
+    """Before "blockwise" in "auto" on the CPU; plain softmax still goes to SDPA."""
     return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
-                   devices=("cpu",), available=unavailable, direct=_direct_call)  # fmt: skip
+                   capabilities=CPP_CAPABILITIES, available=unavailable,
+                   direct=_direct_call)  # fmt: skip
 
 
 def _direct_call(spec: AttentionSpec):

@@ -10,7 +10,7 @@ In order, the first that works:
 3. **Compiled now** with `torch.utils.cpp_extension` (ninja and a C++ compiler; `-O3
    -march=native` where the compiler takes it), about 20 s on 2 cores, said on one line.
    `make setup` does it ahead (`python -m urpe.kernels.cpp`).
-4. **None**: "auto" runs the eager blockwise kernel ("fused") after one warning that says why,
+4. **None**: "auto" runs the eager blockwise kernel ("blockwise") after one warning that says why,
    and `backend="cpp"` raises with that reason. Also where URPE_CPP_KERNEL=0 switches it off.
 
 The key hashes the sources, the flags, torch's version, the Python version and this CPU's
@@ -262,8 +262,8 @@ def load() -> str | None:
     if reason is not None and not reason.startswith(f"switched off with {SWITCH}"):
         warnings.warn(
             f"urpe: the C++ CPU attention kernel is unavailable ({reason}); backend='auto' "
-            "uses the eager blockwise kernel ('fused') on the CPU instead, which gives the same "
-            "results more slowly. It needs a C++ compiler and ninja at run time; `python -m "
+            "uses the eager blockwise kernel ('blockwise') on the CPU instead, which gives the "
+            "same results more slowly. It needs a C++ compiler and ninja at run time; `python -m "
             "urpe.kernels.cpp` builds it and prints the compiler's errors.",
             RuntimeWarning,
             stacklevel=3,

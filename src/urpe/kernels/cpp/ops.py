@@ -5,7 +5,7 @@ the C++ ops take (the compute dtype, contiguous, a Toeplitz table read out at ev
 the call, the statistic of exp/relu2 counted up front) and turn the C++ gradients back into
 gradients of the caller's tensors. `define_attention_ops` puts them behind
 `urpe::cpp_attention_forward` / `_backward` with fake implementations, vmap rules and an
-autograd Function, as for the fused and Triton kernels, so torch.func and torch.compile
+autograd Function, as for the blockwise and Triton kernels, so torch.func and torch.compile
 compose with them.
 """
 
@@ -16,20 +16,17 @@ import functools
 import torch
 from torch import Tensor
 
+from ..blockwise import forward_fake
 from ..composable import define_attention_ops
 from ..dropout import keep_threshold
 from ..dtypes import compute_dtype
-from ..fused import forward_fake
 from ..layout import BackwardArgs, ForwardArgs
 from ..masks import visible_key_counts
 from ..normalization import NORMALIZATIONS
 
-# Codes of library.cpp's enums.
+# Codes of library.cpp's enums (the normalisations are those of the backend's capability table).
 NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
 KIND_CODES = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3, "decay": 4}
-# The entries the C++ loop implements; a normalisation registered later (or one of these names
-# registered again with other formulas) is left to the eager kernels.
-BUILT_IN = {name: NORMALIZATIONS[name] for name in NORMALIZATION_CODES}
 
 # Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
 # issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.

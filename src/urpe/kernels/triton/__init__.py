@@ -30,93 +30,19 @@ gradients use atomics and for the deterministic mode (`torch.use_deterministic_a
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
-import torch
 from torch import Tensor
 
 from ..dispatch import Backend, BackendFailure
-from ..dtypes import FLOATING
 from ..spec import AttentionSpec, resolve
-
-MAX_HEAD_DIM = 256
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "on", "yes")
-
-
-def triton_missing() -> str | None:
-    """Why Triton cannot be imported, or None."""
-    if sys.modules.get("triton") is not None or importlib.util.find_spec("triton") is not None:
-        return None
-    return "Triton is not installed (pip install triton)"
-
-
-def interpreter_state() -> str | None:
-    """Why the Triton interpreter is not usable for CPU tensors, or None when it is."""
-    missing = triton_missing()
-    if missing is not None:
-        return missing
-    module = sys.modules.get("triton")
-    if module is not None:
-        knobs = getattr(module, "knobs", None)  # Triton < 3.4 reads the environment only
-        # torch.compile cannot trace the knobs (they read the environment through C++): while
-        # tracing, read the variable they read
-        on = (
-            knobs.runtime.interpret
-            if knobs is not None and not torch.compiler.is_compiling()
-            else _truthy(os.environ.get("TRITON_INTERPRET"))
-        )
-        if on:
-            return None
-        if _truthy(os.environ.get("TRITON_INTERPRET")):
-            return "triton was imported before TRITON_INTERPRET=1 was set; set it before"
-    elif _truthy(os.environ.get("TRITON_INTERPRET")):
-        return None
-    return (
-        "no CUDA tensors: Triton kernels run on CUDA GPUs, or on the CPU under Triton's "
-        "interpreter for testing (TRITON_INTERPRET=1 before triton is imported)"
-    )
-
-
-def spec_unsupported(spec: AttentionSpec) -> str | None:
-    """Why the Triton kernel cannot run this resolved call, or None when it can. (On CUDA a
-    missing or broken Triton is found when the call runs: "auto" then warns once and moves on.)"""
-    q, k, v = spec.q, spec.k, spec.v
-    device = q.device.type
-    missing = triton_missing()
-    if missing is not None and device != "cuda":
-        return missing
-    if device == "cpu":
-        reason = interpreter_state()
-        if reason is not None:
-            return reason
-    elif device != "cuda":
-        return f"Triton kernels run on CUDA devices, not {device}"
-    if spec.normalization not in ("softmax", "exp", "l2", "relu2"):
-        return f"normalisation {spec.normalization!r} has no Triton kernel"
-    if q.dtype not in FLOATING:
-        return f"dtype {q.dtype} is not one of float16, bfloat16, float32, float64"
-    if max(spec.head_dim, spec.value_dim) > MAX_HEAD_DIM:
-        return f"head dims up to {MAX_HEAD_DIM}, got D={spec.head_dim}, Dv={spec.value_dim}"
-    if min(q.shape) == 0 or min(k.shape) == 0 or v.shape[-1] == 0:
-        return "an empty dimension (nothing to launch)"
-    if spec.dropout_p > 0.0 and spec.lq * spec.lk >= 2**32:
-        return "dropout's Philox counter covers Lq * Lk < 2^32 entries per head"
-    return None
-
-
-def spec_defers(spec: AttentionSpec) -> str | None:
-    """Why "auto" should leave a call the Triton kernel could run to another backend."""
-    if spec.q.device.type == "cpu":
-        return "Triton's CPU interpreter is for testing; the fused kernel is faster"
-    plain = spec.gate is None and spec.bias is None and spec.normalization == "softmax"
-    if plain and spec.document_ids is None:  # SDPA would take documents as a dense mask
-        return "plain softmax attention: SDPA (FlashAttention) is faster"
-    return None
+from .support import (
+    MAX_HEAD_DIM,
+    TRITON_CAPABILITIES,
+    interpreter_state,
+    refusal,
+    spec_defers,
+    spec_unsupported,
+    triton_missing,
+)
 
 
 def _resolved_or_reason(q: Tensor, k: Tensor, v: Tensor, kwargs: dict):
@@ -130,7 +56,7 @@ def triton_unsupported(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str | None:
     """Why the Triton kernel cannot run `urpe.attention(q, k, v, **kwargs)`, or None when it can
     (k and v may have fewer heads than q)."""
     spec, reason = _resolved_or_reason(q, k, v, kwargs)
-    return reason if spec is None else spec_unsupported(spec)
+    return reason if spec is None else refusal(spec)
 
 
 def triton_defers(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str | None:
@@ -169,14 +95,15 @@ def _spec_run(spec: AttentionSpec) -> Tensor:
 
 
 def triton_backend() -> Backend:
-    """The registry's entry: "auto" puts it before the fused kernel, and it defers CPU calls
+    """The registry's entry: "auto" puts it before the blockwise kernel, and it defers CPU calls
     and plain softmax (see `triton_defers`)."""
-    return Backend(
-        "triton", _spec_run, spec_unsupported, priority=40, defers=spec_defers, devices=("cuda",)
-    )
+    return Backend("triton", _spec_run, spec_unsupported, priority=40, defers=spec_defers,
+                   capabilities=TRITON_CAPABILITIES)  # fmt: skip
 
 
 __all__ = [
+    "MAX_HEAD_DIM",
+    "TRITON_CAPABILITIES",
     "dropout_keep_mask",
     "spec_defers",
     "spec_unsupported",
@@ -184,5 +111,6 @@ __all__ = [
     "triton_attention",
     "triton_backend",
     "triton_defers",
+    "triton_missing",
     "triton_unsupported",
 ]

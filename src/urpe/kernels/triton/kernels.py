@@ -59,19 +59,19 @@ from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CO
     RELU2,
     SOFTMAX,
     TOEPLITZ,
-    _corner,
-    _decay_at,
-    _decay_grad,
-    _document_span,
-    _dot,
-    _dropout_keep,
-    _program,
-    _term_grad,
-    _term_tile,
-    _tile,
-    _visible,
-    _weights,
-    _wide,
+    decay_at,
+    decay_grad,
+    document_span,
+    dot,
+    dropout_keep,
+    origin,
+    program,
+    term_grad,
+    term_tile,
+    tile,
+    visible,
+    weights,
+    wide,
 )
 
 
@@ -81,11 +81,11 @@ def dropout_mask_kernel(
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Write the keep mask (B, H, Lq, Lk) that the attention kernels use (for tests)."""
-    pid_m, bh = _program(lq, BLOCK_M)
+    pid_m, bh = program(lq, BLOCK_M)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _dropout_keep(tl.load(seed_ptr), offset, bh, offs_m, offs_n, lk, dropout_p)
+    keep = dropout_keep(tl.load(seed_ptr), offset, bh, offs_m, offs_n, lk, dropout_p)
     off = (bh.to(tl.int64) * lq + offs_m[:, None]) * lk + offs_n[None, :]
     tl.store(
         keep_ptr + off, keep.to(tl.uint8), mask=(offs_m[:, None] < lq) & (offs_n[None, :] < lk)
@@ -107,7 +107,7 @@ def attention_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_M queries of one (batch, head) against all keys they may see."""
-    pid_m, bh = _program(lq, BLOCK_M)
+    pid_m, bh = program(lq, BLOCK_M)
     b = (bh // heads).to(tl.int64)
     h = (bh % heads).to(tl.int64)
     hk = h // group  # grouped-query attention: `group` query heads share a key/value head
@@ -119,7 +119,7 @@ def attention_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(
-        _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
+        tile(q_ptr + origin(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
         mask=(offs_m[:, None] < lq) & (offs_d[None, :] < head_dim),
         other=0.0,
     )
@@ -133,29 +133,29 @@ def attention_fwd_kernel(
     if CAUSAL:  # keys beyond the block's last query position are skipped, tile and all
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
     if B_KIND == DECAY:  # c at the queries' positions
-        c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+        c_q = decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
     if DOCS:  # keys outside the span of the block's documents are skipped, tile and all
-        first, last = _document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
+        first, last = document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
         lo = first // BLOCK_N * BLOCK_N
         hi = tl.minimum(hi, last + 1)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + cols
         kt = tl.load(
-            _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
+            tile(k_base + wide(n0) * skn, offs_d, cols, skd, skn),
             mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
             other=0.0,
         )  # (BLOCK_D, BLOCK_N)
-        s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
+        s = dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
         inside = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
-        keep = _visible(
+        keep = visible(
             offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
             span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
         )  # fmt: skip
         if B_KIND == DECAY:  # -|c_pos(i) - c_j|
-            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            c_k = decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
             s += -tl.abs(c_q[:, None] - c_k[None, :])
         elif B_KIND != NO_TERM:
-            s += _term_tile(
+            s += term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
             )  # fmt: skip
@@ -178,22 +178,22 @@ def attention_fwd_kernel(
             p = r * r
             l_i += tl.sum(keep.to(ACC), 1)
         if C_KIND != NO_TERM:
-            c = _term_tile(
+            c = term_tile(
                 C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
             )  # fmt: skip
             p = tl.where(keep, p * c, 0.0)  # hidden keys stay 0 even where C is inf or nan
         if DROPOUT:
-            drop_keep = _dropout_keep(
+            drop_keep = dropout_keep(
                 tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
             )
             p = tl.where(drop_keep, p / (1.0 - dropout_p), 0.0)
         vt = tl.load(
-            _tile(v_base + _wide(n0) * svn, cols, offs_dv, svn, svd),
+            tile(v_base + wide(n0) * svn, cols, offs_dv, svn, svd),
             mask=(offs_n[:, None] < lk) & (offs_dv[None, :] < value_dim),
             other=0.0,
         )  # (BLOCK_N, BLOCK_DV)
-        acc += _dot(p.to(vt.dtype), vt, PRECISION, UPCAST).to(ACC)
+        acc += dot(p.to(vt.dtype), vt, PRECISION, UPCAST).to(ACC)
     if NORM == SOFTMAX:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         stat = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("inf"))
@@ -206,13 +206,13 @@ def attention_fwd_kernel(
     else:
         stat = tl.maximum(l_i, 1.0)
         out = acc / stat[:, None]
-    o_corner = o_ptr + (_wide(bh) * lq + m0) * value_dim
+    o_corner = o_ptr + (wide(bh) * lq + m0) * value_dim
     tl.store(
-        _tile(o_corner, rows, offs_dv, value_dim, 1),
+        tile(o_corner, rows, offs_dv, value_dim, 1),
         out.to(o_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < lq) & (offs_dv[None, :] < value_dim),
     )
-    tl.store(stat_ptr + _wide(bh) * lq + offs_m, stat, mask=offs_m < lq)
+    tl.store(stat_ptr + wide(bh) * lq + offs_m, stat, mask=offs_m < lq)
 
 
 @triton.jit(do_not_specialize=["rng_offset"])  # the seed is read on the device
@@ -234,7 +234,7 @@ def attention_bwd_kv_kernel(
     that share them. Writes dK, dV (the table and dense term gradients are the dQ kernel's: it
     holds one accumulator where this one holds two, and the registers they need) and, for a
     Decay bias (B_GRAD = DECAY), the keys' share of d c (a vector per head: no atomics)."""
-    pid_n, bhk = _program(lk, BLOCK_N)
+    pid_n, bhk = program(lk, BLOCK_N)
     kv_heads = heads // group
     b = (bhk // kv_heads).to(tl.int64)
     hk = (bhk % kv_heads).to(tl.int64)
@@ -246,12 +246,12 @@ def attention_bwd_kv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     kt = tl.load(
-        _tile(k_ptr + _corner(b, skb, hk, skh, n0, skn, 0, 0), offs_d, cols, skd, skn),
+        tile(k_ptr + origin(b, skb, hk, skh, n0, skn, 0, 0), offs_d, cols, skd, skn),
         mask=(offs_n[None, :] < lk) & (offs_d[:, None] < head_dim),
         other=0.0,
     )  # (BLOCK_D, BLOCK_N)
     vt = tl.load(
-        _tile(v_ptr + _corner(b, svb, hk, svh, n0, svn, 0, 0), offs_dv, cols, svd, svn),
+        tile(v_ptr + origin(b, svb, hk, svh, n0, svn, 0, 0), offs_dv, cols, svd, svn),
         mask=(offs_n[None, :] < lk) & (offs_dv[:, None] < value_dim),
         other=0.0,
     )  # (BLOCK_DV, BLOCK_N)
@@ -262,55 +262,55 @@ def attention_bwd_kv_kernel(
     if CAUSAL:  # queries before n0 - shift see none of these keys
         lo = tl.maximum(n0 - shift, 0) // BLOCK_M * BLOCK_M
     if DOCS:  # queries outside the span of the keys' documents are skipped, tile and all
-        first, last = _document_span(span_ptr, b, n0, n0 + BLOCK_N - 1, lk)
+        first, last = document_span(span_ptr, b, n0, n0 + BLOCK_N - 1, lk)
         lo = tl.maximum(lo, tl.maximum(first - shift, 0) // BLOCK_M * BLOCK_M)
         hi = tl.minimum(hi, last + 1 - shift)
     for g in range(0, group):
         h = hk * group + g
         bh = b * heads + h
         if B_KIND == DECAY:  # c at these keys, for this query head
-            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            c_k = decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
         if B_GRAD == DECAY:  # d c at these keys from this query head, summed over the queries
             dc = tl.zeros([BLOCK_N], ACC)
         for m0 in range(lo, hi, BLOCK_M):
             offs_m = m0 + rows
             row_ok = offs_m < lq
             q = tl.load(
-                _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
+                tile(q_ptr + origin(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
                 other=0.0,
             )
             do = tl.load(
-                _tile(do_ptr + (bh * lq + m0) * value_dim, rows, offs_dv, value_dim, 1),
+                tile(do_ptr + (bh * lq + m0) * value_dim, rows, offs_dv, value_dim, 1),
                 mask=row_ok[:, None] & (offs_dv[None, :] < value_dim),
                 other=0.0,
             )
             stat = tl.load(stat_ptr + bh * lq + offs_m, mask=row_ok, other=1.0)
-            s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
+            s = dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
             inside = row_ok[:, None] & (offs_n[None, :] < lk)
-            keep = _visible(
+            keep = visible(
                 offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si,
                 M_sj, span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
             )  # fmt: skip
             if B_KIND == DECAY:
-                c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+                c_q = decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
                 s += -tl.abs(c_q[:, None] - c_k[None, :])
             elif B_KIND != NO_TERM:
-                s += _term_tile(
+                s += term_tile(
                     B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n,
                     m0, n0, shift, inside, ACC,
                 )  # fmt: skip
-            p, r = _weights(s, keep, stat, NORM)
-            da = _dot(do, vt, PRECISION, UPCAST).to(ACC)  # dO V^T, (BLOCK_M, BLOCK_N)
+            p, r = weights(s, keep, stat, NORM)
+            da = dot(do, vt, PRECISION, UPCAST).to(ACC)  # dO V^T, (BLOCK_M, BLOCK_N)
             if DROPOUT:
-                drop_keep = _dropout_keep(
+                drop_keep = dropout_keep(
                     tl.load(seed_ptr), rng_offset, bh, offs_m, offs_n, lk, dropout_p
                 )
                 da = tl.where(drop_keep, da / (1.0 - dropout_p), 0.0)
             a = p
             dp = da
             if C_KIND != NO_TERM:
-                c = _term_tile(
+                c = term_tile(
                     C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n,
                     m0, n0, shift, inside, ACC,
                 )  # fmt: skip
@@ -318,7 +318,7 @@ def attention_bwd_kv_kernel(
                 dp = tl.where(keep, da * c, 0.0)
             if DROPOUT:
                 a = tl.where(drop_keep, a / (1.0 - dropout_p), 0.0)
-            dv += _dot(tl.trans(a).to(do.dtype), do, PRECISION, UPCAST).to(ACC)
+            dv += dot(tl.trans(a).to(do.dtype), do, PRECISION, UPCAST).to(ACC)
             if NORM == SOFTMAX:
                 delta = tl.load(delta_ptr + bh * lq + offs_m, mask=row_ok, other=0.0)
                 ds = p * (dp - delta[:, None])
@@ -331,21 +331,21 @@ def attention_bwd_kv_kernel(
                 ds = 2.0 * r * dp / stat[:, None]
             ds = tl.where(keep, ds, 0.0)
             if B_GRAD == DECAY:
-                dc += _decay_grad(ds, c_q, c_k)[1]
-            dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, UPCAST).to(ACC)
+                dc += decay_grad(ds, c_q, c_k)[1]
+            dk += dot(tl.trans(ds).to(q.dtype), q, PRECISION, UPCAST).to(ACC)
         if B_GRAD == DECAY:  # (B, H, Lk), each entry written once
             tl.store(dB_ptr + bh * lk + offs_n, dc, mask=offs_n < lk)
     dk = dk * scale
     kv_mask = offs_n[:, None] < lk
-    dk_corner = dk_ptr + (_wide(bhk) * lk + n0) * head_dim
+    dk_corner = dk_ptr + (wide(bhk) * lk + n0) * head_dim
     tl.store(
-        _tile(dk_corner, cols, offs_d, head_dim, 1),
+        tile(dk_corner, cols, offs_d, head_dim, 1),
         dk.to(dk_ptr.dtype.element_ty),
         mask=kv_mask & (offs_d[None, :] < head_dim),
     )
-    dv_corner = dv_ptr + (_wide(bhk) * lk + n0) * value_dim
+    dv_corner = dv_ptr + (wide(bhk) * lk + n0) * value_dim
     tl.store(
-        _tile(dv_corner, cols, offs_dv, value_dim, 1),
+        tile(dv_corner, cols, offs_dv, value_dim, 1),
         dv.to(dv_ptr.dtype.element_ty),
         mask=kv_mask & (offs_dv[None, :] < value_dim),
     )
@@ -371,7 +371,7 @@ def attention_bwd_q_kernel(
     the bias and gate gradients. B_GRAD, C_GRAD: the kind of gradient buffer (NO_TERM: none
     wanted; DENSE for a table term in deterministic mode, reduced afterwards in a fixed order;
     DECAY: the queries' share of d c, (B, H, Lq), the keys' share being the dK/dV kernel's)."""
-    pid_m, bh = _program(lq, BLOCK_M)
+    pid_m, bh = program(lq, BLOCK_M)
     b = (bh // heads).to(tl.int64)
     h = (bh % heads).to(tl.int64)
     hk = h // group
@@ -387,12 +387,12 @@ def attention_bwd_q_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < lq
     q = tl.load(
-        _tile(q_ptr + _corner(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
+        tile(q_ptr + origin(b, sqb, h, sqh, m0, sqm, 0, 0), rows, offs_d, sqm, sqd),
         mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
         other=0.0,
     )
     do = tl.load(
-        _tile(do_ptr + (bh * lq + m0) * value_dim, rows, offs_dv, value_dim, 1),
+        tile(do_ptr + (bh * lq + m0) * value_dim, rows, offs_dv, value_dim, 1),
         mask=row_ok[:, None] & (offs_dv[None, :] < value_dim),
         other=0.0,
     )
@@ -409,50 +409,50 @@ def attention_bwd_q_kernel(
     if CAUSAL:
         hi = tl.minimum(lk, (pid_m + 1) * BLOCK_M + shift)
     if B_KIND == DECAY:
-        c_q = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
+        c_q = decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
     if DOCS:
-        first, last = _document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
+        first, last = document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
         lo = first // BLOCK_N * BLOCK_N
         hi = tl.minimum(hi, last + 1)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + cols
         col_ok = offs_n < lk
         kt = tl.load(
-            _tile(k_base + _wide(n0) * skn, offs_d, cols, skd, skn),
+            tile(k_base + wide(n0) * skn, offs_d, cols, skd, skn),
             mask=col_ok[None, :] & (offs_d[:, None] < head_dim),
             other=0.0,
         )  # (BLOCK_D, BLOCK_N)
         vt = tl.load(
-            _tile(v_base + _wide(n0) * svn, offs_dv, cols, svd, svn),
+            tile(v_base + wide(n0) * svn, offs_dv, cols, svd, svn),
             mask=col_ok[None, :] & (offs_dv[:, None] < value_dim),
             other=0.0,
         )  # (BLOCK_DV, BLOCK_N)
-        s = _dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
+        s = dot(q, kt, PRECISION, UPCAST).to(ACC) * scale
         inside = row_ok[:, None] & col_ok[None, :]
-        keep = _visible(
+        keep = visible(
             offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
             span_ptr, CAUSAL, HAS_PAD, HAS_MASK, DOCS,
         )  # fmt: skip
         if B_KIND == DECAY:  # -|c_pos(i) - c_j|
-            c_k = _decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
+            c_k = decay_at(B_ptr, B_sb, B_sh, b, h, offs_n, lk)
             s += -tl.abs(c_q[:, None] - c_k[None, :])
         elif B_KIND != NO_TERM:
-            s += _term_tile(
+            s += term_tile(
                 B_KIND, B_ptr, B_idx, B_sb, B_sh, B_si, B_sj, B_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
             )  # fmt: skip
-        p, r = _weights(s, keep, stat, NORM)
-        dp = _dot(do, vt, PRECISION, UPCAST).to(ACC)
+        p, r = weights(s, keep, stat, NORM)
+        dp = dot(do, vt, PRECISION, UPCAST).to(ACC)
         if DROPOUT:
-            drop_keep = _dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
+            drop_keep = dropout_keep(seed, rng_offset, bh, offs_m, offs_n, lk, dropout_p)
             dp = tl.where(drop_keep, dp / (1.0 - dropout_p), 0.0)
         if C_KIND != NO_TERM:
-            c = _term_tile(
+            c = term_tile(
                 C_KIND, C_ptr, C_idx, C_sb, C_sh, C_si, C_sj, C_K, b, h, offs_m, offs_n, m0, n0,
                 shift, inside, ACC,
             )  # fmt: skip
             if C_GRAD != NO_TERM:
-                _term_grad(
+                term_grad(
                     C_GRAD, tl.where(keep, dp * p, 0.0), dC_ptr, dC_sh, C_idx, C_sb, C_si, C_sj,
                     C_K, b, h, offs_m, offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N,
                     WIDTH,
@@ -468,20 +468,20 @@ def attention_bwd_q_kernel(
             ds = 2.0 * r * dp / stat[:, None]
         ds = tl.where(keep, ds, 0.0)
         if B_GRAD == DECAY:
-            dc += _decay_grad(ds, c_q, c_k)[0]
+            dc += decay_grad(ds, c_q, c_k)[0]
         elif B_GRAD != NO_TERM:
-            _term_grad(
+            term_grad(
                 B_GRAD, ds, dB_ptr, dB_sh, B_idx, B_sb, B_si, B_sj, B_K, b, h, offs_m, offs_n,
                 m0, n0, shift, inside, lq, lk, BLOCK_M, BLOCK_N, WIDTH,
             )  # fmt: skip
         k_tile = tl.trans(kt)  # (BLOCK_N, BLOCK_D)
-        dq += _dot(ds.to(k_tile.dtype), k_tile, PRECISION, UPCAST).to(ACC)
+        dq += dot(ds.to(k_tile.dtype), k_tile, PRECISION, UPCAST).to(ACC)
     if B_GRAD == DECAY:  # (B, H, Lq), each entry written once
         tl.store(dB_ptr + bh * lq + offs_m, dc, mask=row_ok)
     dq = dq * scale
     dq_corner = dq_ptr + (bh * lq + m0) * head_dim
     tl.store(
-        _tile(dq_corner, rows, offs_d, head_dim, 1),
+        tile(dq_corner, rows, offs_d, head_dim, 1),
         dq.to(dq_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (offs_d[None, :] < head_dim),
     )

@@ -2,11 +2,11 @@
 
 1. Raw ops `urpe::triton_attention_forward` / `urpe::triton_attention_backward`
    (`torch.library.custom_op`, with fake implementations so `torch.compile` traces through them):
-   tensors and scalars only, in the fused backend's signature. A bias or gate arrives as
+   tensors and scalars only, in the blockwise backend's signature. A bias or gate arrives as
    (tensor, index, kind), kind one of "none", "toeplitz", "relation", "dense"; the attn_mask is
    boolean (a float one is added to the bias first, in layer 3). Their vmap rules fold a vmapped
    dim into the batch, or loop where folding would be wrong (`urpe.kernels.composable`).
-2. Autograd: `TritonAttention`, the autograd.Function with `setup_context` shared with the fused
+2. Autograd: `TritonAttention`, the autograd.Function with `setup_context` shared with the blockwise
    backend, so `torch.func.grad`, `vmap`, `functional_call` and `torch.compile(fullgraph=True)`
    compose with the kernel.
 3. `triton_run(spec)`, the backend, and `triton_attention`, the documented function with
@@ -50,6 +50,7 @@ from ..spec import AttentionSpec, resolve
 from ..tables import dense_term
 from . import kernels as K
 from .launch import Launch, fixed_blocks, interpreting, run_launch
+from .support import refusal
 
 NORMALIZATION_CODES = {"softmax": K.SOFTMAX.value, "exp": K.EXP.value, "l2": K.L2.value,
                        "relu2": K.RELU2.value}  # fmt: skip
@@ -158,7 +159,7 @@ def _buckets(q: Tensor, k: Tensor) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 # Layer 1: the raw ops' bodies, on the argument layout every such kernel shares
 # (`urpe.kernels.layout`): `define_attention_ops` registers them with the vmap rules and the
-# autograd Function of the fused backend.
+# autograd Function of the blockwise backend.
 
 KIND_CODES = {"none": K.NO_TERM.value, "toeplitz": K.TOEPLITZ.value, "relation": K.RELATION.value,
               "dense": K.DENSE.value, "decay": K.DECAY.value}  # fmt: skip
@@ -369,7 +370,7 @@ def _backward(grads: BackwardArgs) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
-# Layer 2: autograd (shared with the fused backend)
+# Layer 2: autograd (shared with the blockwise backend)
 
 TRITON = define_attention_ops("triton_attention", _forward, _backward, _forward_fake)
 TritonAttention = TRITON.function
@@ -456,8 +457,6 @@ def triton_attention(
     Returns:
         (..., H, Lq, Dv) in q's dtype. Half-precision inputs accumulate in float32.
     """
-    from . import spec_unsupported
-
     given = dict(dropout_seed=dropout_seed, block_q=block_q, block_k=block_k)
     for old, value in renamed.items():
         if old not in _RENAMED:
@@ -473,7 +472,7 @@ def triton_attention(
         document_ids=document_ids, is_causal=is_causal, normalization=normalization, scale=scale,
         dropout_p=dropout_p, dropout_seed=given["dropout_seed"], enable_gqa=True,
     )  # fmt: skip
-    reason = spec_unsupported(spec)
+    reason = refusal(spec)
     if reason is not None:
         raise ValueError(f"backend 'triton' cannot run this call: {reason}")
     for name in ("block_q", "block_k"):

@@ -15,7 +15,7 @@ SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
 
 
 @triton.jit
-def _program(length, BLOCK: tl.constexpr):
+def program(length, BLOCK: tl.constexpr):
     """(tile, row) of this program. The grid is one axis of tiles * rows, tiles fastest (axis 0
     takes 2^31 - 1 programs; axes 1 and 2 stop at 65,535, too few for batch * heads)."""
     pid = tl.program_id(0)
@@ -24,7 +24,7 @@ def _program(length, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """a @ b with float32 (or float64) accumulation. UPCAST: multiply in float32 (the
     interpreter's numpy backend has no bfloat16 matrix product)."""
     if UPCAST:
@@ -33,27 +33,27 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _wide(x):
+def wide(x):
     """x as int64: offsets into a (B, H, L, L) tensor pass 2^31 where B * H * L^2 does."""
     return tl.to_tensor(x).to(tl.int64)
 
 
 @triton.jit
-def _corner(b, s_b, h, s_h, m0, s_i, n0, s_j):
+def origin(b, s_b, h, s_h, m0, s_i, n0, s_j):
     """Offset (int64) of element (b, h, m0, n0) of a 4-D tensor with these strides: the corner
     of a tile. Every factor is widened first: b * s_b or m0 * s_i alone can pass 2^31."""
-    return _wide(b) * s_b + _wide(h) * s_h + _wide(m0) * s_i + _wide(n0) * s_j
+    return wide(b) * s_b + wide(h) * s_h + wide(m0) * s_i + wide(n0) * s_j
 
 
 @triton.jit
-def _tile(corner_ptr, rows, cols, s_i, s_j):
+def tile(corner_ptr, rows, cols, s_i, s_j):
     """Pointers (R, C) of a tile: its corner (the first row and column, offset in int64 by the
     caller) plus rows (R,) and cols (C,) within the tile, whose int32 offsets stay small."""
     return corner_ptr + rows[:, None] * s_i + cols[None, :] * s_j
 
 
 @triton.jit
-def _document_of(span_ptr, b, positions, lk, missing):
+def document_of(span_ptr, b, positions, lk, missing):
     """The document of the keys at these positions (a query's: i + Lk - Lq), named by its first
     key; `missing` (< 0) outside [0, Lk). span_ptr: (B, 3, Lk) int32 (`ops._document_spans`)."""
     inside = (positions >= 0) & (positions < lk)
@@ -61,7 +61,7 @@ def _document_of(span_ptr, b, positions, lk, missing):
 
 
 @triton.jit
-def _document_span(span_ptr, b, start, end, lk):
+def document_span(span_ptr, b, start, end, lk):
     """(first, last): keys first..last hold every key of the documents of positions start..end
     (a block's; clamped to [0, Lk), last = -1 when end < 0). Two scalar loads of the spans'
     running bounds, not a min/max over the block's ids (with which the bf16 D=128 dK/dV kernel
@@ -74,18 +74,18 @@ def _document_span(span_ptr, b, start, end, lk):
 
 
 @triton.jit
-def _visible(
+def visible(
     offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
     span_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
     DOCS: tl.constexpr,
 ):  # fmt: skip
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
-    in the same document (`_document_of`), allowed by the boolean attn_mask, read through its
+    in the same document (`document_of`), allowed by the boolean attn_mask, read through its
     strides: 0 where it broadcasts)."""
     if DOCS:  # one compare: queries out of range (or before the first key) read document -1,
         # keys out of range -2, so equal documents imply both in range
-        q_doc = _document_of(span_ptr, b, offs_m + shift, lk, -1)
-        k_doc = _document_of(span_ptr, b, offs_n, lk, -2)
+        q_doc = document_of(span_ptr, b, offs_m + shift, lk, -1)
+        k_doc = document_of(span_ptr, b, offs_n, lk, -2)
         keep = q_doc[:, None] == k_doc[None, :]
     else:
         keep = (offs_m[:, None] < lq) & (offs_n[None, :] < lk)
@@ -95,15 +95,15 @@ def _visible(
         padded = tl.load(pad_ptr + b * lk + offs_n, mask=offs_n < lk, other=1)
         keep = keep & (padded == 0)[None, :]
     if HAS_MASK:
-        corner = _corner(b, M_sb, h, M_sh, m0, M_si, n0, M_sj)
-        allowed = tl.load(_tile(mask_ptr + corner, offs_m - m0, offs_n - n0, M_si, M_sj),
+        corner = origin(b, M_sb, h, M_sh, m0, M_si, n0, M_sj)
+        allowed = tl.load(tile(mask_ptr + corner, offs_m - m0, offs_n - n0, M_si, M_sj),
                           mask=keep, other=0)  # fmt: skip
         keep = keep & (allowed != 0)
     return keep
 
 
 @triton.jit
-def _term_tile(
+def term_tile(
     KIND: tl.constexpr, ptr, idx_ptr, s_b, s_h, s_i, s_j, max_offset, b, h, offs_m, offs_n, m0,
     n0, shift, inside, ACC: tl.constexpr,
 ):  # fmt: skip
@@ -112,34 +112,34 @@ def _term_tile(
     TOEPLITZ: table[h, clamp(j - pos(i), -K, K) + K] (s_h = 0 shares one row across heads).
     RELATION: table[h, index[b, i, j]] (index strides s_b, s_i, s_j; s_b = 0 shares one index).
     DENSE: term[b, h, i, j] through strides, 0 where the term broadcasts.
-    (A DECAY bias is the kernels' own: `_decay_at`.)
+    (A DECAY bias is the kernels' own: `decay_at`.)
     """
     if KIND == TOEPLITZ:
         d = offs_n[None, :] - offs_m[:, None] - shift
         col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
         val = tl.load(ptr + h * s_h + col, mask=inside, other=0.0)
     elif KIND == RELATION:
-        corner = idx_ptr + _corner(b, s_b, 0, 0, m0, s_i, n0, s_j)
-        rel = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
+        corner = idx_ptr + origin(b, s_b, 0, 0, m0, s_i, n0, s_j)
+        rel = tl.load(tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
         val = tl.load(ptr + h * s_h + rel, mask=inside, other=0.0)  # rel < table width
     else:
-        corner = ptr + _corner(b, s_b, h, s_h, m0, s_i, n0, s_j)
-        val = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0.0)
+        corner = ptr + origin(b, s_b, h, s_h, m0, s_i, n0, s_j)
+        val = tl.load(tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0.0)
     return val.to(ACC)
 
 
 @triton.jit
-def _decay_at(ptr, s_b, s_h, b, h, positions, lk):
+def decay_at(ptr, s_b, s_h, b, h, positions, lk):
     """A Decay's c = cumsum(log_forget) at these positions: ptr (B|1, H|1, Lk) through s_b, s_h
     (0 where it broadcasts); 0 outside [0, Lk) (a query before the first key reads 0). The
     kernels load c at their fixed positions once and c at the walked ones per tile, and form
     the bias -|c_pos(i) - c_j| in registers."""
-    row = ptr + _wide(b) * s_b + _wide(h) * s_h
+    row = ptr + wide(b) * s_b + wide(h) * s_h
     return tl.load(row + positions, mask=(positions >= 0) & (positions < lk), other=0.0)
 
 
 @triton.jit
-def _decay_grad(ds, c_q, c_k):
+def decay_grad(ds, c_q, c_k):
     """A tile's gradient of c through b_ij = -|c_q_i - c_k_j| from dB = ds: (per query, per
     key) sums, -sum_j ds_ij sign(c_q_i - c_k_j) and sum_i ds_ij sign(...). sign(0) = 0, as
     torch's |x| has it. The dQ kernel keeps the first, the dK/dV kernel the second: each entry
@@ -151,7 +151,7 @@ def _decay_grad(ds, c_q, c_k):
 
 
 @triton.jit
-def _term_grad(
+def term_grad(
     KIND: tl.constexpr, grad, gptr, g_sh, idx_ptr, s_b, s_i, s_j, max_offset, b, h, offs_m,
     offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WIDTH: tl.constexpr,
@@ -174,16 +174,16 @@ def _term_grad(
         col = tl.minimum(tl.maximum(d, -max_offset), max_offset) + max_offset
         tl.atomic_add(gptr + h * g_sh + col, sums, mask=t < BLOCK_M + BLOCK_N - 1)
     elif KIND == RELATION:
-        corner = idx_ptr + _corner(b, s_b, 0, 0, m0, s_i, n0, s_j)
-        rel = tl.load(_tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
+        corner = idx_ptr + origin(b, s_b, 0, 0, m0, s_i, n0, s_j)
+        rel = tl.load(tile(corner, offs_m - m0, offs_n - n0, s_i, s_j), mask=inside, other=0)
         tl.atomic_add(gptr + h * g_sh + rel, grad, mask=inside)
     else:  # a full (B, H, Lq, Lk) buffer, contiguous
-        corner = gptr + ((_wide(b) * g_sh + h) * lq + m0) * lk + n0  # int64 throughout
-        tl.store(_tile(corner, offs_m - m0, offs_n - n0, lk, 1), grad, mask=inside)
+        corner = gptr + ((wide(b) * g_sh + h) * lq + m0) * lk + n0  # int64 throughout
+        tl.store(tile(corner, offs_m - m0, offs_n - n0, lk, 1), grad, mask=inside)
 
 
 @triton.jit
-def _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
+def dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
     """Bool (BLOCK_M, BLOCK_N): keep entry (i, j) of head bh. Counter-based, so the backward
     kernels regenerate exactly the forward pass's mask. `seed`: the int64 loaded from the seed
     tensor (never read on the host)."""
@@ -198,7 +198,7 @@ def _dropout_keep(seed, offset, bh, offs_m, offs_n, lk, dropout_p):
 
 
 @triton.jit
-def _weights(s, keep, stat, NORM: tl.constexpr):
+def weights(s, keep, stat, NORM: tl.constexpr):
     """Backward recomputation: normalised weights of a tile from the saved row statistic.
     Returns (P, relu(s) for relu2 else P)."""
     if NORM == SOFTMAX or NORM == L2:

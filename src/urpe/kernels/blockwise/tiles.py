@@ -1,6 +1,6 @@
 """Tile readers for the blockwise kernel: a bias, gate or mask read one tile at a time.
 
-The fused kernel stores keys in REVERSED order (column c holds key j = Lk - 1 - c). Then the
+The blockwise kernel stores keys in REVERSED order (column c holds key j = Lk - 1 - c). Then the
 relative offset of query i and column c is
 
     d = j - pos(i) = (Lq - 1) - (i + c),

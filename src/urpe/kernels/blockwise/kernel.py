@@ -16,18 +16,18 @@ statistic r_i; with A = P * C and dropout keep mask D (scaled by 1 / (1 - p)):
                                                     delta_i = rowsum(dO * O) = sum_j P_ij dP_ij)
     dQ += scale * dS K,  dK += dS^T (scale * Q),  bias and float-mask gradients += dS.
 
-Keys are stored in reversed order so that Toeplitz tiles are strided views (see `fused_terms`).
+Keys are stored in reversed order so that Toeplitz tiles are strided views (see `tiles`).
 Causal masking skips the keys no query of a block can see; only the first key block of each query
 block is partly masked. Documents (`document_ids`) are compared per tile, and a tile whose query
 and key blocks share no document is skipped: per block the smallest and largest id, disjoint
 ranges (exact for any ids; it skips most tiles when each document is one contiguous run). A
-`Decay` bias is computed per tile from the O(L) cumulative sums (`fused_terms.DecayTile`).
+`Decay` bias is computed per tile from the O(L) cumulative sums (`tiles.DecayTile`).
 Dropout hashes each weight's flat index with the seed, so the backward pass regenerates exactly
 the mask the forward pass (and the reference) used. Half precision is computed in
 float32. Pure PyTorch ops: runs wherever PyTorch does.
 
 The two entry points, `blockwise_forward` and `blockwise_backward`, take only tensors and scalars:
-they are the bodies of the custom ops in `fused`.
+they are the bodies of the custom ops in `urpe.kernels.blockwise`.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .dropout import dropout_scale_at
-from .dtypes import compute_dtype
-from .fused_terms import DecayTile, DenseTile, RelationTile, ToeplitzTile, hankel_view
-from .host import may_read
-from .layout import BackwardArgs, ForwardArgs
-from .masks import query_documents, visible_key_counts
-from .normalization import NORMALIZATIONS, Normalization
+from ..dropout import dropout_scale_at
+from ..dtypes import compute_dtype
+from ..host import may_read
+from ..layout import BackwardArgs, ForwardArgs
+from ..masks import query_documents, visible_key_counts
+from ..normalization import NORMALIZATIONS, Normalization
+from .tiles import DecayTile, DenseTile, RelationTile, ToeplitzTile, hankel_view
 
 # Chosen by measurement on a 2-core AVX-512 CPU (see BENCHMARKS.md): tiles of 128 queries
 # against up to 2048 keys keep Python overhead small while a tile stays a few MB per head.
