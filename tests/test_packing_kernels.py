@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from urpe.kernels import NORMALIZATIONS, Decay, Relation, Toeplitz, attention, select_backend
+from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.blockwise.kernel import _plan, _tiles
 from urpe.kernels.cpp import cpp_attention, unavailable
-from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.layout import ForwardArgs
 from urpe.kernels.spec import resolve
 
