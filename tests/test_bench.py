@@ -167,14 +167,14 @@ def test_the_rows_are_chosen_and_checked_when_the_command_runs(dummy_backends, m
     options.fill_defaults(args)
     assert args.rows == rows.default_rows("cpu", targets.named_rows("cpu"))
     assert "bench_dummy_urpe" in args.rows and "bench_dummy_cuda_urpe" in args.gpu_rows
-    args = parser.parse_args(["--rows", "sdpa", "fused_urpe"])
+    args = parser.parse_args(["--rows", "sdpa", "fused_urpe"])  # the old name of a row
     options.fill_defaults(args)
-    assert args.rows == ["sdpa", "fused_urpe"]
-    here = {name: row for name, row in rows.rows_for("cpu").items() if name != "fused_urpe"}
+    assert args.rows == ["sdpa", "blockwise_urpe"]
+    here = {name: row for name, row in rows.rows_for("cpu").items() if name != "blockwise_urpe"}
     everywhere = rows.rows_for
     monkeypatch.setattr(rows, "rows_for", lambda d: here if d == "cpu" else everywhere(d))
-    with pytest.raises(UsageError, match="--rows: fused_urpe cannot run here; choose from sdpa"):
-        options.fill_defaults(parser.parse_args(["--rows", "sdpa", "fused_urpe"]))
+    with pytest.raises(UsageError, match="--rows: blockwise_urpe cannot run here; choose from"):
+        options.fill_defaults(parser.parse_args(["--rows", "sdpa", "blockwise_urpe"]))
 
 
 def test_a_registered_backend_is_timed_through_its_run(dummy_backends):
