@@ -73,7 +73,8 @@ def test_softmax_registered_again_with_other_formulas_is_refused_by_every_compil
                 attention(q, k, v, **call), _sigmoid_by_hand(q, k, v, **call)
             )
     assert NORMALIZATIONS["softmax"] is original
-    assert select_backend("auto", q, k, v).name == "sdpa"  # the built-in softmax again
+    # the built-in softmax again: SDPA, or the C++ kernel for a few queries (decoding)
+    assert select_backend("auto", q, k, v).name in ("sdpa", "cpp")
     out = attention(q, k, v, **terms, backend="cpp")
     torch.testing.assert_close(out, attention(q, k, v, **terms, backend="reference"))
 

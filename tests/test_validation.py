@@ -66,7 +66,7 @@ def test_term_heads_and_shapes():
         urpe.attention(q, k, v, gate=urpe.Relation(torch.ones(3, 2), torch.zeros(2, 4, 5).long()))
     with pytest.raises(TypeError, match="Relation index must be an integer"):
         urpe.Relation(torch.ones(3, 2), torch.zeros(2, 5, 5))
-    with pytest.raises(TypeError, match="bias must be a Tensor, urpe.Toeplitz or urpe.Relation"):
+    with pytest.raises(TypeError, match="bias must be a Tensor, urpe.Toeplitz, urpe.Relation or"):
         urpe.attention(q, k, v, bias=3.0)
 
 
