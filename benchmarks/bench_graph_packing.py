@@ -24,8 +24,11 @@ from urpe.bench.graph_packing import ONE_ROW, GraphBenchSettings, run_graph_benc
 
 def main(argv: list[str] | None = None) -> int:
     defaults = GraphBenchSettings()
-    parser = argparse.ArgumentParser(prog="bench_graph_packing.py", description=__doc__.split(
-        "\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="bench_graph_packing.py",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument(
         "--datasets",
         nargs="+",
@@ -56,24 +59,29 @@ def main(argv: list[str] | None = None) -> int:
         f"{ONE_ROW}: one row per batch",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     results = []
     for dataset in args.datasets:
         lengths = tuple(p or None for p in args.pack_lengths)
-        settings = GraphBenchSettings(dataset, args.batch_size, args.batches, args.model,
-                                      args.repeats, args.zinc_dir, lengths)  # fmt: skip
+        settings = GraphBenchSettings(
+            dataset, args.batch_size, args.batches, args.model, args.repeats, args.zinc_dir, lengths
+        )
         r = run_graph_bench(settings, progress=lambda m: print(m, file=sys.stderr, flush=True))
         results.append(r)
         f = r["facts"]
-        print(f"{dataset}: {args.batch_size} molecules a step, {f['nodes_mean']:.1f} nodes on "
-              f"average, largest {f['nodes_max']:.1f}; {r['threads']} threads")  # fmt: skip
+        print(
+            f"{dataset}: {args.batch_size} molecules a step, {f['nodes_mean']:.1f} nodes on "
+            f"average, largest {f['nodes_max']:.1f}; {r['threads']} threads"
+        )
         for name, ms in r["time_ms"].items():
             route = f["routes"][name]
-            print(f"  {name:12s} {ms:8.1f} ms  x{r['ratio'][name]:.3f}  rows {route['rows']:5.1f}"
-                  f"  tokens {route['tokens']:7.0f}  pairs {route['pairs']:9.0f}  predictions "
-                  f"differ by {r['max_prediction_difference'][name]:.1e}")  # fmt: skip
+            print(
+                f"  {name:12s} {ms:8.1f} ms  x{r['ratio'][name]:.3f}  rows {route['rows']:5.1f}"
+                f"  tokens {route['tokens']:7.0f}  pairs {route['pairs']:9.0f}  predictions "
+                f"differ by {r['max_prediction_difference'][name]:.1e}"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

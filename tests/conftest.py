@@ -48,11 +48,39 @@ def pytest_configure(config):
 # session, in well under a second, and only read afterwards (tests that change a run make their
 # own).
 
-LM_SWEEP_FLAGS = ["--variants", "rpe+urpe", "--seeds", "0,1", "--steps", "10", "--layers", "1",
-                  "--dim", "16", "--heads", "2", "--ffn-dim", "32", "--segment-length", "16",
-                  "--batch-size", "4", "--eval-tokens", "0", "--factors", "1", "--val-every",
-                  "10", "--jobs", "1", "--threads", "1", "--no-progress",
-                  "--checkpoint-every", "0"]  # fmt: skip
+LM_SWEEP_FLAGS = [
+    "--variants",
+    "rpe+urpe",
+    "--seeds",
+    "0,1",
+    "--steps",
+    "10",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "32",
+    "--segment-length",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-tokens",
+    "0",
+    "--factors",
+    "1",
+    "--val-every",
+    "10",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--checkpoint-every",
+    "0",
+]
 
 
 @pytest.fixture(scope="session")
@@ -69,13 +97,19 @@ def lm_sweep(tmp_path_factory):
     words = "the cat sat on a mat and saw two dogs run by an old red barn".split()
     picks = torch.randint(0, len(words), (1500,), generator=torch.Generator().manual_seed(0))
     text = root / "corpus.txt"
-    text.write_text("\n".join(" ".join(words[i] for i in picks[k : k + 12].tolist())
-                              for k in range(0, len(picks), 12)) + "\n")  # fmt: skip
+    text.write_text(
+        "\n".join(
+            " ".join(words[i] for i in picks[k : k + 12].tolist()) for k in range(0, len(picks), 12)
+        )
+        + "\n"
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("URPE_CACHE_DIR", str(root / "cache"))
         out = root / "out"
-        assert main(["reproduce", "lm", "--dataset", str(text), *LM_SWEEP_FLAGS,
-                     "--out", str(out)]) == 0  # fmt: skip
+        assert (
+            main(["reproduce", "lm", "--dataset", str(text), *LM_SWEEP_FLAGS, "--out", str(out)])
+            == 0
+        )
     short = root / "short.txt"
     short.write_text(text.read_text()[:300])
     return out, short
@@ -90,8 +124,11 @@ def molecule_model(tmp_path_factory):
     from urpe.graph import Graphormer, GraphormerConfig
 
     spec = FEATURIZATIONS["zinc"]
-    model = Graphormer(GraphormerConfig.preset("tiny"), node_cardinalities=spec.node_cardinalities,
-                       edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+    model = Graphormer(
+        GraphormerConfig.preset("tiny"),
+        node_cardinalities=spec.node_cardinalities,
+        edge_cardinalities=spec.edge_cardinalities,
+    )
     path = tmp_path_factory.mktemp("molecule-model") / "model"
     inputs = {"kind": "molecules", "features": "zinc", "target": "heavy", "unit": "atoms"}
     save_model(model, path, inputs=inputs)

@@ -71,7 +71,7 @@ def families() -> dict[str, Family]:
                 resid_pdrop=0.0,
                 embd_pdrop=0.0,
                 attn_pdrop=0.0,
-            ),  # fmt: skip
+            ),
             causal=True,
         ),
         "bert": Family(
@@ -83,7 +83,7 @@ def families() -> dict[str, Family]:
                 max_position_embeddings=64,
                 hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0,
-            ),  # fmt: skip
+            ),
             causal=False,
             encoder_only=True,
         ),
@@ -99,7 +99,7 @@ def families() -> dict[str, Family]:
                 max_position_embeddings=70,
                 hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0,
-            ),  # fmt: skip
+            ),
             causal=False,
             encoder_only=True,
         ),
@@ -133,7 +133,7 @@ def families() -> dict[str, Family]:
                 eos_token_id=1,
                 decoder_start_token_id=2,
                 forced_eos_token_id=None,
-            ),  # fmt: skip
+            ),
             causal=False,
             seq2seq=True,
         ),
@@ -153,7 +153,7 @@ def families() -> dict[str, Family]:
                 decoder_start_token_id=0,
                 pad_token_id=0,
                 eos_token_id=1,
-            ),  # fmt: skip
+            ),
             causal=False,
             seq2seq=True,
         ),

@@ -106,13 +106,17 @@ def _id(name: str, norm: str, mask: str, terms: tuple, shape: tuple) -> str:
 
 CASES = [
     pytest.param(
-        name, *params, id=_id(name, *params),
-        marks=pytest.mark.skipif(name == "cpp" and unavailable() is not None,
-                                 reason=f"the C++ kernel is unavailable: {unavailable()}"),
+        name,
+        *params,
+        id=_id(name, *params),
+        marks=pytest.mark.skipif(
+            name == "cpp" and unavailable() is not None,
+            reason=f"the C++ kernel is unavailable: {unavailable()}",
+        ),
     )
     for name in RUNNERS
     for params in _grid(name)
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("backend", "normalization", "mask", "terms", "shape"), CASES)
@@ -164,8 +168,18 @@ def test_gradcheck_tiny(backend):
 
     def fn(q, k, v, tb, tc):
         rest = {key: value for key, value in call.items() if key not in ("bias", "gate")}
-        return kernel(q, k, v, bias=Toeplitz(tb), gate=Relation(tc, index), **rest, block_q=2,
-                      block_k=3, dropout_p=0.3, dropout_seed=7)  # fmt: skip
+        return kernel(
+            q,
+            k,
+            v,
+            bias=Toeplitz(tb),
+            gate=Relation(tc, index),
+            **rest,
+            block_q=2,
+            block_k=3,
+            dropout_p=0.3,
+            dropout_seed=7,
+        )
 
     assert torch.autograd.gradcheck(fn, (*qkv, params[3], params[4]))
 
@@ -184,9 +198,14 @@ def test_lower_precision_close_to_reference(backend, dtype, normalization):
     table_c = torch.randn(h, 21, generator=gen).mul(0.2).add(1).to(dtype)
     tensors = [t.requires_grad_() for t in (q, k, v, table_b, table_c)]
     padding = torch.rand(b, lk, generator=gen) < 0.2
-    call = dict(bias=Toeplitz(table_b), gate=Toeplitz(table_c), is_causal=True,
-                key_padding_mask=padding, normalization=normalization,
-                scale=0.05 if normalization == "exp" else None)  # fmt: skip
+    call = dict(
+        bias=Toeplitz(table_b),
+        gate=Toeplitz(table_c),
+        is_causal=True,
+        key_padding_mask=padding,
+        normalization=normalization,
+        scale=0.05 if normalization == "exp" else None,
+    )
     tiled = lambda *a, **c: kernel(*a, **c, **SMALL_TILES)  # noqa: E731
     got = outputs_and_grads(tiled, (q, k, v), tensors, call)
     assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])

@@ -62,11 +62,36 @@ SMALL_ROWS = [name for name in SMALL_ROWS if name in rows.rows_for("cpu")]  # cp
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    code = main(["bench", "attention", "--lengths", "48", "64", "--dtypes", "float32",
-                 "--rows", *SMALL_ROWS, "--heads", "2", "--head-dim", "16", "--repeats", "2",
-                 "--memory-lengths", "512", "--no-end-to-end", "--profile", "64",
-                 "--json", str(out / "bench.json"), "--markdown", str(out / "BENCH.md"),
-                 "--plot", str(out / "memory.png")])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "attention",
+            "--lengths",
+            "48",
+            "64",
+            "--dtypes",
+            "float32",
+            "--rows",
+            *SMALL_ROWS,
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--repeats",
+            "2",
+            "--memory-lengths",
+            "512",
+            "--no-end-to-end",
+            "--profile",
+            "64",
+            "--json",
+            str(out / "bench.json"),
+            "--markdown",
+            str(out / "BENCH.md"),
+            "--plot",
+            str(out / "memory.png"),
+        ]
+    )
     assert code == 0
     return out
 
@@ -77,14 +102,30 @@ def small_run(tmp_path_factory):
 
 def test_a_small_run_writes_the_documented_json(small_run):
     results = json.loads((small_run / "bench.json").read_text())
-    assert {"date", "command", "shape", "repeats", "dtypes", "load_start", "times", "memory",
-            "end_to_end", "profile", "machine", "targets", "plot"} <= set(results)  # fmt: skip
+    assert {
+        "date",
+        "command",
+        "shape",
+        "repeats",
+        "dtypes",
+        "load_start",
+        "times",
+        "memory",
+        "end_to_end",
+        "profile",
+        "machine",
+        "targets",
+        "plot",
+    } <= set(results)
     assert results["shape"] == dict(batch=1, heads=2, head_dim=16)
     for length in (48, 64):
         for mode in ("fwd", "fwdbwd"):
             setting = (length, mode, "float32")
-            timed = {r["name"]: r for r in results["times"]
-                     if (r["length"], r["mode"], r["dtype"]) == setting}  # fmt: skip
+            timed = {
+                r["name"]: r
+                for r in results["times"]
+                if (r["length"], r["mode"], r["dtype"]) == setting
+            }
             assert set(timed) == set(SMALL_ROWS)
             assert timed["sdpa"]["ratio_to_sdpa"] == 1.0
             for r in timed.values():
@@ -274,15 +315,18 @@ def _timed(name, mode, ms, length=2048, dtype="float32", **condition):
 
 
 def test_ratios_divide_by_the_baseline_of_the_same_setting_and_condition():
-    records = [_timed("sdpa", "fwd", 4.0), _timed("blockwise_urpe", "fwd", 6.0),
-               _timed("sdpa", "fwdbwd", 10.0), _timed("blockwise_urpe", "fwdbwd", 25.0),
-               _timed("blockwise_urpe", "fwd", 3.0, length=128),  # no SDPA at this length
-               _timed("sdpa", "fwd", 1.0, dtype="bfloat16"),
-               _timed("sdpa", "fwd", 2.0, threads=1, busy=True),
-               _timed("blockwise_urpe", "fwd", 7.0, threads=1, busy=True),
-               _timed("blockwise_urpe", "fwd", 7.0, threads=2, busy=True),  # no SDPA at 2 threads
-               dict(name="reference_urpe", mode="fwd", length=2048, dtype="float32",
-                    skipped="too long")]  # fmt: skip
+    records = [
+        _timed("sdpa", "fwd", 4.0),
+        _timed("blockwise_urpe", "fwd", 6.0),
+        _timed("sdpa", "fwdbwd", 10.0),
+        _timed("blockwise_urpe", "fwdbwd", 25.0),
+        _timed("blockwise_urpe", "fwd", 3.0, length=128),  # no SDPA at this length
+        _timed("sdpa", "fwd", 1.0, dtype="bfloat16"),
+        _timed("sdpa", "fwd", 2.0, threads=1, busy=True),
+        _timed("blockwise_urpe", "fwd", 7.0, threads=1, busy=True),
+        _timed("blockwise_urpe", "fwd", 7.0, threads=2, busy=True),  # no SDPA at 2 threads
+        dict(name="reference_urpe", mode="fwd", length=2048, dtype="float32", skipped="too long"),
+    ]
     measure.add_ratios(records, "sdpa")
     assert records[1]["ratio_to_sdpa"] == 1.5 and records[3]["ratio_to_sdpa"] == 2.5
     assert records[7]["ratio_to_sdpa"] == 3.5
@@ -290,15 +334,22 @@ def test_ratios_divide_by_the_baseline_of_the_same_setting_and_condition():
 
 
 def test_cpu_targets_on_known_records():
-    times = [_timed("sdpa", "fwdbwd", 10.0), _timed("blockwise_urpe", "fwdbwd", 14.0),
-             _timed("sdpa_dense_bias", "fwdbwd", 40.0), _timed("blockwise_rpe", "fwdbwd", 13.0),
-             _timed("sdpa", "fwd", 4.0), _timed("blockwise_urpe", "fwd", 6.0),
-             _timed("blockwise_rpe", "fwd", 6.0),
-             _timed("blockwise_urpe", "fwdbwd", 1.0, length=512)]  # fmt: skip
+    times = [
+        _timed("sdpa", "fwdbwd", 10.0),
+        _timed("blockwise_urpe", "fwdbwd", 14.0),
+        _timed("sdpa_dense_bias", "fwdbwd", 40.0),
+        _timed("blockwise_rpe", "fwdbwd", 13.0),
+        _timed("sdpa", "fwd", 4.0),
+        _timed("blockwise_urpe", "fwd", 6.0),
+        _timed("blockwise_rpe", "fwd", 6.0),
+        _timed("blockwise_urpe", "fwdbwd", 1.0, length=512),
+    ]
     memory = [dict(name="blockwise_urpe", length=n, peak_mb=0.01 * n) for n in (512, 8192)]
     memory += [dict(name="reference_urpe", length=n, peak_mb=1e-4 * n * n) for n in (512, 1024)]
-    e2e = [dict(name="urpe_auto", size="quick", time_ms=30.0),
-           dict(name="nope_sdpa", size="quick", time_ms=20.0)]  # fmt: skip
+    e2e = [
+        dict(name="urpe_auto", size="quick", time_ms=30.0),
+        dict(name="nope_sdpa", size="quick", time_ms=20.0),
+    ]
     result = {t["target"]: t for t in targets.cpu_targets(times, memory, e2e)}
     sdpa = result["blockwise URPE fwd+bwd / bias-free SDPA"]
     assert sdpa["value"] == pytest.approx(1.4) and sdpa["met"] is True
@@ -318,10 +369,12 @@ def test_cpu_targets_on_known_records():
 
 def test_contention_targets_are_judged_on_their_own_condition():
     idle = [_timed("sdpa", "fwdbwd", 10.0), _timed("cpp_urpe", "fwdbwd", 14.0)]
-    contention = [_timed("sdpa", "fwdbwd", 10.0, threads=2, busy=False),
-                  _timed("cpp_urpe", "fwdbwd", 13.0, threads=2, busy=False),
-                  _timed("sdpa", "fwdbwd", 11.0, threads=2, busy=True),
-                  _timed("cpp_urpe", "fwdbwd", 33.0, threads=2, busy=True)]  # fmt: skip
+    contention = [
+        _timed("sdpa", "fwdbwd", 10.0, threads=2, busy=False),
+        _timed("cpp_urpe", "fwdbwd", 13.0, threads=2, busy=False),
+        _timed("sdpa", "fwdbwd", 11.0, threads=2, busy=True),
+        _timed("cpp_urpe", "fwdbwd", 33.0, threads=2, busy=True),
+    ]
     result = {t["target"]: t for t in targets.cpu_targets(idle, [], [], contention)}
     busy = result["cpp URPE fwd+bwd / bias-free SDPA, 2 thread(s), one core busy"]
     assert busy["value"] == pytest.approx(3.0) and busy["met"] is False
@@ -332,9 +385,12 @@ def test_contention_targets_are_judged_on_their_own_condition():
 
 
 def test_the_cpp_targets_judge_bfloat16_and_memory_on_their_own_rows():
-    times = [_timed("sdpa", "fwdbwd", 10.0, dtype="bfloat16"),
-             _timed("cpp_urpe", "fwdbwd", 17.0, dtype="bfloat16"),
-             _timed("cpp_urpe", "fwd", 2.1), _timed("cpp_rpe", "fwd", 2.0)]  # fmt: skip
+    times = [
+        _timed("sdpa", "fwdbwd", 10.0, dtype="bfloat16"),
+        _timed("cpp_urpe", "fwdbwd", 17.0, dtype="bfloat16"),
+        _timed("cpp_urpe", "fwd", 2.1),
+        _timed("cpp_rpe", "fwd", 2.0),
+    ]
     memory = [dict(name="cpp_urpe", length=n, peak_mb=0.02 * n) for n in (512, 8192)]
     memory += [dict(name="reference_urpe", length=8192, peak_mb=2000.0)]
     result = {t["target"]: t for t in targets.cpu_targets(times, memory, [])}
@@ -349,9 +405,19 @@ def test_the_cpp_targets_judge_bfloat16_and_memory_on_their_own_rows():
 
 
 def _gpu_record(name, mode, ms, length=4096, head_dim=64, causal=False, peak_mb=100.0):
-    return dict(name=name, mode=mode, length=length, head_dim=head_dim, causal=causal,
-                dtype="bfloat16", batch=4, heads=16, time_ms=ms, tflops=1.0,
-                peak_mb=peak_mb)  # fmt: skip
+    return dict(
+        name=name,
+        mode=mode,
+        length=length,
+        head_dim=head_dim,
+        causal=causal,
+        dtype="bfloat16",
+        batch=4,
+        heads=16,
+        time_ms=ms,
+        tflops=1.0,
+        peak_mb=peak_mb,
+    )
 
 
 def test_gpu_targets_are_judged_on_the_worst_setting():
@@ -379,8 +445,9 @@ def test_gpu_targets_are_judged_on_the_worst_setting():
 
 
 def test_quadratic_gpu_memory_misses_the_linear_target():
-    records = [_gpu_record("triton_urpe", "fwdbwd", 1.0, n, peak_mb=n * n / 1e5)
-               for n in (1024, 4096)]  # fmt: skip
+    records = [
+        _gpu_record("triton_urpe", "fwdbwd", 1.0, n, peak_mb=n * n / 1e5) for n in (1024, 4096)
+    ]
     assert targets.gpu_memory_target(records)["value"] == pytest.approx(4.0)
     assert targets.gpu_memory_target(records)["met"] is False
 
@@ -400,9 +467,9 @@ def test_the_report_reproduces_benchmarks_md_from_its_json():
     """BENCHMARKS.md's CPU part is what `report.markdown` writes from benchmarks/attention.json,
     its targets recomputed from the stored records."""
     results = json.loads((ROOT / "benchmarks" / "attention.json").read_text())
-    results["targets"] = targets.cpu_targets(results["times"], results["memory"],
-                                             results["end_to_end"],
-                                             results.get("contention", []))  # fmt: skip
+    results["targets"] = targets.cpu_targets(
+        results["times"], results["memory"], results["end_to_end"], results.get("contention", [])
+    )
     published = (ROOT / "BENCHMARKS.md").read_text().split(gpu_section.SECTION_BEGIN)[0]
     assert report.markdown(results) == published.rstrip("\n") + "\n"
 
@@ -415,15 +482,23 @@ def test_contention_section_from_known_records():
         for name, mode, ms in (("sdpa", "fwd", 4.0), ("sdpa", "fwdbwd", 10.0))
     ] + [
         {**_timed("blockwise_urpe", "fwdbwd", 31.0, threads=2, busy=True), "ratio_to_sdpa": 3.1},
-        dict(name="blockwise_urpe", mode="fwd", length=2048, dtype="float32", threads=2, busy=True,
-             skipped="failed"),
-    ]  # fmt: skip
+        dict(
+            name="blockwise_urpe",
+            mode="fwd",
+            length=2048,
+            dtype="float32",
+            threads=2,
+            busy=True,
+            skipped="failed",
+        ),
+    ]
     text = report.markdown(results)
     section = text.split("## Under contention")[1].split("\n## ")[0]
     assert "### float32, L=2048" in section
-    assert ("| kernel | fwd, 1T idle | fwd, 1T busy | fwd, 2T idle | fwd, 2T busy | "
-            "fwd+bwd, 1T idle | fwd+bwd, 1T busy | fwd+bwd, 2T idle | fwd+bwd, 2T busy |"
-            ) in section  # fmt: skip
+    assert (
+        "| kernel | fwd, 1T idle | fwd, 1T busy | fwd, 2T idle | fwd, 2T busy | "
+        "fwd+bwd, 1T idle | fwd+bwd, 1T busy | fwd+bwd, 2T idle | fwd+bwd, 2T busy |"
+    ) in section
     assert "| blockwise_urpe |  |  |  | - |  |  |  | 3.10x (31.0) |" in section
     assert "| sdpa | 1.00x (4.0) |" in section
 
@@ -455,12 +530,25 @@ def test_gpu_report_from_saved_results(tmp_path, capsys):
             skipped="out of memory",
         ),
     ]  # an older file's row name
-    results = dict(date="2026-01-01 00:00 UTC", command="urpe bench attention --device cuda",
-                   device=dict(gpu="Test GPU", multiprocessors=1, memory_gb=1.0, torch="t",
-                               triton="t", cuda="c"),
-                   times=records, training=[dict(name="urpe_auto", backend="triton", batch=128,
-                                                 length=128, dim=768, time_ms=30.0,
-                                                 ratio_to_nope_sdpa=1.2)])  # fmt: skip
+    results = dict(
+        date="2026-01-01 00:00 UTC",
+        command="urpe bench attention --device cuda",
+        device=dict(
+            gpu="Test GPU", multiprocessors=1, memory_gb=1.0, torch="t", triton="t", cuda="c"
+        ),
+        times=records,
+        training=[
+            dict(
+                name="urpe_auto",
+                backend="triton",
+                batch=128,
+                length=128,
+                dim=768,
+                time_ms=30.0,
+                ratio_to_nope_sdpa=1.2,
+            )
+        ],
+    )
     saved = tmp_path / "gpu.json"
     saved.write_text(json.dumps(results))
     markdown = tmp_path / "BENCH.md"
@@ -507,22 +595,55 @@ def test_a_condition_sets_and_restores_the_thread_count():
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
     assert [c.fields for c in contention.conditions([1, 2])] == [
-        dict(threads=1, busy=False), dict(threads=1, busy=True),
-        dict(threads=2, busy=False), dict(threads=2, busy=True)]  # fmt: skip
+        dict(threads=1, busy=False),
+        dict(threads=1, busy=True),
+        dict(threads=2, busy=False),
+        dict(threads=2, busy=True),
+    ]
 
 
 def test_a_contention_run_reports_every_condition(tmp_path):
     out = tmp_path / "bench.json"
-    code = main(["bench", "attention", "--lengths", "32", "--dtypes", "float32", "--rows", "sdpa",
-                 "blockwise_urpe", "--heads", "1", "--head-dim", "8", "--repeats", "1",
-                 "--memory-lengths", "--no-end-to-end", "--profile", "0", "--contention",
-                 "--contention-lengths", "32", "--json", str(out),
-                 "--markdown", str(tmp_path / "BENCH.md")])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "attention",
+            "--lengths",
+            "32",
+            "--dtypes",
+            "float32",
+            "--rows",
+            "sdpa",
+            "blockwise_urpe",
+            "--heads",
+            "1",
+            "--head-dim",
+            "8",
+            "--repeats",
+            "1",
+            "--memory-lengths",
+            "--no-end-to-end",
+            "--profile",
+            "0",
+            "--contention",
+            "--contention-lengths",
+            "32",
+            "--json",
+            str(out),
+            "--markdown",
+            str(tmp_path / "BENCH.md"),
+        ]
+    )
     assert code == 0
     records = json.loads(out.read_text())["contention"]
     seen = {(r["name"], r["mode"], r["threads"], r["busy"]) for r in records}
-    assert seen == {(n, m, t, b) for n in ("sdpa", "blockwise_urpe") for m in ("fwd", "fwdbwd")
-                    for t in (1, 2) for b in (False, True)}  # fmt: skip
+    assert seen == {
+        (n, m, t, b)
+        for n in ("sdpa", "blockwise_urpe")
+        for m in ("fwd", "fwdbwd")
+        for t in (1, 2)
+        for b in (False, True)
+    }
     assert all(math.isfinite(r["ratio_to_sdpa"]) for r in records)
     assert "## Under contention" in (tmp_path / "BENCH.md").read_text()
 
@@ -548,16 +669,25 @@ def test_gpu_runs_check_the_urpe_rows_against_the_reference():
     cpu = rows.rows_for("cpu")
     chosen = [cpu[name] for name in ("reference_urpe", "blockwise_urpe", "blockwise_rpe")]
     inputs = make_inputs(1, 2, 32, 8, torch.float32)
-    records = [dict(name=row.name, mode=mode, time_ms=1.0) for row in chosen
-               for mode in ("fwd", "fwdbwd")]  # fmt: skip
+    records = [
+        dict(name=row.name, mode=mode, time_ms=1.0) for row in chosen for mode in ("fwd", "fwdbwd")
+    ]
     check_outputs(chosen, inputs, True, records)
     errors = {(r["name"], r["mode"]): r.get("error_vs_reference") for r in records}
     assert errors.pop(("blockwise_urpe", "fwd")) < 1e-5
     assert set(errors.values()) == {None}  # the reference itself, RPE rows, fwd+bwd: unchecked
 
 
-@pytest.mark.parametrize("flag", [["--lengths", "0"], ["--heads", "-2"], ["--repeats", "x"],
-                                  ["--rows", "no_such_row"], ["--gpu-rows", "sdpa"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--lengths", "0"],
+        ["--heads", "-2"],
+        ["--repeats", "x"],
+        ["--rows", "no_such_row"],
+        ["--gpu-rows", "sdpa"],
+    ],
+)
 def test_bad_arguments_are_rejected_by_the_parser(flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "attention", *flag])
@@ -576,9 +706,11 @@ def test_device_cuda_without_a_gpu_is_one_clear_error(capsys):
 
 def test_bench_imports_nothing_from_experiments():
     modules = sorted(p.stem for p in (ROOT / "src" / "urpe" / "bench").glob("*.py"))
-    code = (f"import importlib, sys\nfor m in {modules!r}:\n"
-            "    importlib.import_module('urpe.bench.' + m)\n"
-            "print([n for n in sys.modules if n.startswith('urpe.experiments')])")  # fmt: skip
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}:\n"
+        "    importlib.import_module('urpe.bench.' + m)\n"
+        "print([n for n in sys.modules if n.startswith('urpe.experiments')])"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
@@ -593,8 +725,16 @@ def test_the_blockwise_kernel_assumes_no_cpu():
     q, k, v = (torch.randn(2, 2, 40, 16, device="meta", requires_grad=True) for _ in range(3))
     tables = [torch.randn(2, 11, device="meta", requires_grad=True) for _ in range(2)]
     for norm in ("softmax", "exp", "l2", "relu2"):
-        out = blockwise_attention(q, k, v, bias=Toeplitz(tables[0]), gate=Toeplitz(tables[1]),
-                              is_causal=True, normalization=norm, block_q=16,
-                              block_k=16)  # fmt: skip
+        out = blockwise_attention(
+            q,
+            k,
+            v,
+            bias=Toeplitz(tables[0]),
+            gate=Toeplitz(tables[1]),
+            is_causal=True,
+            normalization=norm,
+            block_q=16,
+            block_k=16,
+        )
         out.sum().backward()
         assert out.device.type == "meta" and tables[1].grad.device.type == "meta"

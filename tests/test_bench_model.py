@@ -29,22 +29,47 @@ CPP = "cpp" in native_backends("cpu")
 LM_VARIANTS = ("urpe", "txl+urpe", "rope+urpe", "alibi+urpe", "t5+urpe")
 # group -> (cases, row names, modes) that a run measures; hf_compiled has a slow test of its own.
 EXPECTED = {
-    "calls": (("decode", "decode_gqa", "decode_long"),
-              ("sdpa", *(f"{b}_{t}" for b in ("auto", "reference", "cpp")
-                         for t in ("none", "gate", "bias"))), ("fwd",)),
-    "short": (("causal", "not_causal"),
-              ("sdpa", "auto_urpe", "auto_rpe", *(("cpp_urpe",) if CPP else ()), "blockwise_urpe",
-               "reference_urpe"), ("fwd", "fwdbwd")),
+    "calls": (
+        ("decode", "decode_gqa", "decode_long"),
+        (
+            "sdpa",
+            *(f"{b}_{t}" for b in ("auto", "reference", "cpp") for t in ("none", "gate", "bias")),
+        ),
+        ("fwd",),
+    ),
+    "short": (
+        ("causal", "not_causal"),
+        (
+            "sdpa",
+            "auto_urpe",
+            "auto_rpe",
+            *(("cpp_urpe",) if CPP else ()),
+            "blockwise_urpe",
+            "reference_urpe",
+        ),
+        ("fwd", "fwdbwd"),
+    ),
     "bf16": (("bf16",), ("sdpa", *(("cpp_urpe",) if CPP else ()), "auto_urpe"), ("fwd",)),
     "decoder": (("batch 1", "batch 4"), ("urpe", "rpe", "nope"), ("generate",)),
     "hf_generate": (("batch 1", "batch 4"), ("base", "urpe"), ("generate",)),
     "hf_train": (("train",), ("base", "urpe"), ("train",)),
-    "end_to_end": (("quick", "long"), ("urpe_auto", "rpe_auto", "nope_sdpa", "xtransformers_t5"),
-                   ("train",)),
+    "end_to_end": (
+        ("quick", "long"),
+        ("urpe_auto", "rpe_auto", "nope_sdpa", "xtransformers_t5"),
+        ("train",),
+    ),
     "lm_speed": (LM_VARIANTS, ("base", "urpe"), ("train",)),
-}  # fmt: skip
-BASELINES = dict(calls="sdpa", short="sdpa", bf16="sdpa", decoder="rpe", hf_generate="base",
-                 hf_train="base", end_to_end="nope_sdpa", lm_speed="base")  # fmt: skip
+}
+BASELINES = dict(
+    calls="sdpa",
+    short="sdpa",
+    bf16="sdpa",
+    decoder="rpe",
+    hf_generate="base",
+    hf_train="base",
+    end_to_end="nope_sdpa",
+    lm_speed="base",
+)
 PRELUDE = "# Benchmarks\n\nthe CPU report\n"
 
 
@@ -53,9 +78,23 @@ def quick_run(tmp_path_factory):
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("bench_model")
     (out / "BENCH.md").write_text(PRELUDE + "\n" + GPU.begin + "\nGPU figures\n" + GPU.end + "\n")
-    code = main(["bench", "model", "--quick", "--threads", "1", "--repeats", "1",
-                 "--groups", *EXPECTED, "--json", str(out / "model.json"),
-                 "--markdown", str(out / "BENCH.md")])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "model",
+            "--quick",
+            "--threads",
+            "1",
+            "--repeats",
+            "1",
+            "--groups",
+            *EXPECTED,
+            "--json",
+            str(out / "model.json"),
+            "--markdown",
+            str(out / "BENCH.md"),
+        ]
+    )
     assert code == 0
     return json.loads((out / "model.json").read_text()), (out / "BENCH.md").read_text()
 
@@ -83,8 +122,11 @@ def test_a_quick_run_measures_every_row_of_every_group_idle_and_busy(quick_run):
 def test_every_time_is_compared_with_its_group_baseline(quick_run):
     results, _ = quick_run
     timed_records = [r for r in results["records"] if "time_ms" in r]
-    base = {(r["group"], r["case"], r["mode"], r["busy"]): r["time_ms"] for r in timed_records
-            if r["name"] == BASELINES[r["group"]]}  # fmt: skip
+    base = {
+        (r["group"], r["case"], r["mode"], r["busy"]): r["time_ms"]
+        for r in timed_records
+        if r["name"] == BASELINES[r["group"]]
+    }
     for r in timed_records:
         assert math.isfinite(r["time_ms"]) and r["time_ms"] > 0
         time = base[(r["group"], r["case"], r["mode"], r["busy"])]
@@ -125,8 +167,10 @@ def test_a_cpu_report_keeps_the_gpu_and_model_sections(tmp_path):
     MODEL.write(path, f"{MODEL.begin}\nmodel rows\n{MODEL.end}\n")
     GPU.write(path, f"{GPU.begin}\nGPU rows\n{GPU.end}\n")
     rewritten = keep_sections(path, "# new report\n")
-    assert rewritten == (f"# new report\n\n{GPU.begin}\nGPU rows\n{GPU.end}\n\n"
-                         f"{MODEL.begin}\nmodel rows\n{MODEL.end}\n")  # fmt: skip
+    assert rewritten == (
+        f"# new report\n\n{GPU.begin}\nGPU rows\n{GPU.end}\n\n"
+        f"{MODEL.begin}\nmodel rows\n{MODEL.end}\n"
+    )
     assert keep_sections(tmp_path / "absent.md", "# new report\n") == "# new report\n"
 
 
@@ -141,8 +185,11 @@ def test_decoding_rows_compute_the_attention_they_name(kv_heads):
     inputs = attention_calls.decode_inputs(4, kv_heads, 16, 8)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     gqa = kv_heads != 4
-    terms = dict(none={}, gate=dict(gate=Toeplitz(inputs["table_c"])),
-                 bias=dict(bias=Toeplitz(inputs["table_b"])))  # fmt: skip
+    terms = dict(
+        none={},
+        gate=dict(gate=Toeplitz(inputs["table_c"])),
+        bias=dict(bias=Toeplitz(inputs["table_b"])),
+    )
     with torch.no_grad():
         for row in attention_calls.DECODE_ROWS:
             if row.name.startswith("cpp") and not CPP:
@@ -160,10 +207,15 @@ def test_the_gated_decoder_starts_as_its_baseline():
     prompt = generation.prompts(QUICK, QUICK.decoder.vocab)[4]
     window = QUICK.prompt + QUICK.new_tokens
     tokens = {
-        name: torch.stack(list(generation.language_model(QUICK.decoder, name, window)
-                               .generate(prompt, 5, temperature=0)))
+        name: torch.stack(
+            list(
+                generation.language_model(QUICK.decoder, name, window).generate(
+                    prompt, 5, temperature=0
+                )
+            )
+        )
         for name in ("urpe", "rpe")
-    }  # fmt: skip
+    }
     assert torch.equal(tokens["urpe"], tokens["rpe"])
 
 
@@ -176,8 +228,10 @@ def test_the_hf_pair_differs_only_by_add_urpe():
     assert set(base) < set(gated) and all("urpe" in n for n in set(gated) - set(base))
     assert all(torch.equal(base[n], gated[n]) for n in base)
     prompt = torch.randint(0, QUICK.decoder.vocab, (2, 5), generator=torch.Generator())
-    out = [m.eval().generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-           for m in pair.values()]  # fmt: skip
+    out = [
+        m.eval().generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        for m in pair.values()
+    ]
     assert torch.equal(out[0], out[1])
 
 
@@ -186,18 +240,20 @@ def test_the_hf_pair_differs_only_by_add_urpe():
 
 
 def _record(group, case, name, ms, busy=False, mode="fwd", **more):
-    return dict(group=group, case=case, name=name, mode=mode, threads=2, busy=busy,
-                time_ms=ms, **more)  # fmt: skip
+    return dict(
+        group=group, case=case, name=name, mode=mode, threads=2, busy=busy, time_ms=ms, **more
+    )
 
 
 def test_ratios_divide_by_the_baseline_of_the_same_case_mode_and_condition():
     records = [
-        _record("calls", "decode", "sdpa", 0.010), _record("calls", "decode", "auto_gate", 0.030),
+        _record("calls", "decode", "sdpa", 0.010),
+        _record("calls", "decode", "auto_gate", 0.030),
         _record("calls", "decode", "sdpa", 0.020, busy=True),
         _record("calls", "decode", "auto_gate", 0.025, busy=True),
         _record("calls", "decode_long", "auto_gate", 0.5),  # no baseline in its case
         _record("other", "decode", "auto_gate", 0.5),  # a group without a baseline
-    ]  # fmt: skip
+    ]
     timed.compare(records, {"calls": "sdpa"})
     assert records[1]["ratio"] == pytest.approx(3.0)
     assert records[1]["extra_us"] == pytest.approx(20.0)
@@ -208,8 +264,10 @@ def test_ratios_divide_by_the_baseline_of_the_same_case_mode_and_condition():
 def test_a_target_holds_only_when_met_under_every_condition_measured():
     idle, busy = dict(threads=2, busy=False), dict(threads=2, busy=True)
     target = model_targets.Target("t", "calls", "decode", "auto_gate", "fwd", 25, "extra_us")
-    records = [_record("calls", "decode", "auto_gate", 0.03, extra_us=20.0),
-               _record("calls", "decode", "auto_gate", 0.04, busy=True, extra_us=30.0)]  # fmt: skip
+    records = [
+        _record("calls", "decode", "auto_gate", 0.03, extra_us=20.0),
+        _record("calls", "decode", "auto_gate", 0.04, busy=True, extra_us=30.0),
+    ]
     judged = target.judge(records, [idle, busy])
     assert judged["values"] == {"idle": 20.0, "one core busy": 30.0} and judged["met"] is False
     assert target.judge(records, [idle])["met"] is True
@@ -235,20 +293,35 @@ def test_a_failing_group_is_reported_and_the_rest_measured():
     def broken(sizes, progress):
         raise RuntimeError("no such model\nsecond line")
 
-    registry = {"broken": Group("Broken", "x", broken),
-                "calls": Group("Calls", "sdpa", lambda s, p: Built(), unit="us")}  # fmt: skip
+    registry = {
+        "broken": Group("Broken", "x", broken),
+        "calls": Group("Calls", "sdpa", lambda s, p: Built(), unit="us"),
+    }
     conditions = [Condition(1, busy=False), Condition(1, busy=True)]
     results = model.measure_groups(registry, list(registry), QUICK, conditions, 2, lambda m: None)
     assert results["groups"]["broken"]["failed"] == "RuntimeError: no such model"
     assert results["groups"]["calls"]["failed"] == "RuntimeError: lost the model"
     measured = {(r["name"], r["busy"]) for r in results["records"]}
     assert measured == {("sdpa", False), ("auto_none", False)}
-    results.update(date="today", command="urpe bench model", sizes_name="quick", repeats=2,
-                   load_start=(0.0, 0.0, 0.0), busy_core=1,
-                   conditions=[c.fields for c in conditions],
-                   machine=dict(cpu="cpu", cores=2, threads=1, capability="AVX2", torch="2",
-                                transformers=None, python="3", load_average=(0.0, 0.0, 0.0))
-                   )  # fmt: skip
+    results.update(
+        date="today",
+        command="urpe bench model",
+        sizes_name="quick",
+        repeats=2,
+        load_start=(0.0, 0.0, 0.0),
+        busy_core=1,
+        conditions=[c.fields for c in conditions],
+        machine=dict(
+            cpu="cpu",
+            cores=2,
+            threads=1,
+            capability="AVX2",
+            torch="2",
+            transformers=None,
+            python="3",
+            load_average=(0.0, 0.0, 0.0),
+        ),
+    )
     results["targets"] = model_targets.judge(results["records"], results["conditions"])
     text = model_report.section_markdown(results)
     assert "### Broken\n\nStopped: RuntimeError: no such model." in text
@@ -258,8 +331,9 @@ def test_a_failing_group_is_reported_and_the_rest_measured():
     assert "| one decoding call, no terms: us over SDPA | " in text
 
 
-@pytest.mark.parametrize("flag", [["--groups", "nothing"], ["--repeats", "0"],
-                                  ["--conditions", "idle", "idle"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag", [["--groups", "nothing"], ["--repeats", "0"], ["--conditions", "idle", "idle"]]
+)
 def test_bad_arguments_are_one_line_errors(flag, capsys):
     try:
         code = main(["bench", "model", *flag])
@@ -289,9 +363,25 @@ def test_the_compiled_group_runs_transformers_static_cache_path(tmp_path):
     """hf_compiled through torch.compile's eager backend (traced, no code generated)."""
     pytest.importorskip("transformers")
     path = tmp_path / "model.json"
-    code = main(["bench", "model", "--quick", "--threads", "1", "--repeats", "1",
-                 "--groups", "hf_compiled", "--conditions", "idle",
-                 "--compile-backend", "eager", "--json", str(path)])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "model",
+            "--quick",
+            "--threads",
+            "1",
+            "--repeats",
+            "1",
+            "--groups",
+            "hf_compiled",
+            "--conditions",
+            "idle",
+            "--compile-backend",
+            "eager",
+            "--json",
+            str(path),
+        ]
+    )
     assert code == 0
     results = json.loads(path.read_text())
     want = {(c, n, "generate", False) for c in ("batch 1", "batch 4") for n in ("base", "urpe")}

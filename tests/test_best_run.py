@@ -12,12 +12,20 @@ from urpe.experiments.trained import best_run
 
 def graph_config(digest: str, target: str = "logP", seed: int = 0) -> dict:
     """A graph run on the user's file `mols.csv` with the content `digest`, as planned."""
-    return {"experiment": "graph", "dataset": f"csv:sha256-{digest[:12]}", "target": target,
-            "variant": "graphormer-urpe", "seed": seed,
-            "data": {"sizes": None, "split_seed": 0, "features": "zinc",
-                     "file": {"sha256": digest * 4, "smiles_column": "smiles",
-                              "split_column": None}},
-            LOCATIONS: {"dataset": "/data/mols.csv"}}  # fmt: skip
+    return {
+        "experiment": "graph",
+        "dataset": f"csv:sha256-{digest[:12]}",
+        "target": target,
+        "variant": "graphormer-urpe",
+        "seed": seed,
+        "data": {
+            "sizes": None,
+            "split_seed": 0,
+            "features": "zinc",
+            "file": {"sha256": digest * 4, "smiles_column": "smiles", "split_column": None},
+        },
+        LOCATIONS: {"dataset": "/data/mols.csv"},
+    }
 
 
 def finish(out, name: str, config: dict, **result) -> str:

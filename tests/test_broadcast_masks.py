@@ -62,8 +62,9 @@ def draw_case(seed: int) -> dict:
     if rng.random() < 0.2:  # a NaN key row: exactly the rows that see it become NaN
         k[(*(0 for _ in batch), rng.randrange(hkv), rng.randrange(lk), 0)] = float("nan")
     params = [q, k, v]
-    call = dict(is_causal=rng.random() < 0.4, normalization=rng.choice(NORMALIZATIONS),
-                enable_gqa=hkv != h)  # fmt: skip
+    call = dict(
+        is_causal=rng.random() < 0.4, normalization=rng.choice(NORMALIZATIONS), enable_gqa=hkv != h
+    )
     full = (*batch, h, lq, lk)
     kind = rng.choice(["bool", "bool", "float", None])
     if kind is not None:
@@ -164,15 +165,25 @@ def check_case(case: dict, backends) -> list[str]:
             continue
         out, grads = _outputs_and_grads(RUNNERS[name], case)
         where = f"backend {name}, case seed {case['seed']}: {_describe(case)}"
-        for what, got, want in [("output", out, want_out), *(
-            (f"gradient {i}", g, w) for i, (g, w) in enumerate(zip(grads, want_grads, strict=True))
-        )]:  # fmt: skip
+        for what, got, want in [
+            ("output", out, want_out),
+            *(
+                (f"gradient {i}", g, w)
+                for i, (g, w) in enumerate(zip(grads, want_grads, strict=True))
+            ),
+        ]:
             if got is None and want is None:  # an input that the output does not depend on
                 continue
             got = torch.zeros_like(want) if got is None else got
             want = torch.zeros_like(got) if want is None else want
-            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8, equal_nan=True,
-                                       msg=lambda m, w=f"{what}, {where}": f"{w}\n{m}")  # fmt: skip
+            torch.testing.assert_close(
+                got,
+                want,
+                atol=1e-10,
+                rtol=1e-8,
+                equal_nan=True,
+                msg=lambda m, w=f"{what}, {where}": f"{w}\n{m}",
+            )
         ran.append(name)
     return ran
 
@@ -228,8 +239,9 @@ def test_relu2_with_a_mask_broadcast_over_keys_matches_the_reference(backend, ma
     k = torch.randn(1, 2, 7, 8, generator=gen, **F64).requires_grad_()
     v = torch.randn(1, 2, 7, 3, generator=gen, **F64).requires_grad_()
     mask = torch.ones(mask_shape, dtype=torch.bool)
-    case = dict(qkv=(q, k, v), params=[q, k, v], seed=None,
-                call=dict(attn_mask=mask, normalization="relu2"))  # fmt: skip
+    case = dict(
+        qkv=(q, k, v), params=[q, k, v], seed=None, call=dict(attn_mask=mask, normalization="relu2")
+    )
     assert check_case(case, [backend]) == [backend]
     # the all-True mask is no mask at all
     unmasked = reference_attention(q, k, v, normalization="relu2")
@@ -238,9 +250,16 @@ def test_relu2_with_a_mask_broadcast_over_keys_matches_the_reference(backend, ma
 
 @pytest.mark.parametrize(
     ("mask_shape", "padding_shape"),
-    [((7, 1), None), ((1, 11), None), ((2, 1, 1), None), ((3, 1, 1, 1), None), ((1,), (3, 11)),
-     ((7, 1), (1, 11)), ((1, 1, 7, 1), (11,))],
-)  # fmt: skip
+    [
+        ((7, 1), None),
+        ((1, 11), None),
+        ((2, 1, 1), None),
+        ((3, 1, 1, 1), None),
+        ((1,), (3, 11)),
+        ((7, 1), (1, 11)),
+        ((1, 1, 7, 1), (11,)),
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_visible_key_counts_count_the_keys_a_broadcast_mask_stands_for(
     mask_shape, padding_shape, causal
@@ -278,6 +297,5 @@ def test_random_broadcast_masks_agree_on_every_backend():
 @pytest.mark.parametrize("block", range(4))
 def test_random_broadcast_masks_agree_on_every_backend_wide(block):
     """200 more calls, Triton and FlexAttention on most of them (minutes)."""
-    ran = _sweep(range(1000 + 50 * block, 1050 + 50 * block), interpreted_limit=24,
-                 flex_cases=50)  # fmt: skip
+    ran = _sweep(range(1000 + 50 * block, 1050 + 50 * block), interpreted_limit=24, flex_cases=50)
     assert ran["triton"] >= 25 and ran["flex"] >= 10, ran

@@ -51,8 +51,9 @@ def test_config_round_trips_through_json_with_mixers():
 
 
 def test_tied_weights_are_stored_once_and_come_back_tied(tmp_path):
-    decoder = TransformerDecoder(TransformerConfig(vocab_size=7, max_len=8, num_layers=1, dim=16,
-                                                   num_heads=2))  # fmt: skip
+    decoder = TransformerDecoder(
+        TransformerConfig(vocab_size=7, max_len=8, num_layers=1, dim=16, num_heads=2)
+    )
     assert decoder.head.weight is decoder.embed.weight
     save_weights(decoder.state_dict(), tmp_path / "w.safetensors")
     weights = load_weights(tmp_path / "w.safetensors")
@@ -66,13 +67,17 @@ def test_tied_weights_are_stored_once_and_come_back_tied(tmp_path):
 
 
 def _checkpoint(tmp_path):
-    decoder = TransformerDecoder(TransformerConfig(vocab_size=7, max_len=8, num_layers=1, dim=16,
-                                                   num_heads=2))  # fmt: skip
+    decoder = TransformerDecoder(
+        TransformerConfig(vocab_size=7, max_len=8, num_layers=1, dim=16, num_heads=2)
+    )
     from urpe.training.checkpoint import model_spec
 
-    state = {"global_step": 3, "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(2)}}}],
-             "state_dict": {f"model.{k}": v for k, v in decoder.state_dict().items()},
-             "urpe": {"model": model_spec(decoder), "state_dict_prefix": "model."}}  # fmt: skip
+    state = {
+        "global_step": 3,
+        "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(2)}}}],
+        "state_dict": {f"model.{k}": v for k, v in decoder.state_dict().items()},
+        "urpe": {"model": model_spec(decoder), "state_dict_prefix": "model."},
+    }
     return decoder, write_checkpoint(state, tmp_path / "checkpoints" / "step-00000003")
 
 
@@ -116,9 +121,33 @@ def test_config_json_cannot_name_code_outside_urpe(tmp_path):
         load_model(directory)
 
 
-TINY = ["--tasks", "probe", "--variants", "urpe", "--seq-len", "6", "--steps", "8",
-        "--batch-size", "8", "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "16",
-        "--eval-sequences", "16", "--no-progress", "--jobs", "1", "--threads", "1"]  # fmt: skip
+TINY = [
+    "--tasks",
+    "probe",
+    "--variants",
+    "urpe",
+    "--seq-len",
+    "6",
+    "--steps",
+    "8",
+    "--batch-size",
+    "8",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "16",
+    "--eval-sequences",
+    "16",
+    "--no-progress",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+]
 
 
 def test_malicious_files_in_a_results_folder_are_named_and_never_run(tmp_path, capsys):

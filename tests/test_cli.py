@@ -63,8 +63,9 @@ def test_bad_arguments_give_one_line_and_create_nothing(flags, message, tmp_path
 
 def test_gpu_requested_without_one(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    code, err = _fails(["reproduce", "synthetic", "--out", str(tmp_path / "o"),
-                        "--accelerator", "gpu"], capsys)  # fmt: skip
+    code, err = _fails(
+        ["reproduce", "synthetic", "--out", str(tmp_path / "o"), "--accelerator", "gpu"], capsys
+    )
     assert code == 2 and "argument --accelerator: gpu requested, but torch sees no" in err
     assert not (tmp_path / "o").exists()
 
@@ -88,14 +89,27 @@ def test_unwritable_out(kind, tmp_path, capsys, monkeypatch):
 
 
 def test_version_and_python_dash_m():
-    done = subprocess.run([sys.executable, "-m", "urpe", "--version"], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "urpe", "--version"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.strip() == f"urpe {urpe.__version__}"
-    done = subprocess.run([sys.executable, "-m", "urpe", "reproduce", "synthetic", "--help"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "urpe", "reproduce", "synthetic", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0
-    for flag in ("--jobs", "--resume", "--devices", "--num-nodes", "--strategy", "--precision",
-                 "--accumulate-grad-batches", "--checkpoint-every"):  # fmt: skip
+    for flag in (
+        "--jobs",
+        "--resume",
+        "--devices",
+        "--num-nodes",
+        "--strategy",
+        "--precision",
+        "--accumulate-grad-batches",
+        "--checkpoint-every",
+    ):
         assert flag in done.stdout
 
 
@@ -106,8 +120,7 @@ def test_a_missing_extra_says_what_to_install(module, tmp_path):
         "from urpe.cli import main\n"
         f"sys.exit(main(['reproduce', 'synthetic', '--out', {str(tmp_path / 'o')!r}]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"urpe reproduce synthetic: error: this command needs the module '{module}', which is "

@@ -23,8 +23,12 @@ def _predicted(path: Path) -> list[list[str]]:
 
 def test_output_into_a_folder_that_does_not_exist_is_created(molecule_model, tmp_path, capsys):
     output = tmp_path / "new" / "dir" / "p.csv"
-    assert main(["predict", str(molecule_model), "CCO", "c1ccccc1", "-o", str(output),
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["predict", str(molecule_model), "CCO", "c1ccccc1", "-o", str(output), "--no-progress"]
+        )
+        == 0
+    )
     rows = _predicted(output)
     assert rows[0] == ["smiles", "predicted_heavy"] and [r[0] for r in rows[1:]] == [
         "CCO",
@@ -35,18 +39,21 @@ def test_output_into_a_folder_that_does_not_exist_is_created(molecule_model, tmp
 
 @pytest.mark.parametrize(
     "as_json, name, given",
-    [(False, "predictions.csv", "existing"), (True, "predictions.json", "existing"),
-     (False, "predictions.csv", "new/")],
-)  # fmt: skip
-def test_output_to_a_folder_writes_predictions_inside(as_json, name, given, molecule_model,
-                                                      tmp_path, capsys):  # fmt: skip
+    [
+        (False, "predictions.csv", "existing"),
+        (True, "predictions.json", "existing"),
+        (False, "predictions.csv", "new/"),
+    ],
+)
+def test_output_to_a_folder_writes_predictions_inside(
+    as_json, name, given, molecule_model, tmp_path, capsys
+):
     folder = tmp_path / "results"
     if given == "existing":
         folder.mkdir()
     flags = ["--json"] if as_json else []
     output = str(folder) + ("/" if given == "new/" else "")
-    assert main(["predict", str(molecule_model), "CCO", "-o", output, "--no-progress",
-                 *flags]) == 0  # fmt: skip
+    assert main(["predict", str(molecule_model), "CCO", "-o", output, "--no-progress", *flags]) == 0
     assert [p.name for p in folder.iterdir()] == [name]
     assert f"to {folder / name}" in capsys.readouterr().err
 
@@ -85,8 +92,9 @@ def test_smiles_longer_than_a_file_name_are_predicted(molecule_model, capsys):
 
     assert len(PEPTIDE) > 255
     macrocycle = "C1" + "[CH2]" * 52 + "C1"  # 264 characters, 54 atoms
-    assert main(["predict", str(molecule_model), PEPTIDE, macrocycle, "C/C=C/C",
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(["predict", str(molecule_model), PEPTIDE, macrocycle, "C/C=C/C", "--no-progress"]) == 0
+    )
     captured = capsys.readouterr()
     rows = list(csv.reader(captured.out.splitlines()))
     expected = load_model(molecule_model).predict([PEPTIDE, macrocycle, "C/C=C/C"])
@@ -107,9 +115,13 @@ def test_predict_into_a_closed_pipe_exits_quietly(molecule_model):
     read, write = os.pipe()
     os.close(read)
     try:
-        done = subprocess.run([sys.executable, "-m", "urpe", "predict", str(molecule_model),
-                               "CCO", "c1ccccc1"], stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "urpe", "predict", str(molecule_model), "CCO", "c1ccccc1"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(write)
     assert done.returncode == PIPE_CLOSED_STATUS == 141 and _quiet(done.stderr), done.stderr
@@ -119,9 +131,21 @@ def test_generate_into_head_exits_quietly(lm_sweep, tmp_path):
     """`urpe generate ... | head -c 50`: the reader leaves while tokens stream."""
     out, _ = lm_sweep
     with open(tmp_path / "stderr", "w+") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "urpe", "generate", str(out),
-                                    "--prompt", "the cat", "--max-new-tokens", "100000"],
-                                   stdout=subprocess.PIPE, stderr=stderr)  # fmt: skip
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "urpe",
+                "generate",
+                str(out),
+                "--prompt",
+                "the cat",
+                "--max-new-tokens",
+                "100000",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
         head = process.stdout.read(50)
         process.stdout.close()
         code = process.wait(timeout=120)
@@ -142,11 +166,15 @@ def _stdout_without_a_reader(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["evaluate", "help", "version"])
-def test_every_command_that_prints_ends_quietly_when_its_reader_goes(command, lm_sweep,
-                                                                    monkeypatch):  # fmt: skip
+def test_every_command_that_prints_ends_quietly_when_its_reader_goes(
+    command, lm_sweep, monkeypatch
+):
     out, text = lm_sweep
-    argv = {"evaluate": ["evaluate", str(out), str(text), "--no-progress"],
-            "help": ["predict", "--help"], "version": ["--version"]}[command]  # fmt: skip
+    argv = {
+        "evaluate": ["evaluate", str(out), str(text), "--no-progress"],
+        "help": ["predict", "--help"],
+        "version": ["--version"],
+    }[command]
     stdout = _stdout_without_a_reader(monkeypatch)
     try:
         assert main(argv) == PIPE_CLOSED_STATUS

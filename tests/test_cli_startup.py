@@ -11,9 +11,25 @@ import pytest
 from urpe.cli import COMMANDS, GROUP_HELP, SINGLE_COMMANDS
 from urpe.experiments.model_choices import BUILT_IN, REGISTERED
 
-HEAVY = ("torch", "numpy", "scipy", "transformers", "tokenizers", "safetensors", "peft",
-         "lightning", "pytorch_lightning", "torchmetrics", "tensorboard", "matplotlib", "tqdm",
-         "rdkit", "torch_geometric", "triton", "x_transformers")  # fmt: skip
+HEAVY = (
+    "torch",
+    "numpy",
+    "scipy",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "peft",
+    "lightning",
+    "pytorch_lightning",
+    "torchmetrics",
+    "tensorboard",
+    "matplotlib",
+    "tqdm",
+    "rdkit",
+    "torch_geometric",
+    "triton",
+    "x_transformers",
+)
 
 HELP_LINES = [
     ["--help"],
@@ -38,8 +54,9 @@ def _heavy_after(argv: list[str]) -> tuple[list[str], str]:
         f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
         "print(json.dumps([heavy, out.getvalue()]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
     heavy, stdout = json.loads(done.stdout)
     return heavy, stdout
 
@@ -108,8 +125,9 @@ def test_bench_help_offers_the_built_in_rows_and_groups():
     heavy, stdout = _heavy_after(["bench", "attention", "--help"])
     assert heavy == [] and "cpp_urpe" in stdout and "triton_urpe" in stdout
     for device, names in rows.BUILT_IN_BACKENDS.items():
-        assert list(names) == [n for n, b in BACKENDS.items() if b.devices is None
-                               or device in b.devices]  # fmt: skip
+        assert list(names) == [
+            n for n, b in BACKENDS.items() if b.devices is None or device in b.devices
+        ]
         built_in = rows.rows_for_backends(device, names)
         registry = rows.rows_for(device)  # the backends available here: a subset
         assert [name for name in built_in if name in registry] == list(registry)

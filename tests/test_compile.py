@@ -33,9 +33,14 @@ def _fresh_dynamo():
 
 def model(kind, backend, **overrides):
     config = urpe.TransformerConfig(
-        vocab_size=11, max_len=16, num_layers=2, dim=16, num_heads=2,
-        attention_backend=backend, **{**BACKENDS[backend], **overrides},
-    )  # fmt: skip
+        vocab_size=11,
+        max_len=16,
+        num_layers=2,
+        dim=16,
+        num_heads=2,
+        attention_backend=backend,
+        **{**BACKENDS[backend], **overrides},
+    )
     m = kind(config).double()  # float64: compiled and eager then agree to rounding
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -54,15 +59,17 @@ def assert_same_values_and_grads(module, compiled, *args, **kwargs):
     got.square().sum().backward()
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-6)
     for name, g in want.items():
-        torch.testing.assert_close(dict(module.named_parameters())[name].grad, g,
-                                   rtol=1e-4, atol=1e-6)  # fmt: skip
+        torch.testing.assert_close(
+            dict(module.named_parameters())[name].grad, g, rtol=1e-4, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_multihead_attention_compiles_fullgraph(backend):
     gate = urpe.ToeplitzGate(2, 4) if backend != "sdpa" else None
-    mha = urpe.MultiheadAttention(16, 2, position=urpe.RelativeBias(2, 4), gate=gate,
-                                  backend=backend).double()  # fmt: skip
+    mha = urpe.MultiheadAttention(
+        16, 2, position=urpe.RelativeBias(2, 4), gate=gate, backend=backend
+    ).double()
     compiled = torch.compile(mha, fullgraph=True, backend="aot_eager")
     x = torch.randn(2, 5, 16, **F64)
     pad = torch.tensor([[False] * 5, [True, True, False, False, False]])
@@ -107,8 +114,9 @@ def test_checks_stay_on_under_compile():
     compiled(torch.randint(0, 11, (1, 4)))
     with pytest.raises(RuntimeError, match="token ids must lie in"):
         compiled(torch.tensor([[1, 2, 11, 3]]))
-    graph = model(urpe.TransformerEncoder, "reference", position="relation", gate="relation",
-                  num_relations=3)  # fmt: skip
+    graph = model(
+        urpe.TransformerEncoder, "reference", position="relation", gate="relation", num_relations=3
+    )
     compiled = torch.compile(graph, fullgraph=True, backend="aot_eager")
     tokens = torch.randint(0, 11, (1, 4))
     compiled(tokens, positions=urpe.Positions.graph(torch.randint(0, 3, (1, 4, 4))))
@@ -118,8 +126,9 @@ def test_checks_stay_on_under_compile():
 
 @pytest.mark.parametrize("share_position", [True, False])
 def test_functional_call_and_grad_on_the_encoder(share_position):
-    encoder = model(urpe.TransformerEncoder, "reference", markers=True,
-                    share_position=share_position)  # fmt: skip
+    encoder = model(
+        urpe.TransformerEncoder, "reference", markers=True, share_position=share_position
+    )
     tokens = torch.randint(0, 11, (2, 6))
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[0, :2] = True
@@ -140,5 +149,4 @@ def test_functional_call_and_grad_on_the_encoder(share_position):
         assert layers[0].mixer.position.table is layers[1].mixer.position.table
     # Substituted parameters are what the forward pass uses.
     zeroed = {**params, "embed.weight": torch.zeros_like(params["embed.weight"])}
-    assert not torch.allclose(functional_call(encoder, zeroed, (tokens, pad)),
-                              encoder(tokens, pad))  # fmt: skip
+    assert not torch.allclose(functional_call(encoder, zeroed, (tokens, pad)), encoder(tokens, pad))

@@ -38,13 +38,19 @@ def _spec_of(args: ForwardArgs) -> AttentionSpec:
         return tensor
 
     return AttentionSpec(
-        q=args.q, k=args.k, v=args.v,
+        q=args.q,
+        k=args.k,
+        v=args.v,
         bias=term(args.bias, args.bias_index, args.bias_kind),
         gate=term(args.gate, args.gate_index, args.gate_kind),
-        attn_mask=args.attn_mask, key_padding_mask=args.key_padding_mask,
-        is_causal=args.is_causal, normalization=args.normalization, scale=args.scale,
-        dropout_p=args.dropout_p, dropout_seed=args.dropout_seed,
-    )  # fmt: skip
+        attn_mask=args.attn_mask,
+        key_padding_mask=args.key_padding_mask,
+        is_causal=args.is_causal,
+        normalization=args.normalization,
+        scale=args.scale,
+        dropout_p=args.dropout_p,
+        dropout_seed=args.dropout_seed,
+    )
 
 
 def _toy_forward(args: ForwardArgs):

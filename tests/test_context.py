@@ -68,8 +68,9 @@ def test_shared_terms_give_the_same_result_and_gradients_as_per_layer_terms():
         layer.mixer.position.term_key = layer.mixer.gate.term_key = None
     again = model(tokens)
     torch.testing.assert_close(again, out)
-    for g, w in zip(torch.autograd.grad(again.square().sum(), list(model.parameters())), grads,
-                    strict=True):  # fmt: skip
+    for g, w in zip(
+        torch.autograd.grad(again.square().sum(), list(model.parameters())), grads, strict=True
+    ):
         torch.testing.assert_close(g, w)
 
 
@@ -88,8 +89,9 @@ def test_positions_are_shape_checked_once_per_forward(monkeypatch):
 
 
 def test_a_context_equals_the_per_call_keywords():
-    mha = urpe.MultiheadAttention(8, 2, position=urpe.RelativeBias(2, 4),
-                                  gate=urpe.ToeplitzGate(2, 4)).double()  # fmt: skip
+    mha = urpe.MultiheadAttention(
+        8, 2, position=urpe.RelativeBias(2, 4), gate=urpe.ToeplitzGate(2, 4)
+    ).double()
     x = torch.randn(2, 5, 8, **F64)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     positions = urpe.Positions.from_padding(pad)
@@ -109,8 +111,12 @@ def test_memory_is_past_keys_from_memory():
     mha = urpe.MultiheadAttention(8, 2, position=urpe.RotaryEncoding(4)).double()
     x, memory = torch.randn(2, 3, 8, **F64), torch.randn(2, 4, 8, **F64)
     pad = torch.tensor([[True, False, False, False], [False] * 4])
-    want = mha(x, memory=memory, key_padding_mask=torch.cat([pad, torch.zeros(2, 3).bool()], 1),
-               is_causal=True)  # fmt: skip
+    want = mha(
+        x,
+        memory=memory,
+        key_padding_mask=torch.cat([pad, torch.zeros(2, 3).bool()], 1),
+        is_causal=True,
+    )
     past = KVCache.from_memory(mha, memory, padding=pad)
     assert past.length == 4 and past.padding.tolist() == pad.tolist()
     got = mha(x, context=AttentionContext(is_causal=True), past=past)

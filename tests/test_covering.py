@@ -10,8 +10,15 @@ import pytest
 
 from urpe.bench.covering import all_combinations, covered, covering_rows
 
-FACTORS = dict(a=(0, 1, 2, 3), b=("x", "y", "z"), c=(False, True), d=(False, True),
-               e=(1, 2, 16), f=(False, True), g=("p", "q", "r", "s"))  # fmt: skip
+FACTORS = dict(
+    a=(0, 1, 2, 3),
+    b=("x", "y", "z"),
+    c=(False, True),
+    d=(False, True),
+    e=(1, 2, 16),
+    f=(False, True),
+    g=("p", "q", "r", "s"),
+)
 
 
 @pytest.mark.parametrize("strength", [1, 2, 3])

@@ -44,8 +44,9 @@ def _cpp(**tiles):
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
 @pytest.mark.parametrize("terms", TERMS[1:4], ids=lambda t: f"{t[0]}-{t[1]}")
 def test_default_tiles_match_reference(normalization, terms):
-    check_against_reference(cpp_attention, (2, 3, 70, 600, 16), "causal+padding", terms,
-                            normalization)  # fmt: skip
+    check_against_reference(
+        cpp_attention, (2, 3, 70, 600, 16), "causal+padding", terms, normalization
+    )
 
 
 def test_dropout_is_the_reference_dropout():
@@ -132,10 +133,12 @@ def test_exp_is_within_one_ulp():
     """The tile loops' float32 exp: exact at -inf, inf and nan, within one ulp (float32's eps,
     relative) of the exact value over the range where float32 has normal results, 0 beneath
     it; float64 uses the C library's exp."""
-    x = torch.cat([
-        torch.linspace(-87.3, 88.7, 200_001),
-        torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.72, -87.33]),
-    ])  # fmt: skip
+    x = torch.cat(
+        [
+            torch.linspace(-87.3, 88.7, 200_001),
+            torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.72, -87.33]),
+        ]
+    )
     got = torch.ops.urpe_cpp.exp_values(x).double()
     want = torch.exp(x.double())
     ulp = torch.finfo(torch.float32).eps * want
@@ -211,8 +214,9 @@ def _run_without(env_changes: dict, tmp_path) -> str:
     env = dict(
         os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), URPE_KERNEL_CACHE_DIR="", **env_changes
     )
-    result = subprocess.run([sys.executable, "-c", _WITHOUT_IT], env=env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_IT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -234,8 +238,9 @@ def test_switched_off_it_stays_quiet_and_auto_runs_blockwise(tmp_path):
 
 def test_another_process_loads_the_built_library_without_compiling():
     code = "from urpe.kernels.cpp import unavailable; print('LOADED', unavailable() is None)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
     assert "LOADED True" in result.stdout, result.stderr[-2000:]
     assert "compiling" not in result.stderr
 
@@ -291,8 +296,9 @@ torch.testing.assert_close(got, reference_attention(q, q, q, gate=gate, is_causa
 print("PLAIN OK")
 """
     env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path), URPE_KERNEL_CACHE_DIR="")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert "PLAIN OK" in result.stdout, result.stderr[-3000:]
 
 

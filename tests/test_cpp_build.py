@@ -49,8 +49,9 @@ def probe(tmp_path: Path, timeout: float = 60, **env: str) -> tuple[str, str]:
     """Run PROBE with the cache in tmp_path/cache; (stdout, stderr). Fails if it hangs."""
     full = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), URPE_KERNEL_CACHE_DIR="", **env)
     try:
-        done = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the first attention call still hung after {timeout} s")
     assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-3000:]}"
@@ -154,8 +155,11 @@ with toolchain.build_lock(Path(sys.argv[1]), 5, print):
 
 
 def _hold(lock: Path) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), toolchain.__file__],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock), toolchain.__file__],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "HELD"
     return holder
 
@@ -249,11 +253,18 @@ def test_a_packaged_kernel_comes_first_where_it_fits(tmp_path, built_library, ca
         os.truncate(library, library.stat().st_size // 2)
     (tmp_path / "empty").mkdir()
     code = PACKAGED + "print('LOADED', build.loaded())\n"
-    done = subprocess.run([sys.executable, "-c", code, str(library), str(tmp_path / "kernel.json")],
-                          env=dict(os.environ, PATH=str(tmp_path / "empty"),
-                                   URPE_CACHE_DIR=str(tmp_path / "cache"),
-                                   URPE_KERNEL_CACHE_DIR=""),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(library), str(tmp_path / "kernel.json")],
+        env=dict(
+            os.environ,
+            PATH=str(tmp_path / "empty"),
+            URPE_CACHE_DIR=str(tmp_path / "cache"),
+            URPE_KERNEL_CACHE_DIR="",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("urpe: not loading")]
     if case == "fits":
@@ -318,11 +329,20 @@ def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path,
     """Not once per worker (each used to compile or wait on its own, and say so in its own
     stderr): a parallel sweep builds it before it starts its workers, and says why it cannot.
     The line goes above the progress bar, not after it."""
-    env = dict(os.environ, URPE_CACHE_DIR=str(tmp_path / "cache"), URPE_KERNEL_CACHE_DIR="",
-               CXX=fake_compiler(tmp_path, "exit 1"))  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", SWEEP, str(tmp_path / "out"), str(jobs)],
-                          env=env, cwd=Path(__file__).parents[1], capture_output=True,
-                          text=True, timeout=180)  # fmt: skip
+    env = dict(
+        os.environ,
+        URPE_CACHE_DIR=str(tmp_path / "cache"),
+        URPE_KERNEL_CACHE_DIR="",
+        CXX=fake_compiler(tmp_path, "exit 1"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SWEEP, str(tmp_path / "out"), str(jobs)],
+        env=env,
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert "TRAINED 3" in done.stdout, done.stderr[-3000:]
     lines = done.stderr.replace("\r", "\n").splitlines()
     compiling = [line for line in lines if "urpe: compiling the C++ CPU" in line]

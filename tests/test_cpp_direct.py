@@ -145,9 +145,11 @@ def _compiled_calls(fn):
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend=counter)
     return compiled, lambda: [
-        str(node.target) for graph in counter.graphs for node in graph.graph.nodes
+        str(node.target)
+        for graph in counter.graphs
+        for node in graph.graph.nodes
         if node.op == "call_function"
-    ]  # fmt: skip
+    ]
 
 
 def test_under_compile_a_call_without_gradients_is_one_opaque_op_that_keeps_the_rule():
@@ -166,8 +168,9 @@ def test_under_compile_a_call_without_gradients_is_one_opaque_op_that_keeps_the_
                 k[0, 1, 0, 0] = float("nan")
                 v[1, 2, 1, 3] = float("inf")
             out = compiled(q, k, v, table, pad)
-            want = attention(q, k, v, gate=Toeplitz(table), key_padding_mask=pad,
-                             backend="reference")  # fmt: skip
+            want = attention(
+                q, k, v, gate=Toeplitz(table), key_padding_mask=pad, backend="reference"
+            )
             torch.testing.assert_close(out, want)
             assert out.isfinite().all()
     called = ops()

@@ -83,8 +83,10 @@ BAD_CALLS = {
     "v length": ("forward", dict(v=torch.zeros(B, HKV, LK + 5, DV, **F64))),
     "v heads": ("forward", dict(v=torch.zeros(B, 1, LK, DV, **F64))),
     "k head dim": ("forward", dict(k=torch.zeros(B, HKV, LK, D + 1, **F64))),
-    "heads not a multiple": ("forward", dict(k=torch.zeros(B, 3, LK, D, **F64),
-                                             v=torch.zeros(B, 3, LK, DV, **F64))),
+    "heads not a multiple": (
+        "forward",
+        dict(k=torch.zeros(B, 3, LK, D, **F64), v=torch.zeros(B, 3, LK, DV, **F64)),
+    ),
     "q rank": ("forward", dict(q=torch.zeros(H, LQ, D, **F64))),
     "q strided": ("forward", dict(q=torch.zeros(B, H, D, LQ, **F64).transpose(2, 3))),
     "q dtype": ("forward", dict(q=torch.zeros(B, H, LQ, D))),
@@ -92,10 +94,11 @@ BAD_CALLS = {
     "relation index too large": ("forward", dict(bias_index=_index(R))),
     "relation index far too large": ("forward", dict(bias_index=_index(10**9))),
     "relation index negative": ("forward", dict(bias_index=_index(-1))),
-    "relation index shape": ("forward", dict(bias_index=torch.zeros(1, LQ, LK + 1,
-                                                                    dtype=torch.int64))),
-    "relation index dtype": ("forward", dict(bias_index=torch.zeros(1, LQ, LK,
-                                                                    dtype=torch.int32))),
+    "relation index shape": (
+        "forward",
+        dict(bias_index=torch.zeros(1, LQ, LK + 1, dtype=torch.int64)),
+    ),
+    "relation index dtype": ("forward", dict(bias_index=torch.zeros(1, LQ, LK, dtype=torch.int32))),
     "relation without index": ("forward", dict(bias_index=None)),
     "table heads": ("forward", dict(bias=torch.zeros(3, R, **F64))),
     "table dtype": ("forward", dict(bias=torch.zeros(H, R))),
@@ -103,13 +106,16 @@ BAD_CALLS = {
     "toeplitz heads": ("forward", dict(gate=torch.zeros(H + 1, LQ + LK - 1 + LANES, **F64))),
     "kind without tensor": ("forward", dict(gate=None)),
     "unknown kind": ("forward", dict(gate_kind=7)),
-    "dense term shape": ("forward", dict(gate_kind=KINDS["dense"],
-                                         gate=torch.zeros(B, H, LQ, LK + 1, **F64))),
-    "dense term rank": ("forward", dict(gate_kind=KINDS["dense"],
-                                        gate=torch.zeros(H, LQ, LK, **F64))),
+    "dense term shape": (
+        "forward",
+        dict(gate_kind=KINDS["dense"], gate=torch.zeros(B, H, LQ, LK + 1, **F64)),
+    ),
+    "dense term rank": (
+        "forward",
+        dict(gate_kind=KINDS["dense"], gate=torch.zeros(H, LQ, LK, **F64)),
+    ),
     "float mask shape": ("forward", dict(float_mask=torch.zeros(1, 1, LQ + 2, LK, **F64))),
-    "bool mask shape": ("forward", dict(bool_mask=torch.ones(1, H + 1, LQ, LK,
-                                                             dtype=torch.bool))),
+    "bool mask shape": ("forward", dict(bool_mask=torch.ones(1, H + 1, LQ, LK, dtype=torch.bool))),
     "bool mask dtype": ("forward", dict(bool_mask=torch.ones(1, 1, LQ, LK, dtype=torch.uint8))),
     "key padding length": ("forward", dict(key_padding=torch.zeros(B, LK + 3, dtype=torch.bool))),
     "key padding batch": ("forward", dict(key_padding=torch.zeros(B + 1, LK, dtype=torch.bool))),
@@ -117,8 +123,10 @@ BAD_CALLS = {
     "documents length": ("forward", dict(documents=torch.zeros(B, LK + 1, dtype=torch.int64))),
     "documents dtype": ("forward", dict(documents=torch.zeros(B, LK, dtype=torch.int32))),
     "documents strided": ("forward", dict(documents=torch.zeros(LK, B, dtype=torch.int64).t())),
-    "decay shape": ("forward", dict(bias_kind=KINDS["decay"],
-                                    bias=torch.zeros(B, H, LK + 1, **F64))),
+    "decay shape": (
+        "forward",
+        dict(bias_kind=KINDS["decay"], bias=torch.zeros(B, H, LK + 1, **F64)),
+    ),
     "decay rank": ("forward", dict(bias_kind=KINDS["decay"], bias=torch.zeros(H, LK, **F64))),
     "statistic missing": ("forward", dict(fixed=None)),
     "statistic size": ("forward", dict(fixed=torch.ones(B, H, LQ - 1, **F64))),
@@ -136,7 +144,7 @@ BAD_CALLS = {
     "backward grad_out dtype": ("backward", dict(grad_out=torch.zeros(B, H, LQ, DV))),
     "backward stat size": ("backward", dict(stat=torch.zeros(B, H, **F64))),
     "backward delta dtype": ("backward", dict(delta=torch.zeros(B, H, LQ))),
-}  # fmt: skip
+}
 
 
 def run_calls(names) -> None:
@@ -170,8 +178,12 @@ def outcomes() -> dict:
     while len(found) < len(ALL_CALLS):
         result = subprocess.run(
             [sys.executable, "-m", "tests.test_cpp_raw_ops", str(len(found))],
-            cwd=root, capture_output=True, text=True, timeout=600, env=dict(os.environ),
-        )  # fmt: skip
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ),
+        )
         for line in result.stdout.splitlines():
             record = json.loads(line)
             found[record["name"]] = (record["outcome"], record["message"])

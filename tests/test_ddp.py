@@ -21,14 +21,28 @@ def _close(a, b, tolerance):
     # Key biases are skipped: adding q.b to every logit of a softmax row changes nothing, so
     # their true gradient is 0 and Adam scales float rounding noise up to lr-sized steps.
     names = [k for k in a if not k.endswith("k_proj.bias")]
-    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=tolerance, rtol=0)
-                                        for k in names)  # fmt: skip
+    return a.keys() == b.keys() and all(
+        torch.allclose(a[k], b[k], atol=tolerance, rtol=0) for k in names
+    )
 
 
 def test_two_ddp_ranks_match_each_other_and_a_single_process(tmp_path):
     ddp, single, accumulated = tmp_path / "ddp", tmp_path / "single", tmp_path / "accumulated"
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-          str(SCRIPT), str(ddp), "2", "1"], cwd=tmp_path)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPT),
+            str(ddp),
+            "2",
+            "1",
+        ],
+        cwd=tmp_path,
+    )
     _run([sys.executable, str(SCRIPT), str(single), "1", "1"], cwd=tmp_path)
     _run([sys.executable, str(SCRIPT), str(accumulated), "1", "2"], cwd=tmp_path)
     rank0, rank1 = (load_weights(ddp / f"rank{r}.safetensors") for r in (0, 1))

@@ -41,13 +41,18 @@ def recorder():
         return BACKENDS["reference"].run(spec)
 
     high = Backend(
-        "test-high", run, lambda s: None if s.normalization == "l2" else "only l2",
+        "test-high",
+        run,
+        lambda s: None if s.normalization == "l2" else "only l2",
         priority=1000,
-    )  # fmt: skip
+    )
     deferring = Backend(
-        "test-defers", run, lambda s: None, priority=999,
+        "test-defers",
+        run,
+        lambda s: None,
+        priority=999,
         defers=lambda s: "passes causal calls on" if s.is_causal else None,
-    )  # fmt: skip
+    )
     with registered(register_backend, high), registered(register_backend, deferring):
         yield seen
 
@@ -88,9 +93,15 @@ def test_the_backend_receives_one_resolved_spec(recorder):
     index = torch.randint(0, 4, (3, 4))
     mask = torch.rand(3, 4) < 0.7
     out = attention(
-        q, k, v, attn_mask=mask, bias=Toeplitz(table), gate=Relation(torch.rand(1, 4), index),
-        normalization="l2", backend="test-high",
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        bias=Toeplitz(table),
+        gate=Relation(torch.rand(1, 4), index),
+        normalization="l2",
+        backend="test-high",
+    )
     spec = recorder[-1]
     assert out.shape == (3, 2, 2, 3, 8)
     assert spec.q.shape == (6, 2, 3, 8) and spec.batch_shape == (3, 2)

@@ -20,8 +20,13 @@ IDS = [f"{page}[{index}]" for page, index, _ in BLOCKS]
 
 def test_the_pages_with_examples_are_found():
     pages = {page for page, _, _ in BLOCKS}
-    assert pages >= {"README.md", "docs/getting-started.md", "docs/guides/attention.md",
-                     "docs/guides/models.md", "docs/guides/huggingface.md"}, pages  # fmt: skip
+    assert pages >= {
+        "README.md",
+        "docs/getting-started.md",
+        "docs/guides/attention.md",
+        "docs/guides/models.md",
+        "docs/guides/huggingface.md",
+    }, pages
 
 
 @pytest.mark.parametrize(("page", "index", "code"), BLOCKS, ids=IDS)

@@ -33,18 +33,32 @@ def _one_core() -> None:
 def test_quick_start_block_runs(index, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, command in (("urpe", f'exec "{sys.executable}" -m urpe "$@"'),
-                          ("python", f'exec "{sys.executable}" "$@"')):  # fmt: skip
+    for name, command in (
+        ("urpe", f'exec "{sys.executable}" -m urpe "$@"'),
+        ("python", f'exec "{sys.executable}" "$@"'),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{command}\n")
         (bin_dir / name).chmod(0o755)
     src = str(Path(__file__).resolve().parents[1] / "src")
     path = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-           "URPE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": path}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "URPE_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": path,
+    }
     work = tmp_path / "work"
     work.mkdir()
-    done = subprocess.run(["bash", "-e", "-c", BLOCKS[index]], cwd=work, env=env, text=True,
-                          capture_output=True, timeout=600, preexec_fn=_one_core)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-e", "-c", BLOCKS[index]],
+        cwd=work,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        preexec_fn=_one_core,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     if index == 0:

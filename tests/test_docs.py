@@ -12,19 +12,42 @@ pytest.importorskip("sphinx", reason="the docs extra: pip install 'urpe[docs]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 # The packages of the API reference whose __all__ it must cover (docs/api/*.rst).
-DOCUMENTED = ["urpe.kernels", "urpe.encodings", "urpe.nn", "urpe.models", "urpe.hf",
-              "urpe.graph", "urpe.data.text", "urpe.data.molecules", "urpe.tasks",
-              "urpe.training"]  # fmt: skip
+DOCUMENTED = [
+    "urpe.kernels",
+    "urpe.encodings",
+    "urpe.nn",
+    "urpe.models",
+    "urpe.hf",
+    "urpe.graph",
+    "urpe.data.text",
+    "urpe.data.molecules",
+    "urpe.tasks",
+    "urpe.training",
+]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("docs")
     done = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html",
-         str(ROOT / "docs"), str(out)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-n",
+            "-E",
+            "-q",
+            "-b",
+            "html",
+            str(ROOT / "docs"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     return out
 
@@ -43,9 +66,12 @@ def test_the_api_reference_documents_every_public_name(built):
     import urpe
 
     documented = _inventory(built)
-    missing = [f"{package}.{name}" for package in DOCUMENTED
-               for name in importlib.import_module(package).__all__
-               if f"{package}.{name}" not in documented]  # fmt: skip
+    missing = [
+        f"{package}.{name}"
+        for package in DOCUMENTED
+        for name in importlib.import_module(package).__all__
+        if f"{package}.{name}" not in documented
+    ]
     assert missing == []
     namespace = (built / "api" / "urpe.html").read_text()
     sys.path.insert(0, str(ROOT / "docs" / "_ext"))

@@ -10,10 +10,35 @@ import torch
 
 from urpe.cli import main
 
-FLAGS = ["--tasks", "etp", "--variants", "urpe", "--seq-len", "8", "--steps", "40",
-         "--batch-size", "16", "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32",
-         "--eval-sequences", "64", "--no-progress", "--jobs", "1", "--threads", "1",
-         "--checkpoint-every", "0"]  # fmt: skip
+FLAGS = [
+    "--tasks",
+    "etp",
+    "--variants",
+    "urpe",
+    "--seq-len",
+    "8",
+    "--steps",
+    "40",
+    "--batch-size",
+    "16",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "32",
+    "--eval-sequences",
+    "64",
+    "--no-progress",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +56,10 @@ def test_evaluate_reproduces_the_recorded_accuracy(synthetic_run, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["kind"] == "synthetic" and result["task"] == "etp"
     assert result["accuracy"] == pytest.approx(record["result"]["accuracy"], abs=1e-6)
-    assert main(["evaluate", str(out), "etp", "--seed", "5", "--sequences", "32",
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(["evaluate", str(out), "etp", "--seed", "5", "--sequences", "32", "--no-progress"])
+        == 0
+    )
     line = capsys.readouterr().out.strip()
     assert line.startswith("accuracy ") and "32 etp sequences (seed 5" in line
 
@@ -79,8 +106,21 @@ def test_save_model_round_trips_a_language_model_with_its_tokenizer(tmp_path, ca
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "lm"), str(text), "--json", "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["bpc"] == pytest.approx(score["bpc"])
-    assert main(["generate", str(tmp_path / "lm"), "--prompt", "ab", "--max-new-tokens", "4",
-                 "--temperature", "0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                str(tmp_path / "lm"),
+                "--prompt",
+                "ab",
+                "--max-new-tokens",
+                "4",
+                "--temperature",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == "ab" + loaded.generate("ab", 4, temperature=0) + "\n"
     loaded.save(tmp_path / "again")  # a bundle saves with its tokenizer
     assert isinstance(load_model(tmp_path / "again"), TextModel)

@@ -28,15 +28,28 @@ class ToyPreset(Preset):
     precision: str = "32-true"
 
 
-PRESETS = {"quick": ToyPreset(("double", "triple"), (0, 1), 10, 2, 1),
-           "paper": ToyPreset(("double",), (0,), 100, 40, 5, precision="16-mixed")}  # fmt: skip
+PRESETS = {
+    "quick": ToyPreset(("double", "triple"), (0, 1), 10, 2, 1),
+    "paper": ToyPreset(("double",), (0,), 100, 40, 5, precision="16-mixed"),
+}
 FACTORS = {"double": 2, "triple": 3}
 
 
 def plan(settings: ToyPreset, precision: str, progress: bool = False) -> list[RunSpec]:
-    return [RunSpec(f"{v}-seed{s}", {"experiment": "toy", "variant": v, "seed": s,
-                                     "scale": settings.scale, "precision": precision})
-            for v in settings.variants for s in settings.seeds]  # fmt: skip
+    return [
+        RunSpec(
+            f"{v}-seed{s}",
+            {
+                "experiment": "toy",
+                "variant": v,
+                "seed": s,
+                "scale": settings.scale,
+                "precision": precision,
+            },
+        )
+        for v in settings.variants
+        for s in settings.seeds
+    ]
 
 
 def run_one(config: dict, context) -> RunResult:
@@ -56,13 +69,28 @@ def check(settings: ToyPreset) -> None:
 
 
 TOY = Experiment(
-    name="toy", presets=PRESETS, plan=plan, run_one=run_one, report=report, check=check,
-    describe=lambda record: f"value {record['result']['value']}", sweep=("variants", "seeds"),
-    variants=Option(("--variants",), "variants", "comma-separated ({presets})",
-                    lambda text: tuple(text.split(",")), names=Names("variant", FACTORS)),
-    options=(SEEDS, STEPS, WARMUP,
-             Option(("--scale",), "scale", "a factor ({presets})", positive_int)),
-)  # fmt: skip
+    name="toy",
+    presets=PRESETS,
+    plan=plan,
+    run_one=run_one,
+    report=report,
+    check=check,
+    describe=lambda record: f"value {record['result']['value']}",
+    sweep=("variants", "seeds"),
+    variants=Option(
+        ("--variants",),
+        "variants",
+        "comma-separated ({presets})",
+        lambda text: tuple(text.split(",")),
+        names=Names("variant", FACTORS),
+    ),
+    options=(
+        SEEDS,
+        STEPS,
+        WARMUP,
+        Option(("--scale",), "scale", "a factor ({presets})", positive_int),
+    ),
+)
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -86,12 +114,17 @@ def test_the_warmup_keeps_its_share_when_only_the_steps_change():
     assert resolve(TOY, _args("--steps", "30", "--warmup", "1")).warmup == 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--variants", "double,quadruple"], "argument --variants: unknown variant quadruple; "
-                                         "choose from double, triple"),
-    (["--steps", "5", "--warmup", "6"], "argument --warmup: 6 exceeds --steps 5"),
-    (["--scale", "51"], "argument --scale: too large"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--variants", "double,quadruple"],
+            "argument --variants: unknown variant quadruple; choose from double, triple",
+        ),
+        (["--steps", "5", "--warmup", "6"], "argument --warmup: 6 exceeds --steps 5"),
+        (["--scale", "51"], "argument --scale: too large"),
+    ],
+)
 def test_checks_name_the_flag(argv, message):
     with pytest.raises(UsageError) as error:
         resolve(TOY, _args(*argv))
@@ -99,8 +132,17 @@ def test_checks_name_the_flag(argv, message):
 
 
 def test_a_toy_reproduction_runs_resumes_and_reports(tmp_path, capsys):
-    flags = ("--out", str(tmp_path), "--jobs", "1", "--threads", "1", "--no-progress",
-             "--accelerator", "cpu")  # fmt: skip
+    flags = (
+        "--out",
+        str(tmp_path),
+        "--jobs",
+        "1",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--accelerator",
+        "cpu",
+    )
     assert TOY.run(_args(*flags)) == 0
     out = capsys.readouterr()
     assert "values [2, 3, 3, 4]" in out.out and "double-seed1: value 3" in out.err

@@ -57,8 +57,9 @@ def test_graphs_keeps_rdkit_quiet_and_marks_what_it_cannot_read(capfd):
 
 
 def test_a_dataset_is_made_by_its_featurizer_and_keeps_it(tmp_path):
-    data = load_molecules("moses-plogp", sizes=(12, 4, 4), max_distance=6, cache_dir=tmp_path,
-                          progress=False)  # fmt: skip
+    data = load_molecules(
+        "moses-plogp", sizes=(12, 4, 4), max_distance=6, cache_dir=tmp_path, progress=False
+    )
     assert data.featurizer == MoleculeFeaturizer("zinc", max_distance=6)
     assert data.features == "zinc" and data.feature_spec == data.featurizer.spec
     for graph in data.val:

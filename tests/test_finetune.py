@@ -19,16 +19,37 @@ from urpe.experiments.command import resolve
 from urpe.experiments.finetune.data import DataError, load_tokens, tokenizer_source
 from urpe.experiments.finetune.experiment import EXPERIMENT, plan
 
-SMALL = ["--steps", "6", "--warmup", "1", "--segment-length", "16", "--batch-size", "4", "--lr",
-         "1e-2", "--factors", "1,2", "--eval-tokens", "256", "--val-every", "3"]  # fmt: skip
+SMALL = [
+    "--steps",
+    "6",
+    "--warmup",
+    "1",
+    "--segment-length",
+    "16",
+    "--batch-size",
+    "4",
+    "--lr",
+    "1e-2",
+    "--factors",
+    "1,2",
+    "--eval-tokens",
+    "256",
+    "--val-every",
+    "3",
+]
 QUIET = ["--jobs", "1", "--threads", "1", "--accelerator", "cpu", "--no-progress"]
 
 
 def save_llama(folder: Path, seed: int = 0, vocab: int = 256) -> Path:
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     return folder
@@ -54,8 +75,20 @@ def _data(workspace: Path) -> list[str]:
 
 def test_two_variants_train_report_and_resume(workspace, capsys):
     out = workspace / "out"
-    argv = ["finetune", "--model", str(workspace / "llama"), *_data(workspace), "--variants",
-            "base,urpe", "--seeds", "0", *SMALL, *QUIET, "--out", str(out)]  # fmt: skip
+    argv = [
+        "finetune",
+        "--model",
+        str(workspace / "llama"),
+        *_data(workspace),
+        "--variants",
+        "base,urpe",
+        "--seeds",
+        "0",
+        *SMALL,
+        *QUIET,
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     for name in ("results.md", "results.json", "curves.png", "extrapolation.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
@@ -98,20 +131,35 @@ def test_the_other_variants(workspace, tmp_path):
     """A shared gate (one set of parameters under the model), bucketed gates, and gates trained
     on a frozen model (every other weight as saved)."""
     out = tmp_path / "out"
-    argv = ["finetune", "--model", str(workspace / "llama"), *_data(workspace), "--variants",
-            "urpe-shared,urpe-buckets,urpe-gates-only", *SMALL, "--steps", "3", *QUIET,
-            "--factors", "1", "--out", str(out)]  # fmt: skip
+    argv = [
+        "finetune",
+        "--model",
+        str(workspace / "llama"),
+        *_data(workspace),
+        "--variants",
+        "urpe-shared,urpe-buckets,urpe-gates-only",
+        *SMALL,
+        "--steps",
+        "3",
+        *QUIET,
+        "--factors",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     results = {r["variant"]: r["record"] for r in json.loads((out / "results.json").read_text())}
-    shared, buckets, frozen = (results[v]["result"] for v in
-                               ("urpe-shared", "urpe-buckets", "urpe-gates-only"))  # fmt: skip
+    shared, buckets, frozen = (
+        results[v]["result"] for v in ("urpe-shared", "urpe-buckets", "urpe-gates-only")
+    )
     assert shared["gate_params"] == 4 * 127  # one gate: 4 heads x offsets -63..63
     assert buckets["gate_params"] == 2 * 4 * 32  # 2 layers x 4 heads x 32 buckets
     assert frozen["trained_params"] == frozen["gate_params"] == 2 * 4 * 127
     assert min(r["gate_max_change"] for r in (shared, buckets, frozen)) > 1e-4
     original = transformers.LlamaForCausalLM.from_pretrained(workspace / "llama")
-    tuned = urpe.hf.from_pretrained(out / "runs" / results["urpe-gates-only"]["id"] / "model",
-                                    transformers.AutoModelForCausalLM)  # fmt: skip
+    tuned = urpe.hf.from_pretrained(
+        out / "runs" / results["urpe-gates-only"]["id"] / "model", transformers.AutoModelForCausalLM
+    )
     weights = dict(tuned.named_parameters())
     for name, parameter in original.named_parameters():
         torch.testing.assert_close(weights[name], parameter, rtol=0, atol=0)
@@ -156,17 +204,26 @@ def _broken_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     (no_weights / "config.json").write_text(json.dumps({"model_type": "llama"}))
     t5 = tmp_path / "t5"
     t5.mkdir()
-    transformers.T5Config(d_model=8, num_layers=1, num_heads=2, d_kv=4, d_ff=8,
-                          vocab_size=32).save_pretrained(t5)  # fmt: skip
+    transformers.T5Config(
+        d_model=8, num_layers=1, num_heads=2, d_kv=4, d_ff=8, vocab_size=32
+    ).save_pretrained(t5)
     (t5 / "model.safetensors").write_bytes(b"")
     mamba = tmp_path / "mamba"  # a causal LM without attention: nothing to gate
-    transformers.MambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
-                             state_size=4).save_pretrained(mamba)  # fmt: skip
+    transformers.MambaConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4
+    ).save_pretrained(mamba)
     (mamba / "model.safetensors").write_bytes(b"")  # never read: refused before loading
     gated = tmp_path / "gated"
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, max_position_embeddings=32))  # fmt: skip
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=16,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+        )
+    )
     model.set_attn_implementation("sdpa")
     urpe.hf.add_urpe(model).save_pretrained(gated)
     return {
@@ -183,8 +240,16 @@ def test_bad_model_folders_are_one_line_errors(workspace, tmp_path, capsys):
     folders = _broken_folders(tmp_path)
     capsys.readouterr()  # transformers' own progress bars while saving them
     for case, (folder, message) in folders.items():
-        argv = ["finetune", "--model", str(folder), *_data(workspace), *SMALL, *QUIET,
-                "--out", str(tmp_path / "out")]  # fmt: skip
+        argv = [
+            "finetune",
+            "--model",
+            str(folder),
+            *_data(workspace),
+            *SMALL,
+            *QUIET,
+            "--out",
+            str(tmp_path / "out"),
+        ]
         assert main(argv) == 2, case
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "urpe finetune: error: argument --model" in err
@@ -195,8 +260,19 @@ def test_bad_model_folders_are_one_line_errors(workspace, tmp_path, capsys):
 
 def test_a_tokenizer_that_does_not_fit_the_vocabulary_is_one_error(workspace, tmp_path, capsys):
     small = save_llama(tmp_path / "small", vocab=32)  # the play has more than 32 characters
-    argv = ["finetune", "--model", str(small), "--dataset", f"text:{workspace / 'play.txt'}",
-            "--tokenizer", "char", *SMALL, *QUIET, "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "finetune",
+        "--model",
+        str(small),
+        "--dataset",
+        f"text:{workspace / 'play.txt'}",
+        "--tokenizer",
+        "char",
+        *SMALL,
+        *QUIET,
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "argument --dataset: the urpe char tokenizer (the model folder has none) has" in err
@@ -239,8 +315,13 @@ def test_the_gates_have_their_own_learning_rate_and_frozen_weights_no_optimiser_
     from urpe.experiments.finetune.objective import FineTuningLM
     from urpe.training.optim import OptimConfig
 
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=16,
-                                      num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
     model = transformers.LlamaForCausalLM(config)
     model.set_attn_implementation("sdpa")
     wrapped = HuggingFaceLM(urpe.hf.add_urpe(model), 8)
@@ -261,9 +342,23 @@ def test_pack_trains_on_packed_rows_with_the_unpacked_losses(workspace, tmp_path
     results = {}
     for packed in (False, True):
         out = tmp_path / ("packed" if packed else "rows")
-        argv = ["finetune", "--model", str(workspace / "llama"), *_data(workspace), "--variants",
-                "base,urpe", *SMALL, "--steps", "3", "--factors", "1", *QUIET, "--out", str(out),
-                *(["--pack"] if packed else [])]  # fmt: skip
+        argv = [
+            "finetune",
+            "--model",
+            str(workspace / "llama"),
+            *_data(workspace),
+            "--variants",
+            "base,urpe",
+            *SMALL,
+            "--steps",
+            "3",
+            "--factors",
+            "1",
+            *QUIET,
+            "--out",
+            str(out),
+            *(["--pack"] if packed else []),
+        ]
         assert main(argv) == 0
         rows = json.loads((out / "results.json").read_text())
         results[packed] = {row["variant"]: row["record"] for row in rows}

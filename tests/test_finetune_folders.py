@@ -17,11 +17,31 @@ import urpe.training.lm
 from urpe.cli import main
 from urpe.data.text.shakespeare import convert_play, play_files
 
-SMALL = ["--steps", "2", "--warmup", "1", "--segment-length", "16", "--batch-size", "2", "--lr",
-         "1e-2", "--eval-tokens", "128", "--val-every", "2"]  # fmt: skip
+SMALL = [
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--segment-length",
+    "16",
+    "--batch-size",
+    "2",
+    "--lr",
+    "1e-2",
+    "--eval-tokens",
+    "128",
+    "--val-every",
+    "2",
+]
 QUIET = ["--jobs", "1", "--threads", "1", "--accelerator", "cpu", "--no-progress"]
-TINY_BERT = dict(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                 num_attention_heads=2, max_position_embeddings=64)  # fmt: skip
+TINY_BERT = dict(
+    vocab_size=256,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +61,20 @@ def _cache(play, monkeypatch):
 
 
 def _argv(folder: Path, play: Path, out: Path, *extra: str) -> list[str]:
-    return ["finetune", "--model", str(folder), "--dataset", f"text:{play}", "--tokenizer",
-            "byte", *SMALL, *QUIET, "--out", str(out), *extra]  # fmt: skip
+    return [
+        "finetune",
+        "--model",
+        str(folder),
+        "--dataset",
+        f"text:{play}",
+        "--tokenizer",
+        "byte",
+        *SMALL,
+        *QUIET,
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _save(model: torch.nn.Module, folder: Path) -> Path:
@@ -52,8 +84,9 @@ def _save(model: torch.nn.Module, folder: Path) -> Path:
 
 def test_a_masked_lm_folder_is_refused_before_training(play, tmp_path, capsys):
     torch.manual_seed(0)
-    bert = _save(transformers.BertForMaskedLM(transformers.BertConfig(**TINY_BERT)),
-                 tmp_path / "bert")  # fmt: skip
+    bert = _save(
+        transformers.BertForMaskedLM(transformers.BertConfig(**TINY_BERT)), tmp_path / "bert"
+    )
     capsys.readouterr()
     assert main(_argv(bert, play, tmp_path / "out", "--variants", "base", "--factors", "1")) == 2
     err = capsys.readouterr().err.strip()
@@ -69,16 +102,21 @@ def test_a_masked_lm_folder_is_refused_before_training(play, tmp_path, capsys):
 
 
 def _opt(folder: Path) -> Path:
-    config = transformers.OPTConfig(vocab_size=256, hidden_size=16, ffn_dim=32, num_hidden_layers=1,
-                                    num_attention_heads=2, word_embed_proj_dim=16,
-                                    max_position_embeddings=32)  # fmt: skip
+    config = transformers.OPTConfig(
+        vocab_size=256,
+        hidden_size=16,
+        ffn_dim=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        word_embed_proj_dim=16,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(0)
     return _save(transformers.OPTForCausalLM(config), folder)
 
 
 def _gpt2(folder: Path) -> Path:
-    config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=16, n_layer=1,
-                                     n_head=2)  # fmt: skip
+    config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=16, n_layer=1, n_head=2)
     torch.manual_seed(0)
     return _save(transformers.GPT2LMHeadModel(config), folder)
 
@@ -111,9 +149,14 @@ def test_a_failing_report_step_keeps_the_trained_run(play, tmp_path, monkeypatch
 
     monkeypatch.setattr(urpe.training.lm, "evaluate", out_of_memory_beyond_16)
     folder = tmp_path / "llama"
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32,
-                                      num_hidden_layers=1, num_attention_heads=2,
-                                      max_position_embeddings=64)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+    )
     _save(transformers.LlamaForCausalLM(config), folder)
     out = tmp_path / "out"
     assert main(_argv(folder, play, out, "--variants", "urpe", "--factors", "1,2")) == 0
@@ -126,8 +169,13 @@ def test_a_failing_report_step_keeps_the_trained_run(play, tmp_path, monkeypatch
 
 
 def test_a_tokenizer_too_big_for_the_model_gets_what_fits(play, tmp_path, capsys):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                      num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
     folder = _save(transformers.LlamaForCausalLM(config), tmp_path / "small")
     capsys.readouterr()
     assert main(_argv(folder, play, tmp_path / "out")) == 2
@@ -145,9 +193,19 @@ def test_which_models_have_a_table_of_positions():
     from tests.hf_families import families
     from urpe.experiments.finetune.model_folder import position_table_limit
 
-    limits = {name: position_table_limit(family.build("sdpa", torch.float32))
-              for name, family in families().items()}  # fmt: skip
+    limits = {
+        name: position_table_limit(family.build("sdpa", torch.float32))
+        for name, family in families().items()
+    }
     # RoPE (Llama, Qwen2, Mistral) and T5's relative bias take any length; the others have one
     # learned row per position, as many as their config's max_position_embeddings / n_positions.
-    assert limits == {"llama": None, "qwen2": None, "mistral": None, "t5": None, "gpt2": 64,
-                      "bert": 64, "roberta": 70, "bart": 64}  # fmt: skip
+    assert limits == {
+        "llama": None,
+        "qwen2": None,
+        "mistral": None,
+        "t5": None,
+        "gpt2": 64,
+        "bert": 64,
+        "roberta": 70,
+        "bart": 64,
+    }

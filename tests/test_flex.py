@@ -100,8 +100,12 @@ def test_flex_says_why_it_cannot():
 def _attn_mask(kind: str, b: int, h: int, lq: int, lk: int, gen) -> torch.Tensor:
     """bool (Lq, Lk), bool (B, H, Lq, Lk), float (B, 1, Lq, Lk) or float (1, H, 1, Lk). Query 2 of
     the first batch entry and head sees nothing: hidden (bool) or only -inf logits (float)."""
-    shape = {"bool": (lq, lk), "bool per head": (b, h, lq, lk), "float": (b, 1, lq, lk),
-             "float per head": (1, h, 1, lk)}[kind]  # fmt: skip
+    shape = {
+        "bool": (lq, lk),
+        "bool per head": (b, h, lq, lk),
+        "float": (b, 1, lq, lk),
+        "float per head": (1, h, 1, lk),
+    }[kind]
     row = (0,) * (len(shape) - 2) + (min(2, shape[-2] - 1),)
     if kind.startswith("bool"):
         mask = torch.rand(shape, generator=gen) < 0.7
@@ -131,10 +135,14 @@ def test_attn_mask_through_the_backend_matches_the_reference(norm, kind, shape):
     gate, _ = _gate("signed", h, lq, lk, b, gen)
     padding = (torch.rand(b, lk, generator=gen) < 0.2).to(DEVICE)
     call = dict(
-        bias=Toeplitz(0.5 * torch.randn(h, 9, generator=gen).to(q)), gate=Toeplitz(gate.table),
-        attn_mask=_attn_mask(kind, b, h, lq, lk, gen), key_padding_mask=padding, is_causal=True,
-        normalization=norm, enable_gqa=hk != h,
-    )  # fmt: skip
+        bias=Toeplitz(0.5 * torch.randn(h, 9, generator=gen).to(q)),
+        gate=Toeplitz(gate.table),
+        attn_mask=_attn_mask(kind, b, h, lq, lk, gen),
+        key_padding_mask=padding,
+        is_causal=True,
+        normalization=norm,
+        enable_gqa=hk != h,
+    )
     with torch.no_grad():
         out = attention(q, k, v, **call, backend="flex")
         expected = attention(q, k, v, **call, backend="reference")

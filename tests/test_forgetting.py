@@ -120,8 +120,16 @@ def test_fox_from_config_and_cli():
 
 def test_a_tiny_fox_model_trains():
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(vocab_size=8, max_len=16, num_layers=1, dim=16, num_heads=2,
-                                    position="fox", gate="toeplitz", norm_first=True)  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=8,
+        max_len=16,
+        num_layers=1,
+        dim=16,
+        num_heads=2,
+        position="fox",
+        gate="toeplitz",
+        norm_first=True,
+    )
     model = urpe.TransformerDecoder(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     start = torch.randint(0, 8, (16, 1))
@@ -141,8 +149,9 @@ def test_a_tiny_fox_model_trains():
 @pytest.mark.parametrize("gate", [None, "toeplitz"])
 def test_fox_on_packed_documents_equals_each_alone(gate):
     torch.manual_seed(2)
-    config = urpe.TransformerConfig(vocab_size=7, max_len=8, num_layers=2, dim=E, num_heads=H,
-                                    position="fox", gate=gate)  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=7, max_len=8, num_layers=2, dim=E, num_heads=H, position="fox", gate=gate
+    )
     model = urpe.TransformerDecoder(config).double().eval()
     with torch.no_grad():
         for layer in model.layers:
@@ -159,8 +168,9 @@ def test_fox_with_memory_decodes_the_same_with_and_without_a_cache():
     from urpe.models.lm import IncrementalState, LanguageModel
 
     torch.manual_seed(3)
-    config = urpe.TransformerConfig(vocab_size=7, num_layers=2, dim=E, num_heads=H,
-                                    position="fox", gate="toeplitz")  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=7, num_layers=2, dim=E, num_heads=H, position="fox", gate="toeplitz"
+    )
     model = LanguageModel(config, segment_length=4, memory_length=4).double().eval()
     tokens = torch.randint(0, 7, (2, 11))
     with torch.no_grad():

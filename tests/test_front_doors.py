@@ -35,8 +35,16 @@ def refused(door: str, name: str) -> bool:
 
 def transformer(gate):
     """(gated, ungated with the same weights, forward) for a Transformer encoder."""
-    config = urpe.TransformerConfig(vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2,
-                                    position="rpe", gate=gate, num_relations=4)  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=11,
+        max_len=6,
+        num_layers=2,
+        dim=8,
+        num_heads=2,
+        position="rpe",
+        gate=gate,
+        num_relations=4,
+    )
     gated = urpe.TransformerEncoder(config).double()
     plain = urpe.TransformerEncoder(replace(config, gate=None)).double()
     tokens = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -46,11 +54,20 @@ def transformer(gate):
 
 
 def graphormer(gate):
-    config = GraphormerConfig(num_layers=2, dim=8, ffn_dim=8, num_heads=2, attention_dropout=0.0,
-                              max_distance=3, max_hops=2, gate=gate)  # fmt: skip
+    config = GraphormerConfig(
+        num_layers=2,
+        dim=8,
+        ffn_dim=8,
+        num_heads=2,
+        attention_dropout=0.0,
+        max_distance=3,
+        max_hops=2,
+        gate=gate,
+    )
     zinc = FEATURIZATIONS["zinc"]
-    sizes = dict(node_cardinalities=zinc.node_cardinalities,
-                 edge_cardinalities=zinc.edge_cardinalities)  # fmt: skip
+    sizes = dict(
+        node_cardinalities=zinc.node_cardinalities, edge_cardinalities=zinc.edge_cardinalities
+    )
     gated = Graphormer(config, **sizes).double()
     plain = Graphormer(replace(config, gate=None), **sizes).double()
     batch = Batch.from_data_list([ShortestPaths()(smiles_to_graph(s)[0]) for s in SMILES[:3]])
@@ -164,8 +181,10 @@ def test_the_same_spec_builds_the_same_gate_in_each_door():
     spec = {"name": "t5", "num_buckets": 8, "bucket_max_distance": 16, "activation": "softplus"}
     config = urpe.TransformerConfig(vocab_size=5, num_layers=1, dim=8, num_heads=2, gate=spec)
     llama = urpe.hf.add_urpe(LLAMA.build("sdpa", torch.float32), gate=spec)
-    for gate in (urpe.TransformerEncoder(config).layers[0].mixer.gate,
-                 llama.model.layers[0].self_attn.urpe_gate):  # fmt: skip
+    for gate in (
+        urpe.TransformerEncoder(config).layers[0].mixer.gate,
+        llama.model.layers[0].self_attn.urpe_gate,
+    ):
         assert gate.table.shape[1] == 8 and gate.bucket_max_distance == 16
         assert gate.activation is torch.nn.functional.softplus
     assert llama.config.urpe["gate"] == spec

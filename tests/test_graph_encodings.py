@@ -55,9 +55,14 @@ def test_bias_equals_graphormer_by_hand():
     for b, g in enumerate(data):
         n = g.num_nodes
         expected = graphormer_bias_by_hand(
-            to_networkx(g), table[:, :7], table[:, 7], edge_tables,
-            module.edge.hop_weights.detach(), max_distance=4, max_hops=3,
-        )  # fmt: skip
+            to_networkx(g),
+            table[:, :7],
+            table[:, 7],
+            edge_tables,
+            module.edge.hop_weights.detach(),
+            max_distance=4,
+            max_hops=3,
+        )
         torch.testing.assert_close(inputs.bias[b, :, : n + 1, : n + 1], expected)
 
 

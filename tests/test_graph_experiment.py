@@ -16,9 +16,27 @@ from urpe.training.regression import GraphRegression, graph_targets, mean_absolu
 
 from .graph_reference import SMILES
 
-TINY_RUN = ["--sizes", "300,100,100", "--steps", "60", "--batch-size", "32", "--lr", "2e-3",
-            "--eval-every", "30", "--seeds", "0", "--jobs", "1", "--threads", "1",
-            "--checkpoint-every", "0", "--no-progress"]  # fmt: skip
+TINY_RUN = [
+    "--sizes",
+    "300,100,100",
+    "--steps",
+    "60",
+    "--batch-size",
+    "32",
+    "--lr",
+    "2e-3",
+    "--eval-every",
+    "30",
+    "--seeds",
+    "0",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "0",
+    "--no-progress",
+]
 
 
 def run_cli(argv):
@@ -118,8 +136,18 @@ def test_zinc_folder_without_the_files_is_one_line(tmp_path, capsys, monkeypatch
     monkeypatch.setenv("URPE_CACHE_DIR", str(tmp_path / "cache"))
     empty = tmp_path / "zinc"
     empty.mkdir()
-    code = main(["reproduce", "graph", "--dataset", "zinc", "--zinc-dir", str(empty),
-                 "--out", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "reproduce",
+            "graph",
+            "--dataset",
+            "zinc",
+            "--zinc-dir",
+            str(empty),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "train.pickle" in err
     assert len(err.strip().splitlines()) == 1

@@ -27,10 +27,19 @@ def molecules(smiles=SMILES):
 
 
 def model(urpe=False, seed=0, **changes):
-    config = GraphormerConfig(**{
-        "num_layers": 2, "dim": 16, "ffn_dim": 24, "num_heads": 4, "attention_dropout": 0.0,
-        "max_distance": 3, "max_hops": 3, "gate": "relation" if urpe else None, **changes,
-    })  # fmt: skip
+    config = GraphormerConfig(
+        **{
+            "num_layers": 2,
+            "dim": 16,
+            "ffn_dim": 24,
+            "num_heads": 4,
+            "attention_dropout": 0.0,
+            "max_distance": 3,
+            "max_hops": 3,
+            "gate": "relation" if urpe else None,
+            **changes,
+        }
+    )
     torch.manual_seed(seed)
     net = Graphormer(
         config,
@@ -226,10 +235,12 @@ def test_graph_with_a_single_atom_and_real_valued_features():
     config = GraphormerConfig(num_layers=1, dim=8, ffn_dim=8, num_heads=2, gate="relation")
     net = Graphormer(config, node_features=3, edge_features=2).double().eval()
     single = ShortestPaths()(
-        Data(x=torch.randn(1, 3, dtype=torch.float64),
-             edge_index=torch.zeros(2, 0, dtype=torch.long),
-             edge_attr=torch.zeros(0, 2, dtype=torch.float64))
-    )  # fmt: skip
+        Data(
+            x=torch.randn(1, 3, dtype=torch.float64),
+            edge_index=torch.zeros(2, 0, dtype=torch.long),
+            edge_attr=torch.zeros(0, 2, dtype=torch.float64),
+        )
+    )
     out = net(Batch.from_data_list([single]))
     assert out.shape == (1,) and torch.isfinite(out).all()
 

@@ -188,10 +188,17 @@ def test_cached_generate_equals_uncached(name, cache, padded):
 def test_sliding_window_is_honoured_and_cached_generate_matches():
     t = transformers
     config = t.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        use_sliding_window=True, sliding_window=4, max_window_layers=0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+    )
     torch.manual_seed(0)
     base = t.Qwen2ForCausalLM(config)
     base.set_attn_implementation("sdpa")
@@ -242,9 +249,12 @@ def test_t5_gates_self_attention_only_and_refuses_cross_attention():
 
 def test_unsupported_model_raises_one_error_naming_the_class():
     config = transformers.DebertaConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
         intermediate_size=64,
-    )  # fmt: skip
+    )
     model = transformers.DebertaModel(config)
     with pytest.raises(urpe.hf.UnsupportedModelError, match="DebertaModel"):
         urpe.hf.add_urpe(model)

@@ -28,9 +28,14 @@ def test_short_finetune_on_shakespeare_lowers_validation_loss():
     train, valid = tokens[:split], tokens[split:]
     g = torch.Generator().manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     model.set_attn_implementation("sdpa")

@@ -15,8 +15,15 @@ import urpe.hf
 from tests.hf_families import VOCAB, families, inputs, outputs
 
 FAMILIES = families()
-TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+)
 
 
 def perturb(model, scale: float = 0.3) -> None:
@@ -27,8 +34,9 @@ def perturb(model, scale: float = 0.3) -> None:
 
 
 def gemma2(softcapping: float | None):
-    config = transformers.Gemma2Config(**TINY, max_position_embeddings=64,
-                                       attn_logit_softcapping=softcapping)  # fmt: skip
+    config = transformers.Gemma2Config(
+        **TINY, max_position_embeddings=64, attn_logit_softcapping=softcapping
+    )
     model = transformers.Gemma2ForCausalLM(config)
     model.set_attn_implementation("eager")  # Gemma 2 has no sdpa path
     return model
@@ -135,5 +143,6 @@ def test_a_saved_folder_says_how_to_load_it(tmp_path):
 def test_from_pretrained_refuses_an_implementation_that_bypasses_the_gates(tmp_path):
     urpe.hf.add_urpe(FAMILIES["llama"].build("sdpa", torch.float32)).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="URPE gates, which run on 'eager' or 'sdpa'"):
-        urpe.hf.from_pretrained(tmp_path, transformers.AutoModelForCausalLM,
-                                attn_implementation="flex_attention")  # fmt: skip
+        urpe.hf.from_pretrained(
+            tmp_path, transformers.AutoModelForCausalLM, attn_implementation="flex_attention"
+        )

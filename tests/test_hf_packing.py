@@ -147,8 +147,9 @@ def test_document_ids_from_positions_and_cu_seq_lens():
     reused = torch.arange(4)[None]
     assert document_ids_of({"position_ids": reused}, 4, 4) is None
     reused[0, 2:] = torch.tensor([0, 1])
-    torch.testing.assert_close(document_ids_of({"position_ids": reused}, 4, 4),
-                               torch.tensor([[0, 0, 1, 1]]))  # fmt: skip
+    torch.testing.assert_close(
+        document_ids_of({"position_ids": reused}, 4, 4), torch.tensor([[0, 0, 1, 1]])
+    )
 
 
 def test_cu_seq_lens_that_do_not_cover_the_row_are_one_error():

@@ -56,8 +56,14 @@ def no_host_reads():
 def test_the_guard_catches_every_kind_of_read():
     t = torch.ones(())
     with no_host_reads():
-        for read in (lambda: t.item(), lambda: bool(t), lambda: int(t), lambda: float(t),
-                     lambda: [0, 1][t.long()], lambda: t.tolist()):  # fmt: skip
+        for read in (
+            lambda: t.item(),
+            lambda: bool(t),
+            lambda: int(t),
+            lambda: float(t),
+            lambda: [0, 1][t.long()],
+            lambda: t.tolist(),
+        ):
             with pytest.raises(HostRead):
                 read()
 
@@ -162,9 +168,14 @@ def test_a_decode_step_of_a_gated_hf_model_is_captured_in_a_cuda_graph():
     import urpe.hf
 
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = transformers.LlamaForCausalLM(config).cuda().eval()
     model.set_attn_implementation("sdpa")
     urpe.hf.add_urpe(model)
@@ -191,9 +202,14 @@ def test_a_gated_hf_decode_step_with_a_static_cache_compiles_as_one_graph():
     import urpe.hf
 
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     model.set_attn_implementation("sdpa")
     urpe.hf.add_urpe(model)

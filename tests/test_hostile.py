@@ -67,8 +67,9 @@ def _with_grads(fn, q, k, v, leaves=(), **call):
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     out = fn(q, k, v, **call)
     weight = torch.linspace(-1, 1, out.numel(), **F64).view_as(out)
-    grads = torch.autograd.grad((out.nan_to_num() * weight).sum(), [q, k, v, *leaves],
-                                allow_unused=True)  # fmt: skip
+    grads = torch.autograd.grad(
+        (out.nan_to_num() * weight).sum(), [q, k, v, *leaves], allow_unused=True
+    )
     return out, grads
 
 
@@ -287,8 +288,12 @@ def test_blockwise_backward_with_an_empty_batch():
 # exp overflow
 
 
-OVERFLOWING = [(torch.float32, 89.0), (torch.float64, 710.0), (torch.float16, 12.0),
-               (torch.bfloat16, 90.0)]  # fmt: skip
+OVERFLOWING = [
+    (torch.float32, 89.0),
+    (torch.float64, 710.0),
+    (torch.float16, 12.0),
+    (torch.bfloat16, 90.0),
+]
 
 
 @pytest.mark.parametrize("dtype,logit", OVERFLOWING)
@@ -303,8 +308,9 @@ def test_exp_overflow_is_an_error_on_every_backend(dtype, logit):
         with pytest.raises(ValueError, match="normalization='exp' overflowed"):
             attention(q, k, v, normalization="exp", scale=1.0, backend=name)
         # just below the limit (one key) is fine and exact
-        ok = attention(q, k[:, :, :1] - 2.0, v[:, :, :1], normalization="exp", scale=1.0,
-                       backend=name)  # fmt: skip
+        ok = attention(
+            q, k[:, :, :1] - 2.0, v[:, :, :1], normalization="exp", scale=1.0, backend=name
+        )
         want = torch.tensor(logit - 2.0, dtype=torch.float64).exp()
         torch.testing.assert_close(ok[0, 0, 1].double(), want.expand(2), rtol=1e-2, atol=0)
 

@@ -29,17 +29,24 @@ PACKAGE = "urpe"
 # Layers, bottom to top (../shared/STYLE.md). A module's layer is its longest listed prefix;
 # a module may import its own layer and those below.
 LAYERS = {
-    "urpe.files": 0, "urpe.progress": 0,  # standard-library helpers every layer may use
+    "urpe.files": 0,
+    "urpe.progress": 0,  # standard-library helpers every layer may use
     "urpe.kernels": 1,
     "urpe.encodings": 2,
     "urpe.nn": 3,
-    "urpe.models": 4, "urpe.graph": 4, "urpe.hf": 4,
+    "urpe.models": 4,
+    "urpe.graph": 4,
+    "urpe.hf": 4,
     "urpe": 4,  # urpe/__init__.py: the public names of the core (the rest resolved lazily)
-    "urpe.data": 5, "urpe.tasks": 5,
+    "urpe.data": 5,
+    "urpe.tasks": 5,
     "urpe.training": 6,
-    "urpe.experiments": 7, "urpe.bench": 7, "urpe.cli": 7, "urpe.cli_types": 7,
+    "urpe.experiments": 7,
+    "urpe.bench": 7,
+    "urpe.cli": 7,
+    "urpe.cli_types": 7,
     "urpe.__main__": 7,
-}  # fmt: skip
+}
 CORE = ("urpe.kernels", "urpe.encodings", "urpe.nn", "urpe.models")
 # What the core may import besides urpe itself: torch, the standard library, and Triton, which
 # ships with torch's CUDA wheels and is imported only by the GPU kernels.
@@ -271,20 +278,30 @@ def test_tarjan_finds_a_cycle_through_three_modules_and_not_a_chain():
 
 def test_no_import_cycles():
     found = [c for c in cycles() if frozenset(c) not in KNOWN_CYCLES]
-    assert not found, "import cycles (break them by moving the shared part into a module both " \
-        "import):\n" + "\n".join(describe_cycle(c) for c in found)  # fmt: skip
+    assert not found, (
+        "import cycles (break them by moving the shared part into a module both "
+        "import):\n" + "\n".join(describe_cycle(c) for c in found)
+    )
 
 
 def test_no_module_imports_another_modules_private_names():
-    found = [w for importer, target, w in private_imports()
-             if (importer, target) not in KNOWN_PRIVATE_IMPORTS]  # fmt: skip
-    assert not found, "private names used outside their module (make them public, or move " \
-        "them where both can import them):\n" + "\n".join(found)  # fmt: skip
+    found = [
+        w
+        for importer, target, w in private_imports()
+        if (importer, target) not in KNOWN_PRIVATE_IMPORTS
+    ]
+    assert not found, (
+        "private names used outside their module (make them public, or move "
+        "them where both can import them):\n" + "\n".join(found)
+    )
 
 
 def test_imports_only_go_down_the_layers():
-    upward = [f"{e} (layer {layer(e.importer)} -> {layer(e.target)})" for e in imports()
-              if layer(e.target) > layer(e.importer)]  # fmt: skip
+    upward = [
+        f"{e} (layer {layer(e.importer)} -> {layer(e.target)})"
+        for e in imports()
+        if layer(e.target) > layer(e.importer)
+    ]
     assert not upward, "imports that go up the layers:\n" + "\n".join(upward)
 
 
@@ -300,14 +317,20 @@ def test_the_core_imports_only_torch_and_the_standard_library():
 
 
 KNOWN = [
-    pytest.param(("cycle", tuple(sorted(c))), marks=pytest.mark.xfail(strict=True, reason=owner),
-                 id="cycle:" + ",".join(sorted(c)))
+    pytest.param(
+        ("cycle", tuple(sorted(c))),
+        marks=pytest.mark.xfail(strict=True, reason=owner),
+        id="cycle:" + ",".join(sorted(c)),
+    )
     for c, owner in KNOWN_CYCLES.items()
 ] + [
-    pytest.param(("private", pair), marks=pytest.mark.xfail(strict=True, reason=owner),
-                 id="private:" + "->".join(pair))
+    pytest.param(
+        ("private", pair),
+        marks=pytest.mark.xfail(strict=True, reason=owner),
+        id="private:" + "->".join(pair),
+    )
     for pair, owner in KNOWN_PRIVATE_IMPORTS.items()
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("known", KNOWN)

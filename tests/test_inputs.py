@@ -32,25 +32,36 @@ def language_model():
 
 def graphormer():
     spec = FEATURIZATIONS["zinc"]
-    return Graphormer(GraphormerConfig.preset("tiny"), node_cardinalities=spec.node_cardinalities,
-                      edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+    return Graphormer(
+        GraphormerConfig.preset("tiny"),
+        node_cardinalities=spec.node_cardinalities,
+        edge_cardinalities=spec.edge_cardinalities,
+    )
 
 
 def training_checkpoint(run_dir, model, run, inputs=None):
     """What a training run writes at step 7 (the objective's on_save_checkpoint, then the
     checkpoint IO), without training."""
-    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  "global_step": 7}  # fmt: skip
+    checkpoint = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "global_step": 7,
+    }
     Objective(model, OptimConfig(), run=run, inputs=inputs).on_save_checkpoint(checkpoint)
     return write_checkpoint(checkpoint, run_dir / "checkpoints" / "step-00000007")
 
 
 def old_training_checkpoint(run_dir, model, run):
     """A training checkpoint as urpe wrote it before the input record: no "inputs", no files."""
-    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  "global_step": 7, "urpe": {"model": model_spec(model),
-                  "state_dict_prefix": "model.", "objective": {"class": "Objective"},
-                  "run": run}}  # fmt: skip
+    checkpoint = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "global_step": 7,
+        "urpe": {
+            "model": model_spec(model),
+            "state_dict_prefix": "model.",
+            "objective": {"class": "Objective"},
+            "run": run,
+        },
+    }
     return write_checkpoint(checkpoint, run_dir / "checkpoints" / "step-00000007")
 
 
@@ -107,15 +118,20 @@ def test_old_training_checkpoints_keep_loading(tmp_path):
     encoding (the tokenizer in the run folder; the features, target and dataset's unit)."""
     model, tokenizer = language_model()
     tokenizer.save(tmp_path / "lm" / "tokenizer")  # where `urpe reproduce lm` keeps it
-    step = old_training_checkpoint(tmp_path / "lm", model,
-                                   {"experiment": "lm", "metric": "perplexity"})  # fmt: skip
+    step = old_training_checkpoint(
+        tmp_path / "lm", model, {"experiment": "lm", "metric": "perplexity"}
+    )
     assert "inputs" not in config_of(step) and not (step / "tokenizer.json").exists()
     loaded = load_model(step)
     assert isinstance(loaded, TextModel) and loaded.tokenizer == tokenizer
     assert loaded.metric == "perplexity"
 
-    run = {"experiment": "graph", "dataset": "qm9", "target": "gap",
-           "data": {"sizes": None, "split_seed": 0, "features": "zinc"}}  # fmt: skip
+    run = {
+        "experiment": "graph",
+        "dataset": "qm9",
+        "target": "gap",
+        "data": {"sizes": None, "split_seed": 0, "features": "zinc"},
+    }
     loaded = load_model(old_training_checkpoint(tmp_path / "graph", graphormer(), run))
     assert isinstance(loaded, MoleculeModel) and loaded.featurizer == MoleculeFeaturizer("zinc")
     assert (loaded.target, loaded.unit) == ("gap", "eV")
@@ -124,8 +140,9 @@ def test_old_training_checkpoints_keep_loading(tmp_path):
     assert (loaded.target, loaded.unit) == ("logP", "")
 
     config = TransformerConfig(vocab_size=12, num_layers=1, dim=16, num_heads=2)
-    synthetic = old_training_checkpoint(tmp_path / "synthetic", EncoderTokenClassifier(config, 5),
-                                        {"experiment": "synthetic"})  # fmt: skip
+    synthetic = old_training_checkpoint(
+        tmp_path / "synthetic", EncoderTokenClassifier(config, 5), {"experiment": "synthetic"}
+    )
     assert isinstance(load_model(synthetic), EncoderTokenClassifier)
 
 
@@ -134,8 +151,13 @@ def test_save_models_first_records_keep_loading(tmp_path):
     {"kind": "text", "metric"} beside tokenizer.json."""
     save_model(graphormer(), tmp_path / "graph")
     config = config_of(tmp_path / "graph")
-    config["inputs"] = {"kind": "molecules", "features": "rdkit", "target": "heavy",
-                        "unit": "atoms", "max_distance": 3}  # fmt: skip
+    config["inputs"] = {
+        "kind": "molecules",
+        "features": "rdkit",
+        "target": "heavy",
+        "unit": "atoms",
+        "max_distance": 3,
+    }
     (tmp_path / "graph" / "config.json").write_text(json.dumps(config))
     loaded = load_model(tmp_path / "graph")
     assert loaded.featurizer == MoleculeFeaturizer("rdkit", max_distance=3)
@@ -154,16 +176,22 @@ def test_save_models_first_records_keep_loading(tmp_path):
 @pytest.mark.parametrize(
     "config, record",
     [
-        ({"inputs": {"kind": "molecules", "features": "zinc", "target": "y", "unit": ""}},
-         {"kind": "molecules", "target": "y", "unit": "",
-          "featurizer": {"features": "zinc", "max_distance": None, "shortest_paths": True}}),
+        (
+            {"inputs": {"kind": "molecules", "features": "zinc", "target": "y", "unit": ""}},
+            {
+                "kind": "molecules",
+                "target": "y",
+                "unit": "",
+                "featurizer": {"features": "zinc", "max_distance": None, "shortest_paths": True},
+            },
+        ),
         ({"run": {"experiment": "lm", "metric": "bpc"}}, {"kind": "text", "metric": "bpc"}),
         ({"run": {"experiment": "synthetic"}}, {"kind": "tensors"}),
         ({"run": {"experiment": "finetune", "metric": "perplexity"}}, {"kind": "tensors"}),
         ({"inputs": {"kind": "tensors"}, "run": {"experiment": "lm"}}, {"kind": "tensors"}),
         ({"inputs": {}, "run": {}}, {"kind": "tensors"}),
     ],
-)  # fmt: skip
+)
 def test_input_record_reads_every_form(config, record):
     assert input_record(config) == record
 

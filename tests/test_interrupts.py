@@ -15,17 +15,43 @@ import torch
 from urpe.cli import main
 from urpe.training.checkpoint import load_weights
 
-FLAGS = ["--tasks", "etp", "--variants", "urpe", "--seq-len", "8", "--steps", "250",
-         "--batch-size", "16", "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32",
-         "--eval-sequences", "64", "--no-progress", "--jobs", "1", "--threads", "1",
-         "--checkpoint-every", "10"]  # fmt: skip
+FLAGS = [
+    "--tasks",
+    "etp",
+    "--variants",
+    "urpe",
+    "--seq-len",
+    "8",
+    "--steps",
+    "250",
+    "--batch-size",
+    "16",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "32",
+    "--eval-sequences",
+    "64",
+    "--no-progress",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "10",
+]
 
 
 def _start(out: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "urpe", "reproduce", "synthetic", "--out", str(out), *FLAGS]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _wait_for_checkpoint(child: subprocess.Popen, out: Path, step: int) -> int | None:

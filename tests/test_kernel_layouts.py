@@ -36,8 +36,9 @@ def test_a_key_padding_mask_of_one_key_with_any_strides():
         got = attention(q, k, v, key_padding_mask=pad, backend=backend)
         torch.testing.assert_close(got, want, msg=backend)
         got = attention(q, k, v, key_padding_mask=pad, normalization="relu2", backend=backend)
-        torch.testing.assert_close(got, reference_attention(q, k, v, key_padding_mask=pad,
-                                                            normalization="relu2"))  # fmt: skip
+        torch.testing.assert_close(
+            got, reference_attention(q, k, v, key_padding_mask=pad, normalization="relu2")
+        )
 
 
 def _strided(t: torch.Tensor, step: int = 2) -> torch.Tensor:
@@ -74,8 +75,14 @@ def _layout_case(layout: str, lq: int, lk: int, d: int, normalization: str) -> d
         bias, float_mask = _expanded(bias, 3, lk), _expanded(float_mask, 2, lq)
         keep, pad, index = _expanded(keep, 0, b), _expanded(pad, 1, lk), _expanded(index, 1, lq)
     mask = keep if normalization in ("softmax", "relu2") else float_mask
-    call = dict(enable_gqa=True, normalization=normalization, key_padding_mask=pad, bias=bias,
-                gate=Relation(table, index), attn_mask=mask)  # fmt: skip
+    call = dict(
+        enable_gqa=True,
+        normalization=normalization,
+        key_padding_mask=pad,
+        bias=bias,
+        gate=Relation(table, index),
+        attn_mask=mask,
+    )
     params = [q, k, v, bias, table] + ([float_mask] if mask is float_mask else [])
     return dict(qkv=(q, k, v), params=params, call=call, seed=None)
 

@@ -15,10 +15,39 @@ from urpe.cli import main
 from urpe.data.text import ByteTokenizer, WordTokenizer, load_tokenizer
 from urpe.training.bundles import TextModel, load_model
 
-TINY = ["--variants", "rpe+urpe", "--seeds", "0", "--steps", "20", "--layers", "1", "--dim",
-        "32", "--heads", "2", "--ffn-dim", "64", "--segment-length", "32", "--batch-size", "4",
-        "--eval-tokens", "0", "--factors", "1", "--val-every", "10", "--jobs", "1",
-        "--threads", "1", "--no-progress", "--checkpoint-every", "10"]  # fmt: skip
+TINY = [
+    "--variants",
+    "rpe+urpe",
+    "--seeds",
+    "0",
+    "--steps",
+    "20",
+    "--layers",
+    "1",
+    "--dim",
+    "32",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "64",
+    "--segment-length",
+    "32",
+    "--batch-size",
+    "4",
+    "--eval-tokens",
+    "0",
+    "--factors",
+    "1",
+    "--val-every",
+    "10",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--checkpoint-every",
+    "10",
+]
 
 
 def _text(words: int = 3000, seed: int = 0) -> str:
@@ -119,12 +148,16 @@ def test_loaded_run_generates_text_and_finds_its_tokenizer_from_a_step(trained):
 @pytest.mark.parametrize(
     "flags, fragment",
     [
-        (["--dataset", "shakespeare", "--tokenizer", "bpe", "--vocab-size", "100"],
-         "argument --vocab-size: a bpe vocab_size must be at least 257"),
-        (["--dataset", "shakespeare", "--tokenizer", "char", "--vocab-size", "300"],
-         "argument --vocab-size: vocab_size applies to the bpe and word"),
+        (
+            ["--dataset", "shakespeare", "--tokenizer", "bpe", "--vocab-size", "100"],
+            "argument --vocab-size: a bpe vocab_size must be at least 257",
+        ),
+        (
+            ["--dataset", "shakespeare", "--tokenizer", "char", "--vocab-size", "300"],
+            "argument --vocab-size: vocab_size applies to the bpe and word",
+        ),
     ],
-)  # fmt: skip
+)
 def test_tokenizer_settings_blame_their_own_flag(flags, fragment, tmp_path, capsys):
     code = main(["reproduce", "lm", *flags, "--steps", "2", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err

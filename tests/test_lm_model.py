@@ -20,16 +20,33 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-VARIANTS = [*DEFAULT_VARIANTS, "rope+urpe", "alibi+urpe", "t5+urpe", "ape+mem", "rpe+urpe+mem",
-            "kerple+mem", "fire+urpe", "shaw+urpe+mem", "sinusoidal+urpe+mem"]  # fmt: skip
+VARIANTS = [
+    *DEFAULT_VARIANTS,
+    "rope+urpe",
+    "alibi+urpe",
+    "t5+urpe",
+    "ape+mem",
+    "rpe+urpe+mem",
+    "kerple+mem",
+    "fire+urpe",
+    "shaw+urpe+mem",
+    "sinusoidal+urpe+mem",
+]
 
 
 def build(variant: str, memory: int | None = None, norm_first: bool = True) -> LanguageModel:
     """A small float64 model whose gate, bias and every other table hold random values (a gate
     of ones would hide a wrong C)."""
     v = parse_variant(variant)
-    base = TransformerConfig(vocab_size=VOCAB, num_layers=2, dim=16, num_heads=2, ffn_dim=32,
-                             norm_first=norm_first, tie_embeddings=False)  # fmt: skip
+    base = TransformerConfig(
+        vocab_size=VOCAB,
+        num_layers=2,
+        dim=16,
+        num_heads=2,
+        ffn_dim=32,
+        norm_first=norm_first,
+        tie_embeddings=False,
+    )
     m = (L if v.memory else 0) if memory is None else memory
     model = LanguageModel(v.config(base), L, m).double().eval()
     with torch.no_grad():
@@ -60,8 +77,7 @@ def test_cached_decoding_equals_uncached_and_the_forward_pass(variant):
         two = torch.cat([uncached.feed(c) for c in chunks], dim=1)
         torch.testing.assert_close(one, two, rtol=1e-10, atol=1e-10)
         # Within the first segment: the plain full forward pass.
-        torch.testing.assert_close(one[:, :L], model.decoder(tokens[:, :L]), rtol=1e-10,
-                                   atol=1e-10)  # fmt: skip
+        torch.testing.assert_close(one[:, :L], model.decoder(tokens[:, :L]), rtol=1e-10, atol=1e-10)
         if model.memory_length:
             torch.testing.assert_close(one, stream_forward(model, tokens), rtol=1e-10, atol=1e-10)
 
@@ -73,8 +89,9 @@ def test_memory_keys_sit_at_their_true_positions(variant):
     model = build(variant, memory=L)
     tokens = torch.randint(0, VOCAB, (3, 2 * L))
     with torch.no_grad():
-        torch.testing.assert_close(stream_forward(model, tokens), model.decoder(tokens),
-                                   rtol=1e-10, atol=1e-10)  # fmt: skip
+        torch.testing.assert_close(
+            stream_forward(model, tokens), model.decoder(tokens), rtol=1e-10, atol=1e-10
+        )
 
 
 def test_post_ln_memory_and_cache_agree_too():
@@ -133,8 +150,11 @@ def test_generate_streams_the_same_tokens_with_and_without_cache():
     runs = []
     for use_cache in (True, False):
         generator = torch.Generator().manual_seed(5)
-        tokens = list(model.generate(prompt, 3 * L, temperature=1.0, top_k=5,
-                                     generator=generator, use_cache=use_cache))  # fmt: skip
+        tokens = list(
+            model.generate(
+                prompt, 3 * L, temperature=1.0, top_k=5, generator=generator, use_cache=use_cache
+            )
+        )
         runs.append(torch.stack(tokens, 1))
     assert runs[0].shape == (2, 3 * L)
     assert torch.equal(runs[0], runs[1])

@@ -49,8 +49,15 @@ def pieces(ids_row):
 )
 def test_packed_loss_equals_each_document_alone(position, gate):
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(vocab_size=10, num_layers=2, dim=16, num_heads=2,
-                                    norm_first=True, position=position, gate=gate)  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=10,
+        num_layers=2,
+        dim=16,
+        num_heads=2,
+        norm_first=True,
+        position=position,
+        gate=gate,
+    )
     model = LanguageModel(config, segment_length=24).double().eval()
     batch = SegmentStream(stream(), batch_size=3, segment_length=24, separator=SEPARATOR).batch(
         step=1, part=0, parts=1
@@ -80,18 +87,47 @@ def test_packed_loss_equals_each_document_alone(position, gate):
     torch.testing.assert_close(mean_packed, mean_alone, rtol=1e-12, atol=1e-12)
 
 
-TINY = ["--seeds", "0", "--steps", "4", "--layers", "1", "--dim", "16", "--heads", "2",
-        "--ffn-dim", "32", "--segment-length", "16", "--batch-size", "2", "--eval-tokens", "64",
-        "--factors", "1", "--val-every", "4", "--jobs", "1", "--threads", "1", "--no-progress",
-        "--checkpoint-every", "0"]  # fmt: skip
+TINY = [
+    "--seeds",
+    "0",
+    "--steps",
+    "4",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "32",
+    "--segment-length",
+    "16",
+    "--batch-size",
+    "2",
+    "--eval-tokens",
+    "64",
+    "--factors",
+    "1",
+    "--val-every",
+    "4",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--checkpoint-every",
+    "0",
+]
 
 
 def corpus_file(tmp_path):
     """Short paragraphs of words, separated by blank lines."""
     words = "the cat sat on a mat and saw two dogs".split()
     g = torch.Generator().manual_seed(0)
-    paragraphs = [" ".join(words[i] for i in torch.randint(0, 10, (int(n),), generator=g))
-                  for n in torch.randint(2, 12, (120,), generator=g)]  # fmt: skip
+    paragraphs = [
+        " ".join(words[i] for i in torch.randint(0, 10, (int(n),), generator=g))
+        for n in torch.randint(2, 12, (120,), generator=g)
+    ]
     path = tmp_path / "paragraphs.txt"
     path.write_text("\n\n".join(paragraphs) + "\n")
     return path
@@ -103,8 +139,18 @@ def test_pack_trains_packed_rows(tmp_path, monkeypatch):
     from urpe.cli import main
 
     monkeypatch.setenv("URPE_CACHE_DIR", str(tmp_path / "cache"))
-    argv = ["reproduce", "lm", "--dataset", str(corpus_file(tmp_path)), *TINY, "--pack",
-            "--variants", "rope,fox", "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "reproduce",
+        "lm",
+        "--dataset",
+        str(corpus_file(tmp_path)),
+        *TINY,
+        "--pack",
+        "--variants",
+        "rope,fox",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 0
     records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "records").glob("*.json")]
     assert sorted(r["config"]["variant"] for r in records) == ["fox", "rope"]
@@ -119,8 +165,18 @@ def test_pack_trains_packed_rows(tmp_path, monkeypatch):
 def test_pack_refuses_memory_and_explains_itself(tmp_path, capsys):
     from urpe.cli import main
 
-    argv = ["reproduce", "lm", "--dataset", str(corpus_file(tmp_path)), *TINY, "--pack",
-            "--variants", "rope,txl", "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "reproduce",
+        "lm",
+        "--dataset",
+        str(corpus_file(tmp_path)),
+        *TINY,
+        "--pack",
+        "--variants",
+        "rope,txl",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 2
     assert "argument --pack" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -25,10 +25,37 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-SMALL = ["--seeds", "0", "--steps", "40", "--layers", "1", "--dim", "32", "--heads", "2",
-         "--ffn-dim", "64", "--segment-length", "32", "--memory-length", "16",
-         "--batch-size", "8", "--eval-tokens", "1500", "--factors", "1,2", "--val-every", "20",
-         "--jobs", "1", "--threads", "1", "--no-progress"]  # fmt: skip
+SMALL = [
+    "--seeds",
+    "0",
+    "--steps",
+    "40",
+    "--layers",
+    "1",
+    "--dim",
+    "32",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "64",
+    "--segment-length",
+    "32",
+    "--memory-length",
+    "16",
+    "--batch-size",
+    "8",
+    "--eval-tokens",
+    "1500",
+    "--factors",
+    "1,2",
+    "--val-every",
+    "20",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +117,11 @@ def test_generate_streams_text_from_the_checkpoint(trained, capsys):
 def test_bad_input_is_one_line(trained, argv, message, tmp_path, capsys):
     out, _ = trained
     (run_dir,) = (out / "runs").iterdir()
-    values = {"missing": str(tmp_path / "nothing"), "run": str(run_dir),
-              "out": str(tmp_path / "out")}  # fmt: skip
+    values = {
+        "missing": str(tmp_path / "nothing"),
+        "run": str(run_dir),
+        "out": str(tmp_path / "out"),
+    }
     argv = [a.format(**values) for a in argv]
     capsys.readouterr()
     try:
@@ -112,14 +142,26 @@ def _fit(run_dir, steps, total, tokens, memory_restore=True, monkeypatch=None):
 
     quiet_lightning()
     L.seed_everything(0, verbose=False)
-    config = TransformerConfig(vocab_size=11, num_layers=1, dim=16, num_heads=2, ffn_dim=32,
-                               position="txl", gate="toeplitz", norm_first=True)  # fmt: skip
+    config = TransformerConfig(
+        vocab_size=11,
+        num_layers=1,
+        dim=16,
+        num_heads=2,
+        ffn_dim=32,
+        position="txl",
+        gate="toeplitz",
+        norm_first=True,
+    )
     model = LanguageModel(config, 8, 8)
     objective = CausalLM(model, OptimConfig(lr=1e-2, total_steps=total))
-    data = StepDataModule(SegmentStream(tokens[:-200], 4, 8),
-                          held_out_segments(tokens[-200:], 4, 8), eval_batch_size=None)  # fmt: skip
-    settings = TrainConfig(max_steps=steps, val_every=steps, accelerator="cpu", devices=1,
-                           seed=0, log_every=1)  # fmt: skip
+    data = StepDataModule(
+        SegmentStream(tokens[:-200], 4, 8),
+        held_out_segments(tokens[-200:], 4, 8),
+        eval_batch_size=None,
+    )
+    settings = TrainConfig(
+        max_steps=steps, val_every=steps, accelerator="cpu", devices=1, seed=0, log_every=1
+    )
     fit(objective, data, settings, run_dir, resume=True)
     return model, objective
 
@@ -130,8 +172,9 @@ def test_resume_with_memory_is_exact(tmp_path, monkeypatch):
     _fit(tmp_path / "b", 4, 8, tokens)  # interrupted after 4 updates (checkpoint at 4)
     resumed, part = _fit(tmp_path / "b", 8, 8, tokens)
     assert part.curve["train"] == whole.curve["train"] and len(part.step_seconds) == 8
-    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(),
-                            strict=True):  # fmt: skip
+    for (name, a), b in zip(
+        straight.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), name
     # The memory in the checkpoint matters: resuming without it trains to other weights.
     _fit(tmp_path / "c", 4, 8, tokens)

@@ -79,8 +79,10 @@ def test_generate_continues_each_row_of_a_batch(text_model):
     first, second = text_model.tokenizer.encode("the cat"), text_model.tokenizer.encode("a dog s")
     batch = torch.stack([first, second])  # (2, P)
     continuations = text_model.generate(batch, 6, temperature=0)
-    assert continuations == [text_model.generate("the cat", 6, temperature=0),
-                             text_model.generate("a dog s", 6, temperature=0)]  # fmt: skip
+    assert continuations == [
+        text_model.generate("the cat", 6, temperature=0),
+        text_model.generate("a dog s", 6, temperature=0),
+    ]
     assert text_model.generate(batch.tolist(), 6, temperature=0) == continuations
     assert text_model.generate([first, second], 6, temperature=0) == continuations
     assert text_model.generate(first[None, :], 6, temperature=0) == continuations[:1]

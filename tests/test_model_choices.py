@@ -12,9 +12,31 @@ from urpe.experiments.command import resolve
 from urpe.kernels import NORMALIZATIONS, register_normalization, registered
 
 SYNTHETIC = ["reproduce", "synthetic", "--tasks", "probe", "--variants", "rpe,urpe"]
-TINY = ["--seq-len", "6", "--steps", "2", "--batch-size", "8", "--layers", "1", "--dim", "16",
-        "--heads", "2", "--ffn-dim", "16", "--eval-sequences", "8", "--no-progress",
-        "--jobs", "1", "--threads", "1", "--checkpoint-every", "0"]  # fmt: skip
+TINY = [
+    "--seq-len",
+    "6",
+    "--steps",
+    "2",
+    "--batch-size",
+    "8",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "16",
+    "--eval-sequences",
+    "8",
+    "--no-progress",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "0",
+]
 
 
 def _configs(argv: list[str]) -> list[dict]:
@@ -45,20 +67,50 @@ def test_a_registered_normalization_is_a_command_line_choice(copied_softmax, cap
 
 def test_a_registered_normalization_trains_through_the_command_line(copied_softmax, tmp_path):
     out = tmp_path / "out"
-    assert main([*SYNTHETIC, "--variants", "urpe", *TINY, "--normalization", copied_softmax,
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                *SYNTHETIC,
+                "--variants",
+                "urpe",
+                *TINY,
+                "--normalization",
+                copied_softmax,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (record,) = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
     assert record["config"]["model"]["transformer"]["normalization"] == copied_softmax
 
 
 def test_given_flags_set_every_runs_config_and_absent_ones_change_nothing():
     plain = _configs(SYNTHETIC)
-    chosen = _configs([*SYNTHETIC, "--normalization", "l2", "--position", "alibi",
-                       "--gate", "none", "--mixer", "conv", "--backend", "reference",
-                       "--layers", "2"])  # fmt: skip
+    chosen = _configs(
+        [
+            *SYNTHETIC,
+            "--normalization",
+            "l2",
+            "--position",
+            "alibi",
+            "--gate",
+            "none",
+            "--mixer",
+            "conv",
+            "--backend",
+            "reference",
+            "--layers",
+            "2",
+        ]
+    )
     for config in chosen:
         assert (config["normalization"], config["position"], config["gate"]) == (
-            "l2", "alibi", None)  # fmt: skip
+            "l2",
+            "alibi",
+            None,
+        )
         assert config["mixers"] == {"0": "conv", "1": "conv"}
         assert config["attention_backend"] == "reference"
     assert [c["gate"] for c in plain] == [None, "toeplitz"]  # rpe has none, urpe its own
@@ -74,8 +126,12 @@ def test_the_lm_command_takes_the_same_flags():
     assert (parsed.gate, parsed.position) == ("toeplitz", "rope")
 
 
-REFUSED = [("--position", "relation"), ("--gate", "relation"), ("--backend", "no-such"),
-           ("--mixer", "lstm")]  # fmt: skip
+REFUSED = [
+    ("--position", "relation"),
+    ("--gate", "relation"),
+    ("--backend", "no-such"),
+    ("--mixer", "lstm"),
+]
 
 
 @pytest.mark.parametrize("flag, value", REFUSED)
@@ -89,8 +145,10 @@ def test_names_a_sequence_model_cannot_run_are_refused_in_one_line(flag, value, 
 
 def test_a_two_step_run_trains_with_the_chosen_normalization(tmp_path):
     out = tmp_path / "out"
-    assert main([*SYNTHETIC, "--variants", "rpe", *TINY, "--normalization", "l2",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main([*SYNTHETIC, "--variants", "rpe", *TINY, "--normalization", "l2", "--out", str(out)])
+        == 0
+    )
     (record,) = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
     assert record["config"]["model"]["transformer"]["normalization"] == "l2"
     (config_file,) = out.glob("runs/*/checkpoints/step-*/config.json")
@@ -114,8 +172,10 @@ def test_a_chosen_gate_keeps_the_variants_gate_options_it_also_takes():
     """--gate replaces the variant's gate name; its init carries over, as the flat gate_init
     field did before gate specs (so a run's model is the one it always was)."""
     argv = ["reproduce", "synthetic", "--tasks", "probe", "--variants", "urpe-gate-normal,urpe"]
-    assert [c["gate"] for c in _configs(argv)] == [{"name": "toeplitz", "init": "normal"},
-                                                   "toeplitz"]  # fmt: skip
+    assert [c["gate"] for c in _configs(argv)] == [
+        {"name": "toeplitz", "init": "normal"},
+        "toeplitz",
+    ]
     chosen = _configs([*argv, "--gate", "t5", "--position", "t5"])
     assert [c["gate"] for c in chosen] == [{"name": "t5", "init": "normal"}, "t5"]
     assert [c["position"] for c in chosen] == ["t5", "t5"]

@@ -192,8 +192,10 @@ def test_cache_path_equals_explicit_per_row_positions(name):
     model = build(urpe.TransformerDecoder, **OFFSET_VARIANTS[name])
     prefix, tokens = torch.randint(0, 11, (2, 4)), torch.randint(0, 11, (2, 3))
     outs = []
-    for positions in (None, urpe.Positions(torch.arange(4, 7).expand(2, 3),
-                                           torch.arange(7).expand(2, 7))):  # fmt: skip
+    for positions in (
+        None,
+        urpe.Positions(torch.arange(4, 7).expand(2, 3), torch.arange(7).expand(2, 7)),
+    ):
         cache = model.new_cache()
         model(prefix, cache=cache)
         outs.append(model(tokens, cache=cache, positions=positions))
@@ -273,10 +275,14 @@ def test_cross_attention_aligns_rope_queries_with_the_bias():
 
 # ------------------------------------------------------------------------- markers and padding
 @pytest.mark.parametrize(
-    "name", [n for n, v in VARIANTS.items()
-             if not v.get("absolute") and POSITION_REGISTRY[v.get("position", "none")]
-             .cls.shift_invariant]
-)  # fmt: skip
+    "name",
+    [
+        n
+        for n, v in VARIANTS.items()
+        if not v.get("absolute")
+        and POSITION_REGISTRY[v.get("position", "none")].cls.shift_invariant
+    ],
+)
 def test_markers_outputs_do_not_depend_on_the_side_of_padding(name):
     overrides = VARIANTS[name]
     model = build(urpe.TransformerEncoder, **{**overrides, "markers": True})
@@ -411,8 +417,10 @@ def test_mixers_refuse_what_they_would_ignore():
     with pytest.raises(NotImplementedError, match="attn_mask"):
         model(torch.ones(1, 3).long(), attn_mask=torch.ones(3, 3, dtype=bool))
     with pytest.raises(NotImplementedError, match="by index"):
-        model(torch.ones(2, 3).long(), positions=urpe.Positions.from_padding(
-            torch.zeros(2, 3, dtype=bool)))  # fmt: skip
+        model(
+            torch.ones(2, 3).long(),
+            positions=urpe.Positions.from_padding(torch.zeros(2, 3, dtype=bool)),
+        )
 
 
 # --------------------------------------------------------------------------------- state dicts

@@ -98,11 +98,15 @@ def test_smi_files_with_and_without_a_title_line(tmp_path):
     rows, header = read_molecule_table(plain)
     assert header == ["smiles", "name"]
     assert [(r.smiles, r.cells["name"], r.line) for r in rows] == [
-        ("CCO", "ethanol", 1), ("c1ccccc1", "benzene ring", 2), ("CC(=O)O", "", 4)
-    ]  # fmt: skip
+        ("CCO", "ethanol", 1),
+        ("c1ccccc1", "benzene ring", 2),
+        ("CC(=O)O", "", 4),
+    ]
     titled = tmp_path / "titled.smi"  # RDKit's SmilesMolSupplier: a title line names columns
-    titled.write_text("SMILES Name logP\n" + "".join(
-        f"{s} m{i} {logp(s)}\n" for i, s in enumerate(MOLECULES[:20])))  # fmt: skip
+    titled.write_text(
+        "SMILES Name logP\n"
+        + "".join(f"{s} m{i} {logp(s)}\n" for i, s in enumerate(MOLECULES[:20]))
+    )
     rows, header = read_molecule_table(titled, targets=["logp"])
     assert header == ["SMILES", "Name", "logP"] and rows[1].cells["Name"] == "m1"
     assert dataset_argument(str(titled)) == f"csv:{titled.resolve()}"
@@ -113,14 +117,22 @@ def test_smi_files_with_and_without_a_title_line(tmp_path):
 @pytest.mark.parametrize(
     "content, fragment",
     [
-        ("CCO,0.25\nc1ccccc1,1.5\n", "mols.csv has no header row: its first line 'CCO,0.25' is "
-         "data; add a first line naming the columns, e.g. 'smiles,column2'"),
-        ("CCO;0,25\nc1ccccc1;1,5\n", "its first line 'CCO;0,25' is data; add a first line "
-         "naming the columns, e.g. 'smiles;column2'"),
-        ("molecule,logp\nCCO,0.25\n", "mols.csv has no column 'smiles'; its columns: molecule, "
-         "logp"),
+        (
+            "CCO,0.25\nc1ccccc1,1.5\n",
+            "mols.csv has no header row: its first line 'CCO,0.25' is "
+            "data; add a first line naming the columns, e.g. 'smiles,column2'",
+        ),
+        (
+            "CCO;0,25\nc1ccccc1;1,5\n",
+            "its first line 'CCO;0,25' is data; add a first line "
+            "naming the columns, e.g. 'smiles;column2'",
+        ),
+        (
+            "molecule,logp\nCCO,0.25\n",
+            "mols.csv has no column 'smiles'; its columns: molecule, logp",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_missing_header_is_named_with_what_to_add(content, fragment, tmp_path, capsys):
     path = tmp_path / "mols.csv"
     path.write_text(content)
@@ -128,8 +140,9 @@ def test_a_missing_header_is_named_with_what_to_add(content, fragment, tmp_path,
         read_molecule_table(path, "smiles", ["logp"])
     assert fragment in str(error.value)
     out = tmp_path / "out"
-    code = main(["reproduce", "graph", "--dataset", str(path), "--target-column", "logp",
-                 "--out", str(out)])  # fmt: skip
+    code = main(
+        ["reproduce", "graph", "--dataset", str(path), "--target-column", "logp", "--out", str(out)]
+    )
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and err.count("\n") == 1, err
 
@@ -154,8 +167,10 @@ def test_duplicates_are_warned_about_and_never_cross_splits(tmp_path):
     from urpe.data.molecules.files import duplicates_summary
 
     line = duplicates_summary(data)
-    assert line.startswith("mols.csv: 40 molecules appear on more than one row (80 rows); 20 of "
-                           "them with different values of 'logp' (e.g. ")  # fmt: skip
+    assert line.startswith(
+        "mols.csv: 40 molecules appear on more than one row (80 rows); 20 of "
+        "them with different values of 'logp' (e.g. "
+    )
     assert "all rows kept, each molecule's rows in one split" in line and "\n" not in line
     assert data.info["duplicates"]["conflicting"] == 20
     said = []

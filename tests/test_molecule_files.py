@@ -35,8 +35,14 @@ def write_csv(path, count=160, start=0):
             mol = Chem.MolFromSmiles(text)
             line = i + 2
             split = "train" if i % 10 < 7 else "valid" if i % 10 < 9 else "test"
-            writer.writerow([BAD_LINES.get(line, text), f"{Crippen.MolLogP(mol):.4f}",
-                             mol.GetNumHeavyAtoms(), split])  # fmt: skip
+            writer.writerow(
+                [
+                    BAD_LINES.get(line, text),
+                    f"{Crippen.MolLogP(mol):.4f}",
+                    mol.GetNumHeavyAtoms(),
+                    split,
+                ]
+            )
     return path
 
 
@@ -91,9 +97,27 @@ def test_split_column_and_sdf_files(tmp_path):
     assert [r.targets["weight"] for r in rows] == ["3", "6", "4"] and "weight" in header
 
 
-TINY = ["--steps", "30", "--batch-size", "16", "--lr", "2e-3", "--eval-every", "15",
-        "--seeds", "0", "--variants", "graphormer-urpe", "--jobs", "1", "--threads", "1",
-        "--checkpoint-every", "0", "--no-progress"]  # fmt: skip
+TINY = [
+    "--steps",
+    "30",
+    "--batch-size",
+    "16",
+    "--lr",
+    "2e-3",
+    "--eval-every",
+    "15",
+    "--seeds",
+    "0",
+    "--variants",
+    "graphormer-urpe",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "0",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +169,11 @@ def test_train_on_a_csv_then_predict_and_evaluate(graph_run, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     rows, _ = read_molecule_table(test_csv, "smiles", ["heavy"])
     predicted = model.predict([r.smiles for r in rows])
-    errors = [abs(p - float(r.targets["heavy"])) for p, r in zip(predicted, rows, strict=True)
-              if p is not None]  # fmt: skip
+    errors = [
+        abs(p - float(r.targets["heavy"]))
+        for p, r in zip(predicted, rows, strict=True)
+        if p is not None
+    ]
     assert result["molecules"] == 38 and result["skipped"] == 2
     assert result["mae"] == pytest.approx(sum(errors) / len(errors), rel=1e-6)
     assert result["unit"] == ""  # the file's own units, unnamed
@@ -224,8 +251,19 @@ def test_sizes_too_small_for_a_report_are_refused_before_training(tmp_path, caps
     every split two molecules is refused after reading it, before any training."""
     path = write_csv(tmp_path / "mols.csv", count=12)
     out = tmp_path / "out"
-    code = main(["reproduce", "graph", "--dataset", f"csv:{path}", "--target-column", "logp",
-                 *TINY, "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "reproduce",
+            "graph",
+            "--dataset",
+            f"csv:{path}",
+            "--target-column",
+            "logp",
+            *TINY,
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "every split needs at least 2 molecules" in err
     assert not (out / "records").exists()
@@ -238,8 +276,11 @@ def test_saved_graphormer_predicts_in_the_targets_units(tmp_path):
 
     spec = FEATURIZATIONS["zinc"]
     torch.manual_seed(0)
-    model = Graphormer(GraphormerConfig.preset("tiny"), node_cardinalities=spec.node_cardinalities,
-                       edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+    model = Graphormer(
+        GraphormerConfig.preset("tiny"),
+        node_cardinalities=spec.node_cardinalities,
+        edge_cardinalities=spec.edge_cardinalities,
+    )
     inputs = {"kind": "molecules", "features": "zinc", "target": "heavy", "unit": "atoms"}
     save_model(model, tmp_path / "model", inputs=inputs)
     loaded = load_model(tmp_path / "model")
@@ -270,8 +311,17 @@ def test_the_users_file_is_read_once_before_the_first_run(tmp_path, monkeypatch)
     monkeypatch.setattr(io, "open", counting_open)  # what Path.read_bytes and gzip open with
     started = []
     monkeypatch.setattr(runner, "sweep_command", lambda *args: started.append(len(opened)) or 0)
-    argv = ["reproduce", "graph", "--dataset", f"csv:{path}", "--target-column", "logp,heavy",
-            *TINY, "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "reproduce",
+        "graph",
+        "--dataset",
+        f"csv:{path}",
+        "--target-column",
+        "logp,heavy",
+        *TINY,
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 0
     assert started == [1]  # the plan, both targets' columns and the data from one read
 
@@ -283,9 +333,12 @@ def test_training_predict_and_evaluate_share_one_featurizer(graph_run):
     run_dir = heavy_run(out)
     step = next((run_dir / "checkpoints").glob("step-*"))
     record = json.loads((step / "config.json").read_text())["inputs"]
-    assert record == {"kind": "molecules", "target": "heavy", "unit": "",
-                      "featurizer": {"features": "zinc", "max_distance": None,
-                                     "shortest_paths": True}}  # fmt: skip
+    assert record == {
+        "kind": "molecules",
+        "target": "heavy",
+        "unit": "",
+        "featurizer": {"features": "zinc", "max_distance": None, "shortest_paths": True},
+    }
     from urpe import load_model
 
     model = load_model(run_dir)

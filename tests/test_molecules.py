@@ -47,8 +47,13 @@ def test_bonds_are_kekule_single_double_triple():
 
 
 def test_ring_penalty_uses_the_largest_ring():
-    for smiles, penalty in [("CCO", 0), ("c1ccccc1", 0), ("c1ccc2ccccc2c1", 0),
-                            ("C1CCCCCCC1", 2), ("C1CCCCCCCCCCC1CC1CC1", 6)]:  # fmt: skip
+    for smiles, penalty in [
+        ("CCO", 0),
+        ("c1ccccc1", 0),
+        ("c1ccc2ccccc2c1", 0),
+        ("C1CCCCCCC1", 2),
+        ("C1CCCCCCCCCCC1CC1CC1", 6),
+    ]:
         assert ring_penalty(Chem.MolFromSmiles(smiles)) == penalty, smiles
 
 
@@ -121,11 +126,13 @@ def write_fake_zinc(directory, smiles_per_split):
             n = data.num_nodes
             adjacency = torch.zeros(n, n, dtype=torch.long)
             adjacency[data.edge_index[0], data.edge_index[1]] = data.edge_attr[:, 0]
-            mols.append({
-                "atom_type": data.x[:, 0].clone(),
-                "bond_type": adjacency,
-                "logP_SA_cycle_normalized": torch.tensor([float(len(smiles))]),
-            })  # fmt: skip
+            mols.append(
+                {
+                    "atom_type": data.x[:, 0].clone(),
+                    "bond_type": adjacency,
+                    "logP_SA_cycle_normalized": torch.tensor([float(len(smiles))]),
+                }
+            )
         with open(directory / f"{split}.pickle", "wb") as handle:
             pickle.dump(mols, handle)
         (directory / f"{split}.index").write_text(",".join(map(str, range(len(mols)))) + "\n")

@@ -51,8 +51,9 @@ def test_cache_is_reused_and_keyed_by_the_inputs(tmp_path, counted_builds):
     assert first.path.parent == cache_root(tmp_path)
     assert torch.equal(first.train._data.spd, second.train._data.spd)
     load_molecules("moses-plogp", sizes=SIZES, max_distance=3, cache_dir=tmp_path, progress=False)
-    load_molecules("moses-plogp", sizes=SIZES, target="plogp-normalized", cache_dir=tmp_path,
-                   progress=False)  # fmt: skip
+    load_molecules(
+        "moses-plogp", sizes=SIZES, target="plogp-normalized", cache_dir=tmp_path, progress=False
+    )
     assert len(counted_builds) == 3
 
 

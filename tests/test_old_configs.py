@@ -27,15 +27,35 @@ CHECKPOINT = ROOT / "results/lm/checkpoint-txl+urpe-seed0"  # saved before encod
 def old_transformer(**changes) -> dict:
     """A TransformerConfig as `to_dict` wrote it before specs: every flat field present."""
     return {
-        "vocab_size": 11, "max_len": 6, "num_layers": 2, "dim": 8, "num_heads": 2,
-        "ffn_dim": 16, "dropout": 0.0, "attention_dropout": 0.0, "norm_first": False,
-        "activation": "gelu", "embedding_norm": True, "position": "rpe", "absolute": None,
-        "gate": "toeplitz", "gate_init": "ones", "gate_activation": None,
-        "normalization": "softmax", "share_position": True, "num_buckets": 32,
-        "bucket_max_distance": 128, "num_relations": 32, "encoding_options": {}, "markers": False,
-        "mixers": {}, "conv_kernel_size": 3, "attention_backend": "auto", "tie_embeddings": True,
+        "vocab_size": 11,
+        "max_len": 6,
+        "num_layers": 2,
+        "dim": 8,
+        "num_heads": 2,
+        "ffn_dim": 16,
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "norm_first": False,
+        "activation": "gelu",
+        "embedding_norm": True,
+        "position": "rpe",
+        "absolute": None,
+        "gate": "toeplitz",
+        "gate_init": "ones",
+        "gate_activation": None,
+        "normalization": "softmax",
+        "share_position": True,
+        "num_buckets": 32,
+        "bucket_max_distance": 128,
+        "num_relations": 32,
+        "encoding_options": {},
+        "markers": False,
+        "mixers": {},
+        "conv_kernel_size": 3,
+        "attention_backend": "auto",
+        "tie_embeddings": True,
         **changes,
-    }  # fmt: skip
+    }
 
 
 def built(config: urpe.TransformerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -54,26 +74,39 @@ def same_state(a: dict, b: dict) -> None:
     [
         # Flat fields at their defaults name no option: the spec is the bare name.
         ({}, dict(position="rpe", gate="toeplitz"), {"layers.0.mixer.gate.table": (2, 11)}),
-        (dict(gate_init="normal", gate_activation="softplus"),
-         dict(gate={"name": "toeplitz", "init": "normal", "activation": "softplus"}),
-         {"layers.0.mixer.gate.table": (2, 11)}),
+        (
+            dict(gate_init="normal", gate_activation="softplus"),
+            dict(gate={"name": "toeplitz", "init": "normal", "activation": "softplus"}),
+            {"layers.0.mixer.gate.table": (2, 11)},
+        ),
         # num_buckets and bucket_max_distance set both T5 tables, as they always did.
-        (dict(position="t5", gate="t5", num_buckets=16, bucket_max_distance=64),
-         dict(position={"name": "t5", "num_buckets": 16, "bucket_max_distance": 64},
-              gate={"name": "t5", "num_buckets": 16, "bucket_max_distance": 64}),
-         {"layers.0.mixer.position.table": (2, 16), "layers.0.mixer.gate.table": (2, 16)}),
+        (
+            dict(position="t5", gate="t5", num_buckets=16, bucket_max_distance=64),
+            dict(
+                position={"name": "t5", "num_buckets": 16, "bucket_max_distance": 64},
+                gate={"name": "t5", "num_buckets": 16, "bucket_max_distance": 64},
+            ),
+            {"layers.0.mixer.position.table": (2, 16), "layers.0.mixer.gate.table": (2, 16)},
+        ),
         # ... and are ignored by encodings without buckets, as they always were.
         (dict(num_buckets=16, gate=None), dict(position="rpe", gate=None), {}),
-        (dict(position="relation", gate="relation", num_relations=5),
-         dict(position="relation", gate="relation", num_relations=5),
-         {"layers.0.mixer.position.table": (2, 5), "layers.0.mixer.gate.table": (2, 5)}),
+        (
+            dict(position="relation", gate="relation", num_relations=5),
+            dict(position="relation", gate="relation", num_relations=5),
+            {"layers.0.mixer.position.table": (2, 5), "layers.0.mixer.gate.table": (2, 5)},
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_old_transformer_config_loads_as_the_same_model(old, new, tables):
     config = urpe.TransformerConfig.from_dict(old_transformer(**old))
     modern = old_transformer(**new)
-    for legacy in ("gate_init", "gate_activation", "num_buckets", "bucket_max_distance",
-                   "encoding_options"):  # fmt: skip
+    for legacy in (
+        "gate_init",
+        "gate_activation",
+        "num_buckets",
+        "bucket_max_distance",
+        "encoding_options",
+    ):
         modern.pop(legacy)
     assert config == urpe.TransformerConfig.from_dict(modern)
     assert config.to_dict() == json.loads(json.dumps(modern))  # written in the new form
@@ -82,17 +115,27 @@ def test_an_old_transformer_config_loads_as_the_same_model(old, new, tables):
         assert tuple(state[key].shape) == shape, key
     same_state(state, built(urpe.TransformerConfig.from_dict(modern)))
     if config.gate is not None and "init" not in config.gate.options:
-        assert torch.equal(state["layers.0.mixer.gate.table"], torch.ones(tables[
-            "layers.0.mixer.gate.table"]))  # fmt: skip
+        assert torch.equal(
+            state["layers.0.mixer.gate.table"], torch.ones(tables["layers.0.mixer.gate.table"])
+        )
 
 
 def test_old_keyword_arguments_warn_and_build_the_same_model():
     spec = {"name": "t5", "init": "normal", "num_buckets": 8}
-    new = urpe.TransformerConfig(vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2,
-                                 gate=spec)  # fmt: skip
+    new = urpe.TransformerConfig(
+        vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2, gate=spec
+    )
     with pytest.warns(DeprecationWarning, match="gate_init, num_buckets are deprecated"):
-        old = urpe.TransformerConfig(vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2,
-                                     gate="t5", gate_init="normal", num_buckets=8)  # fmt: skip
+        old = urpe.TransformerConfig(
+            vocab_size=11,
+            max_len=6,
+            num_layers=2,
+            dim=8,
+            num_heads=2,
+            gate="t5",
+            gate_init="normal",
+            num_buckets=8,
+        )
     assert old == new and old.gate_init is None and old.num_buckets is None
     same_state(built(old), built(new))
     gate = urpe.TransformerEncoder(old).layers[0].mixer.gate
@@ -131,14 +174,27 @@ def test_a_checkpoint_saved_before_specs_loads_every_weight_under_its_old_name()
 def test_an_old_graphormer_config_with_urpe_true_loads_as_the_relation_gate():
     old = {
         "graphormer": {
-            "num_layers": 2, "dim": 8, "ffn_dim": 8, "num_heads": 2, "dropout": 0.0,
-            "attention_dropout": 0.0, "norm_first": True, "max_distance": 3, "max_hops": 2,
-            "max_degree": 64, "readout": "graph-token", "urpe": True, "backend": "auto",
+            "num_layers": 2,
+            "dim": 8,
+            "ffn_dim": 8,
+            "num_heads": 2,
+            "dropout": 0.0,
+            "attention_dropout": 0.0,
+            "norm_first": True,
+            "max_distance": 3,
+            "max_hops": 2,
+            "max_degree": 64,
+            "readout": "graph-token",
+            "urpe": True,
+            "backend": "auto",
             "init_std": 0.02,
         },
-        "node_cardinalities": [28], "node_features": None, "edge_cardinalities": [4],
-        "edge_features": None, "directed": False,
-    }  # fmt: skip
+        "node_cardinalities": [28],
+        "node_features": None,
+        "edge_cardinalities": [4],
+        "edge_features": None,
+        "directed": False,
+    }
     torch.manual_seed(0)
     model = Graphormer.from_model_config(old)
     assert model.config.gate == EncodingSpec("relation")
@@ -165,10 +221,19 @@ OLD_ENTRIES = {
 
 @pytest.mark.parametrize("kind", sorted(OLD_ENTRIES))
 def test_an_hf_folder_with_a_version_1_entry_loads_its_gates(tmp_path, kind):
-    entry = {**OLD_ENTRIES[kind], "shared": False, "layers": [1], "attn_implementation": "sdpa",
-             "version": 1, "load": "..."}  # fmt: skip
-    gate = "toeplitz" if kind == "toeplitz" else {"name": "t5", "num_buckets": 8,
-                                                  "bucket_max_distance": 20}  # fmt: skip
+    entry = {
+        **OLD_ENTRIES[kind],
+        "shared": False,
+        "layers": [1],
+        "attn_implementation": "sdpa",
+        "version": 1,
+        "load": "...",
+    }
+    gate = (
+        "toeplitz"
+        if kind == "toeplitz"
+        else {"name": "t5", "num_buckets": 8, "bucket_max_distance": 20}
+    )
     reach = {} if kind == "buckets" else {"max_distance": 5}
     model = urpe.hf.add_urpe(LLAMA.build("sdpa", torch.float64), gate=gate, layers=[1], **reach)
     with torch.no_grad():
@@ -179,8 +244,9 @@ def test_an_hf_folder_with_a_version_1_entry_loads_its_gates(tmp_path, kind):
     config["urpe"] = entry  # what urpe wrote before gate specs
     (tmp_path / "config.json").write_text(json.dumps(config))
 
-    loaded = urpe.hf.from_pretrained(tmp_path, transformers.AutoModelForCausalLM,
-                                     dtype=torch.float64)  # fmt: skip
+    loaded = urpe.hf.from_pretrained(
+        tmp_path, transformers.AutoModelForCausalLM, dtype=torch.float64
+    )
     gates = {n: p for n, p in loaded.named_parameters() if "urpe" in n}
     width = 11 if kind == "toeplitz" else 8
     assert list(gates) == ["model.layers.1.self_attn.urpe_gate.table"]

@@ -38,10 +38,14 @@ def t5_attention(is_decoder: bool, heads=4, d_kv=8, buckets=32, max_distance=20)
     from transformers.models.t5.modeling_t5 import T5Attention
 
     config = T5Config(
-        d_model=heads * d_kv, d_kv=d_kv, num_heads=heads, dropout_rate=0.0,
-        relative_attention_num_buckets=buckets, relative_attention_max_distance=max_distance,
+        d_model=heads * d_kv,
+        d_kv=d_kv,
+        num_heads=heads,
+        dropout_rate=0.0,
+        relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=max_distance,
         is_decoder=is_decoder,
-    )  # fmt: skip
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     layer = T5Attention(config, has_relative_attention_bias=True, layer_idx=0).double().eval()
@@ -115,8 +119,11 @@ def test_alibi_equals_bloom_and_mpt(heads):
     # BLOOM and MPT add m j (a per-row shift of -m |i - j| under the causal mask): equal weights.
     for name, theirs in (("BLOOM", bloom), ("MPT", mpt)):
         theirs = theirs[:, None, :].expand(heads, length, length)
-        err = measured(f"ALiBi attention weights vs {name} (H={heads})",
-                       causal_softmax(ours), causal_softmax(theirs))  # fmt: skip
+        err = measured(
+            f"ALiBi attention weights vs {name} (H={heads})",
+            causal_softmax(ours),
+            causal_softmax(theirs),
+        )
         assert err < 1e-6
 
 
@@ -144,8 +151,9 @@ def test_rope_equals_llama(head_dim):
     assert measured(f"RoPE q vs Llama (D={head_dim})", got_q, want_q) < 2e-3
     assert measured(f"RoPE k vs Llama (D={head_dim})", got_k, want_k) < 2e-3
     # The attention scores depend on the offset only, in both.
-    torch.testing.assert_close(got_q @ got_k.transpose(-2, -1), want_q @ want_k.transpose(-2, -1),
-                               rtol=1e-3, atol=5e-3)  # fmt: skip
+    torch.testing.assert_close(
+        got_q @ got_k.transpose(-2, -1), want_q @ want_k.transpose(-2, -1), rtol=1e-3, atol=5e-3
+    )
 
 
 # ----------------------------------------------------------------------------------- Graphormer

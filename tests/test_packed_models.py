@@ -25,8 +25,16 @@ def packed_row():
 
 def decoder(position, gate, **changes):
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(vocab_size=11, max_len=8, num_layers=2, dim=8, num_heads=2,
-                                    position=position, gate=gate, **changes)  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=11,
+        max_len=8,
+        num_layers=2,
+        dim=8,
+        num_heads=2,
+        position=position,
+        gate=gate,
+        **changes,
+    )
     return randomized(urpe.TransformerDecoder(config)).eval()  # tables away from their init
 
 
@@ -37,8 +45,9 @@ def test_packed_logits_equal_each_document_alone(position, gate):
     ids, tokens = packed_row()
     packed = model(tokens, document_ids=ids)
     for start, end in spans():
-        torch.testing.assert_close(packed[:, start:end], model(tokens[:, start:end]),
-                                   rtol=1e-10, atol=1e-10)  # fmt: skip
+        torch.testing.assert_close(
+            packed[:, start:end], model(tokens[:, start:end]), rtol=1e-10, atol=1e-10
+        )
     cache = model.new_cache()
     chunked = [model(tokens[:, s:e], cache=cache, document_ids=ids[:, s:e]) for s, e in CHUNKS]
     torch.testing.assert_close(torch.cat(chunked, 1), packed, rtol=1e-10, atol=1e-10)
@@ -83,9 +92,16 @@ def test_attention_module_takes_document_ids_per_call():
 @pytest.mark.parametrize("position", ["fire", "fox"])
 def test_packed_encoder_rows_equal_each_document_alone(position):
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(vocab_size=11, max_len=8, num_layers=2, dim=8, num_heads=2,
-                                    position=position, gate="toeplitz",
-                                    absolute="learned")  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=11,
+        max_len=8,
+        num_layers=2,
+        dim=8,
+        num_heads=2,
+        position=position,
+        gate="toeplitz",
+        absolute="learned",
+    )
     model = randomized(urpe.TransformerEncoder(config)).eval()
     ids, tokens = packed_row()
     packed = model(tokens, document_ids=ids)  # bidirectional: documents on both sides hidden

@@ -18,8 +18,14 @@ F64 = dict(dtype=torch.float64)
 H, D, E = 2, 4, 8
 LENGTHS = (3, 5, 1, 4)  # one packed row of four documents, 13 tokens
 # max_length 4: FIRE's threshold (4) is below the later positions, so they matter.
-SETTINGS = EncodingSettings(num_heads=H, head_dim=D, dim=E, max_length=4, causal=True,
-                            options={"num_buckets": 8, "bucket_max_distance": 16})  # fmt: skip
+SETTINGS = EncodingSettings(
+    num_heads=H,
+    head_dim=D,
+    dim=E,
+    max_length=4,
+    causal=True,
+    options={"num_buckets": 8, "bucket_max_distance": 16},
+)
 SEQUENCE_ENCODINGS = [n for n, r in POSITION_REGISTRY.items() if not r.uses_relation]
 SEQUENCE_GATES = [None, *(n for n, r in GATE_REGISTRY.items() if not r.uses_relation)]
 
@@ -71,8 +77,9 @@ def test_document_ids_must_be_integer_rows():
 def test_each_packed_document_equals_it_alone(name, gate):
     position = POSITION_REGISTRY[name].build(SETTINGS)
     gate_module = GATE_REGISTRY[gate].build(SETTINGS) if gate else None
-    mha = randomized(urpe.MultiheadAttention(E, H, position=position, gate=gate_module,
-                                             backend="reference")).eval()  # fmt: skip
+    mha = randomized(
+        urpe.MultiheadAttention(E, H, position=position, gate=gate_module, backend="reference")
+    ).eval()
     rows = (LENGTHS, (6, 7))  # two packed rows, documents at different places
     ids = torch.cat([document_ids(lengths) for lengths in rows])  # (2, 13)
     x = torch.randn(2, ids.shape[1], E, **F64)
@@ -80,19 +87,23 @@ def test_each_packed_document_equals_it_alone(name, gate):
     for row, lengths in enumerate(rows):
         for start, end in spans(lengths):
             alone = mha(x[row : row + 1, start:end], is_causal=True)
-            torch.testing.assert_close(packed[row : row + 1, start:end], alone, rtol=1e-10,
-                                       atol=1e-10)  # fmt: skip
+            torch.testing.assert_close(
+                packed[row : row + 1, start:end], alone, rtol=1e-10, atol=1e-10
+            )
 
 
 @pytest.mark.parametrize("absolute", list(ABSOLUTE_REGISTRY))
 def test_absolute_encodings_restart_per_document(absolute):
-    config = urpe.TransformerConfig(vocab_size=11, max_len=8, num_layers=1, dim=E, num_heads=H,
-                                    absolute=absolute)  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=11, max_len=8, num_layers=1, dim=E, num_heads=H, absolute=absolute
+    )
     model = randomized(urpe.TransformerDecoder(config)).eval()
     ids = document_ids()
     tokens = torch.randint(0, 11, ids.shape)
-    packed = model(tokens, positions=urpe.Positions.from_document_ids(ids),
-                   attn_mask=block_mask(ids))  # fmt: skip
+    packed = model(
+        tokens, positions=urpe.Positions.from_document_ids(ids), attn_mask=block_mask(ids)
+    )
     for start, end in spans():
-        torch.testing.assert_close(packed[:, start:end], model(tokens[:, start:end]),
-                                   rtol=1e-10, atol=1e-10)  # fmt: skip
+        torch.testing.assert_close(
+            packed[:, start:end], model(tokens[:, start:end]), rtol=1e-10, atol=1e-10
+        )

@@ -141,8 +141,16 @@ def test_decay_combines_with_a_toeplitz_gate_and_every_normalisation():
     gate = Toeplitz(torch.rand(2, 5, **F64) + 0.5)
     for norm in urpe.kernels.NORMALIZATIONS:
         got = attention(q, k, v, bias=Decay(lf), gate=gate, normalization=norm, scale=0.3)
-        want = attention(q, k, v, bias=fox_bias(lf, 6), gate=gate, normalization=norm, scale=0.3,
-                         backend="reference")  # fmt: skip
+        want = attention(
+            q,
+            k,
+            v,
+            bias=fox_bias(lf, 6),
+            gate=gate,
+            normalization=norm,
+            scale=0.3,
+            backend="reference",
+        )
         torch.testing.assert_close(got, want)
 
 
@@ -176,8 +184,14 @@ def test_document_ids_equal_the_dense_mask(ids, norm, lq, causal):
     q, k, v = _qkv(2, 4, lq, 9, hkv=2)
     padding = torch.zeros(2, 9, dtype=torch.bool)
     padding[1, 3] = True
-    call = dict(is_causal=causal, key_padding_mask=padding, normalization=norm, scale=0.4,
-                enable_gqa=True, backend="reference")  # fmt: skip
+    call = dict(
+        is_causal=causal,
+        key_padding_mask=padding,
+        normalization=norm,
+        scale=0.4,
+        enable_gqa=True,
+        backend="reference",
+    )
     got = attention(q, k, v, document_ids=ids, **call)
     want = attention(q, k, v, attn_mask=document_mask(ids, lq), **call)
     torch.testing.assert_close(got, want)

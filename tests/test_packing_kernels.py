@@ -42,8 +42,9 @@ def make_case(shape, mask, terms, ids, seed=0):
     k = torch.randn(b, hkv, lk, 8, generator=gen, **F64).requires_grad_()
     v = torch.randn(b, hkv, lk, 5, generator=gen, **F64).requires_grad_()
     params = [q, k, v]
-    call = dict(document_ids=document_ids(ids, b, lk, gen), is_causal="causal" in mask,
-                enable_gqa=True)  # fmt: skip
+    call = dict(
+        document_ids=document_ids(ids, b, lk, gen), is_causal="causal" in mask, enable_gqa=True
+    )
     if "padding" in mask:
         call["key_padding_mask"] = torch.rand(b, lk, generator=gen) < 0.2
     if "bool" in mask:
@@ -181,8 +182,7 @@ def test_flex_route_matches_the_reference(monkeypatch, norm, terms, mask, shape,
     qkv, params, call = make_case(shape, mask, terms, ids)
     call.pop("enable_gqa")
     call.update(normalization=norm, scale=0.1 if norm == "exp" else None)
-    want = outputs_and_grads(lambda *a, **c: reference(*a, **c, enable_gqa=True), qkv, params,
-                             call)  # fmt: skip
+    want = outputs_and_grads(lambda *a, **c: reference(*a, **c, enable_gqa=True), qkv, params, call)
     flex = lambda *a, **c: flex_urpe_attention(*a, **c, flex=flex_module.flex_attention)  # noqa: E731
     got = outputs_and_grads(flex, qkv, params, call)
     torch.testing.assert_close(got[0], want[0], atol=1e-12, rtol=1e-10)
@@ -198,8 +198,15 @@ def test_vmap_and_compile_compose_with_documents_and_decay(kernel):
     log_forget, ids = call["bias"].log_forget.detach(), call["document_ids"]
 
     def one(q, k, v, log_forget, ids):  # one example: (H, L, D), (H, L), (L,)
-        return attention(q[None], k[None], v[None], bias=Decay(log_forget[None]),
-                         document_ids=ids[None], is_causal=True, backend=kernel)[0]  # fmt: skip
+        return attention(
+            q[None],
+            k[None],
+            v[None],
+            bias=Decay(log_forget[None]),
+            document_ids=ids[None],
+            is_causal=True,
+            backend=kernel,
+        )[0]
 
     looped = torch.stack([one(q[i], k[i], v[i], log_forget[i], ids[i]) for i in range(3)])
     mapped = torch.vmap(one)(q, k, v, log_forget, ids)
@@ -210,10 +217,12 @@ def test_vmap_and_compile_compose_with_documents_and_decay(kernel):
     (expected,) = torch.autograd.grad(stacked.square().sum(), leaf)
     torch.testing.assert_close(grad(log_forget), expected)
     compiled = torch.compile(
-        lambda q, k, v, lf, ids: attention(q, k, v, bias=Decay(lf), document_ids=ids,
-                                           is_causal=True, backend=kernel),
-        fullgraph=True, backend="eager",
-    )  # fmt: skip
+        lambda q, k, v, lf, ids: attention(
+            q, k, v, bias=Decay(lf), document_ids=ids, is_causal=True, backend=kernel
+        ),
+        fullgraph=True,
+        backend="eager",
+    )
     torch.testing.assert_close(compiled(q, k, v, log_forget, ids), looped)
 
 
@@ -241,8 +250,9 @@ def test_the_blockwise_kernel_builds_no_length_squared_tensor():
     q, k, v = (torch.randn(1, 1, length, 8, generator=gen) for _ in "qkv")
     log_forget = torch.nn.functional.logsigmoid(torch.randn(1, 1, length, generator=gen))
     ids = torch.arange(length) // 100
-    spec = resolve(q, k, v, bias=Decay(log_forget), document_ids=ids, is_causal=True,
-                   normalization="relu2")  # fmt: skip
+    spec = resolve(
+        q, k, v, bias=Decay(log_forget), document_ids=ids, is_causal=True, normalization="relu2"
+    )
     args = ForwardArgs.from_spec(spec)
     with LargestTensor() as watch:
         out, stat = blockwise_forward(args)
@@ -259,10 +269,15 @@ def test_float32_decay_far_into_the_subnormal_range_matches_the_reference(norm):
     log_forget = torch.full((1, 2, 300), -0.5).requires_grad_()  # e^-0.5 per token: -150 at 300
     call = dict(bias=Decay(log_forget), is_causal=True, normalization=norm)
     params = [q, k, v, log_forget]
-    want = outputs_and_grads(lambda *a, **c: attention(*a, **c, backend="reference"), (q, k, v),
-                             params, call)  # fmt: skip
-    got = outputs_and_grads(lambda *a, **c: blockwise_attention(*a, **c, block_q=64, block_k=64),
-                            (q, k, v), params, call)  # fmt: skip
+    want = outputs_and_grads(
+        lambda *a, **c: attention(*a, **c, backend="reference"), (q, k, v), params, call
+    )
+    got = outputs_and_grads(
+        lambda *a, **c: blockwise_attention(*a, **c, block_q=64, block_k=64),
+        (q, k, v),
+        params,
+        call,
+    )
     for g, w in zip((got[0], *got[1]), (want[0], *want[1]), strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 

@@ -34,9 +34,12 @@ def saved(monkeypatch) -> list[Figure]:
 def unreadable(figure: Figure) -> list[str]:
     """What a reader of `figure` alone could not tell: panels without axis labels or ticks,
     colour bars without a label."""
-    bars = {mappable.colorbar.ax: mappable.colorbar for ax in figure.axes
-            for mappable in [*ax.images, *ax.collections]
-            if getattr(mappable, "colorbar", None) is not None}  # fmt: skip
+    bars = {
+        mappable.colorbar.ax: mappable.colorbar
+        for ax in figure.axes
+        for mappable in [*ax.images, *ax.collections]
+        if getattr(mappable, "colorbar", None) is not None
+    }
     problems = []
     for ax in figure.axes:
         if not ax.get_visible() or not ax.axison:
@@ -47,8 +50,10 @@ def unreadable(figure: Figure) -> list[str]:
             problems += [] if label else [f"colour bar of {bar.mappable.axes.get_title()!r}"]
             continue
         name = ax.get_title() or figure.get_suptitle() or "a panel"
-        for axis, label, ticks in (("x", ax.get_xlabel(), ax.get_xticks()),
-                                   ("y", ax.get_ylabel(), ax.get_yticks())):  # fmt: skip
+        for axis, label, ticks in (
+            ("x", ax.get_xlabel(), ax.get_xticks()),
+            ("y", ax.get_ylabel(), ax.get_yticks()),
+        ):
             if not label:
                 problems.append(f"{name!r}: no {axis} label")
             if len(ticks) == 0:
@@ -76,8 +81,9 @@ def test_synthetic_figures_are_readable_alone(saved, tmp_path):
     from urpe.experiments.synthetic.plots import figures, learning_curves_chart
     from urpe.experiments.synthetic.report import rows
 
-    records, out = _records(ROOT / "results/synthetic", tmp_path,
-                            lambda r: r["config"]["task"] == "pi")  # fmt: skip
+    records, out = _records(
+        ROOT / "results/synthetic", tmp_path, lambda r: r["config"]["task"] == "pi"
+    )
     written = figures(records, rows(records), out)
     assert [p.name for p in written] == ["accuracy.png", "learned_BC_pi.png"]
     run = tmp_path / "run"

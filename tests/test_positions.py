@@ -16,8 +16,14 @@ from urpe.kernels import Relation, Toeplitz
 
 F64 = dict(dtype=torch.float64)
 H, D, E = 2, 4, 8
-SETTINGS = EncodingSettings(num_heads=H, head_dim=D, dim=E, max_length=6, num_relations=5,
-                            options={"num_buckets": 8, "bucket_max_distance": 16})  # fmt: skip
+SETTINGS = EncodingSettings(
+    num_heads=H,
+    head_dim=D,
+    dim=E,
+    max_length=6,
+    num_relations=5,
+    options={"num_buckets": 8, "bucket_max_distance": 16},
+)
 SEQUENCE_ENCODINGS = [n for n, r in POSITION_REGISTRY.items() if not r.uses_relation]
 SEQUENCE_GATES = [None, *(n for n, r in GATE_REGISTRY.items() if not r.uses_relation)]
 
@@ -71,20 +77,32 @@ def test_graph_constructor_carries_the_relation():
     "build, error, match",
     [
         (lambda: urpe.Positions(torch.arange(3.0), torch.arange(3)), TypeError, "integer"),
-        (lambda: urpe.Positions(torch.zeros(1, 1, 3).long(), torch.arange(3)), ValueError,
-         "positions.query"),
-        (lambda: urpe.Positions(torch.zeros(2, 3).long(), torch.zeros(3, 3).long()), ValueError,
-         "rows"),
-        (lambda: urpe.Positions(torch.arange(3), torch.arange(4), torch.zeros(1, 3, 3).long()),
-         ValueError, "relation"),
+        (
+            lambda: urpe.Positions(torch.zeros(1, 1, 3).long(), torch.arange(3)),
+            ValueError,
+            "positions.query",
+        ),
+        (
+            lambda: urpe.Positions(torch.zeros(2, 3).long(), torch.zeros(3, 3).long()),
+            ValueError,
+            "rows",
+        ),
+        (
+            lambda: urpe.Positions(torch.arange(3), torch.arange(4), torch.zeros(1, 3, 3).long()),
+            ValueError,
+            "relation",
+        ),
         (lambda: urpe.Positions.graph(torch.zeros(2, 3, 4).long()), ValueError, "graph"),
         (lambda: urpe.Positions.sequence(3, past=-1), ValueError, "past"),
         (lambda: urpe.Positions.sequence(2.0), TypeError, "length"),
         (lambda: urpe.Positions.from_padding(torch.zeros(2, 3)), TypeError, "bool"),
-        (lambda: urpe.Positions.from_padding(torch.zeros(2, 3, dtype=bool), 4), ValueError,
-         "query_length"),
+        (
+            lambda: urpe.Positions.from_padding(torch.zeros(2, 3, dtype=bool), 4),
+            ValueError,
+            "query_length",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_positions_are_refused(build, error, match):
     with pytest.raises(error, match=match):
         build()
@@ -117,8 +135,9 @@ def test_per_row_positions_equal_each_row_alone(name, gate):
     out = mha(segment, memory=memory, positions=per_row, is_causal=True)
     for row, start in enumerate(starts.tolist()):
         alone = urpe.Positions.sequence(lq, past=past, start=start)
-        want = mha(segment[row : row + 1], memory=memory[row : row + 1], positions=alone,
-                   is_causal=True)  # fmt: skip
+        want = mha(
+            segment[row : row + 1], memory=memory[row : row + 1], positions=alone, is_causal=True
+        )
         torch.testing.assert_close(out[row : row + 1], want, rtol=1e-10, atol=1e-10)
 
 
@@ -221,11 +240,13 @@ def test_fire_reads_the_given_query_positions():
     for i, pq in enumerate([4, 9]):
         for j, pk in enumerate([1, 9]):
             d = pk - pq
-            feature = torch.stack([
-                torch.log1p(c * abs(d))
-                / (torch.log1p(c * max(pq, fire.threshold.abs().item())) + 1e-6),
-                torch.tensor(float(d > 0), **F64),
-            ])  # fmt: skip
+            feature = torch.stack(
+                [
+                    torch.log1p(c * abs(d))
+                    / (torch.log1p(c * max(pq, fire.threshold.abs().item())) + 1e-6),
+                    torch.tensor(float(d > 0), **F64),
+                ]
+            )
             torch.testing.assert_close(term[0, :, i, j], fire.mlp(feature))
 
 
@@ -294,6 +315,7 @@ def test_toeplitz_gate_without_a_length_is_refused():
     with pytest.raises(ValueError, match="num_buckets"):
         urpe.ToeplitzGate(4, num_buckets=3)
     # A model built for length 1 still gets a position-aware gate (K = 1).
-    config = urpe.TransformerConfig(vocab_size=5, max_len=1, num_layers=1, dim=8, num_heads=2,
-                                    position="rpe", gate="toeplitz")  # fmt: skip
+    config = urpe.TransformerConfig(
+        vocab_size=5, max_len=1, num_layers=1, dim=8, num_heads=2, position="rpe", gate="toeplitz"
+    )
     assert urpe.TransformerEncoder(config).layers[0].mixer.gate.table.shape == (2, 3)

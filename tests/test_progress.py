@@ -33,8 +33,9 @@ def test_in_a_log_progress_is_plain_lines():
 
 def test_a_line_per_tenth_done_at_most_one_per_interval():
     log, clock = io.StringIO(), Clock()
-    bar = ProgressLines(total=100, desc="runs 0/2", unit="step", stream=log, clock=clock,
-                        interval=10.0)  # fmt: skip
+    bar = ProgressLines(
+        total=100, desc="runs 0/2", unit="step", stream=log, clock=clock, interval=10.0
+    )
     for _ in range(100):
         clock.now += 1.0  # one second per step
         bar.update(1)

@@ -73,16 +73,22 @@ def calls(draw) -> dict:
     return dict(
         seed=draw(st.integers(0, 2**31 - 1)),
         dtype=draw(st.sampled_from([torch.float64] * 4 + [torch.float32, torch.bfloat16])),
-        batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk,
-        d=draw(st.sampled_from([1, 3, 8])), dv=draw(st.sampled_from([1, 2, 5])),
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        lq=lq,
+        lk=lk,
+        d=draw(st.sampled_from([1, 3, 8])),
+        dv=draw(st.sampled_from([1, 2, 5])),
         normalization=draw(st.sampled_from(sorted(NORMALIZATIONS))),
         causal=draw(st.booleans()),
-        bias=term(), gate=term(),
+        bias=term(),
+        gate=term(),
         padding=draw(st.sampled_from(["none", "random", "with an empty row"])),
         mask=draw(st.sampled_from(["none", "bool", "float"])),
         mask_rank=draw(st.integers(2, len(full))),
         tiles=(draw(st.integers(1, 5)), draw(st.integers(1, 7))),
-    )  # fmt: skip
+    )
 
 
 def build(c: dict, dtype: torch.dtype):
@@ -179,11 +185,16 @@ def test_every_backend_matches_the_reference(c):
         out, grads = _output_and_grads(fn, c, dtype)
         assert out.dtype == dtype
         scale = max(1.0, want.abs().max().item() if want.numel() else 1.0)
-        torch.testing.assert_close(out.double() / scale, want / scale, **tol,
-                                   msg=lambda m, n=name: f"{n} output: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            out.double() / scale, want / scale, **tol, msg=lambda m, n=name: f"{n} output: {m}"
+        )
         for i, (g, w) in enumerate(zip(grads, want_grads, strict=True)):
             scale = max(1.0, w.abs().max().item() if w.numel() else 1.0)
             if dtype != torch.float64:  # a table's gradient sums many rounded terms
                 scale *= math.sqrt(max(1, w.numel()))
-            torch.testing.assert_close(g.double() / scale, w / scale, **tol,
-                                       msg=lambda m, n=name, i=i: f"{n} grad {i}: {m}")  # fmt: skip
+            torch.testing.assert_close(
+                g.double() / scale,
+                w / scale,
+                **tol,
+                msg=lambda m, n=name, i=i: f"{n} grad {i}: {m}",
+            )

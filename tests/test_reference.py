@@ -55,9 +55,15 @@ def test_reference_matches_naive(norm, causal, lq, lk, term):
         bias_dense = torch.stack([bt[:, index[i]] for i in range(b)])
         gate_dense = torch.stack([gt[:, index[i]] for i in range(b)])
     got = reference_attention(
-        q, k, v, bias=bias_arg, gate=gate_arg, key_padding_mask=padding, is_causal=causal,
+        q,
+        k,
+        v,
+        bias=bias_arg,
+        gate=gate_arg,
+        key_padding_mask=padding,
+        is_causal=causal,
         normalization=norm,
-    )  # fmt: skip
+    )
     want = naive_attention(q, k, v, bias_dense, gate_dense, padding, causal, norm)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
@@ -74,15 +80,26 @@ def test_reference_gradcheck(norm):
 
     def toeplitz(q, k, v, bias_table, gate_table):
         return reference_attention(
-            q, k, v, bias=urpe.Toeplitz(bias_table), gate=urpe.Toeplitz(gate_table),
-            key_padding_mask=padding, is_causal=True, normalization=norm,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            bias=urpe.Toeplitz(bias_table),
+            gate=urpe.Toeplitz(gate_table),
+            key_padding_mask=padding,
+            is_causal=True,
+            normalization=norm,
+        )
 
     def dense(q, k, v, dense_bias, dense_gate):
         return reference_attention(
-            q, k, v, bias=dense_bias, gate=dense_gate, key_padding_mask=padding,
+            q,
+            k,
+            v,
+            bias=dense_bias,
+            gate=dense_gate,
+            key_padding_mask=padding,
             normalization=norm,
-        )  # fmt: skip
+        )
 
     if norm == "relu2":  # relu is not differentiable at 0; keep logits away from it
         q = (q.detach() * 3).requires_grad_()
@@ -158,12 +175,16 @@ def test_padding_appended_changes_nothing():
     padding[:, length:] = True
     for norm in NORMS:
         short = urpe.attention(
-            q[:, :, :length], k[:, :, :length], v[:, :, :length],
-            bias=bias[..., :length, :length], gate=gate[..., :length, :length],
+            q[:, :, :length],
+            k[:, :, :length],
+            v[:, :, :length],
+            bias=bias[..., :length, :length],
+            gate=gate[..., :length, :length],
             normalization=norm,
-        )  # fmt: skip
-        long = urpe.attention(q, k, v, bias=bias, gate=gate, key_padding_mask=padding,
-                              normalization=norm)  # fmt: skip
+        )
+        long = urpe.attention(
+            q, k, v, bias=bias, gate=gate, key_padding_mask=padding, normalization=norm
+        )
         torch.testing.assert_close(long[:, :, :length], short, rtol=1e-12, atol=1e-12)
 
 
@@ -209,9 +230,17 @@ def test_reference_with_bool_mask_and_grouped_queries_matches_naive(norm, hkv):
     gate = torch.rand(1, h, lq, lk, **F64) + 0.5
     padding = padding_for(b, lk)
     got = reference_attention(
-        q, k, v, visible, bias=bias, gate=gate, key_padding_mask=padding, is_causal=True,
-        normalization=norm, enable_gqa=True,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        visible,
+        bias=bias,
+        gate=gate,
+        key_padding_mask=padding,
+        is_causal=True,
+        normalization=norm,
+        enable_gqa=True,
+    )
     want = naive_attention(q, k, v, bias.dense(lq, lk), gate, padding, True, norm, visible)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
@@ -223,9 +252,13 @@ def test_half_precision_computes_in_float32(norm):
     want = reference_attention(q, k, v, bias=bias, normalization=norm, is_causal=True)
     for dtype in (torch.bfloat16, torch.float16):
         got = reference_attention(
-            q.to(dtype), k.to(dtype), v.to(dtype), bias=urpe.Toeplitz(bias.table.to(dtype)),
-            normalization=norm, is_causal=True,
-        )  # fmt: skip
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            bias=urpe.Toeplitz(bias.table.to(dtype)),
+            normalization=norm,
+            is_causal=True,
+        )
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), want, rtol=0.05, atol=0.05)
 
@@ -237,17 +270,21 @@ def test_sdpa_backend_matches_reference(causal, lq, lk):
     padding = padding_for(2, lk)
     for bias in (None, torch.randn(2, 3, lq, lk, **F64), urpe.Toeplitz(torch.randn(3, 5, **F64))):
         for mask in (None, padding):
-            got = urpe.attention(q, k, v, bias=bias, key_padding_mask=mask, is_causal=causal,
-                                 backend="sdpa")  # fmt: skip
-            want = urpe.attention(q, k, v, bias=bias, key_padding_mask=mask, is_causal=causal,
-                                  backend="reference")  # fmt: skip
+            got = urpe.attention(
+                q, k, v, bias=bias, key_padding_mask=mask, is_causal=causal, backend="sdpa"
+            )
+            want = urpe.attention(
+                q, k, v, bias=bias, key_padding_mask=mask, is_causal=causal, backend="reference"
+            )
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 def test_backend_selection():
     q, k, v = qkv()
-    assert urpe.kernels.select_backend("auto", q=q, k=k, v=v, gate=None,
-                                       normalization="softmax").name != "reference"  # fmt: skip
+    assert (
+        urpe.kernels.select_backend("auto", q=q, k=k, v=v, gate=None, normalization="softmax").name
+        != "reference"
+    )
     with pytest.raises(ValueError, match="backend 'sdpa' cannot run"):
         urpe.attention(q, k, v, gate=torch.ones(1, 1, 5, 5, **F64), backend="sdpa")
     with pytest.raises(ValueError, match="backend must be"):

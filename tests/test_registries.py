@@ -64,8 +64,13 @@ def test_a_registered_normalization_runs_on_every_kernel(sigmoid):
     q, k, v = (torch.randn(2, 3, 7, 4, generator=gen, **F64) for _ in range(3))
     table = torch.randn(3, 5, generator=gen, **F64)
     padding = torch.tensor([[False] * 7, [False] * 5 + [True] * 2])
-    call = dict(bias=Toeplitz(table), gate=Toeplitz(table + 1), key_padding_mask=padding,
-                is_causal=True, normalization="sigmoid")  # fmt: skip
+    call = dict(
+        bias=Toeplitz(table),
+        gate=Toeplitz(table + 1),
+        key_padding_mask=padding,
+        is_causal=True,
+        normalization="sigmoid",
+    )
     by_hand = torch.sigmoid(q @ k.transpose(-1, -2) / 2 + Toeplitz(table).dense(7, 7))
     keep = torch.ones(7, 7).tril().bool() & ~padding[:, None, None, :]
     by_hand = (by_hand * Toeplitz(table + 1).dense(7, 7)).masked_fill(~keep, 0) @ v
@@ -143,9 +148,15 @@ def test_a_registered_normalization_builds_and_trains_a_model():
 
 def _check_a_sigmoid_model():
     config = TransformerConfig(
-        vocab_size=7, max_len=6, num_layers=2, dim=8, num_heads=2, position="rpe",
-        gate="toeplitz", normalization="sigmoid",
-    )  # fmt: skip
+        vocab_size=7,
+        max_len=6,
+        num_layers=2,
+        dim=8,
+        num_heads=2,
+        position="rpe",
+        gate="toeplitz",
+        normalization="sigmoid",
+    )
     model = TransformerEncoder(config).double()
     tokens = torch.randint(0, 7, (2, 6))
     out = model(tokens)

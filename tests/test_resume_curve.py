@@ -18,8 +18,15 @@ def _fit_until(objective, data, run_dir, kill_at):
     """12 updates, validation and a checkpoint every 4, killed at update `kill_at` (or never)."""
     from urpe.training import TrainConfig, fit
 
-    settings = TrainConfig(max_steps=12, val_every=4, checkpoint_every=4, accelerator="cpu",
-                           devices=1, seed=0, log_every=1)  # fmt: skip
+    settings = TrainConfig(
+        max_steps=12,
+        val_every=4,
+        checkpoint_every=4,
+        accelerator="cpu",
+        devices=1,
+        seed=0,
+        log_every=1,
+    )
 
     def on_step(step):
         if step == kill_at:
@@ -39,8 +46,11 @@ def _fit(run_dir, tokens, kill_at=None):
     config = TransformerConfig(vocab_size=11, num_layers=1, dim=16, num_heads=2, ffn_dim=32)
     model = LanguageModel(config, 8)
     objective = CausalLM(model, OptimConfig(lr=1e-2, total_steps=12))
-    data = StepDataModule(SegmentStream(tokens[:-200], 4, 8),
-                          held_out_segments(tokens[-200:], 4, 8), eval_batch_size=None)  # fmt: skip
+    data = StepDataModule(
+        SegmentStream(tokens[:-200], 4, 8),
+        held_out_segments(tokens[-200:], 4, 8),
+        eval_batch_size=None,
+    )
     _fit_until(objective, data, run_dir, kill_at)
     return model, objective
 
@@ -55,8 +65,9 @@ def test_kill_after_a_validation_checkpoint_then_resume_keeps_the_curve(tmp_path
     resumed, part = _fit(tmp_path / "b", tokens)
     assert part.curve["val"] == whole.curve["val"]
     assert part.curve["train"] == whole.curve["train"]
-    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(),
-                            strict=True):  # fmt: skip
+    for (name, a), b in zip(
+        straight.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 
@@ -81,13 +92,19 @@ def _fit_graph(run_dir, kill_at=None):
         graphs.append(ShortestPaths()(data))
     L.seed_everything(0, verbose=False)
     spec = FEATURIZATIONS["zinc"]
-    model = Graphormer(GraphormerConfig(num_layers=1, dim=16, ffn_dim=16, num_heads=2),
-                       node_cardinalities=spec.node_cardinalities,
-                       edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+    model = Graphormer(
+        GraphormerConfig(num_layers=1, dim=16, ffn_dim=16, num_heads=2),
+        node_cardinalities=spec.node_cardinalities,
+        edge_cardinalities=spec.edge_cardinalities,
+    )
     objective = GraphRegression(model, OptimConfig(lr=1e-2, total_steps=12))
     train, val = graphs[:18], graphs[18:]
-    data = StepDataModule(IndexedStream(len(train), 4, 0, _Collate(train)), val,
-                          eval_batch_size=8, collate=_Collate(val))  # fmt: skip
+    data = StepDataModule(
+        IndexedStream(len(train), 4, 0, _Collate(train)),
+        val,
+        eval_batch_size=8,
+        collate=_Collate(val),
+    )
     _fit_until(objective, data, run_dir, kill_at)
     assert DataLoader  # the loader the experiment evaluates with
     return read_curve(run_dir)

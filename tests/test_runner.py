@@ -9,10 +9,33 @@ from urpe.cli import main
 from urpe.experiments.runner import RunSpec, config_digest
 from urpe.experiments.synthetic.report import rows, summarize
 
-TINY = ["--tasks", "pi,probe", "--variants", "nope,urpe", "--seq-len", "6", "--steps", "12",
-        "--batch-size", "8", "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "16",
-        "--eval-sequences", "32", "--no-progress", "--threads", "1",
-        "--checkpoint-every", "0"]  # fmt: skip
+TINY = [
+    "--tasks",
+    "pi,probe",
+    "--variants",
+    "nope,urpe",
+    "--seq-len",
+    "6",
+    "--steps",
+    "12",
+    "--batch-size",
+    "8",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "16",
+    "--eval-sequences",
+    "32",
+    "--no-progress",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "0",
+]
 
 
 def _sweep(out, *flags):
@@ -46,8 +69,9 @@ def test_resume_skips_only_exact_matches_and_reports_them_apart(tmp_path, capsys
     assert again == first  # nothing retrained: the record file is untouched
     assert "1 of 1 runs already recorded" in capsys.readouterr().err
     # A different width is a different run: --resume trains it, and the report keeps them apart.
-    both = _sweep(out, "--jobs", "1", "--variants", "urpe", "--tasks", "probe", "--resume",
-                  "--dim", "8")  # fmt: skip
+    both = _sweep(
+        out, "--jobs", "1", "--variants", "urpe", "--tasks", "probe", "--resume", "--dim", "8"
+    )
     assert len(both) == 2
     table = rows(list(both.values()))
     labels = sorted(r["label"] for r in table)
@@ -209,13 +233,27 @@ def test_a_record_whose_config_was_changed_is_not_taken_for_its_run(tmp_path):
 
 
 def test_an_execution_makes_the_training_config_of_a_run():
-    execution = Execution(accelerator="cpu", devices=2, num_nodes=3, strategy="ddp",
-                          accumulate_grad_batches=4, checkpoint_every=7)  # fmt: skip
+    execution = Execution(
+        accelerator="cpu",
+        devices=2,
+        num_nodes=3,
+        strategy="ddp",
+        accumulate_grad_batches=4,
+        checkpoint_every=7,
+    )
     config = execution.train_config(max_steps=50, precision="bf16-mixed", seed=5, val_every=10)
     assert (config.max_steps, config.precision, config.seed, config.val_every) == (
-        50, "bf16-mixed", 5, 10)  # fmt: skip
+        50,
+        "bf16-mixed",
+        5,
+        10,
+    )
     assert (config.accelerator, config.devices, config.num_nodes, config.strategy) == (
-        "cpu", 2, 3, "ddp")  # fmt: skip
+        "cpu",
+        2,
+        3,
+        "ddp",
+    )
     assert config.accumulate_grad_batches == 4 and config.checkpoint_every == 7
 
 

@@ -149,8 +149,13 @@ def test_causal_with_attn_mask_and_padding_combine_as_and():
     mask = torch.rand(2, 3, 6, 6) < 0.7
     padding = torch.tensor([[False] * 5 + [True], [True] + [False] * 5])
     combined = mask & torch.ones(6, 6, dtype=torch.bool).tril() & ~padding[:, None, None, :]
-    ran = _compare(q, k, v, dict(attn_mask=combined),
-                   dict(attn_mask=mask, is_causal=True, key_padding_mask=padding))  # fmt: skip
+    ran = _compare(
+        q,
+        k,
+        v,
+        dict(attn_mask=combined),
+        dict(attn_mask=mask, is_causal=True, key_padding_mask=padding),
+    )
     # the sdpa backend folds padding and the causal rule into one mask of its own: a real
     # comparison against SDPA given the combined mask, not SDPA against itself
     assert "sdpa" in ran
@@ -160,8 +165,9 @@ def test_bias_and_float_mask_add_up():
     q, k, v = _qkv((2,))
     bias = torch.randn(3, 5, 7, **F64, requires_grad=True)
     mask = torch.randn(2, 1, 5, 7, **F64, requires_grad=True)
-    _compare(q, k, v, dict(attn_mask=bias + mask), dict(attn_mask=mask, bias=bias),
-             extra=(bias, mask))  # fmt: skip
+    _compare(
+        q, k, v, dict(attn_mask=bias + mask), dict(attn_mask=mask, bias=bias), extra=(bias, mask)
+    )
 
 
 def test_sdpa_positional_arguments():
@@ -170,8 +176,9 @@ def test_sdpa_positional_arguments():
     q, k, v = _qkv((2,), h=4, hkv=2, lq=5, lk=5)
     mask = torch.rand(5, 5) < 0.8
     want = F.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=0.7, enable_gqa=True)
-    torch.testing.assert_close(attention(q, k, v, mask, 0.0, False, scale=0.7, enable_gqa=True),
-                               want)  # fmt: skip
+    torch.testing.assert_close(
+        attention(q, k, v, mask, 0.0, False, scale=0.7, enable_gqa=True), want
+    )
     torch.testing.assert_close(attention(q, k, v, mask, 0.0, False, 0.7, True), want)
 
 
@@ -183,9 +190,11 @@ def test_lower_precision_close_to_sdpa(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for name, causal in itertools.product(CPU_BACKENDS, (False, True)):
         want = F.scaled_dot_product_attention(
-            q.double(), k.double(), v.double(), attn_mask=mask & torch.ones(9, 9).tril().bool()
-            if causal else mask
-        )  # fmt: skip
+            q.double(),
+            k.double(),
+            v.double(),
+            attn_mask=mask & torch.ones(9, 9).tril().bool() if causal else mask,
+        )
         got = attention(q, k, v, mask, is_causal=causal, backend=name)
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)

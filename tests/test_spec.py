@@ -32,8 +32,13 @@ def test_leading_dims_are_flattened_and_restored_by_shape():
     assert spec.q.shape == (6, 4, 5, 8) and spec.v.shape == (6, 4, 6, 3)
     assert spec.batch_shape == (2, 3)
     assert (spec.batch, spec.heads, spec.lq, spec.lk, spec.head_dim, spec.value_dim) == (
-        6, 4, 5, 6, 8, 3,
-    )  # fmt: skip
+        6,
+        4,
+        5,
+        6,
+        8,
+        3,
+    )
     assert torch.equal(spec.q[4], q[1, 1])  # row-major: (b0, b1) -> b0 * 3 + b1
 
 

@@ -10,16 +10,51 @@ from urpe.experiments.synthetic.report import claims, summarize
 from urpe.experiments.synthetic.variants import VARIANTS, variant_config
 from urpe.models import TransformerConfig, TransformerEncoder
 
-TINY = ["--seq-len", "8", "--steps", "150", "--batch-size", "32", "--layers", "2", "--dim", "32",
-        "--heads", "4", "--ffn-dim", "64", "--lr", "3e-3", "--warmup", "15",
-        "--eval-sequences", "256", "--no-progress", "--jobs", "1", "--threads", "1"]  # fmt: skip
+TINY = [
+    "--seq-len",
+    "8",
+    "--steps",
+    "150",
+    "--batch-size",
+    "32",
+    "--layers",
+    "2",
+    "--dim",
+    "32",
+    "--heads",
+    "4",
+    "--ffn-dim",
+    "64",
+    "--lr",
+    "3e-3",
+    "--warmup",
+    "15",
+    "--eval-sequences",
+    "256",
+    "--no-progress",
+    "--jobs",
+    "1",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
 def probe_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
-    code = main(["reproduce", "synthetic", "--tasks", "probe", "--variants", "rpe,urpe",
-                 "--out", str(out), *TINY])  # fmt: skip
+    code = main(
+        [
+            "reproduce",
+            "synthetic",
+            "--tasks",
+            "probe",
+            "--variants",
+            "rpe,urpe",
+            "--out",
+            str(out),
+            *TINY,
+        ]
+    )
     assert code == 0
     return out
 
@@ -56,8 +91,9 @@ def test_breaks_row_sum_matches_what_the_model_does(name):
     """The theory label of each variant, checked on its model: with random weights, identical
     tokens give position-dependent outputs exactly when the variant breaks the row sum."""
     torch.manual_seed(0)
-    config = variant_config(name, TransformerConfig(vocab_size=4, max_len=8, num_layers=2, dim=16,
-                                                    num_heads=2))  # fmt: skip
+    config = variant_config(
+        name, TransformerConfig(vocab_size=4, max_len=8, num_layers=2, dim=16, num_heads=2)
+    )
     model = TransformerEncoder(config).double().eval()
     with torch.no_grad():
         for parameter in model.parameters():  # e.g. C away from its all-ones start
@@ -72,19 +108,54 @@ def test_breaks_row_sum_matches_what_the_model_does(name):
 
 def test_claims_are_checked_against_the_numbers():
     rows = [
-        dict(task="probe", variant="urpe", vocab_size=10, seq_len=8, steps=1, seed=0,
-             accuracy=0.90, chance=0.125, seconds=1.0, params=1),
-        dict(task="probe", variant="rpe", vocab_size=10, seq_len=8, steps=1, seed=0,
-             accuracy=0.125, chance=0.125, seconds=1.0, params=1),
-    ]  # fmt: skip
+        dict(
+            task="probe",
+            variant="urpe",
+            vocab_size=10,
+            seq_len=8,
+            steps=1,
+            seed=0,
+            accuracy=0.90,
+            chance=0.125,
+            seconds=1.0,
+            params=1,
+        ),
+        dict(
+            task="probe",
+            variant="rpe",
+            vocab_size=10,
+            seq_len=8,
+            steps=1,
+            seed=0,
+            accuracy=0.125,
+            chance=0.125,
+            seconds=1.0,
+            params=1,
+        ),
+    ]
     held = {c["variant"]: c["held"] for c in claims(summarize(rows))}
     assert held == {"urpe": False, "rpe": True}
 
 
 def test_a_seed_fixes_the_run_exactly_on_cpu(tmp_path):
     def run(out):
-        code = main(["reproduce", "synthetic", "--tasks", "etp", "--variants", "urpe",
-                     "--out", str(out), *TINY, "--steps", "20", "--warmup", "2"])  # fmt: skip
+        code = main(
+            [
+                "reproduce",
+                "synthetic",
+                "--tasks",
+                "etp",
+                "--variants",
+                "urpe",
+                "--out",
+                str(out),
+                *TINY,
+                "--steps",
+                "20",
+                "--warmup",
+                "2",
+            ]
+        )
         assert code == 0
         (row,) = json.loads((out / "results.json").read_text())
         return row["loss"], row["accuracy"]
@@ -102,21 +173,44 @@ def test_migrate_converts_an_old_record_and_checks_the_unrecorded_width(tmp_path
         TransformerConfig(vocab_size=10, max_len=8, num_layers=1, dim=16, num_heads=2, ffn_dim=64),
     )
     params = sum(p.numel() for p in EncoderTokenClassifier(config, 8).parameters())
-    old = dict(task="pi", variant="urpe", seed=1, vocab_size=10, seq_len=8, steps=50,
-               params=params, accuracy=0.75, loss=0.5, chance=0.125, seconds=3.0, batch_size=16,
-               lr=0.002, warmup=5, num_layers=1, dim=16, num_heads=2, eval_sequences=64,
-               threads=1, run="pi-urpe-V10-L8-S50-seed1")  # fmt: skip
+    old = dict(
+        task="pi",
+        variant="urpe",
+        seed=1,
+        vocab_size=10,
+        seq_len=8,
+        steps=50,
+        params=params,
+        accuracy=0.75,
+        loss=0.5,
+        chance=0.125,
+        seconds=3.0,
+        batch_size=16,
+        lr=0.002,
+        warmup=5,
+        num_layers=1,
+        dim=16,
+        num_heads=2,
+        eval_sequences=64,
+        threads=1,
+        run="pi-urpe-V10-L8-S50-seed1",
+    )
     records = tmp_path / "records"
     records.mkdir()
     (records / "pi-urpe-V10-L8-S50-seed1.json").write_text(json.dumps(old))
-    torch.save({"B": torch.ones(2, 8, 8), "C": torch.ones(2, 8, 8)},
-               records / "pi-urpe-V10-L8-S50-seed1.pt")  # fmt: skip
+    torch.save(
+        {"B": torch.ones(2, 8, 8), "C": torch.ones(2, 8, 8)},
+        records / "pi-urpe-V10-L8-S50-seed1.pt",
+    )
     bad = {**old, "params": params + 1, "run": "pi-urpe-V10-L8-S50-seed2", "seed": 2}
     (records / "pi-urpe-V10-L8-S50-seed2.json").write_text(json.dumps(bad))
     converted, problems = migrate(tmp_path)
     assert converted == 1 and len(problems) == 1 and "seed2.json: not converted" in problems[0]
-    (new,) = [json.loads(p.read_text()) for p in records.glob("*-*-*.json")
-              if "format" in json.loads(p.read_text())]  # fmt: skip
+    (new,) = [
+        json.loads(p.read_text())
+        for p in records.glob("*-*-*.json")
+        if "format" in json.loads(p.read_text())
+    ]
     assert new["config"]["model"]["transformer"]["ffn_dim"] == 64  # recovered from the count
     assert new["config"]["data"]["stream"] == "per-process/0"
     assert (records / f"{new['id']}.safetensors").exists()
@@ -125,8 +219,9 @@ def test_migrate_converts_an_old_record_and_checks_the_unrecorded_width(tmp_path
     assert (row["accuracy"], row["seed"], row["steps"]) == (0.75, 1, 50)
 
 
-def test_a_record_of_a_variant_this_urpe_does_not_know_is_still_reported(probe_run, tmp_path,
-                                                                          capsys):  # fmt: skip
+def test_a_record_of_a_variant_this_urpe_does_not_know_is_still_reported(
+    probe_run, tmp_path, capsys
+):
     # Sweeps may share an OUT: a newer urpe can leave a record of a variant added since.
     import shutil
 

@@ -45,8 +45,9 @@ def _written_out_weights(mixer, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("length", [5, 8])
 def test_attention_weights_are_the_urpe_formula(length):
     torch.manual_seed(0)
-    config = variant_config("urpe", TransformerConfig(vocab_size=7, max_len=8, num_layers=2,
-                                                      dim=16, num_heads=2))  # fmt: skip
+    config = variant_config(
+        "urpe", TransformerConfig(vocab_size=7, max_len=8, num_layers=2, dim=16, num_heads=2)
+    )
     model = EncoderTokenClassifier(config, 5).double()
     with torch.no_grad():  # a trained-looking B and C, not the initial ones
         model.encoder.layers[0].mixer.position.table.normal_(0, 1.0)
@@ -83,11 +84,42 @@ def test_position_probe_tells_a_position_code_from_noise():
 
 def test_inspect_command_reports_a_trained_run(tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["reproduce", "synthetic", "--tasks", "etp", "--variants", "urpe",
-                 "--seq-len", "6", "--steps", "4", "--batch-size", "8", "--layers", "1",
-                 "--dim", "8", "--heads", "2", "--ffn-dim", "16", "--eval-sequences", "8",
-                 "--no-progress", "--jobs", "1", "--threads", "1",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "reproduce",
+                "synthetic",
+                "--tasks",
+                "etp",
+                "--variants",
+                "urpe",
+                "--seq-len",
+                "6",
+                "--steps",
+                "4",
+                "--batch-size",
+                "8",
+                "--layers",
+                "1",
+                "--dim",
+                "8",
+                "--heads",
+                "2",
+                "--ffn-dim",
+                "16",
+                "--eval-sequences",
+                "8",
+                "--no-progress",
+                "--jobs",
+                "1",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     run_dir = next((out / "runs").iterdir())
     assert inspect_main([str(run_dir), "--sequences", "4", "--json", str(tmp_path / "i.json")]) == 0
     text = capsys.readouterr().out
@@ -124,8 +156,9 @@ def test_repeated_tokens_carry_position_only_when_the_row_sum_is_broken(variant,
     from urpe.experiments.synthetic import inspect as inspect_module
 
     torch.manual_seed(0)
-    config = variant_config(variant, TransformerConfig(vocab_size=50, max_len=16, num_layers=2,
-                                                       dim=32, num_heads=4))  # fmt: skip
+    config = variant_config(
+        variant, TransformerConfig(vocab_size=50, max_len=16, num_layers=2, dim=32, num_heads=4)
+    )
     model = EncoderTokenClassifier(config, 16)
     with torch.no_grad():
         for module in model.modules():
@@ -166,8 +199,9 @@ def _agreement_by_hand(model, tokens: torch.Tensor, ridge: float = 1e-6) -> list
 
 def test_value_agreement_is_the_shared_value_component():
     torch.manual_seed(0)
-    config = variant_config("urpe", TransformerConfig(vocab_size=300, max_len=12, num_layers=2,
-                                                      dim=16, num_heads=2))  # fmt: skip
+    config = variant_config(
+        "urpe", TransformerConfig(vocab_size=300, max_len=12, num_layers=2, dim=16, num_heads=2)
+    )
     model = EncoderTokenClassifier(config, 5)
     tokens = torch.randint(0, 300, (64, 12))
     expected = _agreement_by_hand(model, tokens)
@@ -181,8 +215,9 @@ def test_value_agreement_is_the_shared_value_component():
 
 def test_value_agreement_is_huge_when_few_tokens_leave_a_direction_free():
     torch.manual_seed(0)
-    config = variant_config("urpe", TransformerConfig(vocab_size=4, max_len=12, num_layers=1,
-                                                      dim=32, num_heads=2))  # fmt: skip
+    config = variant_config(
+        "urpe", TransformerConfig(vocab_size=4, max_len=12, num_layers=1, dim=32, num_heads=2)
+    )
     model = EncoderTokenClassifier(config, 5)
     # 4 tokens: their centred values span 3 of a head's 16 dimensions.
     assert min(value_agreement(model, torch.randint(0, 4, (64, 12)))) > 1e4
@@ -207,11 +242,44 @@ def test_without_the_embedding_norm_all_tokens_start_with_one_shared_value():
 def test_a_probe_run_is_measured_on_random_tokens(tmp_path):
     # The probe's own input repeats one token: its values would share everything trivially.
     out = tmp_path / "out"
-    assert main(["reproduce", "synthetic", "--tasks", "probe", "--variants", "urpe",
-                 "--seq-len", "6", "--steps", "4", "--batch-size", "8", "--layers", "1",
-                 "--dim", "8", "--heads", "2", "--ffn-dim", "16", "--eval-sequences", "8",
-                 "--vocab-size", "50", "--no-progress", "--jobs", "1", "--threads", "1",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "reproduce",
+                "synthetic",
+                "--tasks",
+                "probe",
+                "--variants",
+                "urpe",
+                "--seq-len",
+                "6",
+                "--steps",
+                "4",
+                "--batch-size",
+                "8",
+                "--layers",
+                "1",
+                "--dim",
+                "8",
+                "--heads",
+                "2",
+                "--ffn-dim",
+                "16",
+                "--eval-sequences",
+                "8",
+                "--vocab-size",
+                "50",
+                "--no-progress",
+                "--jobs",
+                "1",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     run_dir = next((out / "runs").iterdir())
     assert (
         inspect_main([str(run_dir), "--sequences", "64", "--json", str(tmp_path / "i.json")]) == 0

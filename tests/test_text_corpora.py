@@ -100,8 +100,11 @@ def test_shakespeare_corpus_splits(tmp_path):
     assert corpus.vocab_size == len(set(text))
     _check_split(corpus, corpus.tokenizer.encode(text))
     assert corpus.tokenizer.decode(corpus.valid[:30]) == text[len(text) * 90 // 100 :][:30]
-    assert corpus.source_units == {"train": len(corpus.train), "valid": len(corpus.valid),
-                                   "test": len(corpus.test)}  # fmt: skip
+    assert corpus.source_units == {
+        "train": len(corpus.train),
+        "valid": len(corpus.valid),
+        "test": len(corpus.test),
+    }
     again = load_corpus("shakespeare", cache_dir=tmp_path / "other")  # built afresh
     assert all(torch.equal(again.splits[s], corpus.splits[s]) for s in corpus.splits)
     assert again.tokenizer == corpus.tokenizer
@@ -111,9 +114,11 @@ def test_enwiki_mini_is_the_gensim_xml_byte_for_byte(tmp_path):
     corpus = load_corpus("enwiki-mini", cache_dir=tmp_path)
     spec = importlib.util.find_spec("gensim")
     member = (
-        Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data"
+        Path(next(iter(spec.submodule_search_locations)))
+        / "test"
+        / "test_data"
         / corpora_module.ENWIKI_MINI_MEMBER
-    )  # fmt: skip
+    )
     data = bz2.decompress(member.read_bytes())
     assert len(data) == 6_089_746 and data.startswith(b"<mediawiki")
     assert corpus.unit == "byte" and corpus.vocab_size == 256
@@ -158,8 +163,10 @@ def test_enwik8_standard_split_from_a_zip(tmp_path):
         zf.writestr("enwik8", data)
     corpus = load_corpus("enwik8", tmp_path, cache_dir=tmp_path / "c")
     assert [len(corpus.splits[s]) for s in ("train", "valid", "test")] == [
-        90_000_000, 5_000_000, 5_000_000,
-    ]  # fmt: skip
+        90_000_000,
+        5_000_000,
+        5_000_000,
+    ]
     assert corpus.valid[:3].tolist() == list(data[90_000_000:90_000_003])
     assert corpus.test[-3:].tolist() == list(data[-3:])
 
@@ -236,9 +243,9 @@ def test_wikitext_missing_file_and_bad_tokenizer(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, reason", [("", "holds no text"), ("\n \n", "holds no text"),
-                        ("tiny text", "too small to split")]
-)  # fmt: skip
+    "content, reason",
+    [("", "holds no text"), ("\n \n", "holds no text"), ("tiny text", "too small to split")],
+)
 def test_a_file_too_small_to_split_is_refused(content, reason, tmp_path):
     path = tmp_path / "small.txt"
     path.write_text(content)

@@ -72,11 +72,13 @@ def test_row_sum_breaking_designs_tell_identical_tokens_apart(name, depth):
 # Purely relative designs: outputs depend on offsets, never on absolute positions. (FIRE is left
 # out, by its `shift_invariant` flag: it normalises offsets by the query position.)
 SHIFT_INVARIANT = {
-    name: overrides for name, overrides in {**INSIDE_SOFTMAX, **POSITION_AWARE}.items()
+    name: overrides
+    for name, overrides in {**INSIDE_SOFTMAX, **POSITION_AWARE}.items()
     if POSITION_REGISTRY[overrides.get("position", "none")].cls.shift_invariant
-    and "absolute" not in overrides and not overrides.get("markers")
+    and "absolute" not in overrides
+    and not overrides.get("markers")
     and not overrides.get("mixers")
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", SHIFT_INVARIANT)

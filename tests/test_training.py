@@ -59,8 +59,9 @@ def test_ranks_and_micro_batches_partition_each_global_batch():
     """2 ranks x 2 micro-batches: the four parts of step t are the global batch of step t."""
     stream = GeneratedStream(_sample, 8, seed=1)
     single = _take(StepBatches(stream), 3)
-    parts = {r: _take(StepBatches(GeneratedStream(_sample, 8, seed=1), 0, r, 2, 2), 6)
-             for r in range(2)}  # fmt: skip
+    parts = {
+        r: _take(StepBatches(GeneratedStream(_sample, 8, seed=1), 0, r, 2, 2), 6) for r in range(2)
+    }
     for step in range(3):
         pieces = [parts[r][2 * step + m][0] for m in range(2) for r in range(2)]
         assert torch.equal(torch.cat(pieces), single[step][0])
@@ -79,15 +80,24 @@ def test_indexed_stream_visits_every_item_once_per_epoch():
 def _train(out, steps, dropout=0.1, checkpoint_every=5):
     quiet_lightning()
     L.seed_everything(0, verbose=False)
-    config = TransformerConfig(vocab_size=5, max_len=8, num_layers=1, dim=16, num_heads=2,
-                               dropout=dropout, position="rpe", gate="toeplitz")  # fmt: skip
+    config = TransformerConfig(
+        vocab_size=5,
+        max_len=8,
+        num_layers=1,
+        dim=16,
+        num_heads=2,
+        dropout=dropout,
+        position="rpe",
+        gate="toeplitz",
+    )
     objective = TokenClassification(
         EncoderTokenClassifier(config, 8), 8, OptimConfig(lr=3e-3, warmup_steps=2, total_steps=20)
     )
     sample = functools.partial(get_task("pi"), length=8, vocab_size=5)
     held_out = TensorDataset(*sample(64, generator=torch.Generator().manual_seed(5)))
-    data = StepDataModule(GeneratedStream(lambda b, g: sample(b, generator=g), 16, 0), held_out,
-                          eval_batch_size=32)  # fmt: skip
+    data = StepDataModule(
+        GeneratedStream(lambda b, g: sample(b, generator=g), 16, 0), held_out, eval_batch_size=32
+    )
     train = TrainConfig(max_steps=steps, checkpoint_every=checkpoint_every, val_every=7, seed=0)
     return fit(objective, data, train, out, resume=True)
 

@@ -154,10 +154,18 @@ def test_compile_fullgraph_matches_eager_with_dropout_and_checks(name):
     def f(q, k, v, table, index, seed):
         extra = dict(gate=Toeplitz(gate_table), normalization=normalization) if rich else {}
         return attention(
-            q, k, v, attn_mask=mask, bias=Relation(table, index), key_padding_mask=PADDING,
-            is_causal=True, dropout_p=0.2, dropout_seed=seed if explicit_seed else None,
-            backend=name, **extra,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            bias=Relation(table, index),
+            key_padding_mask=PADDING,
+            is_causal=True,
+            dropout_p=0.2,
+            dropout_seed=seed if explicit_seed else None,
+            backend=name,
+            **extra,
+        )
 
     compiled = torch.compile(f, fullgraph=True, dynamic=False)
     seed = torch.tensor(1234)
@@ -171,10 +179,17 @@ def test_compile_fullgraph_matches_eager_with_dropout_and_checks(name):
         want_grads = torch.autograd.grad(want.sum(), leaves)
     torch.testing.assert_close(got, want)
     with torch.no_grad():
-        plain = attention(q, k, v, attn_mask=mask, bias=Relation(bias_table, index),
-                          key_padding_mask=PADDING, is_causal=True, backend=name,
-                          **(dict(gate=Toeplitz(gate_table), normalization=normalization)
-                             if rich else {}))  # fmt: skip
+        plain = attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            bias=Relation(bias_table, index),
+            key_padding_mask=PADDING,
+            is_causal=True,
+            backend=name,
+            **(dict(gate=Toeplitz(gate_table), normalization=normalization) if rich else {}),
+        )
     assert not torch.allclose(got, plain)  # dropout took place
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w)

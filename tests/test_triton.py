@@ -183,8 +183,9 @@ def test_infinite_bias_and_gate_entries_are_handled_like_the_reference():
 def test_lower_precision_accumulates_in_float32(dtype):
     """Against the float64 reference on the same (rounded) inputs: relative error of a
     float32 accumulation with half-precision matrix operands."""
-    qkv, params, call = _case((2, 2, 2, 40, 40, 64, 64), "causal+padding", "toeplitz", "toeplitz",
-                              dtype=dtype)  # fmt: skip
+    qkv, params, call = _case(
+        (2, 2, 2, 40, 40, 64, 64), "causal+padding", "toeplitz", "toeplitz", dtype=dtype
+    )
     out, grads = _outputs_and_grads(triton_attention, qkv, params, call)
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
     wide = [p.detach().double().requires_grad_() for p in params]
@@ -306,8 +307,9 @@ def test_strided_inputs_one_query_and_narrow_heads():
     gen = torch.Generator().manual_seed(11)
     f = dict(dtype=torch.float64, device=DEVICE)
     for lq, lk, d in ((1, 40, 8), (23, 23, 16)):
-        leaves = [torch.randn(2, n, 3, d, generator=gen).to(**f).requires_grad_()
-                  for n in (lq, lk, lk)]  # fmt: skip
+        leaves = [
+            torch.randn(2, n, 3, d, generator=gen).to(**f).requires_grad_() for n in (lq, lk, lk)
+        ]
         q, k, v = (t.transpose(1, 2) for t in leaves)  # (B, H, L, D) views
         assert not k.is_contiguous()
         padding = (torch.rand(2, 2 * lk, generator=gen) < 0.3).to(DEVICE)[:, ::2]
@@ -354,11 +356,15 @@ MASK_SHAPES = ((2, 2, 1, 17, 20, 16, 16), (1, 2, 2, 18, 33, 16, 24))
 # each mask form meets two normalisations (each normalisation two or three forms); terms and
 # shapes rotate
 MASK_GRID = [
-    (form, NORMALIZATIONS_LIST[(i + j) % 4], TERM_KINDS[(i + j + 1) % len(TERM_KINDS)],
-     MASK_SHAPES[(i + j // 2) % 2])
+    (
+        form,
+        NORMALIZATIONS_LIST[(i + j) % 4],
+        TERM_KINDS[(i + j + 1) % len(TERM_KINDS)],
+        MASK_SHAPES[(i + j // 2) % 2],
+    )
     for i, form in enumerate(MASK_FORMS)
     for j in (0, 2)
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -403,15 +409,17 @@ def test_bool_mask_hides_pairs_whatever_the_gate_and_values_hold():
     assert torch.all(grads[0][:, :, 7] == 0) and torch.all(grads[1][:, :, 5] == 0)
     clean_v = v.clone()
     clean_v[:, :, 5] = 0.0
-    expected = reference_attention(q, k, clean_v, attn_mask=mask, gate=gate.nan_to_num(1.0),
-                                   normalization="l2")  # fmt: skip
+    expected = reference_attention(
+        q, k, clean_v, attn_mask=mask, gate=gate.nan_to_num(1.0), normalization="l2"
+    )
     _close(out, expected)
 
 
 def test_float_mask_with_a_relation_bias_in_half_precision():
     """A float mask on a Relation bias: the two are summed in float32 for float16 inputs."""
-    qkv, params, call = _case((2, 2, 2, 19, 23, 32, 32), "padding", "relation", "toeplitz",
-                              dtype=torch.float16)  # fmt: skip
+    qkv, params, call = _case(
+        (2, 2, 2, 19, 23, 32, 32), "padding", "relation", "toeplitz", dtype=torch.float16
+    )
     mask = (0.5 * torch.randn(2, 1, 19, 23)).to(DEVICE, torch.float16)
     out = triton_attention(*qkv, **call, attn_mask=mask)
     wide = [p.detach().double() for p in params]
@@ -457,8 +465,18 @@ def test_vmap_folds_masks_and_dense_terms_into_the_batch():
     gate = Toeplitz((1 + 0.3 * torch.randn(h, 9, generator=gen)).to(**f))
 
     def loss(q, hide, add, bias):
-        out = attention(q, k, v, attn_mask=hide, bias=bias + add, gate=gate, enable_gqa=True,
-                        is_causal=True, normalization="softmax", backend="triton")  # fmt: skip
+        out = attention(
+            q,
+            k,
+            v,
+            attn_mask=hide,
+            bias=bias + add,
+            gate=gate,
+            enable_gqa=True,
+            is_causal=True,
+            normalization="softmax",
+            backend="triton",
+        )
         return out.square().sum(), out
 
     grad = torch.func.vmap(

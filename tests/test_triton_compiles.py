@@ -84,8 +84,17 @@ NOT_FEATURES = {"ACC", "PRECISION", "UPCAST", "BLOCK_D", "BLOCK_DV"}
 def test_every_constexpr_of_a_launch_is_a_feature_of_the_matrix(kernel):
     """A launch's constexpr flags each follow one of `launch_factors`' features: a new flag in
     the launch code fails here until the compile matrix varies it."""
-    base = Case(kernel, 80, "float32", 64, (16, 32, 4, 2), causal=False, dropout=False,
-                padding=False, mask=False)  # fmt: skip
+    base = Case(
+        kernel,
+        80,
+        "float32",
+        64,
+        (16, 32, 4, 2),
+        causal=False,
+        dropout=False,
+        padding=False,
+        mask=False,
+    )
     meta = launch_of(base).meta
     varied = set()
     for name, values in launch_factors(kernel, "float32").items():
@@ -97,9 +106,12 @@ def test_every_constexpr_of_a_launch_is_a_feature_of_the_matrix(kernel):
 
 @pytest.mark.parametrize(
     ("kernel", "decay_grad", "documents"),
-    [(kernel, decay, docs) for kernel in ("forward", "backward_kv", "backward_q")
-     for decay, docs in ((False, False), (True, False), (False, True), (True, True))],
-)  # fmt: skip
+    [
+        (kernel, decay, docs)
+        for kernel in ("forward", "backward_kv", "backward_q")
+        for decay, docs in ((False, False), (True, False), (False, True), (True, True))
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
 def test_the_autotuner_tries_exactly_the_checked_configurations(
@@ -114,10 +126,12 @@ def test_the_autotuner_tries_exactly_the_checked_configurations(
     block_d = max(16, triton.next_power_of_2(head_dim))
     named = {"q_ptr": torch.empty(0, dtype=dtype)}
     grad = K.DECAY.value if decay_grad else K.NO_TERM.value
-    kept = tuner.early_config_prune(tuner.configs, named, BLOCK_D=block_d, BLOCK_DV=block_d,
-                                    B_GRAD=grad, DOCS=documents)  # fmt: skip
+    kept = tuner.early_config_prune(
+        tuner.configs, named, BLOCK_D=block_d, BLOCK_DV=block_d, B_GRAD=grad, DOCS=documents
+    )
     shapes = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
-    expected = launch.configs_for(kernel, block_d, launch.dtype_family(dtype), decay_grad,
-                                  documents)  # fmt: skip
+    expected = launch.configs_for(
+        kernel, block_d, launch.dtype_family(dtype), decay_grad, documents
+    )
     assert sorted(shapes) == sorted(expected)
     assert {c.maxnreg for c in kept} == {launch.MAX_REGISTERS}  # what `urpe bench compile` uses

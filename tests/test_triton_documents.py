@@ -40,8 +40,9 @@ def _dense_decay(log_forget, lq):
     Differentiable, so the reference's gradient reaches log_forget."""
     c = log_forget.cumsum(-1)
     lk = c.shape[-1]
-    c_query = torch.cat([c.new_zeros(*c.shape[:-1], max(lq - lk, 0)), c[..., max(lk - lq, 0) :]],
-                        -1)  # fmt: skip
+    c_query = torch.cat(
+        [c.new_zeros(*c.shape[:-1], max(lq - lk, 0)), c[..., max(lk - lq, 0) :]], -1
+    )
     return -(c_query[..., :, None] - c[..., None, :]).abs()
 
 
@@ -74,8 +75,10 @@ def _ids(kind, b, lk, gen):
 
 
 def _qkv(b, h, hk, lq, lk, d, dv, gen):
-    return [torch.randn(*shape, generator=gen).to(**F64).requires_grad_()
-            for shape in ((b, h, lq, d), (b, hk, lk, d), (b, hk, lk, dv))]  # fmt: skip
+    return [
+        torch.randn(*shape, generator=gen).to(**F64).requires_grad_()
+        for shape in ((b, h, lq, d), (b, hk, lk, d), (b, hk, lk, dv))
+    ]
 
 
 def _gate(kind, b, h, lq, lk, gen):
@@ -118,13 +121,12 @@ DOCUMENT_GRID = [
     DOCUMENT_GRID,
     ids=["-".join(map(str, g[:6])) for g in DOCUMENT_GRID],
 )
-def test_documents_match_the_dense_mask(ids, norm, causal, padding, mask, gate, shape):  # fmt: skip
+def test_documents_match_the_dense_mask(ids, norm, causal, padding, mask, gate, shape):
     b, h, hk, lq, lk = shape
     gen = torch.Generator().manual_seed(lq + lk)
     qkv = _qkv(b, h, hk, lq, lk, 16, 24, gen)
     gate, gate_params = _gate(gate, b, h, lq, lk, gen)
-    call = dict(document_ids=_ids(ids, b, lk, gen), gate=gate, is_causal=causal,
-                normalization=norm)  # fmt: skip
+    call = dict(document_ids=_ids(ids, b, lk, gen), gate=gate, is_causal=causal, normalization=norm)
     if padding:
         call["key_padding_mask"] = (torch.rand(b, lk, generator=gen) < 0.2).to(DEVICE)
     if mask:
@@ -142,8 +144,11 @@ DECAY_GRID = [
 ]
 
 
-@pytest.mark.parametrize(("form", "norm", "causal", "documents", "gate", "shape"), DECAY_GRID,
-                         ids=["-".join(map(str, g[:5])) for g in DECAY_GRID])  # fmt: skip
+@pytest.mark.parametrize(
+    ("form", "norm", "causal", "documents", "gate", "shape"),
+    DECAY_GRID,
+    ids=["-".join(map(str, g[:5])) for g in DECAY_GRID],
+)
 def test_decay_matches_its_dense_bias_with_gradients_to_log_forget(
     form, norm, causal, documents, gate, shape
 ):
@@ -175,8 +180,13 @@ def test_documents_and_decay_with_dropout_and_a_float_mask():
     keep = dropout_keep_mask(b, h, lq, lk, p, seed, DEVICE)
 
     def with_dropout(q, k, v, bias, document_ids, **c):
-        weights = reference_weights(q, k, bias=_dense_decay(bias.log_forget, lq),
-                                    attn_mask=_dense_documents(document_ids, lq), **c)  # fmt: skip
+        weights = reference_weights(
+            q,
+            k,
+            bias=_dense_decay(bias.log_forget, lq),
+            attn_mask=_dense_documents(document_ids, lq),
+            **c,
+        )
         return (weights * keep / (1 - p)) @ v
 
     fn = lambda *a, **c: triton_attention(*a, **c, dropout_p=p, dropout_seed=seed)  # noqa: E731
@@ -223,8 +233,9 @@ def test_decay_gradients_are_deterministic_without_atomics():
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        runs = [_outputs_and_grads(triton_attention, qkv, [*qkv, log_forget], call)[1]
-                for _ in range(2)]  # fmt: skip
+        runs = [
+            _outputs_and_grads(triton_attention, qkv, [*qkv, log_forget], call)[1] for _ in range(2)
+        ]
     finally:
         torch.use_deterministic_algorithms(previous)
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
@@ -235,8 +246,10 @@ def test_auto_and_the_capability_check_take_documents_and_decay():
     urpe.attention(backend="triton") gives the reference's result (int16 ids here)."""
     gen = torch.Generator().manual_seed(6)
     qkv = _qkv(2, 2, 2, 17, 17, 16, 16, gen)
-    call = dict(document_ids=_ids("packed", 2, 17, gen).to(torch.int16),
-                bias=Decay((-torch.rand(2, 2, 17, generator=gen)).to(**F64)))  # fmt: skip
+    call = dict(
+        document_ids=_ids("packed", 2, 17, gen).to(torch.int16),
+        bias=Decay((-torch.rand(2, 2, 17, generator=gen)).to(**F64)),
+    )
     assert triton_unsupported(*qkv, **call) is None
     out = attention(*qkv, **call, backend="triton")
     _close(out, _reference(*qkv, **call))
@@ -254,8 +267,9 @@ def test_vmap_of_grad_folds_documents_and_decay_into_the_batch():
     log_forget = (-torch.rand(n, b, h, l, generator=gen)).to(**F64)
 
     def loss(q, ids, log_forget):
-        out = attention(q, k, v, document_ids=ids, bias=Decay(log_forget), is_causal=True,
-                        backend="triton")  # fmt: skip
+        out = attention(
+            q, k, v, document_ids=ids, bias=Decay(log_forget), is_causal=True, backend="triton"
+        )
         return out.square().sum()
 
     got = torch.func.vmap(torch.func.grad(loss, argnums=(0, 2)))(q, ids, log_forget)

@@ -131,8 +131,9 @@ def test_config_errors_name_the_field():
 
 
 def test_model_input_errors():
-    model = urpe.TransformerEncoder(urpe.TransformerConfig(vocab_size=5, max_len=8, dim=16,
-                                                           num_heads=2, num_layers=1))  # fmt: skip
+    model = urpe.TransformerEncoder(
+        urpe.TransformerConfig(vocab_size=5, max_len=8, dim=16, num_heads=2, num_layers=1)
+    )
     with pytest.raises(ValueError, match="token ids must lie in"):
         model(torch.tensor([[1, 7]]))
     with pytest.raises(ValueError, match=r"tokens must be an integer tensor of shape \(B, L\)"):

@@ -23,8 +23,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(sys.platform == "win32", reason="POSIX paths")]  # fmt: skip
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX paths")]
 
 PROBE = """
 import warnings, torch, urpe
@@ -43,8 +42,9 @@ print("LOADED", build.loaded())
 def local_package_sources() -> list[str]:
     """pip options that name only this machine's package files: the find-links folders and
     file:// indexes of pip's own configuration."""
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+    ).stdout
     links, indexes = [], []
     for line in listed.splitlines():
         key, _, value = line.partition("=")
@@ -71,9 +71,24 @@ def installed(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, project / name)
     env = dict(os.environ, URPE_BUILD_KERNEL="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                    "--no-index", "-w", str(work / "dist"), str(project)], env=env, check=True,
-                   capture_output=True, timeout=1500)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "--no-index",
+            "-w",
+            str(work / "dist"),
+            str(project),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=1500,
+    )
     (wheel,) = (work / "dist").glob("urpe-*.whl")
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert wheel.name.endswith(".whl") and f"-{py}-{py}-" in wheel.name  # a platform wheel
@@ -85,9 +100,21 @@ def installed(tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     offline = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     offline.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    done = subprocess.run([str(python), "-m", "pip", "install", *local_package_sources(),
-                           str(wheel), f"torch=={torch.__version__}"], env=offline,
-                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    done = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            *local_package_sources(),
+            str(wheel),
+            f"torch=={torch.__version__}",
+        ],
+        env=offline,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     if done.returncode != 0 and "No matching distribution found for torch" in done.stdout + (
         done.stderr
     ):
@@ -102,8 +129,14 @@ def _probe(python: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     bin_folder = python.parent
     assert not any(shutil.which(cc, path=str(bin_folder)) for cc in ("c++", "g++", "cc", "clang"))
     env = {"HOME": str(tmp_path), "PATH": str(bin_folder), "URPE_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([str(python), "-c", PROBE], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [str(python), "-c", PROBE],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"FROM {python.parents[1]}" in done.stdout  # the installed urpe, not this checkout
     return done

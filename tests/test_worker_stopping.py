@@ -14,10 +14,33 @@ import pytest
 
 from urpe.cli import main
 
-FLAGS = ["--tasks", "etp", "--variants", "urpe,rpe", "--seq-len", "8", "--steps", "300",
-         "--batch-size", "16", "--layers", "1", "--dim", "16", "--heads", "2", "--ffn-dim", "32",
-         "--eval-sequences", "64", "--no-progress", "--threads", "1",
-         "--checkpoint-every", "10"]  # fmt: skip
+FLAGS = [
+    "--tasks",
+    "etp",
+    "--variants",
+    "urpe,rpe",
+    "--seq-len",
+    "8",
+    "--steps",
+    "300",
+    "--batch-size",
+    "16",
+    "--layers",
+    "1",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "32",
+    "--eval-sequences",
+    "64",
+    "--no-progress",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "10",
+]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -47,8 +70,18 @@ def _alive(pid: int) -> bool:
 
 def _start_and_wait(out: Path) -> tuple[subprocess.Popen, list[int]]:
     """The sweep with two workers, once both have written a checkpoint and none has finished."""
-    command = [sys.executable, "-m", "urpe", "reproduce", "synthetic", "--out", str(out),
-               *FLAGS, "--jobs", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "urpe",
+        "reproduce",
+        "synthetic",
+        "--out",
+        str(out),
+        *FLAGS,
+        "--jobs",
+        "2",
+    ]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -77,8 +110,10 @@ def _gone(pids: list[int], seconds: float) -> bool:
 
 
 def _results(out: Path) -> dict:
-    return {json.loads(p.read_text())["name"]: json.loads(p.read_text())["result"]
-            for p in (out / "records").glob("*.json")}  # fmt: skip
+    return {
+        json.loads(p.read_text())["name"]: json.loads(p.read_text())["result"]
+        for p in (out / "records").glob("*.json")
+    }
 
 
 def test_sigkill_of_the_main_process_stops_its_workers_and_resume_is_exact(tmp_path):

@@ -23,15 +23,19 @@ from sphinx.util.docutils import SphinxDirective
 # they are for.
 MODULE_TOOLS = {
     "python -m urpe.kernels.cpp": (
-        "urpe.kernels.cpp.build", "Build the C++ CPU kernel now, showing the compiler's errors."),
+        "urpe.kernels.cpp.build",
+        "Build the C++ CPU kernel now, showing the compiler's errors.",
+    ),
     "python -m urpe.experiments.synthetic.inspect": (
         "urpe.experiments.synthetic.inspect",
         "What a trained synthetic model attends to and where it keeps position; or its runs' "
-        "learning curves."),
+        "learning curves.",
+    ),
     "python -m urpe.experiments.lm.speed": (
         "urpe.experiments.lm.speed",
-        "Step time of each URPE variant against its base, side by side in one process."),
-}  # fmt: skip
+        "Step time of each URPE variant against its base, side by side in one process.",
+    ),
+}
 WIDTH = "88"  # argparse wraps the help text to $COLUMNS; the page shows 88 columns
 
 
@@ -61,10 +65,14 @@ def commands() -> list[tuple[str, str, str]]:
     entries = [("urpe", "The command; python -m urpe is the same.", [])]
     for group, summary in GROUP_HELP.items():
         entries.append((f"urpe {group}", summary, [group]))
-        entries += [(f"urpe {group} {name}", help_text, [group, name])
-                    for (g, name), (_, help_text) in COMMANDS.items() if g == group]  # fmt: skip
-    entries += [(f"urpe {name}", help_text, [name])
-                for name, (_, help_text) in SINGLE_COMMANDS.items()]  # fmt: skip
+        entries += [
+            (f"urpe {group} {name}", help_text, [group, name])
+            for (g, name), (_, help_text) in COMMANDS.items()
+            if g == group
+        ]
+    entries += [
+        (f"urpe {name}", help_text, [name]) for name, (_, help_text) in SINGLE_COMMANDS.items()
+    ]
     out = [(title, summary, _help(main, argv)) for title, summary, argv in entries]
     for title, (module, summary) in MODULE_TOOLS.items():
         out.append((title, summary, _help(importlib.import_module(module).main, [])))

@@ -92,8 +92,12 @@ def normalize(lines: list[str]) -> list[str]:
             i = j
             continue
         j = i + 1
-        while (j < len(lines) and not sections[j] and lines[j].strip()
-               and _indent(lines[j]) > _content_indent(line)):  # fmt: skip
+        while (
+            j < len(lines)
+            and not sections[j]
+            and lines[j].strip()
+            and _indent(lines[j]) > _content_indent(line)
+        ):
             j += 1
         run = lines[i + 1 : j]
         if not run:

@@ -18,27 +18,48 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _SOURCES = {
     **dict.fromkeys(
-        ("ALiBi", "FireBias", "ForgetGate", "KerpleBias", "LearnedAbsolute", "NoPosition",
-         "Positions", "RelationBias", "RelationGate", "RelativeBias", "RelativeEncoding",
-         "RotaryEncoding", "ShawRelative", "SinusoidalAbsolute", "T5Bias", "ToeplitzGate",
-         "TransformerXLRelative"),
+        (
+            "ALiBi",
+            "FireBias",
+            "ForgetGate",
+            "KerpleBias",
+            "LearnedAbsolute",
+            "NoPosition",
+            "Positions",
+            "RelationBias",
+            "RelationGate",
+            "RelativeBias",
+            "RelativeEncoding",
+            "RotaryEncoding",
+            "ShawRelative",
+            "SinusoidalAbsolute",
+            "T5Bias",
+            "ToeplitzGate",
+            "TransformerXLRelative",
+        ),
         "urpe.encodings",
     ),
-    **dict.fromkeys(("Decay", "Relation", "Toeplitz", "attention", "reference_attention"),
-                   "urpe.kernels"),
+    **dict.fromkeys(
+        ("Decay", "Relation", "Toeplitz", "attention", "reference_attention"), "urpe.kernels"
+    ),
     **dict.fromkeys(
         ("LanguageModel", "TransformerConfig", "TransformerDecoder", "TransformerEncoder"),
         "urpe.models",
     ),
     **dict.fromkeys(
-        ("AttentionContext", "BilinearMixer", "KVCache", "MultiheadAttention",
-         "SeparableConvMixer"),
+        (
+            "AttentionContext",
+            "BilinearMixer",
+            "KVCache",
+            "MultiheadAttention",
+            "SeparableConvMixer",
+        ),
         "urpe.nn",
     ),
     # Saving and loading trained models needs safetensors (the `train` extra).
     "load_model": "urpe.training.bundles",
     "save_model": "urpe.training.checkpoint",
-}  # fmt: skip
+}
 # Subpackages that `import urpe` has always made available as attributes.
 _SUBPACKAGES = ("encodings", "files", "kernels", "models", "nn")
 

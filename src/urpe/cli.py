@@ -85,11 +85,19 @@ GROUP_HELP = {
 
 # Top-level modules of each extra: a command that needs one of them names the extra to install.
 EXTRAS = {
-    "lightning": "train", "pytorch_lightning": "train", "torchmetrics": "train",
-    "safetensors": "train", "tqdm": "train", "matplotlib": "train", "tensorboard": "train",
-    "x_transformers": "bench", "torch_geometric": "graph", "rdkit": "graph", "scipy": "graph",
+    "lightning": "train",
+    "pytorch_lightning": "train",
+    "torchmetrics": "train",
+    "safetensors": "train",
+    "tqdm": "train",
+    "matplotlib": "train",
+    "tensorboard": "train",
+    "x_transformers": "bench",
+    "torch_geometric": "graph",
+    "rdkit": "graph",
+    "scipy": "graph",
     "transformers": "hf",
-}  # fmt: skip
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -196,8 +204,11 @@ def _main(argv: list[str] | None) -> int:
         fix = _missing_extra(error)
         if fix is None:
             raise
-        print(f"{prog}: error: this command needs the module {error.name!r}, which is not "
-              f"installed: {fix}", file=sys.stderr)  # fmt: skip
+        print(
+            f"{prog}: error: this command needs the module {error.name!r}, which is not "
+            f"installed: {fix}",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -109,8 +109,9 @@ def check_writable_directory(path: Path, argument: str = "--out") -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".urpe-write-test-", dir=existing))
     except OSError as error:
-        raise UsageError(argument, f"{path}: cannot write in {existing} "
-                                   f"({error.strerror or error})") from None  # fmt: skip
+        raise UsageError(
+            argument, f"{path}: cannot write in {existing} ({error.strerror or error})"
+        ) from None
 
 
 def output_file(text: str | Path, default_name: str, argument: str = "--output") -> Path:

@@ -47,10 +47,19 @@ def progress_bar(
     if enabled and on_terminal(stream):
         from tqdm.auto import tqdm
 
-        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, file=stream,
-                    dynamic_ncols=True, **bar_options)  # fmt: skip
-    return ProgressLines(iterable, total=total, desc=desc, unit=unit, enabled=enabled,
-                         stream=stream)  # fmt: skip
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            unit=unit,
+            leave=leave,
+            file=stream,
+            dynamic_ncols=True,
+            **bar_options,
+        )
+    return ProgressLines(
+        iterable, total=total, desc=desc, unit=unit, enabled=enabled, stream=stream
+    )
 
 
 class ProgressLines:

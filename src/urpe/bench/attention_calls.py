@@ -48,8 +48,10 @@ def decode_inputs(heads: int, kv_heads: int, keys: int, head_dim: int, seed: int
 def _terms(inputs: dict, term: str) -> dict:
     """The bias and gate keywords of `term` (a key of TERMS) on these inputs' tables."""
     with_bias, with_gate = TERMS[term]
-    return dict(bias=Toeplitz(inputs["table_b"]) if with_bias else None,
-                gate=Toeplitz(inputs["table_c"]) if with_gate else None)  # fmt: skip
+    return dict(
+        bias=Toeplitz(inputs["table_b"]) if with_bias else None,
+        gate=Toeplitz(inputs["table_c"]) if with_gate else None,
+    )
 
 
 def auto_picks(inputs: dict, causal: bool, terms: tuple[str, ...]) -> str:
@@ -57,10 +59,11 @@ def auto_picks(inputs: dict, causal: bool, terms: tuple[str, ...]) -> str:
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     gqa = k.shape[1] != q.shape[1]
     picks = {
-        term: select_backend("auto", q, k, v, is_causal=causal, enable_gqa=gqa,
-                             **_terms(inputs, term)).name
+        term: select_backend(
+            "auto", q, k, v, is_causal=causal, enable_gqa=gqa, **_terms(inputs, term)
+        ).name
         for term in terms
-    }  # fmt: skip
+    }
     return "auto runs " + ", ".join(f"{term}: {name}" for term, name in picks.items())
 
 
@@ -74,8 +77,7 @@ def _decode_urpe(backend: str, term: str):
     def build(inputs: dict, causal: bool):
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         gqa, terms = k.shape[1] != q.shape[1], _terms(inputs, term)
-        return lambda: attention(q, k, v, is_causal=True, enable_gqa=gqa, backend=backend,
-                                 **terms)  # fmt: skip
+        return lambda: attention(q, k, v, is_causal=True, enable_gqa=gqa, backend=backend, **terms)
 
     return build
 
@@ -84,12 +86,16 @@ FORWARD = ("cpu",)  # forward_only_on: these rows are timed forward only
 DECODE_ROWS = [
     Row("sdpa", "F.scaled_dot_product_attention, no mask", _decode_sdpa, forward_only_on=FORWARD),
     *(
-        Row(f"{backend}_{term}", f"urpe.attention(backend={backend!r}), terms: {term}",
-            _decode_urpe(backend, term), forward_only_on=FORWARD)
+        Row(
+            f"{backend}_{term}",
+            f"urpe.attention(backend={backend!r}), terms: {term}",
+            _decode_urpe(backend, term),
+            forward_only_on=FORWARD,
+        )
         for backend in DECODE_BACKENDS
         for term in DECODE_TERMS
     ),
-]  # fmt: skip
+]
 AUTO_ROWS = [
     Row("auto_urpe", "urpe.attention(backend='auto'), Toeplitz B and C", backend_row("auto", True)),
     Row("auto_rpe", "urpe.attention(backend='auto'), Toeplitz B", backend_row("auto", False)),
@@ -104,8 +110,10 @@ def _built(rows: list[Row], cases: dict, progress, loops: int, about: str) -> Ti
     for case, (inputs, setting, shape) in cases.items():
         calls, skipped = build_calls(rows, inputs, setting, method)
         timed.cases[case], timed.shapes[case] = calls, shape
-        timed.skipped += [dict(case=case, shape=shape, name=r["name"], mode=r["mode"],
-                               skipped=r["skipped"]) for r in skipped]  # fmt: skip
+        timed.skipped += [
+            dict(case=case, shape=shape, name=r["name"], mode=r["mode"], skipped=r["skipped"])
+            for r in skipped
+        ]
     return timed
 
 
@@ -120,9 +128,11 @@ def decode_calls(sizes: Sizes, progress) -> Timed:
         shape = f"B=1, H={h}, Hkv={kv_heads}, Lq=1, Lk={keys}, D={d}"
         shape += f" ({auto_picks(inputs, True, DECODE_TERMS)})"
         cases[case] = (inputs, dict(length=keys), shape)
-    about = ("Forward under no_grad, as in generation; the tables cover every offset. SDPA "
-             "runs without a mask: at Lq=1 every cached key is visible under urpe's causal "
-             "rule too. Rows: <backend>_<terms>.")  # fmt: skip
+    about = (
+        "Forward under no_grad, as in generation; the tables cover every offset. SDPA "
+        "runs without a mask: at Lq=1 every cached key is visible under urpe's causal "
+        "rule too. Rows: <backend>_<terms>."
+    )
     return _built(DECODE_ROWS, cases, progress, sizes.call_loops, about)
 
 
@@ -134,16 +144,24 @@ def _kernel_rows(names: list[str]) -> list[Row]:
 
 def short_calls(sizes: Sizes, progress) -> Timed:
     batch, heads, length, head_dim = sizes.short
-    rows = [*_kernel_rows(["sdpa"]), *AUTO_ROWS,
-            *_kernel_rows(["cpp_urpe", "blockwise_urpe", "reference_urpe"])]  # fmt: skip
+    rows = [
+        *_kernel_rows(["sdpa"]),
+        *AUTO_ROWS,
+        *_kernel_rows(["cpp_urpe", "blockwise_urpe", "reference_urpe"]),
+    ]
     inputs = make_inputs(batch, heads, length, head_dim, torch.float32)
     cases = {
-        case: (inputs, dict(length=length, causal=causal),
-               f"is_causal={causal} ({auto_picks(inputs, causal, ('urpe', 'bias'))})")
+        case: (
+            inputs,
+            dict(length=length, causal=causal),
+            f"is_causal={causal} ({auto_picks(inputs, causal, ('urpe', 'bias'))})",
+        )
         for case, causal in (("causal", True), ("not_causal", False))
-    }  # fmt: skip
-    about = (f"B={batch}, H={heads}, L={length}, D={head_dim}, float32; URPE (Toeplitz B and "
-             "C) and RPE (B only) on 'auto' and on each CPU kernel.")  # fmt: skip
+    }
+    about = (
+        f"B={batch}, H={heads}, L={length}, D={head_dim}, float32; URPE (Toeplitz B and "
+        "C) and RPE (B only) on 'auto' and on each CPU kernel."
+    )
     return _built(rows, cases, progress, sizes.short_loops, about)
 
 

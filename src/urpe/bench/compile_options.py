@@ -24,13 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a representative subset (about 25 compilations) instead of all",
     )
     parser.add_argument(
-        "--strength", type=int, default=STRENGTH,
+        "--strength",
+        type=int,
+        default=STRENGTH,
         help=f"compile every combination of this many features' values (default {STRENGTH}: "
-             "every pair; 3 compiles about four times as many programs)",
-    )  # fmt: skip
+        "every pair; 3 compiles about four times as many programs)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES),
-                        help="dtypes of the full matrix, comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--dtypes", default=",".join(DTYPES), help="dtypes of the full matrix, comma-separated"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

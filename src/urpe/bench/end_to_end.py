@@ -96,7 +96,7 @@ def picked_backend(variant: str, size: Size, device: str) -> str:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     probe = torch.empty(
         size.batch, size.heads, size.length, size.dim // size.heads, device=device, dtype=dtype
-    )  # (B, H, L, D) fmt: skip
+    )  # (B, H, L, D)
     table = Toeplitz(torch.ones(size.heads, 2 * size.length - 1, device=device))
     terms = dict(bias=table if position == "rpe" else None, gate=table if gate else None)
     return select_backend(backend, probe, probe, probe, **terms).name

@@ -25,9 +25,15 @@ BASELINE = "rpe"
 
 def language_model(size: DecoderSize, variant: str, window: int, seed: int = 0) -> LanguageModel:
     """A pre-LN causal decoder of `size`, in eval mode, with the variant's position terms."""
-    config = TransformerConfig(vocab_size=size.vocab, num_layers=size.layers, dim=size.dim,
-                               num_heads=size.heads, ffn_dim=size.ffn, norm_first=True,
-                               **VARIANTS[variant])  # fmt: skip
+    config = TransformerConfig(
+        vocab_size=size.vocab,
+        num_layers=size.layers,
+        dim=size.dim,
+        num_heads=size.heads,
+        ffn_dim=size.ffn,
+        norm_first=True,
+        **VARIANTS[variant],
+    )
     torch.manual_seed(seed)
     return LanguageModel(config, segment_length=window).eval()
 
@@ -50,15 +56,18 @@ def decoder_generation(sizes: Sizes, progress) -> Timed:
     window = sizes.prompt + sizes.new_tokens
     models = {name: language_model(sizes.decoder, name, window) for name in VARIANTS}
     d = sizes.decoder
-    about = (f"{sizes.new_tokens} tokens after a {sizes.prompt}-token prompt, greedy; "
-             f"LanguageModel, pre-LN, {d.layers} layers, width {d.dim}, {d.heads} heads, FFN "
-             f"{d.ffn}, vocab {d.vocab}; urpe: Toeplitz bias and gate, rpe: the bias alone, "
-             "nope: no positions.")  # fmt: skip
+    about = (
+        f"{sizes.new_tokens} tokens after a {sizes.prompt}-token prompt, greedy; "
+        f"LanguageModel, pre-LN, {d.layers} layers, width {d.dim}, {d.heads} heads, FFN "
+        f"{d.ffn}, vocab {d.vocab}; urpe: Toeplitz bias and gate, rpe: the bias alone, "
+        "nope: no positions."
+    )
     return per_batch(sizes, models, _greedy, about, progress)
 
 
-def per_batch(sizes: Sizes, models: dict, greedy, about: str, progress, warmups: int = 1,
-              note: str = "") -> Timed:  # fmt: skip
+def per_batch(
+    sizes: Sizes, models: dict, greedy, about: str, progress, warmups: int = 1, note: str = ""
+) -> Timed:
     """Greedy generation by each model (name -> model) at each batch size, a case per batch,
     warmed up; `greedy(model, prompt, new_tokens)` makes one generation's call."""
     timed = Timed(cases={}, shapes={}, about=about)

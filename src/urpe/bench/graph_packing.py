@@ -50,8 +50,9 @@ def molecule_batches(settings: GraphBenchSettings) -> list:
     from ..data.molecules import load_molecules
 
     count = settings.batch_size * settings.batches
-    data = load_molecules(settings.dataset, sizes=(count, 2, 2), seed=0, progress=False,
-                          zinc_dir=settings.zinc_dir)  # fmt: skip
+    data = load_molecules(
+        settings.dataset, sizes=(count, 2, 2), seed=0, progress=False, zinc_dir=settings.zinc_dir
+    )
     graphs = [data.train[i] for i in range(min(count, len(data.train)))]
     size = settings.batch_size
     return [Batch.from_data_list(graphs[i : i + size]) for i in range(0, len(graphs), size)]
@@ -63,13 +64,18 @@ def graphormer_routes(model: str, pack_lengths) -> dict[str, torch.nn.Module]:
     from ..graph import Graphormer, GraphormerConfig
 
     spec = FEATURIZATIONS["zinc"]
-    routes = {BASELINE: {}, **{route_name(p): {"pack": True, "pack_length": p}
-                               for p in pack_lengths}}  # fmt: skip
+    routes = {
+        BASELINE: {},
+        **{route_name(p): {"pack": True, "pack_length": p} for p in pack_lengths},
+    }
     models = {}
     for name, packing in routes.items():
         config = GraphormerConfig.preset(model, gate="relation", **packing)
-        models[name] = Graphormer(config, node_cardinalities=spec.node_cardinalities,
-                                  edge_cardinalities=spec.edge_cardinalities)  # fmt: skip
+        models[name] = Graphormer(
+            config,
+            node_cardinalities=spec.node_cardinalities,
+            edge_cardinalities=spec.edge_cardinalities,
+        )
         models[name].load_state_dict(models[BASELINE].state_dict())
     return models
 
@@ -112,8 +118,11 @@ def layout_facts(batches: list, max_hops: int, pack_lengths) -> dict:
         for p in pack_lengths:
             add(route_name(p), *pack_layout(lengths, p).graph.shape)
     routes = {r: {k: statistics.mean(v) for k, v in f.items()} for r, f in facts.items()}
-    return {"nodes_mean": statistics.mean(nodes_mean), "nodes_max": statistics.mean(nodes_max),
-            "routes": routes}  # fmt: skip
+    return {
+        "nodes_mean": statistics.mean(nodes_mean),
+        "nodes_max": statistics.mean(nodes_max),
+        "routes": routes,
+    }
 
 
 def run_graph_bench(settings: GraphBenchSettings, progress=None) -> dict:

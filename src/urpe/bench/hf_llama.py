@@ -30,18 +30,25 @@ def llama_pair(size: DecoderSize, context: int, seed: int = 0) -> dict:
     import urpe.hf
 
     config = transformers.LlamaConfig(
-        vocab_size=size.vocab, hidden_size=size.dim, intermediate_size=size.ffn,
-        num_hidden_layers=size.layers, num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads, max_position_embeddings=context, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=size.vocab,
+        hidden_size=size.dim,
+        intermediate_size=size.ffn,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        max_position_embeddings=context,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     base = transformers.LlamaForCausalLM(config)
     return {"base": base, "urpe": urpe.hf.add_urpe(copy.deepcopy(base))}
 
 
 def _llama(d: DecoderSize) -> str:
-    return (f"Llama, {d.layers} layers, width {d.dim}, FFN {d.ffn}, {d.heads} heads, "
-            f"{d.kv_heads} KV heads, vocab {d.vocab}, random weights")  # fmt: skip
+    return (
+        f"Llama, {d.layers} layers, width {d.dim}, FFN {d.ffn}, {d.heads} heads, "
+        f"{d.kv_heads} KV heads, vocab {d.vocab}, random weights"
+    )
 
 
 def _static_compiled(model, backend: str) -> None:
@@ -60,8 +67,13 @@ def _greedy(model, prompt: torch.Tensor, new_tokens: int):
     mask = torch.ones_like(prompt)
 
     def generate() -> None:
-        model.generate(prompt, attention_mask=mask, max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False)  # fmt: skip
+        model.generate(
+            prompt,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+        )
 
     return generate
 
@@ -73,10 +85,15 @@ def _generation(sizes: Sizes, progress, compile_backend: str | None) -> Timed:
         model.eval()
         if compile_backend is not None:
             _static_compiled(model, compile_backend)
-    how = (f"static cache, decoding steps compiled ({compile_backend})" if compile_backend
-           else "eager, dynamic cache")  # fmt: skip
-    about = (f"{sizes.new_tokens} tokens after a {sizes.prompt}-token prompt, greedy "
-             f"(min_new_tokens={sizes.new_tokens}); {_llama(d)}; {how}.")  # fmt: skip
+    how = (
+        f"static cache, decoding steps compiled ({compile_backend})"
+        if compile_backend
+        else "eager, dynamic cache"
+    )
+    about = (
+        f"{sizes.new_tokens} tokens after a {sizes.prompt}-token prompt, greedy "
+        f"(min_new_tokens={sizes.new_tokens}); {_llama(d)}; {how}."
+    )
     note = " (compiles)" if compile_backend else ""
     return per_batch(sizes, models, _greedy, about, progress, warmups=2, note=note)
 

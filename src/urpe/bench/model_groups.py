@@ -24,30 +24,53 @@ class Group:
 def groups(compile_backend: str = "inductor") -> dict[str, Group]:
     """Every group, in run and report order."""
     return {
-        "calls": Group("One decoding call (us per call, + us over SDPA)", "sdpa",
-                       attention_calls.decode_calls, unit="us"),
-        "short": Group("Short rows (ms per call, ratio to SDPA)", "sdpa",
-                       attention_calls.short_calls),
-        "bf16": Group("bfloat16 forward, long rows (ms per call, ratio to SDPA)", "sdpa",
-                      attention_calls.bf16_calls),
-        "decoder": Group("The library's decoder: greedy generation with its KV cache (ms, ratio "
-                         "to the same model without the gate)", generation.BASELINE,
-                         generation.decoder_generation),
-        "hf_generate": Group("Hugging Face Llama: greedy generate, eager (ms, ratio to the "
-                             "model without add_urpe)", hf_llama.BASELINE,
-                             hf_llama.hf_generation),
-        "hf_compiled": Group("Hugging Face Llama: generate with a static cache under "
-                             "torch.compile (ms, ratio to the model without add_urpe)",
-                             hf_llama.BASELINE,
-                             partial(hf_llama.hf_compiled_generation,
-                                     compile_backend=compile_backend)),
-        "hf_train": Group("Hugging Face Llama: one training step (ms, ratio to the model "
-                          "without add_urpe)", hf_llama.BASELINE, hf_llama.hf_training),
-        "end_to_end": Group("`urpe bench attention`'s end-to-end step (ms, ratio to no-PE "
-                            "SDPA)", "nope_sdpa", whole_steps.end_to_end_steps),
-        "lm_speed": Group("The LM experiment's step time, every URPE variant against its base "
-                          "(ms, ratio)", "base", whole_steps.lm_steps),
-    }  # fmt: skip
+        "calls": Group(
+            "One decoding call (us per call, + us over SDPA)",
+            "sdpa",
+            attention_calls.decode_calls,
+            unit="us",
+        ),
+        "short": Group(
+            "Short rows (ms per call, ratio to SDPA)", "sdpa", attention_calls.short_calls
+        ),
+        "bf16": Group(
+            "bfloat16 forward, long rows (ms per call, ratio to SDPA)",
+            "sdpa",
+            attention_calls.bf16_calls,
+        ),
+        "decoder": Group(
+            "The library's decoder: greedy generation with its KV cache (ms, ratio "
+            "to the same model without the gate)",
+            generation.BASELINE,
+            generation.decoder_generation,
+        ),
+        "hf_generate": Group(
+            "Hugging Face Llama: greedy generate, eager (ms, ratio to the model without add_urpe)",
+            hf_llama.BASELINE,
+            hf_llama.hf_generation,
+        ),
+        "hf_compiled": Group(
+            "Hugging Face Llama: generate with a static cache under "
+            "torch.compile (ms, ratio to the model without add_urpe)",
+            hf_llama.BASELINE,
+            partial(hf_llama.hf_compiled_generation, compile_backend=compile_backend),
+        ),
+        "hf_train": Group(
+            "Hugging Face Llama: one training step (ms, ratio to the model without add_urpe)",
+            hf_llama.BASELINE,
+            hf_llama.hf_training,
+        ),
+        "end_to_end": Group(
+            "`urpe bench attention`'s end-to-end step (ms, ratio to no-PE SDPA)",
+            "nope_sdpa",
+            whole_steps.end_to_end_steps,
+        ),
+        "lm_speed": Group(
+            "The LM experiment's step time, every URPE variant against its base (ms, ratio)",
+            "base",
+            whole_steps.lm_steps,
+        ),
+    }
 
 
 GROUP_NAMES = tuple(groups())

@@ -11,8 +11,17 @@ from ..cli_types import non_negative_int, positive_int
 
 CONDITIONS = ("idle", "busy")
 # The groups of `model_groups`, in run and report order (tests/test_cli_startup.py checks them).
-GROUP_NAMES = ("calls", "short", "bf16", "decoder", "hf_generate", "hf_compiled", "hf_train",
-               "end_to_end", "lm_speed")  # fmt: skip
+GROUP_NAMES = (
+    "calls",
+    "short",
+    "bf16",
+    "decoder",
+    "hf_generate",
+    "hf_compiled",
+    "hf_train",
+    "end_to_end",
+    "lm_speed",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "uses; 'eager' traces without generating code, for a fast smoke run)",
     )
     add("--json", type=Path, help="write every record, the sizes and the targets here")
-    add("--markdown", type=Path, help="write the model section into this file (BENCHMARKS.md), "
-        "between its markers; the rest of the file stays")  # fmt: skip
+    add(
+        "--markdown",
+        type=Path,
+        help="write the model section into this file (BENCHMARKS.md), "
+        "between its markers; the rest of the file stays",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

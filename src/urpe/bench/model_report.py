@@ -40,10 +40,14 @@ def _measured(value: float | None, measure: str) -> str:
 def _targets(results: dict) -> list[str]:
     labels = [condition_label(c) for c in results["conditions"]]
     rows = [
-        [t["target"], *(_measured(t["values"].get(label), t["measure"]) for label in labels),
-         f"{t['limit']:.3g}" + (" us" if t["measure"] == "extra_us" else ""), MET[t["met"]]]
+        [
+            t["target"],
+            *(_measured(t["values"].get(label), t["measure"]) for label in labels),
+            f"{t['limit']:.3g}" + (" us" if t["measure"] == "extra_us" else ""),
+            MET[t["met"]],
+        ]
         for t in results["targets"]
-    ]  # fmt: skip
+    ]
     return ["", "### Targets", "", *table(["target", *labels, "limit", "met"], rows)]
 
 
@@ -75,18 +79,27 @@ def _group(name: str, results: dict) -> list[str]:
         return _cell(next(found, None), group["unit"])
 
     if len(cases) > len(rows):
-        header = ["case", *(f"{labels[row]}, {condition_label(c)}" for row in rows
-                            for c in conditions)]  # fmt: skip
-        body = [[case, *(cell(row, case, c) for row in rows for c in conditions)]
-                for case in cases]  # fmt: skip
+        header = [
+            "case",
+            *(f"{labels[row]}, {condition_label(c)}" for row in rows for c in conditions),
+        ]
+        body = [[case, *(cell(row, case, c) for row in rows for c in conditions)] for case in cases]
     else:
         header = ["row", *(f"{case}, {condition_label(c)}" for case in cases for c in conditions)]
-        body = [[labels[row], *(cell(row, case, c) for case in cases for c in conditions)]
-                for row in rows]  # fmt: skip
+        body = [
+            [labels[row], *(cell(row, case, c) for case in cases for c in conditions)]
+            for row in rows
+        ]
     shapes = dict.fromkeys(f"{r['case']}: {r['shape']}" for r in records if "shape" in r)
     about = group.get("about", "")
-    lines = ["", f"### {group['title']}", "", f"{about} Baseline: `{group['baseline']}`. Cases: "
-             + "; ".join(shapes) + ".", "", *table(header, body)]  # fmt: skip
+    lines = [
+        "",
+        f"### {group['title']}",
+        "",
+        f"{about} Baseline: `{group['baseline']}`. Cases: " + "; ".join(shapes) + ".",
+        "",
+        *table(header, body),
+    ]
     skipped = dict.fromkeys(
         f"{r['name']} ({r['case']}): {r['skipped']}" for r in records if "skipped" in r
     )

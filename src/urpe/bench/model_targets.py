@@ -33,8 +33,9 @@ class Target:
             values[condition_label(condition)] = None if record is None else record[self.measure]
         measured = [v for v in values.values() if v is not None]
         met = bool(all(v <= self.limit for v in measured)) if measured else None
-        return dict(target=self.target, measure=self.measure, limit=self.limit, values=values,
-                    met=met)  # fmt: skip
+        return dict(
+            target=self.target, measure=self.measure, limit=self.limit, values=values, met=met
+        )
 
     def _matches(self, r: dict, condition: dict) -> bool:
         fields = dict(group=self.group, case=self.case, name=self.name, mode=self.mode)
@@ -76,8 +77,10 @@ TARGETS = (
 def targets() -> tuple[Target, ...]:
     """TARGETS and one per pair of the LM experiment's speed check (read when called: the
     experiment is imported only then)."""
-    steps = tuple(Target(f"LM experiment step: {urpe} / {base}", "lm_speed", urpe, "urpe",
-                         "train", 1.1) for base, urpe in lm_pairs())  # fmt: skip
+    steps = tuple(
+        Target(f"LM experiment step: {urpe} / {base}", "lm_speed", urpe, "urpe", "train", 1.1)
+        for base, urpe in lm_pairs()
+    )
     return TARGETS + steps
 
 

@@ -58,9 +58,13 @@ def _device_default(parser, flag: str, what: str, *old_flags: str, **kwargs) -> 
     dest = flag.lstrip("-").replace("-", "_")
     cpu, cuda = DEVICE_DEFAULTS["cpu"][dest], DEVICE_DEFAULTS["cuda"][dest]
     parser.add_argument(
-        flag, *old_flags, dest=dest, default=argparse.SUPPRESS,
-        help=f"{what} (default: cpu {cpu}, cuda {cuda})", **kwargs,
-    )  # fmt: skip
+        flag,
+        *old_flags,
+        dest=dest,
+        default=argparse.SUPPRESS,
+        help=f"{what} (default: cpu {cpu}, cuda {cuda})",
+        **kwargs,
+    )
 
 
 def _lengths(parser, flag: str, default: list[int], what: str) -> None:
@@ -220,8 +224,13 @@ def fill_defaults(args: argparse.Namespace) -> None:
         if not hasattr(args, name):
             setattr(args, name, default_rows(device, named_rows(device)))
         asked = getattr(args, name)
-        missing = [row for row in ([asked] if isinstance(asked, str) else asked or ())
-                   if row not in available]  # fmt: skip
+        missing = [
+            row
+            for row in ([asked] if isinstance(asked, str) else asked or ())
+            if row not in available
+        ]
         if missing:
-            raise UsageError(f"--{name.replace('_', '-')}", f"{', '.join(missing)} cannot run "
-                             f"here; choose from {', '.join(available)}")  # fmt: skip
+            raise UsageError(
+                f"--{name.replace('_', '-')}",
+                f"{', '.join(missing)} cannot run here; choose from {', '.join(available)}",
+            )

@@ -86,8 +86,7 @@ def _decay(backend: str):
         from ..kernels import Decay, attention
 
         q, k, v, log_forget = inputs["q"], inputs["k"], inputs["v"], _log_forget(inputs)
-        return lambda: attention(q, k, v, bias=Decay(log_forget), is_causal=causal,
-                                 backend=backend)  # fmt: skip
+        return lambda: attention(q, k, v, bias=Decay(log_forget), is_causal=causal, backend=backend)
 
     return build
 
@@ -130,7 +129,7 @@ def packing_rows(device: str, backends: Sequence[str] | None = None) -> list[Row
                 f"urpe.attention(backend={name!r}), {what}",
                 build(name),
                 length_limit=BACKEND_LENGTH_LIMITS.get(name),
-            )  # fmt: skip
+            )
             for name in names
         ]
         dense = _packed_sdpa_mask if kind == "packed" else _decay_dense_bias

@@ -222,10 +222,14 @@ def _end_to_end(results: dict) -> list[str]:
 def markdown(results: dict) -> str:
     """The CPU report (everything of BENCHMARKS.md but the GPU section), from results of any
     version (rows of earlier names are renamed)."""
-    results = {key: current_names(value) if key in RECORD_LISTS else value
-               for key, value in results.items()}  # fmt: skip
+    results = {
+        key: current_names(value) if key in RECORD_LISTS else value
+        for key, value in results.items()
+    }
     if "row" in (results.get("profile") or {}):
-        results["profile"] = dict(results["profile"], row=RENAMED.get(
-            results["profile"]["row"], results["profile"]["row"]))  # fmt: skip
+        results["profile"] = dict(
+            results["profile"],
+            row=RENAMED.get(results["profile"]["row"], results["profile"]["row"]),
+        )
     parts = (_header, _targets, _times, _contention, _memory, _profile, _end_to_end)
     return "\n".join(line for part in parts for line in part(results)) + "\n"

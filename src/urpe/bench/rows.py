@@ -32,8 +32,11 @@ from collections.abc import Callable, Sequence
 from .row_kinds import BACKEND_LENGTH_LIMITS, Build, Inputs, Row
 
 # Row names of earlier versions (results files, scripts) -> today's.
-RENAMED = {"reference": "reference_urpe", "fused_urpe": "blockwise_urpe",
-           "fused_rpe": "blockwise_rpe"}  # fmt: skip
+RENAMED = {
+    "reference": "reference_urpe",
+    "fused_urpe": "blockwise_urpe",
+    "fused_rpe": "blockwise_rpe",
+}
 # The backends urpe registers for each device, in the registry's order, available or not: the
 # rows offered before `urpe.kernels` is imported (tests/test_cli_startup.py checks the list).
 BUILT_IN_BACKENDS = {
@@ -180,8 +183,12 @@ def rows_for_backends(device: str, backends: Sequence[str] | None) -> dict[str, 
     """`rows_for` with the rows of these backends (None: the registered, available ones)."""
     from .packing_rows import packing_rows  # (imports torch when its rows are built)
 
-    ordered = (*BASELINES, *backend_rows(device, backends), *LAST_BASELINES,
-               *packing_rows(device, backends))  # fmt: skip
+    ordered = (
+        *BASELINES,
+        *backend_rows(device, backends),
+        *LAST_BASELINES,
+        *packing_rows(device, backends),
+    )
     return {row.name: row for row in ordered if row.devices is None or device in row.devices}
 
 

@@ -82,10 +82,18 @@ class RatioTarget:
         )
 
 
-def _cpu(target: str, numerator: str, denominator: str, mode: str, limit: float,
-         dtype: str = "float32", **condition):  # fmt: skip
-    return RatioTarget(target, numerator, denominator, mode, 2048, dtype, limit,
-                       condition=condition)  # fmt: skip
+def _cpu(
+    target: str,
+    numerator: str,
+    denominator: str,
+    mode: str,
+    limit: float,
+    dtype: str = "float32",
+    **condition,
+):
+    return RatioTarget(
+        target, numerator, denominator, mode, 2048, dtype, limit, condition=condition
+    )
 
 
 def _gpu(target: str, numerator: str, denominator: str, mode: str, limit: float, **more):
@@ -218,12 +226,15 @@ def end_to_end_targets(e2e: list[dict]) -> list[dict]:
     """A training step of URPE on auto against each model of END_TO_END_TARGETS, per size."""
     by = {(r["name"], r.get("size")): r["time_ms"] for r in e2e if "time_ms" in r}
     return [
-        dict(target=f"end-to-end step ({size}): URPE auto / {label}",
-             value=by[("urpe_auto", size)] / by[(name, size)], limit=limit)
+        dict(
+            target=f"end-to-end step ({size}): URPE auto / {label}",
+            value=by[("urpe_auto", size)] / by[(name, size)],
+            limit=limit,
+        )
         for size in ("quick", "long")
         for name, label, limit in END_TO_END_TARGETS
         if ("urpe_auto", size) in by and (name, size) in by
-    ]  # fmt: skip
+    ]
 
 
 def _judged(records: list[dict]) -> list[dict]:

@@ -37,8 +37,15 @@ class Timed:
             looped = {key: _looped(call, self.loops) for key, call in calls.items()}
             medians = interleaved_medians(looped, repeats, progress=_prefixed(progress, case))
             for (name, mode), ms in medians.items():
-                records.append(dict(case=case, shape=self.shapes[case], name=name, mode=mode,
-                                    time_ms=ms / self.loops))  # fmt: skip
+                records.append(
+                    dict(
+                        case=case,
+                        shape=self.shapes[case],
+                        name=name,
+                        mode=mode,
+                        time_ms=ms / self.loops,
+                    )
+                )
         return records + [dict(r) for r in self.skipped]
 
 

@@ -19,15 +19,19 @@ from .model_sizes import Sizes
 @dataclass(frozen=True)
 class EndToEnd:
     sizes: Sizes
-    about: str = ("One optimizer step (forward, backward, Adam) of an encoder from urpe.models: "
-                  "URPE and RPE on 'auto' against no positions on SDPA.")  # fmt: skip
+    about: str = (
+        "One optimizer step (forward, backward, Adam) of an encoder from urpe.models: "
+        "URPE and RPE on 'auto' against no positions on SDPA."
+    )
 
     def measure(self, repeats: int, progress: Callable[[str], None]) -> list[dict]:
         records = []
         for r in end_to_end("cpu", repeats, 1, progress, sizes=list(self.sizes.steps)):
             size = next(s for s in self.sizes.steps if s.size == r["size"])
-            shape = (f"B={size.batch}, L={size.length}, width {size.dim}, {size.heads} heads, "
-                     f"{size.layers} layers")  # fmt: skip
+            shape = (
+                f"B={size.batch}, L={size.length}, width {size.dim}, {size.heads} heads, "
+                f"{size.layers} layers"
+            )
             record = dict(case=size.size, shape=shape, name=r["name"], mode="train")
             for field in ("time_ms", "skipped", "backend"):
                 if field in r:
@@ -49,20 +53,28 @@ class LanguageModelSteps:
 
     @property
     def about(self) -> str:
-        return ("`urpe.experiments.lm.speed`: the LM quick preset's model and batch, forward, "
-                "backward, Adam; the two models of a pair step in alternation, median of "
-                f"{self.sizes.lm_steps} steps after {self.sizes.lm_warmup}.")  # fmt: skip
+        return (
+            "`urpe.experiments.lm.speed`: the LM quick preset's model and batch, forward, "
+            "backward, Adam; the two models of a pair step in alternation, median of "
+            f"{self.sizes.lm_steps} steps after {self.sizes.lm_warmup}."
+        )
 
     def measure(self, repeats: int, progress: Callable[[str], None]) -> list[dict]:
         from ..experiments.lm.speed import measure
 
         rows = measure(lm_pairs(), self.sizes.lm_steps, warmup=self.sizes.lm_warmup)
         return [
-            dict(case=r["urpe"], shape=f"{r['base']} vs {r['urpe']}", name=name,
-                 variant=r[name], mode="train", time_ms=r[f"{name}_ms"])
+            dict(
+                case=r["urpe"],
+                shape=f"{r['base']} vs {r['urpe']}",
+                name=name,
+                variant=r[name],
+                mode="train",
+                time_ms=r[f"{name}_ms"],
+            )
             for r in rows
             for name in ("base", "urpe")
-        ]  # fmt: skip
+        ]
 
 
 def end_to_end_steps(sizes: Sizes, progress) -> EndToEnd:

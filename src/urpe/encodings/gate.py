@@ -61,9 +61,12 @@ def _toeplitz_gate(s):
 
 def _bucketed_gate(s):
     return ToeplitzGate(
-        s.num_heads, num_buckets=s.num_buckets, bucket_max_distance=s.bucket_max_distance,
-        init=s.init, activation=s.activation,
-    )  # fmt: skip
+        s.num_heads,
+        num_buckets=s.num_buckets,
+        bucket_max_distance=s.bucket_max_distance,
+        init=s.init,
+        activation=s.activation,
+    )
 
 
 @register_gate("t5", _bucketed_gate, uses_order=True, options={**GATE_OPTIONS, **BUCKET_OPTIONS})

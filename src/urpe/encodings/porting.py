@@ -170,14 +170,18 @@ def transformer_xl_from_official(
     q, k, val = qkv.chunk(3, dim=0)
     zeros = qkv.new_zeros(dim)
     return {
-        "q_proj.weight": q, "q_proj.bias": zeros,
-        "k_proj.weight": k, "k_proj.bias": zeros.clone(),
-        "v_proj.weight": val, "v_proj.bias": zeros.clone(),
-        "out_proj.weight": out_w, "out_proj.bias": zeros.clone(),
+        "q_proj.weight": q,
+        "q_proj.bias": zeros,
+        "k_proj.weight": k,
+        "k_proj.bias": zeros.clone(),
+        "v_proj.weight": val,
+        "v_proj.bias": zeros.clone(),
+        "out_proj.weight": out_w,
+        "out_proj.bias": zeros.clone(),
         "position.project.weight": r_net,
         "position.content_bias": u.reshape(num_heads, 1, -1),
         "position.position_bias": v.reshape(num_heads, 1, -1),
-    }  # fmt: skip
+    }
 
 
 def graphormer_spatial_table(

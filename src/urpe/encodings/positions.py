@@ -253,8 +253,9 @@ class Positions:
             return Positions.from_document_ids(self._documents, self.query_length, relation)
         if self.is_aligned:
             lq, lk = self._lengths
-            return Positions.aligned(lq, lk, start=self._aligned_start, device=self._device,
-                                     relation=relation)  # fmt: skip
+            return Positions.aligned(
+                lq, lk, start=self._aligned_start, device=self._device, relation=relation
+            )
         return Positions(self.query, self.key, relation)
 
     # ------------------------------------------------------------------------------- structure

@@ -150,11 +150,15 @@ class Registered:
     def refusal(self, settings: EncodingSettings) -> str | None:
         """Why the door that made `settings` cannot run this entry (one line), or None."""
         if self.uses_relation and settings.num_relations is None:
-            return (f"{self.kind} {self.name!r} reads a relation index (Positions.relation, "
-                    f"e.g. graph distances), which {settings.model} does not have")  # fmt: skip
+            return (
+                f"{self.kind} {self.name!r} reads a relation index (Positions.relation, "
+                f"e.g. graph distances), which {settings.model} does not have"
+            )
         if self.uses_order and not settings.ordered:
-            return (f"{self.kind} {self.name!r} reads sequence order (offsets key - query), "
-                    f"which the inputs of {settings.model} do not have")  # fmt: skip
+            return (
+                f"{self.kind} {self.name!r} reads sequence order (offsets key - query), "
+                f"which the inputs of {settings.model} do not have"
+            )
         return None
 
     def check_options(self, options: Mapping[str, Any]) -> None:

@@ -49,16 +49,23 @@ class ShawRelative(RelativeEncoding):
         per_offset = q @ self.keys.to(q.dtype).T  # (B, H, Lq, 2K+1)
         return scale * per_offset.gather(-1, index)  # (B, H, Lq, Lk)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float,
-               **kwargs) -> Tensor:  # fmt: skip
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float, **kwargs
+    ) -> Tensor:
         refuse_precomputed_bias(self, kwargs.pop("bias", None))
         _check_backend(kwargs.pop("backend", "auto"), q, k, v, kwargs)
         if k.shape[-2] == 0:  # no keys: every row sees nothing and is 0, as in urpe.attention
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
         check_attention_inputs(
-            q, k, v, None, kwargs.get("gate"), kwargs.get("key_padding_mask"),
-            kwargs.get("normalization", "softmax"), kwargs.get("dropout_p", 0.0),
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            None,
+            kwargs.get("gate"),
+            kwargs.get("key_padding_mask"),
+            kwargs.get("normalization", "softmax"),
+            kwargs.get("dropout_p", 0.0),
+        )
         bias = self.bias(q, positions, scale)  # (B, H, Lq, Lk)
         weights = reference_weights(q, k, bias=bias, scale=scale, **kwargs)
         out = weights @ v.to(weights.dtype)  # (B, H, Lq, Dv)
@@ -77,8 +84,19 @@ def _check_backend(backend: str, q: Tensor, k: Tensor, v: Tensor, kwargs: dict) 
     unsuitable name gets dispatch's own message)."""
     if backend == "auto":
         return
-    call = {name: kwargs[name] for name in ("attn_mask", "is_causal", "key_padding_mask",
-            "gate", "normalization", "dropout_p", "document_ids") if name in kwargs}  # fmt: skip
+    call = {
+        name: kwargs[name]
+        for name in (
+            "attn_mask",
+            "is_causal",
+            "key_padding_mask",
+            "gate",
+            "normalization",
+            "dropout_p",
+            "document_ids",
+        )
+        if name in kwargs
+    }
     chosen = choose_backend(backend, resolve(q, k, v, **call))
     if chosen.name != "reference":
         raise ValueError(

@@ -70,8 +70,9 @@ class TransformerXLRelative(RelativeEncoding):
         right = torch.cat([c_k, s_k], -1)  # (B or 1, 1, Lk, dim)
         return left @ right.transpose(-2, -1)  # (B, H, Lq, Lk)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float,
-               **kwargs) -> Tensor:  # fmt: skip
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float, **kwargs
+    ) -> Tensor:
         refuse_precomputed_bias(self, kwargs.pop("bias", None))
         q_content = q + self.content_bias.to(q.dtype)
         bias = self.bias(q, positions, scale)

@@ -30,8 +30,10 @@ def _preset_values(experiment: Any, name: str) -> str:
     def fmt(value: Any) -> str:
         return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
-    return "; ".join(f"{preset}: {fmt(getattr(settings, name))}"
-                     for preset, settings in experiment.presets.items())  # fmt: skip
+    return "; ".join(
+        f"{preset}: {fmt(getattr(settings, name))}"
+        for preset, settings in experiment.presets.items()
+    )
 
 
 def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> None:
@@ -54,15 +56,20 @@ def _add(parser: argparse.ArgumentParser, experiment: Any, option: Option) -> No
 def add_arguments(experiment: Any, parser: argparse.ArgumentParser) -> None:
     if experiment.description is not None:
         parser.description = experiment.description
-    parser.add_argument("--preset", choices=sorted(experiment.presets), default="quick",
-                        help=f"{experiment.preset_help} (default: quick)")  # fmt: skip
+    parser.add_argument(
+        "--preset",
+        choices=sorted(experiment.presets),
+        default="quick",
+        help=f"{experiment.preset_help} (default: quick)",
+    )
     for option in (experiment.variants, *experiment.options):
         _add(parser, experiment, option)
     add_sweep_arguments(
-        parser, out=experiment.out,
+        parser,
+        out=experiment.out,
         precision_help=_preset_values(experiment, "precision") + "; half precision falls back "
         "to 32-true without a GPU",
-    )  # fmt: skip
+    )
 
 
 def resolve(experiment: Any, args: argparse.Namespace) -> Any:
@@ -81,8 +88,9 @@ def resolve(experiment: Any, args: argparse.Namespace) -> Any:
     settings = base.override(**changes)
     experiment.check(settings)
     if {"dim", "num_heads"} <= known and settings.dim % settings.num_heads:
-        raise UsageError("--dim", f"{settings.dim} is not divisible by --heads "
-                                  f"{settings.num_heads}")  # fmt: skip
+        raise UsageError(
+            "--dim", f"{settings.dim} is not divisible by --heads {settings.num_heads}"
+        )
     if {"steps", "warmup"} <= known and settings.warmup > settings.steps:
         raise UsageError("--warmup", f"{settings.warmup} exceeds --steps {settings.steps}")
     return settings
@@ -107,17 +115,22 @@ def run(experiment: Any, args: argparse.Namespace) -> int:
         precision = resolve_precision(args.precision, settings.precision, execution.accelerator)
         check_writable_directory(out)
         specs = experiment.plan(settings, precision, execution.progress)
-        outcome = sweep_command(prog, experiment.run_one, specs, out, execution, args.resume,
-                                experiment.describe, warn)  # fmt: skip
+        outcome = sweep_command(
+            prog, experiment.run_one, specs, out, execution, args.resume, experiment.describe, warn
+        )
         if isinstance(outcome, int):
             return outcome
-    records = [r for r in RecordStore(out).load_all(warn)
-               if r["config"].get("experiment") == experiment.name]  # fmt: skip
+    records = [
+        r
+        for r in RecordStore(out).load_all(warn)
+        if r["config"].get("experiment") == experiment.name
+    ]
     if not records:
         warn(f"error: no readable {experiment.name} records in {out / 'records'}")
         return 1
     text, figures = experiment.report(records, out, time.perf_counter() - wall)
     print(text)
-    print("\nwrote " + ", ".join(str(p) for p in [out / "results.json", out / "results.md",
-                                                     *figures]))  # fmt: skip
+    print(
+        "\nwrote " + ", ".join(str(p) for p in [out / "results.json", out / "results.md", *figures])
+    )
     return 1 if outcome is not None and outcome.failed else 0

@@ -48,23 +48,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--batch-size", type=positive_int, default=None,
-                        help="sequences, windows or molecules per forward pass")  # fmt: skip
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="sequences, windows or molecules per forward pass",
+    )
     text = parser.add_argument_group("language models")
-    text.add_argument("--mode", choices=("sliding", "chunks", "memory"), default="sliding",
-                      help="how the text is cut into contexts (default: %(default)s)")  # fmt: skip
-    text.add_argument("--context", type=positive_int, default=None,
-                      help="context length in tokens (default: the training length)")  # fmt: skip
+    text.add_argument(
+        "--mode",
+        choices=("sliding", "chunks", "memory"),
+        default="sliding",
+        help="how the text is cut into contexts (default: %(default)s)",
+    )
+    text.add_argument(
+        "--context",
+        type=positive_int,
+        default=None,
+        help="context length in tokens (default: the training length)",
+    )
     graph = parser.add_argument_group("graph models")
-    graph.add_argument("--smiles-column", default="smiles", metavar="NAME",
-                       help="SMILES column, any case (default: %(default)s)")  # fmt: skip
-    graph.add_argument("--target-column", default=None, metavar="NAME",
-                       help="column of true values (default: the model's target name)")  # fmt: skip
+    graph.add_argument(
+        "--smiles-column",
+        default="smiles",
+        metavar="NAME",
+        help="SMILES column, any case (default: %(default)s)",
+    )
+    graph.add_argument(
+        "--target-column",
+        default=None,
+        metavar="NAME",
+        help="column of true values (default: the model's target name)",
+    )
     task = parser.add_argument_group("synthetic models")
-    task.add_argument("--sequences", type=positive_int, default=None,
-                      help="sequences to draw (default: the run's held-out size)")  # fmt: skip
-    task.add_argument("--seed", type=non_negative_int, default=None,
-                      help="seed of the sequences (default: the run's held-out seed)")  # fmt: skip
+    task.add_argument(
+        "--sequences",
+        type=positive_int,
+        default=None,
+        help="sequences to draw (default: the run's held-out size)",
+    )
+    task.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=None,
+        help="seed of the sequences (default: the run's held-out seed)",
+    )
 
 
 def _bundle(trained, kind: type, problem: str, args: argparse.Namespace, missing: str) -> Any:
@@ -81,8 +109,13 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
     from ..data.text.corpora import read_text_file
     from ..training.bundles import TextModel
 
-    model = _bundle(trained, TextModel, f"no tokenizer.json beside {trained.checkpoint}", args,
-                    "give the text file to score")  # fmt: skip
+    model = _bundle(
+        trained,
+        TextModel,
+        f"no tokenizer.json beside {trained.checkpoint}",
+        args,
+        "give the text file to score",
+    )
     path = Path(args.data).expanduser()
     if not path.is_file():
         raise UsageError("DATA", f"no such file: {path}")
@@ -121,8 +154,13 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
     from ..data.molecules.files import MoleculeFileError, finite_number, read_molecule_table
     from ..training.bundles import MoleculeModel
 
-    model = _bundle(trained, MoleculeModel, f"{trained.checkpoint} is not a model of molecules",
-                    args, "give a CSV/SDF file of SMILES with the true values")  # fmt: skip
+    model = _bundle(
+        trained,
+        MoleculeModel,
+        f"{trained.checkpoint} is not a model of molecules",
+        args,
+        "give a CSV/SDF file of SMILES with the true values",
+    )
     target = args.target_column or model.target
     try:
         rows, _ = read_molecule_table(Path(args.data).expanduser(), args.smiles_column, [target])

@@ -63,9 +63,13 @@ class Execution:
     @property
     def distributed(self) -> bool:
         """Several processes per run (every one runs the whole sweep)."""
-        return world_size_from_environment() > 1 or self.num_nodes > 1 or (
-            isinstance(self.devices, int) and self.devices > 1
-        ) or isinstance(self.devices, list) and len(self.devices) > 1  # fmt: skip
+        return (
+            world_size_from_environment() > 1
+            or self.num_nodes > 1
+            or (isinstance(self.devices, int) and self.devices > 1)
+            or isinstance(self.devices, list)
+            and len(self.devices) > 1
+        )
 
     def train_config(self, **run: Any) -> TrainConfig:
         """One run's `urpe.training.TrainConfig`: `run` holds its own settings (max_steps,
@@ -74,17 +78,24 @@ class Execution:
         from ..training.trainer import TrainConfig
 
         return TrainConfig(
-            checkpoint_every=self.checkpoint_every, accelerator=self.accelerator,
-            devices=self.devices, num_nodes=self.num_nodes, strategy=self.strategy,
-            accumulate_grad_batches=self.accumulate_grad_batches, **run,
-        )  # fmt: skip
+            checkpoint_every=self.checkpoint_every,
+            accelerator=self.accelerator,
+            devices=self.devices,
+            num_nodes=self.num_nodes,
+            strategy=self.strategy,
+            accumulate_grad_batches=self.accumulate_grad_batches,
+            **run,
+        )
 
     def record(self) -> dict:
         """What the record keeps of it (beside the torch version and thread count it ran with)."""
         import torch
 
-        return {**{k: v for k, v in asdict(self).items() if k not in ("progress", "gpus")},
-                "torch_threads": torch.get_num_threads(), "torch": torch.__version__}  # fmt: skip
+        return {
+            **{k: v for k, v in asdict(self).items() if k not in ("progress", "gpus")},
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        }
 
 
 @dataclass
@@ -114,10 +125,14 @@ class RunContext:
         from ..training import fit
 
         return fit(
-            objective, data, self.execution.train_config(**run), self.run_dir,
-            resume=self.resume, on_step=self.on_step,
+            objective,
+            data,
+            self.execution.train_config(**run),
+            self.run_dir,
+            resume=self.resume,
+            on_step=self.on_step,
             on_resume_error=lambda error: self.warn(f"{error}; starting the run again"),
-        )  # fmt: skip
+        )
 
 
 @dataclass

@@ -34,14 +34,29 @@ if TYPE_CHECKING:
 # on token sequences.
 BUILT_IN = {
     "normalization": ("urpe.kernels.normalization", ("softmax", "exp", "l2", "relu2")),
-    "position": ("urpe.encodings.registry", ("none", "rpe", "t5", "alibi", "kerple-log",
-                                             "kerple-power", "fire", "fox", "rope", "shaw",
-                                             "txl")),
+    "position": (
+        "urpe.encodings.registry",
+        (
+            "none",
+            "rpe",
+            "t5",
+            "alibi",
+            "kerple-log",
+            "kerple-power",
+            "fire",
+            "fox",
+            "rope",
+            "shaw",
+            "txl",
+        ),
+    ),
     "gate": ("urpe.encodings.registry", ("none", "toeplitz", "t5")),
     "mixer": ("urpe.nn.mixers", ("attention", "bilinear", "conv")),
-    "backend": ("urpe.kernels.dispatch", ("auto", "reference", "sdpa", "blockwise", "triton",
-                                          "flex", "cpp")),
-}  # fmt: skip
+    "backend": (
+        "urpe.kernels.dispatch",
+        ("auto", "reference", "sdpa", "blockwise", "triton", "flex", "cpp"),
+    ),
+}
 
 
 def _registered(flag: str, read: Callable[[], list[str]]) -> Callable[[], list[str]]:
@@ -58,8 +73,11 @@ def _normalizations() -> list[str]:
 
 def _sequence_names(registry_names, registry) -> list[str]:
     # Encodings read from graph relations cannot run on token sequences.
-    return [n for n in registry_names if n is not None
-            and not getattr(registry.get(n), "uses_relation", False)]  # fmt: skip
+    return [
+        n
+        for n in registry_names
+        if n is not None and not getattr(registry.get(n), "uses_relation", False)
+    ]
 
 
 def _positions() -> list[str]:
@@ -89,8 +107,13 @@ def _backends() -> list[str]:
 
 
 # flag -> the registry's names as the flag offers them (read with the registry imported)
-REGISTERED = {"normalization": _normalizations, "position": _positions, "gate": _gates,
-              "mixer": _mixers, "backend": _backends}  # fmt: skip
+REGISTERED = {
+    "normalization": _normalizations,
+    "position": _positions,
+    "gate": _gates,
+    "mixer": _mixers,
+    "backend": _backends,
+}
 _choices = {flag: _registered(flag, read) for flag, read in REGISTERED.items()}
 
 
@@ -101,19 +124,42 @@ def _backend(name: str) -> str:
     return current_backend_name(name)
 
 
-BACKEND = Option(("--backend",), "backend", "attention kernel (default: auto, the fastest that "
-                 "applies)", type=_backend, choices=_choices["backend"])  # fmt: skip
+BACKEND = Option(
+    ("--backend",),
+    "backend",
+    "attention kernel (default: auto, the fastest that applies)",
+    type=_backend,
+    choices=_choices["backend"],
+)
 MODEL_OPTIONS = (
-    Option(("--normalization",), "normalization", "attention normalisation of every run "
-           "(default: each variant's own)", choices=_choices["normalization"]),
-    Option(("--position",), "position", "relative position encoding of every run, replacing "
-           "the variant's (default: each variant's own)", choices=_choices["position"]),
-    Option(("--gate",), "gate", "URPE gate of every run, replacing the variant's; none: no gate "
-           "(default: each variant's own)", choices=_choices["gate"]),
-    Option(("--mixer",), "mixer", "token mixer of every layer (default: attention)",
-           choices=_choices["mixer"]),
+    Option(
+        ("--normalization",),
+        "normalization",
+        "attention normalisation of every run (default: each variant's own)",
+        choices=_choices["normalization"],
+    ),
+    Option(
+        ("--position",),
+        "position",
+        "relative position encoding of every run, replacing "
+        "the variant's (default: each variant's own)",
+        choices=_choices["position"],
+    ),
+    Option(
+        ("--gate",),
+        "gate",
+        "URPE gate of every run, replacing the variant's; none: no gate "
+        "(default: each variant's own)",
+        choices=_choices["gate"],
+    ),
+    Option(
+        ("--mixer",),
+        "mixer",
+        "token mixer of every layer (default: attention)",
+        choices=_choices["mixer"],
+    ),
     BACKEND,
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True, kw_only=True)

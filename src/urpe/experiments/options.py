@@ -34,10 +34,18 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 SEEDS = Option(("--seeds",), "seeds", "seeds, comma-separated ({presets})", seed_list)
 STEPS = Option(("--steps",), "steps", "optimiser updates ({presets})", positive_int)
 LR = Option(("--lr",), "lr", "peak learning rate ({presets})", positive_float)
-WARMUP = Option(("--warmup",), "warmup", "warm-up updates ({presets}; scaled with --steps when "
-                "not given)", non_negative_int)  # fmt: skip
-BATCH_SIZE = Option(("--batch-size",), "batch_size", "sequences per update, over all devices "
-                    "({presets})", positive_int)  # fmt: skip
+WARMUP = Option(
+    ("--warmup",),
+    "warmup",
+    "warm-up updates ({presets}; scaled with --steps when not given)",
+    non_negative_int,
+)
+BATCH_SIZE = Option(
+    ("--batch-size",),
+    "batch_size",
+    "sequences per update, over all devices ({presets})",
+    positive_int,
+)
 LAYERS = Option(("--layers",), "num_layers", "layers ({presets})", positive_int)
 DIM = Option(("--dim",), "dim", "model width ({presets})", positive_int)
 HEADS = Option(("--heads",), "num_heads", "attention heads ({presets})", positive_int)
@@ -47,52 +55,85 @@ FFN_DIM = Option(("--ffn-dim",), "ffn_dim", "feed-forward width ({presets})", po
 def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_help: str) -> None:
     """Output, resume and execution flags (scale-out flags go straight to Lightning)."""
     files = parser.add_argument_group("output and resume")
-    files.add_argument("--out", default=Path(out), type=Path,
-                       help="output folder: records/, runs/ (checkpoints, logs), results.* "
-                            "(default: %(default)s)")  # fmt: skip
-    files.add_argument("--resume", action="store_true",
-                       help="skip runs whose record with exactly the same settings is in --out; "
-                            "continue unfinished runs from their last checkpoint")  # fmt: skip
+    files.add_argument(
+        "--out",
+        default=Path(out),
+        type=Path,
+        help="output folder: records/, runs/ (checkpoints, logs), results.* (default: %(default)s)",
+    )
+    files.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip runs whose record with exactly the same settings is in --out; "
+        "continue unfinished runs from their last checkpoint",
+    )
     files.add_argument(
         "--report-only",
         action="store_true",
         help="train nothing; rebuild the report from --out's records",
     )
-    files.add_argument("--checkpoint-every", type=non_negative_int, default=500, metavar="N",
-                       help="save a checkpoint every N updates, and at the end "
-                            "(0: only at the end; default: %(default)s)")  # fmt: skip
+    files.add_argument(
+        "--checkpoint-every",
+        type=non_negative_int,
+        default=500,
+        metavar="N",
+        help="save a checkpoint every N updates, and at the end "
+        "(0: only at the end; default: %(default)s)",
+    )
     files.add_argument("--no-progress", action="store_true", help="no progress bar")
     run = parser.add_argument_group("execution (none of these changes a run's result)")
-    run.add_argument("--jobs", type=positive_int, default=None,
-                     help="runs at once, each in its own process (default: one per CPU core "
-                          "with one thread each, or one per GPU)")  # fmt: skip
-    run.add_argument("--threads", type=non_negative_int, default=0,
-                     help="torch CPU threads per run (default 0: the cores divided between "
-                          "the jobs)")  # fmt: skip
+    run.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        help="runs at once, each in its own process (default: one per CPU core "
+        "with one thread each, or one per GPU)",
+    )
+    run.add_argument(
+        "--threads",
+        type=non_negative_int,
+        default=0,
+        help="torch CPU threads per run (default 0: the cores divided between the jobs)",
+    )
     run.add_argument(
         "--accelerator",
         default="auto",
         choices=ACCELERATORS,
         help="Lightning accelerator (default: %(default)s: a GPU if there is one)",
     )
-    run.add_argument("--devices", default="auto",
-                     help="devices per run: a count, or GPU ids like 0,1 (default: auto = one "
-                          "per run; more than one trains each run with DDP/FSDP)")  # fmt: skip
+    run.add_argument(
+        "--devices",
+        default="auto",
+        help="devices per run: a count, or GPU ids like 0,1 (default: auto = one "
+        "per run; more than one trains each run with DDP/FSDP)",
+    )
     run.add_argument(
         "--num-nodes",
         type=positive_int,
         default=1,
         help="machines per run (launch with torchrun or srun; default: 1)",
     )
-    run.add_argument("--strategy", default="auto", choices=STRATEGIES,
-                     help="Lightning strategy: ddp (data parallel), fsdp (sharded, for large "
-                          "models on GPUs; default: %(default)s)")  # fmt: skip
-    run.add_argument("--precision", default=None,
-                     help=f"Lightning precision, one of {', '.join(PRECISIONS)} "
-                          f"({precision_help}). Part of a run's identity")  # fmt: skip
-    run.add_argument("--accumulate-grad-batches", type=positive_int, default=1, metavar="K",
-                     help="split each update's batch into K micro-batches (same result, less "
-                          "memory; default: 1)")  # fmt: skip
+    run.add_argument(
+        "--strategy",
+        default="auto",
+        choices=STRATEGIES,
+        help="Lightning strategy: ddp (data parallel), fsdp (sharded, for large "
+        "models on GPUs; default: %(default)s)",
+    )
+    run.add_argument(
+        "--precision",
+        default=None,
+        help=f"Lightning precision, one of {', '.join(PRECISIONS)} "
+        f"({precision_help}). Part of a run's identity",
+    )
+    run.add_argument(
+        "--accumulate-grad-batches",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="split each update's batch into K micro-batches (same result, less "
+        "memory; default: 1)",
+    )
 
 
 TRAIN_MODULES = ("lightning", "torchmetrics", "safetensors", "tqdm", "matplotlib")
@@ -140,8 +181,10 @@ def _accelerator(name: str) -> str:
         return "mps" if torch.backends.mps.is_available() else "cpu"
     if name in ("gpu", "cuda"):
         if not torch.cuda.is_available():
-            raise UsageError("--accelerator", f"{name} requested, but torch sees no CUDA GPU "
-                                              "(try --accelerator cpu)")  # fmt: skip
+            raise UsageError(
+                "--accelerator",
+                f"{name} requested, but torch sees no CUDA GPU (try --accelerator cpu)",
+            )
         return "gpu"
     if name == "mps" and not torch.backends.mps.is_available():
         raise UsageError("--accelerator", "mps requested, but torch sees no Apple GPU")
@@ -161,18 +204,22 @@ def _devices(text: str, accelerator: str) -> int | str | list[int]:
             if accelerator != "gpu":
                 raise UsageError("--devices", "device ids need --accelerator gpu")
             if max(ids) >= torch.cuda.device_count():
-                raise UsageError("--devices", f"no GPU {max(ids)}: torch sees "
-                                              f"{torch.cuda.device_count()}")  # fmt: skip
+                raise UsageError(
+                    "--devices", f"no GPU {max(ids)}: torch sees {torch.cuda.device_count()}"
+                )
             return ids
         count = int(text)
     except ValueError:
-        raise UsageError("--devices", f"expected auto, a positive count or distinct GPU ids "
-                                      f"like 0,1; got {text!r}") from None  # fmt: skip
+        raise UsageError(
+            "--devices",
+            f"expected auto, a positive count or distinct GPU ids like 0,1; got {text!r}",
+        ) from None
     if count < 1:
         raise UsageError("--devices", f"must be positive, got {count}")
     if accelerator == "gpu" and count > torch.cuda.device_count():
-        raise UsageError("--devices", f"{count} GPUs requested, torch sees "
-                                      f"{torch.cuda.device_count()}")  # fmt: skip
+        raise UsageError(
+            "--devices", f"{count} GPUs requested, torch sees {torch.cuda.device_count()}"
+        )
     return count
 
 
@@ -194,15 +241,21 @@ def resolve_execution(args: argparse.Namespace, runs: int, batch_size: int) -> E
         world = per_run * args.num_nodes
     parts = world * args.accumulate_grad_batches
     if batch_size % parts:
-        raise UsageError("--batch-size", f"{batch_size} sequences per update do not split into "
-                                         f"{world} processes x {args.accumulate_grad_batches} "
-                                         f"accumulated micro-batches")  # fmt: skip
+        raise UsageError(
+            "--batch-size",
+            f"{batch_size} sequences per update do not split into "
+            f"{world} processes x {args.accumulate_grad_batches} "
+            f"accumulated micro-batches",
+        )
     distributed = world > 1
     gpus: list[int] = []
     if distributed:
         if args.jobs not in (None, 1):
-            raise UsageError("--jobs", "a run on several devices or nodes uses all of them; "
-                                       "runs then go one at a time (drop --jobs)")  # fmt: skip
+            raise UsageError(
+                "--jobs",
+                "a run on several devices or nodes uses all of them; "
+                "runs then go one at a time (drop --jobs)",
+            )
         jobs = 1
     elif accelerator == "gpu":
         available = torch.cuda.device_count()
@@ -221,8 +274,14 @@ def resolve_execution(args: argparse.Namespace, runs: int, batch_size: int) -> E
         # One device per run; with several GPUs, several runs at once (one per GPU).
         devices = 1
     return Execution(
-        jobs=jobs, threads=threads, accelerator=accelerator, devices=devices,
-        num_nodes=args.num_nodes, strategy=args.strategy,
+        jobs=jobs,
+        threads=threads,
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=args.num_nodes,
+        strategy=args.strategy,
         accumulate_grad_batches=args.accumulate_grad_batches,
-        checkpoint_every=args.checkpoint_every or None, progress=not args.no_progress, gpus=gpus,
-    )  # fmt: skip
+        checkpoint_every=args.checkpoint_every or None,
+        progress=not args.no_progress,
+        gpus=gpus,
+    )

@@ -83,9 +83,14 @@ def read_smiles(inputs: list[str], smiles_column: str) -> list[tuple[str, str, d
             except MoleculeFileError as error:
                 flag = "--smiles-column" if error.setting == "smiles_column" else "INPUT"
                 raise UsageError(flag, str(error)) from None
-            out.extend((f"{path.name}:{row.line}", row.smiles,
-                        {k: v for k, v in row.cells.items() if k != table.smiles_column})
-                       for row in table.rows)  # fmt: skip
+            out.extend(
+                (
+                    f"{path.name}:{row.line}",
+                    row.smiles,
+                    {k: v for k, v in row.cells.items() if k != table.smiles_column},
+                )
+                for row in table.rows
+            )
         elif any(sep in item for sep in "/\\") and item.lower().endswith((".csv", ".sdf", ".tsv")):
             raise UsageError("INPUT", f"no such file: {Path(item).expanduser()}")
         else:
@@ -121,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
     column = f"predicted_{model.target}"
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-    kept = list(dict.fromkeys(k for _, _, cells in molecules for k in cells
-                              if k not in ("smiles", column)))  # fmt: skip
+    kept = list(
+        dict.fromkeys(k for _, _, cells in molecules for k in cells if k not in ("smiles", column))
+    )
     handle = sys.stdout if args.output is None else open(args.output, "w", newline="")
     try:
         if args.json:

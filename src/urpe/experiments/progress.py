@@ -16,9 +16,15 @@ class Progress:
         self.specs = specs
         self.done = 0
         self.steps = {i: 0 for i in range(len(specs))}
-        self.bar = progress_bar(total=sum(s.steps for s in specs), enabled=enabled, unit="step",
-                                desc=self._description(), leave=True, mininterval=0.5,
-                                smoothing=0.05)  # fmt: skip
+        self.bar = progress_bar(
+            total=sum(s.steps for s in specs),
+            enabled=enabled,
+            unit="step",
+            desc=self._description(),
+            leave=True,
+            mininterval=0.5,
+            smoothing=0.05,
+        )
 
     def _description(self) -> str:
         return f"runs {self.done}/{len(self.specs)}"

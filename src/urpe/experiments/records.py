@@ -105,8 +105,9 @@ class RecordStore:
         if result.tensors:
             from safetensors.torch import save_file
 
-            tensors = {k: v.detach().cpu().contiguous() for k, v in result.tensors.items()
-                       if v is not None}  # fmt: skip
+            tensors = {
+                k: v.detach().cpu().contiguous() for k, v in result.tensors.items() if v is not None
+            }
             atomic_write(self.tensors_path(record), lambda p: save_file(tensors, str(p)))
         atomic_write_json(self.record_path(spec), record)
         return record

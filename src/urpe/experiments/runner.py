@@ -72,10 +72,22 @@ from .stopping import Terminated, raise_terminated
 from .workers import run_parallel
 
 __all__ = [
-    "RECORD_FORMAT", "Execution", "RecordStore", "RunContext", "RunResult", "RunSpec",
-    "SweepInterrupted", "SweepOutcome", "canonical_json", "config_digest", "execute_run",
-    "global_rank", "sweep", "sweep_command", "world_size_from_environment",
-]  # fmt: skip
+    "RECORD_FORMAT",
+    "Execution",
+    "RecordStore",
+    "RunContext",
+    "RunResult",
+    "RunSpec",
+    "SweepInterrupted",
+    "SweepOutcome",
+    "canonical_json",
+    "config_digest",
+    "execute_run",
+    "global_rank",
+    "sweep",
+    "sweep_command",
+    "world_size_from_environment",
+]
 
 
 class SweepInterrupted(Exception):
@@ -83,9 +95,15 @@ class SweepInterrupted(Exception):
     the exit status (130 for Ctrl-C, 143 for SIGTERM)."""
 
 
-def sweep(run_one: RunOne, specs: Sequence[RunSpec], out: str | Path, execution: Execution,
-          resume: bool, describe: Callable[[dict], str] = lambda record: "done",
-          warn: Callable[[str], None] | None = None) -> SweepOutcome:  # fmt: skip
+def sweep(
+    run_one: RunOne,
+    specs: Sequence[RunSpec],
+    out: str | Path,
+    execution: Execution,
+    resume: bool,
+    describe: Callable[[dict], str] = lambda record: "done",
+    warn: Callable[[str], None] | None = None,
+) -> SweepOutcome:
     """Run every spec (see the module docstring); `describe(record)` is the finished-run line.
 
     Raises SweepInterrupted on Ctrl-C or SIGTERM. Runs that raise are reported and listed in
@@ -137,9 +155,15 @@ def sweep(run_one: RunOne, specs: Sequence[RunSpec], out: str | Path, execution:
 
 
 def sweep_command(
-    prog: str, run_one: RunOne, specs: Sequence[RunSpec], out: Path, execution: Execution,
-    resume: bool, describe: Callable[[dict], str], warn: Callable[[str], None],
-) -> SweepOutcome | int:  # fmt: skip
+    prog: str,
+    run_one: RunOne,
+    specs: Sequence[RunSpec],
+    out: Path,
+    execution: Execution,
+    resume: bool,
+    describe: Callable[[dict], str],
+    warn: Callable[[str], None],
+) -> SweepOutcome | int:
     """`sweep` as a `urpe reproduce ...` command runs it: Ctrl-C becomes one line and exit
     code 130, skipped and failed runs are summed up in a line each. Returns the exit code when
     this process is done (interrupted: 130; a rank other than 0: 0), else the outcome, for the
@@ -147,16 +171,21 @@ def sweep_command(
     try:
         outcome = sweep(run_one, specs, out, execution, resume, describe, warn)
     except SweepInterrupted as stop:
-        print(f"{prog}: interrupted; finished runs and checkpoints are kept in {out}: run "
-              "the same command with --resume to continue", file=sys.stderr)  # fmt: skip
+        print(
+            f"{prog}: interrupted; finished runs and checkpoints are kept in {out}: run "
+            "the same command with --resume to continue",
+            file=sys.stderr,
+        )
         return stop.args[0] if stop.args else 130
     if global_rank() != 0:
         return 0
     if outcome.skipped:
         warn(f"{outcome.skipped} of {len(specs)} runs already recorded in {out} (--resume)")
     if outcome.failed:
-        warn(f"{len(outcome.failed)} of {len(specs)} runs failed: "
-             + ", ".join(spec.name for spec, _ in outcome.failed))  # fmt: skip
+        warn(
+            f"{len(outcome.failed)} of {len(specs)} runs failed: "
+            + ", ".join(spec.name for spec, _ in outcome.failed)
+        )
     return outcome
 
 
@@ -178,9 +207,15 @@ def _sequential(run_one, todo, store, execution, resume, progress, describe, out
 def _run_in_turn(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
     for index, spec in enumerate(todo):
         try:
-            record = execute_run(run_one, spec, store, execution, resume,
-                                 on_step=lambda step, i=index: progress.step(i, step),
-                                 warn=progress.line)  # fmt: skip
+            record = execute_run(
+                run_one,
+                spec,
+                store,
+                execution,
+                resume,
+                on_step=lambda step, i=index: progress.step(i, step),
+                warn=progress.line,
+            )
         except (KeyboardInterrupt, SweepInterrupted):
             raise
         except Exception as error:

@@ -51,8 +51,10 @@ class Names:
         unknown = [v for v in values if v not in known]
         if unknown:
             also = " or 'all'" if self.allow_all else ""
-            raise UsageError(flag, f"unknown {self.kind} {', '.join(unknown)}; choose from "
-                                   f"{', '.join(known)}{also}")  # fmt: skip
+            raise UsageError(
+                flag,
+                f"unknown {self.kind} {', '.join(unknown)}; choose from {', '.join(known)}{also}",
+            )
         return values
 
 

@@ -23,9 +23,19 @@ from .records import RecordStore
 from .stopping import die_with_parent
 
 
-def _worker(slot: int, tasks: Any, events: Any, threads: int, gpu: int | None,
-            run_one: RunOne, out: str, execution: Execution, resume: bool,
-            parent: int | None = None, cpu_kernel: str | None = None) -> None:  # fmt: skip
+def _worker(
+    slot: int,
+    tasks: Any,
+    events: Any,
+    threads: int,
+    gpu: int | None,
+    run_one: RunOne,
+    out: str,
+    execution: Execution,
+    resume: bool,
+    parent: int | None = None,
+    cpu_kernel: str | None = None,
+) -> None:
     # Ctrl-C reaches the whole process group; the parent decides and stops workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent is not None:  # SIGKILL of the parent cannot be handled: the worker ends itself
@@ -51,10 +61,14 @@ def _take_runs(slot, tasks, events, run_one, store, execution, resume) -> None:
         events.put(("start", index, slot))
         try:
             record = execute_run(
-                run_one, spec, store, execution, resume,
+                run_one,
+                spec,
+                store,
+                execution,
+                resume,
                 on_step=lambda step, index=index: events.put(("step", index, step)),
                 warn=lambda message, index=index: events.put(("warn", index, message)),
-            )  # fmt: skip
+            )
             events.put(("done", index, record))
         except Exception as error:  # reported by the parent, which goes on with the others
             events.put(("failed", index, one_line(error), traceback.format_exc()))
@@ -89,10 +103,21 @@ def run_parallel(run_one, todo, store, execution, resume, progress, describe, ou
         gpu = execution.gpus[slot] if slot < len(execution.gpus) else None
         worker = context.Process(
             target=_worker,
-            args=(slot, tasks, events, execution.threads, gpu, run_one, str(store.out),
-                  execution, resume, os.getpid(), cpu_kernel),
+            args=(
+                slot,
+                tasks,
+                events,
+                execution.threads,
+                gpu,
+                run_one,
+                str(store.out),
+                execution,
+                resume,
+                os.getpid(),
+                cpu_kernel,
+            ),
             daemon=True,
-        )  # fmt: skip
+        )
         worker.start()
         workers.append(worker)
     running: dict[int, int] = {}  # slot -> run index
@@ -106,9 +131,15 @@ def run_parallel(run_one, todo, store, execution, resume, progress, describe, ou
                     if not worker.is_alive() and slot in running:
                         index = running.pop(slot)
                         finished.add(index)
-                        record_failure(store, todo[index],
-                                       f"worker died (exit code {worker.exitcode})", "",
-                                       progress, index, outcome)  # fmt: skip
+                        record_failure(
+                            store,
+                            todo[index],
+                            f"worker died (exit code {worker.exitcode})",
+                            "",
+                            progress,
+                            index,
+                            outcome,
+                        )
                 if not any(w.is_alive() for w in workers) and len(finished) < len(todo):
                     raise RuntimeError("all workers stopped before the sweep finished") from None
                 continue

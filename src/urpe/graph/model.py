@@ -101,8 +101,11 @@ class GraphormerConfig:
 
     def __post_init__(self) -> None:
         if self.urpe:
-            warnings.warn("GraphormerConfig(urpe=True) is deprecated: give gate='relation'",
-                          DeprecationWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(
+                "GraphormerConfig(urpe=True) is deprecated: give gate='relation'",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         object.__setattr__(self, "gate", _gate_of(self.gate, self.urpe))
         object.__setattr__(self, "urpe", False)
         for name in ("num_layers", "dim", "ffn_dim", "num_heads"):
@@ -122,8 +125,9 @@ class GraphormerConfig:
                 f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {self.backend!r}"
             )
         if self.pack_length is not None and (not self.pack or self.pack_length < 1):
-            raise ValueError(f"pack_length needs pack=True and must be >= 1, got "
-                             f"{self.pack_length}")  # fmt: skip
+            raise ValueError(
+                f"pack_length needs pack=True and must be >= 1, got {self.pack_length}"
+            )
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
         if self.gate is not None:
@@ -134,10 +138,14 @@ class GraphormerConfig:
         """What a gate of this model is built from: its sizes and the relation count; the nodes
         of a graph have no order."""
         return EncodingSettings(
-            num_heads=self.num_heads, head_dim=self.dim // self.num_heads, dim=self.dim,
-            max_length=0, num_relations=relation_count(self.max_distance), ordered=False,
+            num_heads=self.num_heads,
+            head_dim=self.dim // self.num_heads,
+            dim=self.dim,
+            max_length=0,
+            num_relations=relation_count(self.max_distance),
+            ordered=False,
             model="a Graphormer",
-        )  # fmt: skip
+        )
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> GraphormerConfig:

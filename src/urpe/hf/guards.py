@@ -76,8 +76,9 @@ def _translated(model: nn.Module, request):
         return implementation_name(request)
     if base_of(request) in BASE_IMPLEMENTATIONS:
         return request
-    raise bypass_error(type(model).__name__, request,
-                       "call set_attn_implementation('sdpa') or ('eager')")  # fmt: skip
+    raise bypass_error(
+        type(model).__name__, request, "call set_attn_implementation('sdpa') or ('eager')"
+    )
 
 
 def route_through_urpe(model: nn.Module) -> None:

@@ -33,8 +33,14 @@ BASE_IMPLEMENTATIONS = ("eager", "sdpa")
 VERSION = 2
 # Entries of config.urpe that describe rather than configure: its format and how to load it.
 NOTES = ("version", "load")
-VERSION_1 = ("attn_implementation", "max_distance", "num_buckets", "bucket_max_distance",
-             "shared", "layers")  # fmt: skip
+VERSION_1 = (
+    "attn_implementation",
+    "max_distance",
+    "num_buckets",
+    "bucket_max_distance",
+    "shared",
+    "layers",
+)
 
 
 def context_length(config: Any) -> int | None:

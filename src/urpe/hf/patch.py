@@ -65,12 +65,15 @@ def gate_settings(model: nn.Module, module: nn.Module, max_distance: int) -> Enc
     heads = _num_heads(module, model.config)
     dim = int(getattr(model.config.get_text_config(), "hidden_size", 0) or 0)
     return EncodingSettings(
-        num_heads=heads, head_dim=_head_dim(module, heads, dim), dim=dim,
+        num_heads=heads,
+        head_dim=_head_dim(module, heads, dim),
+        dim=dim,
         max_length=max_distance + 1,
-        causal=bool(getattr(module, "is_causal", False)), num_relations=None,
+        causal=bool(getattr(module, "is_causal", False)),
+        num_relations=None,
         model=f"urpe.hf ({type(model).__name__})",
         option_defaults={"bucket_max_distance": bucket_reach(model.config)},
-    )  # fmt: skip
+    )
 
 
 def _new_gate(options: UrpeOptions, model: nn.Module, module: nn.Module) -> nn.Module:
@@ -160,9 +163,12 @@ def add_urpe(
     elif not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 1:
         raise ValueError(f"add_urpe max_distance must be an int >= 1, got {max_distance!r}")
     options = UrpeOptions(
-        attn_implementation=base, gate=spec, max_distance=max_distance, shared=shared,
+        attn_implementation=base,
+        gate=spec,
+        max_distance=max_distance,
+        shared=shared,
         layers=indices,
-    )  # fmt: skip
+    )
     attach(model, options, chosen)
     return model
 

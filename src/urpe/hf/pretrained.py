@@ -118,8 +118,9 @@ def from_pretrained(path: str | os.PathLike, model_class: type, **kwargs) -> nn.
     requested = kwargs.setdefault("attn_implementation", options.attn_implementation)
     cls = _concrete_class(model_class, config)
     if requested not in BASE_IMPLEMENTATIONS:
-        raise bypass_error(cls.__name__, requested, "load it with attn_implementation='sdpa' or "
-                                                    "'eager'")  # fmt: skip
+        raise bypass_error(
+            cls.__name__, requested, "load it with attn_implementation='sdpa' or 'eager'"
+        )
     with _gate_keys_expected(cls):
         model = cls.from_pretrained(path, config=config, **kwargs)
     base = model.config._attn_implementation

@@ -302,8 +302,9 @@ def _autograd_function(forward_op, backward_op, name: str) -> type[torch.autogra
             out, stat, *tensors = ctx.saved_tensors
             needs = ForwardArgs(*ctx.needs_input_grad)
             wanted = (needs.bias, needs.gate, needs.attn_mask)
-            grads = backward_overload(grad_out.contiguous(), out, stat, *tensors, *ctx.scalars,
-                                      *wanted)  # fmt: skip
+            grads = backward_overload(
+                grad_out.contiguous(), out, stat, *tensors, *ctx.scalars, *wanted
+            )
             per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
             return tuple(
                 per_input[name] if name in per_input and getattr(needs, name) else None
@@ -334,9 +335,10 @@ def _eager_function(forward: Callable, backward: Callable, name: str):
             needs = ForwardArgs(*ctx.needs_input_grad)
             call = ForwardArgs(*tensors, *ctx.scalars)
             grads = backward(
-                BackwardArgs(grad_out.contiguous(), out, stat, call, needs.bias, needs.gate,
-                             needs.attn_mask)
-            )  # fmt: skip
+                BackwardArgs(
+                    grad_out.contiguous(), out, stat, call, needs.bias, needs.gate, needs.attn_mask
+                )
+            )
             per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
             return tuple(
                 per_input[name] if name in per_input and getattr(needs, name) else None

@@ -298,9 +298,23 @@ def attention(
     """
     backend = current_backend_name(backend)  # an old name: today's
     key = plans.signature(
-        q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
-        key_padding_mask, normalization, dropout_seed, backend, BROKEN, document_ids,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        bias,
+        gate,
+        key_padding_mask,
+        normalization,
+        dropout_seed,
+        backend,
+        BROKEN,
+        document_ids,
+    )
     plan = plans.find(key) if key is not None else None
     if plan is not None:
         # seen before: checked, and its backend chosen
@@ -316,10 +330,21 @@ def attention(
                 raise
             _mark_broken(plan.backend, spec, failure)  # then the full path picks the next one
     spec = resolve(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
-        normalization=normalization, dropout_seed=dropout_seed, document_ids=document_ids,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        bias=bias,
+        gate=gate,
+        key_padding_mask=key_padding_mask,
+        normalization=normalization,
+        dropout_seed=dropout_seed,
+        document_ids=document_ids,
+    )
     if backend != "auto":
         chosen = choose_backend(backend, spec)
         if key is not None:

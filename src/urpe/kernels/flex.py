@@ -149,9 +149,17 @@ def _block_mask(key_padding_mask, attn_mask, is_causal, shape, device, document_
     # the mask varies over the batch / heads only where one of its inputs does (None: broadcast)
     per_batch = any(t.shape[0] > 1 for t in tensors)
     per_head = attn_mask is not None and attn_mask.shape[1] > 1
-    return _make_block_mask(key_padding_mask, attn_mask, is_causal,
-                            batch if per_batch else None, heads if per_head else None, lq, lk,
-                            device, document_ids)  # fmt: skip
+    return _make_block_mask(
+        key_padding_mask,
+        attn_mask,
+        is_causal,
+        batch if per_batch else None,
+        heads if per_head else None,
+        lq,
+        lk,
+        device,
+        document_ids,
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -159,8 +167,9 @@ def _causal_block_mask(lq: int, lk: int, device: str):
     return _make_block_mask(None, None, True, None, None, lq, lk, device)
 
 
-def _make_block_mask(key_padding_mask, attn_mask, is_causal, batch, heads, lq, lk, device,
-                     document_ids=None):  # fmt: skip
+def _make_block_mask(
+    key_padding_mask, attn_mask, is_causal, batch, heads, lq, lk, device, document_ids=None
+):
     from torch.nn.attention.flex_attention import create_block_mask
 
     shift = lk - lq
@@ -238,8 +247,9 @@ def flex_run(spec: AttentionSpec, flex: Callable | None = None) -> Tensor:
             hiding = attn_mask
         else:  # added in the dtype of the tables (float32 for half-precision inputs)
             additive = attn_mask.to(compute_dtype(q.dtype))
-    block_mask = _block_mask(spec.key_padding_mask, hiding, spec.is_causal, shape, q.device,
-                             spec.document_ids)  # fmt: skip
+    block_mask = _block_mask(
+        spec.key_padding_mask, hiding, spec.is_causal, shape, q.device, spec.document_ids
+    )
     options = dict(
         block_mask=block_mask,
         scale=spec.scale,

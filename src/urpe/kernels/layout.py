@@ -73,11 +73,26 @@ class ForwardArgs(NamedTuple):
         bias, bias_index, bias_kind = term_arguments(spec.bias)
         gate, gate_index, gate_kind = term_arguments(spec.gate)
         return cls(
-            spec.q, spec.k, spec.v, bias, bias_index, gate, gate_index, spec.attn_mask,
-            spec.key_padding_mask, spec.document_ids, spec.dropout_seed, bias_kind, gate_kind,
-            spec.is_causal, spec.normalization, spec.scale, spec.dropout_p, int(block_q),
+            spec.q,
+            spec.k,
+            spec.v,
+            bias,
+            bias_index,
+            gate,
+            gate_index,
+            spec.attn_mask,
+            spec.key_padding_mask,
+            spec.document_ids,
+            spec.dropout_seed,
+            bias_kind,
+            gate_kind,
+            spec.is_causal,
+            spec.normalization,
+            spec.scale,
+            spec.dropout_p,
+            int(block_q),
             int(block_k),
-        )  # fmt: skip
+        )
 
     def kind(self, term: str) -> str:
         """The kind of "bias" or "gate"."""

@@ -53,11 +53,27 @@ class Plan:
     @classmethod
     def of(cls, backend, spec: AttentionSpec) -> Plan:
         direct = backend.direct(spec) if backend.direct is not None else None
-        return cls(backend, spec.is_causal, spec.normalization, spec.scale, spec.dropout_p,
-                   spec.batch_shape, direct)  # fmt: skip
+        return cls(
+            backend,
+            spec.is_causal,
+            spec.normalization,
+            spec.scale,
+            spec.dropout_p,
+            spec.batch_shape,
+            direct,
+        )
 
-    def spec(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, bias, gate,
-             document_ids=None):  # fmt: skip
+    def spec(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask,
+        key_padding_mask,
+        bias,
+        gate,
+        document_ids=None,
+    ):
         """The spec `resolve` would build for these tensors (their signature is this plan's)."""
         shape = self.batch_shape
         if type(bias) is Decay:  # its values are checked on every call (where they can be read)
@@ -69,15 +85,23 @@ class Plan:
             k = k.reshape(b, *k.shape[-3:])
             v = v.reshape(b, *v.shape[-3:])
         return AttentionSpec(
-            q, k, v,
-            bias if bias is None or type(bias) in (Toeplitz, Decay)
+            q,
+            k,
+            v,
+            bias
+            if bias is None or type(bias) in (Toeplitz, Decay)
             else flatten_leading(bias, shape, 3),
             gate if gate is None or type(gate) is Toeplitz else flatten_leading(gate, shape, 3),
             None if attn_mask is None else flatten_leading(attn_mask, shape, 3),
             None if key_padding_mask is None else flatten_leading(key_padding_mask, shape, 1),
-            self.is_causal, self.normalization, self.scale, self.dropout_p, None, shape,
+            self.is_causal,
+            self.normalization,
+            self.scale,
+            self.dropout_p,
+            None,
+            shape,
             None if document_ids is None else flatten_leading(document_ids, shape, 1),
-        )  # fmt: skip
+        )
 
 
 _PLANS: OrderedDict[tuple, Plan] = OrderedDict()
@@ -107,9 +131,24 @@ def _term_key(term):
     return _NOT_CACHED  # Relation (its index is checked per call), or not a term at all
 
 
-def signature(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias, gate,
-              key_padding_mask, normalization, dropout_seed, backend,
-              broken: dict, document_ids=None) -> tuple | None:  # fmt: skip
+def signature(
+    q,
+    k,
+    v,
+    attn_mask,
+    dropout_p,
+    is_causal,
+    scale,
+    enable_gqa,
+    bias,
+    gate,
+    key_padding_mask,
+    normalization,
+    dropout_seed,
+    backend,
+    broken: dict,
+    document_ids=None,
+) -> tuple | None:
     """The call's signature, or None when the call is not remembered (module docstring).
     `broken`: dispatch's BROKEN (a backend found broken changes what "auto" chooses)."""
     if (
@@ -128,11 +167,29 @@ def signature(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bias,
     ):
         return None
     key = (
-        q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-        _tensor_key(attn_mask), _tensor_key(key_padding_mask), _term_key(bias), _term_key(gate),
-        _tensor_key(document_ids), dropout_p, is_causal, scale, enable_gqa, normalization,
-        backend, id(broken), len(broken),
-    )  # fmt: skip
+        q.shape,
+        k.shape,
+        v.shape,
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        q.device,
+        k.device,
+        v.device,
+        _tensor_key(attn_mask),
+        _tensor_key(key_padding_mask),
+        _term_key(bias),
+        _term_key(gate),
+        _tensor_key(document_ids),
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        normalization,
+        backend,
+        id(broken),
+        len(broken),
+    )
     return None if _NOT_CACHED in key[9:14] else key
 
 

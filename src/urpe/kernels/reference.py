@@ -40,9 +40,14 @@ def reference_weights_of(spec: AttentionSpec) -> Tensor:
         if term is not None and term.dtype != torch.bool:
             scores = scores + term.to(dtype)
     keep = keep_mask(
-        spec.key_padding_mask, spec.attn_mask, spec.is_causal, spec.lq, spec.lk, q.device,
+        spec.key_padding_mask,
+        spec.attn_mask,
+        spec.is_causal,
+        spec.lq,
+        spec.lk,
+        q.device,
         spec.document_ids,
-    )  # fmt: skip
+    )
     weights = spec.norm.weights(scores, keep)
     gate = dense_term(spec.gate, spec.lq, spec.lk)
     if gate is not None:

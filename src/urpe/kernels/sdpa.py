@@ -56,10 +56,23 @@ def sdpa_run(spec: AttentionSpec) -> Tensor:
         or (spec.attn_mask is not None and spec.attn_mask.dtype == torch.bool)
     )
     if hides or (spec.is_causal and not native_causal):
-        keep = keep_mask(spec.key_padding_mask, spec.attn_mask, spec.is_causal, lq, lk, q.device,
-                         spec.document_ids)  # fmt: skip
+        keep = keep_mask(
+            spec.key_padding_mask,
+            spec.attn_mask,
+            spec.is_causal,
+            lq,
+            lk,
+            q.device,
+            spec.document_ids,
+        )
         mask = keep if additive is None else additive.masked_fill(~keep, float("-inf"))
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=native_causal,
-        scale=spec.scale, enable_gqa=spec.groups > 1,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=spec.dropout_p,
+        is_causal=native_causal,
+        scale=spec.scale,
+        enable_gqa=spec.groups > 1,
+    )

@@ -269,12 +269,22 @@ def _flatten_term(name: str, term, batch_shape: tuple[int, ...]):
 
 
 def resolve(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
-    bias: PositionTerm | None = None, gate: PositionTerm | None = None,
-    key_padding_mask: Tensor | None = None, normalization: str = "softmax",
-    dropout_seed: int | Tensor | None = None, document_ids: Tensor | None = None,
-) -> AttentionSpec:  # fmt: skip
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    bias: PositionTerm | None = None,
+    gate: PositionTerm | None = None,
+    key_padding_mask: Tensor | None = None,
+    normalization: str = "softmax",
+    dropout_seed: int | Tensor | None = None,
+    document_ids: Tensor | None = None,
+) -> AttentionSpec:
     """Check `urpe.attention`'s arguments and build the spec (see `urpe.attention`)."""
     _check_qkv(q, k, v, enable_gqa)
     *batch, h, lq, d = q.shape
@@ -312,8 +322,9 @@ def resolve(
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
             raise TypeError("key_padding_mask must be a bool Tensor (True marks a padded key)")
-        _broadcasts("key_padding_mask", tuple(key_padding_mask.shape), (*batch_shape, lk),
-                    "(..., Lk)")  # fmt: skip
+        _broadcasts(
+            "key_padding_mask", tuple(key_padding_mask.shape), (*batch_shape, lk), "(..., Lk)"
+        )
         _check_device("key_padding_mask", key_padding_mask, q)
     if document_ids is not None:
         _check_document_ids(document_ids, q, batch_shape, lk)

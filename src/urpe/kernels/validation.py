@@ -25,6 +25,13 @@ def check_attention_inputs(
     """Validate `urpe.attention` arguments (one clear error naming the argument); return the
     resolved call. kwargs: the other arguments of `urpe.attention` (attn_mask, enable_gqa, ...)."""
     return resolve(
-        q, k, v, bias=bias, gate=gate, key_padding_mask=key_padding_mask,
-        normalization=normalization, dropout_p=dropout_p, **kwargs,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        bias=bias,
+        gate=gate,
+        key_padding_mask=key_padding_mask,
+        normalization=normalization,
+        dropout_p=dropout_p,
+        **kwargs,
+    )

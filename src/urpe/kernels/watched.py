@@ -40,11 +40,31 @@ class WatchedList(list):
     """A list that calls `changed()` after every mutation."""
 
 
-for _name in ("__setitem__", "__delitem__", "__ior__", "pop", "popitem", "clear", "update",
-              "setdefault"):  # fmt: skip
+for _name in (
+    "__setitem__",
+    "__delitem__",
+    "__ior__",
+    "pop",
+    "popitem",
+    "clear",
+    "update",
+    "setdefault",
+):
     setattr(WatchedDict, _name, _then_changed(getattr(dict, _name)))
-for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert",
-              "remove", "pop", "clear", "sort", "reverse"):  # fmt: skip
+for _name in (
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+    "append",
+    "extend",
+    "insert",
+    "remove",
+    "pop",
+    "clear",
+    "sort",
+    "reverse",
+):
     setattr(WatchedList, _name, _then_changed(getattr(list, _name)))
 
 

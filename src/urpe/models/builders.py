@@ -27,9 +27,14 @@ def encoding_settings(c: TransformerConfig, causal: bool, length: int) -> Encodi
     for (max_len plus marker tokens). A Transformer runs every encoding: its inputs are
     sequences, and relations come with `positions` when an encoding reads them."""
     return EncodingSettings(
-        num_heads=c.num_heads, head_dim=c.head_dim, dim=c.dim, max_length=length, causal=causal,
-        num_relations=c.num_relations, model="a Transformer",
-    )  # fmt: skip
+        num_heads=c.num_heads,
+        head_dim=c.head_dim,
+        dim=c.dim,
+        max_length=length,
+        causal=causal,
+        num_relations=c.num_relations,
+        model="a Transformer",
+    )
 
 
 def build_position(c: TransformerConfig, causal: bool, length: int) -> RelativeEncoding:
@@ -105,9 +110,14 @@ def build_layers(c: TransformerConfig, causal: bool, length: int) -> nn.ModuleLi
                 position, gate = tied_copy(shared[0]), tied_copy(shared[1])
             first = False
             mixer = MultiheadAttention(
-                c.dim, c.num_heads, position=position, gate=gate, normalization=c.normalization,
-                dropout=c.attention_dropout, backend=c.attention_backend,
-            )  # fmt: skip
+                c.dim,
+                c.num_heads,
+                position=position,
+                gate=gate,
+                normalization=c.normalization,
+                dropout=c.attention_dropout,
+                backend=c.attention_backend,
+            )
         layers.append(
             TransformerLayer(
                 mixer,
@@ -116,6 +126,6 @@ def build_layers(c: TransformerConfig, causal: bool, length: int) -> nn.ModuleLi
                 dropout=c.dropout,
                 norm_first=c.norm_first,
                 activation=c.activation,
-            )  # fmt: skip
+            )
         )
     return nn.ModuleList(layers)

@@ -31,8 +31,11 @@ BACKEND_NAMES = RegisteredNames(BACKENDS, leading=("auto",))
 MIXERS = RegisteredNames(MIXER_REGISTRY, leading=("attention",))
 
 # The three encoding fields: (field, registry, the names it accepts).
-SPEC_FIELDS = (("position", POSITION_REGISTRY, POSITIONS), ("absolute", ABSOLUTE_REGISTRY,
-               ABSOLUTES), ("gate", GATE_REGISTRY, GATES))  # fmt: skip
+SPEC_FIELDS = (
+    ("position", POSITION_REGISTRY, POSITIONS),
+    ("absolute", ABSOLUTE_REGISTRY, ABSOLUTES),
+    ("gate", GATE_REGISTRY, GATES),
+)
 # Deprecated flat fields (configs before encoding specs) -> the spec fields whose option they
 # set, and that option's name. Files that hold them load silently; keyword arguments warn.
 LEGACY_OPTIONS = {
@@ -136,8 +139,11 @@ class TransformerConfig:
 
     def specs(self) -> dict[str, EncodingSpec]:
         """The chosen encodings by field ("position", and "absolute", "gate" when set)."""
-        return {name: EncodingSpec.of(getattr(self, name)) for name, _, _ in SPEC_FIELDS
-                if getattr(self, name) is not None}  # fmt: skip
+        return {
+            name: EncodingSpec.of(getattr(self, name))
+            for name, _, _ in SPEC_FIELDS
+            if getattr(self, name) is not None
+        }
 
     @property
     def head_dim(self) -> int:
@@ -147,8 +153,11 @@ class TransformerConfig:
         """Every field, JSON-ready: specs as a name or {"name": ..., options}, `mixers` keys
         (layer indices) as strings, as JSON object keys must be; no deprecated field.
         `from_dict(json.loads(json.dumps(c.to_dict()))) == c`."""
-        data = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
-                if f.name not in LEGACY}  # fmt: skip
+        data = {
+            f.name: copy.deepcopy(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in LEGACY
+        }
         for name, spec in self.specs().items():
             data[name] = spec.to_json()
         data["mixers"] = {str(layer): kind for layer, kind in sorted(self.mixers.items())}
@@ -198,8 +207,10 @@ def fold_legacy_fields(values: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         names = ", ".join(f"{t}={s.name!r}" for t, (s, _) in chosen.items())
         declared = sorted({o for _, e in chosen.values() for o in e.options})
-        raise ValueError(f"encoding_options {unknown} are not declared by {names} (they "
-                         f"declare {declared or 'none'})")  # fmt: skip
+        raise ValueError(
+            f"encoding_options {unknown} are not declared by {names} (they "
+            f"declare {declared or 'none'})"
+        )
     for option, value in extra.items():
         for target in (t for t, (_, e) in chosen.items() if option in e.options):
             options[target].setdefault(option, value)

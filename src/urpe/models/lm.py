@@ -141,9 +141,14 @@ class LanguageModel(nn.Module):
         state = IncrementalState(self, use_cache=use_cache)
         with torch.no_grad():
             yield from generate_tokens(
-                state.next_logits, prompt, max_new_tokens, temperature=temperature,
-                top_k=top_k, top_p=top_p, generator=generator,
-            )  # fmt: skip
+                state.next_logits,
+                prompt,
+                max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                generator=generator,
+            )
 
 
 class IncrementalState:

@@ -173,9 +173,15 @@ class _Transformer(_LoadGuard, nn.Module):
                 key_padding_mask, past, x.shape[1]
             )
         context = self._context(
-            positions, x.shape[1], past, b, x.device, key_padding_mask=key_padding_mask,
-            attn_mask=attn_mask, document_ids=document_ids,
-        )  # fmt: skip
+            positions,
+            x.shape[1],
+            past,
+            b,
+            x.device,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            document_ids=document_ids,
+        )
         positions = context.positions
         if self.absolute is not None:
             start = positions.query_start  # a Python int when aligned: no gather, no sync
@@ -204,8 +210,11 @@ class _Transformer(_LoadGuard, nn.Module):
     ) -> Positions:
         """The positions of packed documents: restarting with every document, over the cached
         keys' documents too; `positions` when the caller gave their own."""
-        if not isinstance(document_ids, Tensor) or document_ids.is_floating_point() or \
-                tuple(document_ids.shape) != tuple(tokens.shape):  # fmt: skip
+        if (
+            not isinstance(document_ids, Tensor)
+            or document_ids.is_floating_point()
+            or tuple(document_ids.shape) != tuple(tokens.shape)
+        ):
             raise ValueError(
                 f"document_ids must be an integer tensor shaped like tokens {tuple(tokens.shape)}"
             )
@@ -271,8 +280,13 @@ class TransformerEncoder(_Transformer):
             attends only within its document, at positions counted from the document's start
             (`Positions.from_document_ids`, unless `positions` are given).
         """
-        return self._run(tokens, key_padding_mask, positions=positions, attn_mask=attn_mask,
-                         document_ids=document_ids)  # fmt: skip
+        return self._run(
+            tokens,
+            key_padding_mask,
+            positions=positions,
+            attn_mask=attn_mask,
+            document_ids=document_ids,
+        )
 
 
 class TransformerDecoder(_Transformer):
@@ -326,9 +340,15 @@ class TransformerDecoder(_Transformer):
         """
         layer_inputs: list[Tensor] | None = [] if return_layer_inputs else None
         hidden = self._run(
-            tokens, key_padding_mask, cache=cache, positions=positions, memory=memory,
-            attn_mask=attn_mask, document_ids=document_ids, layer_inputs=layer_inputs,
-        )  # fmt: skip
+            tokens,
+            key_padding_mask,
+            cache=cache,
+            positions=positions,
+            memory=memory,
+            attn_mask=attn_mask,
+            document_ids=document_ids,
+            layer_inputs=layer_inputs,
+        )
         logits = self.head(hidden)
         return (logits, layer_inputs) if return_layer_inputs else logits
 

@@ -127,9 +127,13 @@ class MultiheadAttention(nn.Module):
         bias = context.bias
         if bias is None and self.position.query_independent:  # one term per pass (and tie)
             bias = context.term(
-                "bias", self.position, positions,
-                lambda: self.position.bias(q, positions, scale), q.dtype, scale,
-            )  # fmt: skip
+                "bias",
+                self.position,
+                positions,
+                lambda: self.position.bias(q, positions, scale),
+                q.dtype,
+                scale,
+            )
         if bias is not None:
             extra["bias"] = bias
         gate = context.gate

@@ -99,8 +99,13 @@ class AttentionContext:
         Modules that tie their parameters share a `term_key` and so share the term (one FIRE MLP
         run, one gate lookup per forward pass, whatever the number of layers).
         """
-        name = (kind, getattr(owner, "term_key", None) or id(owner),
-                positions.query_length, positions.key_length, *key)  # fmt: skip
+        name = (
+            kind,
+            getattr(owner, "term_key", None) or id(owner),
+            positions.query_length,
+            positions.key_length,
+            *key,
+        )
         if name not in self._terms:
             self._terms[name] = compute()
         return self._terms[name]

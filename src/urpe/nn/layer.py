@@ -15,9 +15,11 @@ class FeedForward(nn.Sequential):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         super().__init__(
-            nn.Linear(dim, hidden), ACTIVATIONS[activation](), nn.Dropout(dropout),
+            nn.Linear(dim, hidden),
+            ACTIVATIONS[activation](),
+            nn.Dropout(dropout),
             nn.Linear(hidden, dim),
-        )  # fmt: skip
+        )
 
 
 class TransformerLayer(nn.Module):

@@ -58,9 +58,12 @@ register_mixer.registry = MIXER_REGISTRY  # for `urpe.encodings.registered`
 
 
 def _prepare(
-    name: str, context: AttentionContext | None, past: KVCache | None, keywords: dict,
+    name: str,
+    context: AttentionContext | None,
+    past: KVCache | None,
+    keywords: dict,
     from_zero: bool,
-) -> AttentionContext:  # fmt: skip
+) -> AttentionContext:
     """The context of a mixer call; refuses what a mixer, which works by index over the current
     input only, would ignore."""
     if keywords:
@@ -108,9 +111,13 @@ class BilinearMixer(nn.Module):
         self.features = nn.Linear(dim, dim)
 
     def forward(
-        self, x: Tensor, context: AttentionContext | None = None, *, past: KVCache | None = None,
+        self,
+        x: Tensor,
+        context: AttentionContext | None = None,
+        *,
+        past: KVCache | None = None,
         **keywords,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """x (B, L, E) -> (B, L, E); reads the context's padding and causal flag."""
         context = _prepare("BilinearMixer", context, past, keywords, from_zero=True)
         length = x.shape[1]
@@ -134,9 +141,13 @@ class SeparableConvMixer(nn.Module):
         self.pointwise = nn.Linear(dim, dim)
 
     def forward(
-        self, x: Tensor, context: AttentionContext | None = None, *, past: KVCache | None = None,
+        self,
+        x: Tensor,
+        context: AttentionContext | None = None,
+        *,
+        past: KVCache | None = None,
         **keywords,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """x (B, L, E) -> (B, L, E); reads the context's padding and causal flag."""
         context = _prepare("SeparableConvMixer", context, past, keywords, from_zero=False)
         h = _zero_padding(x, context.key_padding_mask).transpose(1, 2)  # (B, E, L)

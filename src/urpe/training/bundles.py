@@ -139,17 +139,24 @@ class TextModel(_Bundle):
         """Stream the next token of every row of ids (B, P), each step (B,)."""
         ids = ids.to(self.device)
         generator = torch.Generator(device=ids.device).manual_seed(seed)
-        yield from self.model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                       top_p=top_p, generator=generator,
-                                       use_cache=use_cache)  # fmt: skip
+        yield from self.model.generate(
+            ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=generator,
+            use_cache=use_cache,
+        )
 
     def tokens(self, prompt: Prompt, max_new_tokens: int = 200, **sampling: Any) -> Iterator[int]:
         """Stream the ids of a continuation of one prompt, text or ids (see `prompt_ids` and
         `LanguageModel.generate`)."""
         ids, _ = self.prompt_ids(prompt)
         if ids.shape[0] != 1:
-            raise ValueError(f"tokens() streams one prompt, got {ids.shape[0]}; generate() "
-                             "continues a batch")  # fmt: skip
+            raise ValueError(
+                f"tokens() streams one prompt, got {ids.shape[0]}; generate() continues a batch"
+            )
         for token in self._draw(ids, max_new_tokens, **sampling):
             yield int(token[0])
 

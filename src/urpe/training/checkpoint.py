@@ -79,8 +79,14 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
             raise TypeError(f"state_dict entry {name!r} is a {type(value).__name__}, not a tensor")
         value = value.detach()
         storage = value.untyped_storage().data_ptr()
-        identity = (storage, value.storage_offset(), tuple(value.shape), tuple(value.stride()),
-                    value.dtype, value.device)  # fmt: skip
+        identity = (
+            storage,
+            value.storage_offset(),
+            tuple(value.shape),
+            tuple(value.stride()),
+            value.dtype,
+            value.device,
+        )
         if value.numel() and identity in seen:
             aliases[name] = seen[identity]
             continue
@@ -122,9 +128,10 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
         first = str(error).strip().splitlines()
         detail = next((line for line in first if "Unsupported" in line or "global" in line), "")
         raise CheckpointError(
-            path, "refused to load: it needs objects other than tensors and plain containers"
-            + (f" ({detail.strip()})" if detail else "")
-        ) from None  # fmt: skip
+            path,
+            "refused to load: it needs objects other than tensors and plain containers"
+            + (f" ({detail.strip()})" if detail else ""),
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
         raise CheckpointError(path, f"not a training state file ({error})") from None
     if not isinstance(state, dict):
@@ -282,8 +289,15 @@ def save_model(
         model, current = model.model, model.inputs
     encoding = encoding_to_save(current, tokenizer, inputs)
     files = encoding.files()
-    config = {"format": FORMAT, "step": 0, "model": model_spec(model), "state_dict_prefix": "",
-              "objective": None, "run": dict(run or {}), "inputs": encoding.record()}  # fmt: skip
+    config = {
+        "format": FORMAT,
+        "step": 0,
+        "model": model_spec(model),
+        "state_dict_prefix": "",
+        "objective": None,
+        "run": dict(run or {}),
+        "inputs": encoding.record(),
+    }
     text = json.dumps(config, indent=1, allow_nan=False) + "\n"
 
     def fill(temporary: Path) -> None:
@@ -316,8 +330,7 @@ def capture_rng_states() -> dict[str, Any]:
         import numpy as np
 
         kind, keys, position, has_gauss, gauss = np.random.get_state()
-        states["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), position, has_gauss,
-                           gauss)  # fmt: skip
+        states["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), position, has_gauss, gauss)
     except ImportError:
         pass
     return states

@@ -122,12 +122,20 @@ class StepBatches(IterableDataset):
     """One rank's micro-batches from optimiser step `start` on (endless): for each step, its
     `accumulate` micro-batches, in order."""
 
-    def __init__(self, stream: StepStream, start: int = 0, rank: int = 0, world_size: int = 1,
-                 accumulate: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        stream: StepStream,
+        start: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        accumulate: int = 1,
+    ):
         super().__init__()
         if not 0 <= rank < world_size or accumulate < 1 or start < 0:
-            raise ValueError(f"bad layout: rank {rank}, world {world_size}, accumulate "
-                             f"{accumulate}, start {start}")  # fmt: skip
+            raise ValueError(
+                f"bad layout: rank {rank}, world {world_size}, accumulate "
+                f"{accumulate}, start {start}"
+            )
         parts = world_size * accumulate
         if stream.batch_size % parts:
             raise ValueError(
@@ -154,8 +162,13 @@ class StepDataModule(L.LightningDataModule):
     eval_batch_size: per device; collate: for the held-out items (None: default collation).
     """
 
-    def __init__(self, train: StepStream, held_out: Dataset, eval_batch_size: int = 256,
-                 collate: Callable[[list], Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        train: StepStream,
+        held_out: Dataset,
+        eval_batch_size: int = 256,
+        collate: Callable[[list], Any] | None = None,
+    ):
         super().__init__()
         self.train, self.held_out = train, held_out
         self.eval_batch_size, self.collate = eval_batch_size, collate
@@ -164,8 +177,12 @@ class StepDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1, 1
-        return trainer.global_step, trainer.global_rank, trainer.world_size, \
-            trainer.accumulate_grad_batches  # fmt: skip
+        return (
+            trainer.global_step,
+            trainer.global_rank,
+            trainer.world_size,
+            trainer.accumulate_grad_batches,
+        )
 
     def train_dataloader(self) -> DataLoader:
         start, rank, world, accumulate = self._layout()
@@ -174,5 +191,9 @@ class StepDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         _, rank, world, _ = self._layout()
         indices: Sequence[int] = range(rank, len(self.held_out), world)  # type: ignore[arg-type]
-        return DataLoader(Subset(self.held_out, indices), batch_size=self.eval_batch_size,
-                          shuffle=False, collate_fn=self.collate)  # fmt: skip
+        return DataLoader(
+            Subset(self.held_out, indices),
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=self.collate,
+        )

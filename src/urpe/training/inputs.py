@@ -63,8 +63,11 @@ class TextInputs(InputEncoding):
         self.tokenizer, self.metric = tokenizer, metric or default_metric(tokenizer)
 
     def record(self) -> dict[str, Any]:
-        tokenizer = {"file": TOKENIZER_FILE, "kind": self.tokenizer.kind,
-                     "vocab_size": self.tokenizer.vocab_size}  # fmt: skip
+        tokenizer = {
+            "file": TOKENIZER_FILE,
+            "kind": self.tokenizer.kind,
+            "vocab_size": self.tokenizer.vocab_size,
+        }
         return {"kind": self.kind, "tokenizer": tokenizer, "metric": self.metric}
 
     def files(self) -> dict[str, str]:
@@ -81,8 +84,12 @@ class MoleculeInputs(InputEncoding):
         self.featurizer, self.target, self.unit = featurizer, target, unit
 
     def record(self) -> dict[str, Any]:
-        return {"kind": self.kind, "featurizer": self.featurizer.to_dict(),
-                "target": self.target, "unit": self.unit}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "featurizer": self.featurizer.to_dict(),
+            "target": self.target,
+            "unit": self.unit,
+        }
 
 
 @dataclass
@@ -113,8 +120,11 @@ def input_record(config: dict[str, Any]) -> dict[str, Any]:
         if unit is None:
             unit = _legacy_unit(run.get("dataset"), target)
         features = record.get("features") or (run.get("data") or {}).get("features", "zinc")
-        featurizer = {"features": features, "max_distance": record.get("max_distance"),
-                      "shortest_paths": True}  # fmt: skip
+        featurizer = {
+            "features": features,
+            "max_distance": record.get("max_distance"),
+            "shortest_paths": True,
+        }
         return {"kind": kind, "featurizer": featurizer, "target": target, "unit": unit}
     return {**record, "kind": kind}
 
@@ -139,8 +149,9 @@ def read_inputs(config: dict[str, Any], directory: Path) -> InputEncoding | None
         if "tokenizer" in record:
             name = str(record["tokenizer"].get("file", ""))
             if not name or Path(name).name != name:
-                raise ValueError(f"{directory}: the tokenizer must be a file beside the weights, "
-                                 f"not {name!r}")  # fmt: skip
+                raise ValueError(
+                    f"{directory}: the tokenizer must be a file beside the weights, not {name!r}"
+                )
             location = directory / name
         try:
             return TextInputs(load_tokenizer(location), record.get("metric"))

@@ -67,8 +67,9 @@ class SegmentStream:
     def batch(self, step: int, part: int, parts: int) -> dict[str, Tensor]:
         per_layout = self._batches.setdefault(parts, {})
         if part not in per_layout:
-            per_layout[part] = ContiguousBatches(self.tokens, self.batch_size, self.segment_length,
-                                                 rank=part, world_size=parts)  # fmt: skip
+            per_layout[part] = ContiguousBatches(
+                self.tokens, self.batch_size, self.segment_length, rank=part, world_size=parts
+            )
         segment = per_layout[part][step]
         batch = segment_batch(segment.inputs, segment.targets, segment.reset_memory, part)
         if self.ends is not None:
@@ -81,8 +82,12 @@ class SegmentStream:
 
 def segment_batch(inputs: Tensor, targets: Tensor, reset: bool, part: int = 0) -> dict[str, Tensor]:
     """The dict a `CausalLM` step takes: inputs, targets (B, L); reset and part as 0-d tensors."""
-    return {"inputs": inputs, "targets": targets, "reset": torch.tensor(bool(reset)),
-            "part": torch.tensor(int(part))}  # fmt: skip
+    return {
+        "inputs": inputs,
+        "targets": targets,
+        "reset": torch.tensor(bool(reset)),
+        "part": torch.tensor(int(part)),
+    }
 
 
 def held_out_segments(tokens: Tensor, batch_size: int, segment_length: int) -> list[dict]:
@@ -93,8 +98,9 @@ def held_out_segments(tokens: Tensor, batch_size: int, segment_length: int) -> l
 
 def token_losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """(sum of cross-entropy in nats over scored targets, number scored). logits (B, L, V)."""
-    total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                            ignore_index=IGNORE_INDEX, reduction="sum")  # fmt: skip
+    total = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     return total, (targets != IGNORE_INDEX).sum()
 
 
@@ -105,8 +111,14 @@ class CausalLM(Objective):
     val/loss (nats per token) and val/<metric>.
     """
 
-    def __init__(self, model: LanguageModel, optim: OptimConfig, metric: str = "bpc",
-                 run: dict | None = None, inputs: InputEncoding | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: LanguageModel,
+        optim: OptimConfig,
+        metric: str = "bpc",
+        run: dict | None = None,
+        inputs: InputEncoding | None = None,
+    ):
         super().__init__(model, optim, run, inputs)
         report_metric(1.0, metric)  # checks the name
         self.metric = metric
@@ -180,8 +192,9 @@ class CausalLM(Objective):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lm_state") or {}
         device = next(self.model.parameters()).device
-        self._memory = {int(p): [m.to(device) for m in mem]
-                        for p, mem in state.get("memory", {}).items()}  # fmt: skip
+        self._memory = {
+            int(p): [m.to(device) for m in mem] for p, mem in state.get("memory", {}).items()
+        }
         self.curve = {k: [list(v) for v in rows] for k, rows in state.get("curve", {}).items()}
         self.curve.setdefault("train", [])
         self.curve.setdefault("val", [])

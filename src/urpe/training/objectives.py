@@ -34,8 +34,13 @@ class Objective(L.LightningModule):
     run's config (`run`) and how raw data becomes the model's input (`inputs`; default: the
     model takes tensors as they are)."""
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, run: dict | None = None,
-                 inputs: InputEncoding | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        run: dict | None = None,
+        inputs: InputEncoding | None = None,
+    ):
         super().__init__()
         self.model, self.optim, self.run = model, optim, dict(run or {})
         self.inputs = inputs or InputEncoding()
@@ -71,9 +76,15 @@ class TokenClassification(Objective):
     summed across devices before dividing) at each validation.
     """
 
-    def __init__(self, model: nn.Module, num_classes: int, optim: OptimConfig,
-                 ignore_index: int = -100, run: dict | None = None,
-                 inputs: InputEncoding | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        optim: OptimConfig,
+        ignore_index: int = -100,
+        run: dict | None = None,
+        inputs: InputEncoding | None = None,
+    ):
         super().__init__(model, optim, run, inputs)
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
@@ -82,8 +93,9 @@ class TokenClassification(Objective):
         def accuracy() -> MulticlassAccuracy:
             # micro average = correct tokens / all counted tokens; argument checks cost more
             # than the tiny models' steps, and the loss already checks the targets.
-            return MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index,
-                                      validate_args=False)  # fmt: skip
+            return MulticlassAccuracy(
+                num_classes, average="micro", ignore_index=ignore_index, validate_args=False
+            )
 
         self.train_accuracy, self.val_accuracy = accuracy(), accuracy()
         self.val_loss = MeanMetric()
@@ -94,8 +106,9 @@ class TokenClassification(Objective):
     def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         tokens, targets = batch
         logits = self(tokens)  # (B, L, C)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                               ignore_index=self.ignore_index)  # fmt: skip
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=self.ignore_index
+        )
         counted = (targets != self.ignore_index).sum()
         return loss, logits.argmax(-1), targets, counted
 
@@ -114,5 +127,8 @@ class TokenClassification(Objective):
         self.log("val/acc", self.val_accuracy, on_step=False, on_epoch=True, prog_bar=True)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "num_classes": self.num_classes,
-                "ignore_index": self.ignore_index}  # fmt: skip
+        return {
+            **super().describe(),
+            "num_classes": self.num_classes,
+            "ignore_index": self.ignore_index,
+        }

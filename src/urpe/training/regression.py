@@ -39,8 +39,13 @@ class GraphRegression(Objective):
     """L1 regression of one number per graph; logs train/loss (= train MAE of the batch) each
     step and val/loss, val/mae at each validation (the same number: L1 is the MAE)."""
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, run: dict | None = None,
-                 inputs: InputEncoding | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        run: dict | None = None,
+        inputs: InputEncoding | None = None,
+    ):
         super().__init__(model, optim, run, inputs)
         self.val_mae = MeanAbsoluteError()
         self.val_loss = MeanMetric()

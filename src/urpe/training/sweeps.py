@@ -116,8 +116,9 @@ def best_run(out: str | Path, experiment: str | None = None) -> tuple[Path, str,
         on = _data_label(record["config"], labels)
         note = f"using run {run_id} ({key} {value:.4g}, the best of {len(candidates)} on {on})"
         return run_dir, note, len(candidates)
-    best = sorted((min(c) for c in groups.values()), key=lambda c: c[5].get("finished", ""),
-                  reverse=True)  # fmt: skip
+    best = sorted(
+        (min(c) for c in groups.values()), key=lambda c: c[5].get("finished", ""), reverse=True
+    )
     runs = "; ".join(
         f"{run_dir} ({_data_label(record['config'], labels)}, finished "
         f"{record.get('finished', '?')}, {key} {value:.4g})"

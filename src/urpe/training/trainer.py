@@ -170,8 +170,9 @@ class StepSeed(Callback):
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         micro = batch_idx % trainer.accumulate_grad_batches
-        torch.manual_seed(derive_seed("step", self.seed, trainer.global_step, micro,
-                                      trainer.global_rank))  # fmt: skip
+        torch.manual_seed(
+            derive_seed("step", self.seed, trainer.global_step, micro, trainer.global_rank)
+        )
 
 
 class StepReporter(Callback):
@@ -240,21 +241,25 @@ def _strategy(config: TrainConfig, io: SafeCheckpointIO) -> Any:
         from ..nn.layer import TransformerLayer
 
         # Wrap each Transformer layer: shards parameters layer by layer (large models).
-        return SafeFSDPStrategy(state_dict_type="full", auto_wrap_policy={TransformerLayer},
-                                checkpoint_io=io)  # fmt: skip
+        return SafeFSDPStrategy(
+            state_dict_type="full", auto_wrap_policy={TransformerLayer}, checkpoint_io=io
+        )
     return config.strategy
 
 
-def build_trainer(config: TrainConfig, run_dir: str | Path, callbacks: list[Callback] | None = None,
-                  resumed: bool = False) -> L.Trainer:  # fmt: skip
+def build_trainer(
+    config: TrainConfig,
+    run_dir: str | Path,
+    callbacks: list[Callback] | None = None,
+    resumed: bool = False,
+) -> L.Trainer:
     """A step-based Trainer writing logs and checkpoints under `run_dir` (`resumed`: append to
     the logs of the interrupted run instead of starting them over)."""
     run_dir = Path(run_dir)
     csv_logger = ResumedCSVLogger if resumed else CSVLogger
     loggers: list[Any] = [csv_logger(run_dir, name="logs", version="")]
     if config.tensorboard:
-        loggers.append(TensorBoardLogger(run_dir, name="logs", version="",
-                                         default_hp_metric=False))  # fmt: skip
+        loggers.append(TensorBoardLogger(run_dir, name="logs", version="", default_hp_metric=False))
     io = SafeCheckpointIO()
     callbacks = [
         StepSeed(config.seed),

@@ -198,8 +198,12 @@ def _zinc_build(subset: bool):
                         ) from refusal
                 counts[split] = len(zinc)
                 graphs = []
-                for i in progress_bar(range(min(cap, len(zinc))), desc=f"zinc {split}",
-                                      unit="molecule", enabled=progress):  # fmt: skip
+                for i in progress_bar(
+                    range(min(cap, len(zinc))),
+                    desc=f"zinc {split}",
+                    unit="molecule",
+                    enabled=progress,
+                ):
                     data = zinc[i]
                     data = Data(
                         x=data.x.long().view(-1, 1),  # (N, 1) ZINC atom type
@@ -301,10 +305,18 @@ def load_molecules(
     if file_spec is not None:
         if target is None:
             raise ValueError(f"{name}: say which column is the target (target=...)")
-        return load_molecule_file(file_spec[1], target=target, sizes=sizes, seed=seed,
-                                  features=features, max_distance=max_distance,
-                                  cache_dir=cache_dir, progress=progress, rebuild=rebuild,
-                                  **file_options)  # fmt: skip
+        return load_molecule_file(
+            file_spec[1],
+            target=target,
+            sizes=sizes,
+            seed=seed,
+            features=features,
+            max_distance=max_distance,
+            cache_dir=cache_dir,
+            progress=progress,
+            rebuild=rebuild,
+            **file_options,
+        )
     if name not in MOLECULE_DATASETS:
         raise ValueError(
             f"unknown molecule dataset {name!r}; choose one of {', '.join(MOLECULE_DATASETS)}"

@@ -27,10 +27,35 @@ from torch_geometric.utils.smiles import e_map, from_rdmol, x_map
 
 # ZINC's atom dictionary (benchmarking-gnns' molecules data, index = atom type).
 ZINC_ATOM_TYPES: tuple[str, ...] = (
-    "C", "O", "N", "F", "C H1", "S", "Cl", "O -", "N H1 +", "Br", "N H3 +", "N H2 +", "N +",
-    "N -", "S -", "I", "P", "O H1 +", "N H1 -", "O +", "S +", "P H1", "P H2", "C H2 -", "P +",
-    "S H1 +", "C H1 -", "P H1 +",
-)  # fmt: skip
+    "C",
+    "O",
+    "N",
+    "F",
+    "C H1",
+    "S",
+    "Cl",
+    "O -",
+    "N H1 +",
+    "Br",
+    "N H3 +",
+    "N H2 +",
+    "N +",
+    "N -",
+    "S -",
+    "I",
+    "P",
+    "O H1 +",
+    "N H1 -",
+    "O +",
+    "S +",
+    "P H1",
+    "P H2",
+    "C H2 -",
+    "P +",
+    "S H1 +",
+    "C H1 -",
+    "P H1 +",
+)
 OTHER_ATOM = len(ZINC_ATOM_TYPES)  # 28
 ZINC_BOND_TYPES = {"SINGLE": 1, "DOUBLE": 2, "TRIPLE": 3}  # 0 is "no bond" in ZINC's matrices
 OTHER_BOND = 4

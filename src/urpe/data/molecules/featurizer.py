@@ -85,8 +85,11 @@ class MoleculeFeaturizer(BaseTransform):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: what `from_dict` needs to make the same featuriser."""
-        return {"features": self.features, "max_distance": self.max_distance,
-                "shortest_paths": self.paths is not None}  # fmt: skip
+        return {
+            "features": self.features,
+            "max_distance": self.max_distance,
+            "shortest_paths": self.paths is not None,
+        }
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> MoleculeFeaturizer:

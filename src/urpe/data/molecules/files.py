@@ -165,8 +165,11 @@ def assign_splits(
     order = np.random.default_rng(seed).permutation(len(groups)).tolist()
     n_train = int(len(groups) * DEFAULT_FRACTIONS[0])
     n_val = int(len(groups) * DEFAULT_FRACTIONS[1])
-    blocks = {"train": order[:n_train], "val": order[n_train : n_train + n_val],
-              "test": order[n_train + n_val :]}  # fmt: skip
+    blocks = {
+        "train": order[:n_train],
+        "val": order[n_train : n_train + n_val],
+        "test": order[n_train + n_val :],
+    }
     return {split: [i for g in block for i in groups[g]] for split, block in blocks.items()}
 
 

@@ -39,11 +39,22 @@ QM9_TARGETS: dict[str, tuple[str, float, str]] = {
 }
 # Numeric per-molecule columns of qm9pack's CSVs, in their own units.
 QM9_COLUMNS = (
-    "RotA_GHz", "RotB_GHz", "RotC_GHz", "Dipole_debye", "Polarizability_bohr3", "HOMO_au",
-    "LUMO_au", "HOMO_LUMO_gap_au", "R2_bohr2", "ZPVE_au", "InternalEnergy_0K_au",
-    "InternalEnergy_298K_au", "Enthalphy_298K_au", "GibbsFreeEnergy_298K_au",
+    "RotA_GHz",
+    "RotB_GHz",
+    "RotC_GHz",
+    "Dipole_debye",
+    "Polarizability_bohr3",
+    "HOMO_au",
+    "LUMO_au",
+    "HOMO_LUMO_gap_au",
+    "R2_bohr2",
+    "ZPVE_au",
+    "InternalEnergy_0K_au",
+    "InternalEnergy_298K_au",
+    "Enthalphy_298K_au",
+    "GibbsFreeEnergy_298K_au",
     "Heatcapacity_Cv_cal_mol_K",
-)  # fmt: skip
+)
 QM9_TOTAL = 130_831
 
 

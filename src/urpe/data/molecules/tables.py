@@ -241,8 +241,9 @@ def load_table(
         no_header = separator is not None and _header_is_data(header, separator, path)
         raise (no_header or error) from None
     target_at = [find_column(header, t, "target", path) for t in targets]
-    split_at = None if split_column is None else find_column(header, split_column,
-                                                             "split_column", path)  # fmt: skip
+    split_at = (
+        None if split_column is None else find_column(header, split_column, "split_column", path)
+    )
     point = {",": str, ";": decimal_point}.get(separator, _unambiguous_decimal_point)
     rows = [
         MoleculeRow(

@@ -400,18 +400,22 @@ def load_corpus(
     source = CORPORA[name]
     kind = tokenizer or source.default_tokenizer
     if kind not in TOKENIZERS:
-        raise DatasetError(f"unknown tokenizer {kind!r}: expected one of {', '.join(TOKENIZERS)}",
-                           "tokenizer")  # fmt: skip
+        raise DatasetError(
+            f"unknown tokenizer {kind!r}: expected one of {', '.join(TOKENIZERS)}", "tokenizer"
+        )
     if vocab_size is not None and kind not in ("bpe", "word"):
-        raise DatasetError(f"vocab_size applies to the bpe and word tokenizers, not {kind}",
-                           "vocab_size")  # fmt: skip
+        raise DatasetError(
+            f"vocab_size applies to the bpe and word tokenizers, not {kind}", "vocab_size"
+        )
     if vocab_size is not None and vocab_size < (257 if kind == "bpe" else 3):
         least = "257 (the 256 bytes and a merge)" if kind == "bpe" else "3 (<eos>, <unk>, a word)"
-        raise DatasetError(f"a {kind} vocab_size must be at least {least}, got {vocab_size}",
-                           "vocab_size")  # fmt: skip
+        raise DatasetError(
+            f"a {kind} vocab_size must be at least {least}, got {vocab_size}", "vocab_size"
+        )
     if kind in ("bpe", "word") and not _installed("tokenizers"):
-        raise DatasetError(f"the {kind} tokenizer needs the HF 'tokenizers' package: {INSTALL_LM}",
-                           "tokenizer")  # fmt: skip
+        raise DatasetError(
+            f"the {kind} tokenizer needs the HF 'tokenizers' package: {INSTALL_LM}", "tokenizer"
+        )
     files = source.locate(located_path)
     show = _show_progress(progress)
     inputs = {

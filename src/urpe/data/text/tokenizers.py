@@ -285,8 +285,9 @@ class _HuggingFaceTokenizer(Tokenizer):
         from ...progress import progress_bar
 
         chunks: list[Tensor] = []
-        bar = progress_bar(total=len(lines), unit="line", desc=f"{self.kind} encode",
-                           enabled=progress)  # fmt: skip
+        bar = progress_bar(
+            total=len(lines), unit="line", desc=f"{self.kind} encode", enabled=progress
+        )
         for start in range(0, len(lines), _BATCH_LINES):
             batch = lines[start : start + _BATCH_LINES]
             for encoding in self.backend.encode_batch(batch, add_special_tokens=False):

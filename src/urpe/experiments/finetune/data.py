@@ -25,8 +25,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model",
-                      "spiece.model", "vocab.txt")  # fmt: skip
+HF_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.txt",
+)
 MODEL_TOKENIZER_FORMAT = 1  # bump when the encoding of a data set with a folder's tokenizer changes
 ENCODE_LINES = 4096
 
@@ -84,8 +90,10 @@ class _Encoder:
             try:
                 self.hf = AutoTokenizer.from_pretrained(model, local_files_only=True)
             except (OSError, ValueError, TypeError) as error:
-                raise DataError(f"the tokenizer in {model} cannot be loaded: "
-                                f"{str(error).strip().splitlines()[0]}") from None  # fmt: skip
+                raise DataError(
+                    f"the tokenizer in {model} cannot be loaded: "
+                    f"{str(error).strip().splitlines()[0]}"
+                ) from None
             self.vocab_size, self.metric = len(self.hf), "perplexity"
 
     def encode(self, text: str) -> Tensor:
@@ -99,8 +107,9 @@ class _Encoder:
         lines = text.splitlines(keepends=True)
         ids: list[int] = []
         for start in range(0, len(lines), ENCODE_LINES):
-            pieces = self.hf(lines[start : start + ENCODE_LINES], add_special_tokens=False,
-                             verbose=False)["input_ids"]  # fmt: skip
+            pieces = self.hf(
+                lines[start : start + ENCODE_LINES], add_special_tokens=False, verbose=False
+            )["input_ids"]
             for piece in pieces:
                 ids.extend(piece)
         return torch.tensor(ids, dtype=torch.long)
@@ -116,8 +125,12 @@ def _with_model_tokenizer(dataset: str, model: Path, source: str, digest: str) -
     name, path = parse_spec(dataset)
     files = CORPORA[name].locate(path)
     encoder = _Encoder(model, source)
-    inputs = {"corpus": name, "sources": [file_sha256(f) for f in files], "model": digest,
-              "format": MODEL_TOKENIZER_FORMAT}  # fmt: skip
+    inputs = {
+        "corpus": name,
+        "sources": [file_sha256(f) for f in files],
+        "model": digest,
+        "format": MODEL_TOKENIZER_FORMAT,
+    }
 
     def build(directory: Path) -> dict:
         parts = CORPORA[name].read(files, False, False)
@@ -125,34 +138,59 @@ def _with_model_tokenizer(dataset: str, model: Path, source: str, digest: str) -
         save_file(tokens, str(directory / "tokens.safetensors"))
         return {"tokens": {s: len(t) for s, t in tokens.items()}}
 
-    entry, _ = cached_entry(cache_root() / "finetune", name, inputs, build,
-                            on_rebuild=lambda m: print(m, file=sys.stderr))  # fmt: skip
+    entry, _ = cached_entry(
+        cache_root() / "finetune",
+        name,
+        inputs,
+        build,
+        on_rebuild=lambda m: print(m, file=sys.stderr),
+    )
     splits = load_file(str(entry / "tokens.safetensors"))
-    return Tokens(splits["train"], splits["valid"], splits["test"], encoder.vocab_size,
-                  encoder.metric, f"{source} tokenizer of the model folder")  # fmt: skip
+    return Tokens(
+        splits["train"],
+        splits["valid"],
+        splits["test"],
+        encoder.vocab_size,
+        encoder.metric,
+        f"{source} tokenizer of the model folder",
+    )
 
 
-def load_tokens(dataset: str, tokenizer: str | None, vocab_size: int | None, model: Path,
-                digest: str, model_vocab: int) -> Tokens:  # fmt: skip
+def load_tokens(
+    dataset: str,
+    tokenizer: str | None,
+    vocab_size: int | None,
+    model: Path,
+    digest: str,
+    model_vocab: int,
+) -> Tokens:
     """Token ids of the data set's three splits under the rule above (DataError, or the data
     package's DatasetError, with one line on failure)."""
     source = tokenizer_source(model)
     if source is not None:
         if tokenizer is not None or vocab_size is not None:
-            raise DataError(f"{model} has its own tokenizer, which is used: drop --tokenizer "
-                            "and --vocab-size")  # fmt: skip
+            raise DataError(
+                f"{model} has its own tokenizer, which is used: drop --tokenizer and --vocab-size"
+            )
         tokens = _with_model_tokenizer(dataset, model, source, digest)
     else:
         from ...data.text import load_corpus
 
         corpus = load_corpus(dataset, tokenizer=tokenizer, vocab_size=vocab_size, progress=False)
         kind = type(corpus.tokenizer).kind
-        tokens = Tokens(corpus.train.long(), corpus.valid.long(), corpus.test.long(),
-                        corpus.vocab_size, corpus.metric, f"urpe {kind} tokenizer "
-                        "(the model folder has none)")  # fmt: skip
+        tokens = Tokens(
+            corpus.train.long(),
+            corpus.valid.long(),
+            corpus.test.long(),
+            corpus.vocab_size,
+            corpus.metric,
+            f"urpe {kind} tokenizer (the model folder has none)",
+        )
     if tokens.vocab_size > model_vocab:
-        too_many = (f"the {tokens.tokenizer} has {tokens.vocab_size} ids, more than the model's "
-                    f"vocabulary of {model_vocab}")  # fmt: skip
+        too_many = (
+            f"the {tokens.tokenizer} has {tokens.vocab_size} ids, more than the model's "
+            f"vocabulary of {model_vocab}"
+        )
         if source is not None:
             raise DataError(f"{too_many}: the folder's tokenizer does not belong to its model")
         raise DataError(f"{too_many}; what fits: {fitting_tokenizers(dataset, model_vocab)}")
@@ -176,7 +214,9 @@ def fitting_tokenizers(dataset: str, model_vocab: int) -> str:
     if model_vocab >= 257:
         fits.append(f"--tokenizer bpe --vocab-size {model_vocab}")
     if model_vocab >= 3:
-        fits.append(f"--tokenizer word --vocab-size {model_vocab} (the {model_vocab - 2} most "
-                    "frequent words, <eos> and <unk>)")  # fmt: skip
+        fits.append(
+            f"--tokenizer word --vocab-size {model_vocab} (the {model_vocab - 2} most "
+            "frequent words, <eos> and <unk>)"
+        )
     choices = ", ".join(fits) if fits else "none of urpe's tokenizers"
     return f"{choices}; or a model folder with its own tokenizer"

@@ -42,12 +42,17 @@ from .presets import COMMAND, VARIANTS, Preset
 DATA_STREAM = "random-windows/1"
 
 
-def run_config(variant: str, seed: int, preset: Preset, precision: str, model: dict,
-               tokens: Any) -> dict[str, Any]:  # fmt: skip
+def run_config(
+    variant: str, seed: int, preset: Preset, precision: str, model: dict, tokens: Any
+) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     v = VARIANTS[variant]
-    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps,
-                        weight_decay=preset.weight_decay)  # fmt: skip
+    optim = OptimConfig(
+        lr=preset.lr,
+        warmup_steps=preset.warmup,
+        total_steps=preset.steps,
+        weight_decay=preset.weight_decay,
+    )
     return {
         "experiment": "finetune",
         "dataset": preset.dataset,
@@ -65,7 +70,7 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, model: d
             "segment_length": preset.segment_length,
             "memory_length": 0,
             **({"pack": True} if preset.pack else {}),  # unpacked runs keep their identity
-        },  # fmt: skip
+        },
         "optim": optim.to_dict(),
         "gate_lr": preset.gate_lr if v.urpe is not None else None,
         **schedule_sections(preset, precision, DATA_STREAM),
@@ -75,9 +80,12 @@ def run_config(variant: str, seed: int, preset: Preset, precision: str, model: d
 def describe_folder(path: Path, config) -> dict[str, Any]:
     from .model_folder import folder_digest
 
-    return {"path": str(path.resolve()), "digest": folder_digest(path),
-            "class": (config.architectures or [type(config).__name__])[0],
-            "model_type": config.model_type}  # fmt: skip
+    return {
+        "path": str(path.resolve()),
+        "digest": folder_digest(path),
+        "class": (config.architectures or [type(config).__name__])[0],
+        "model_type": config.model_type,
+    }
 
 
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
@@ -89,8 +97,11 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if preset.model is None:  # checked here, not in resolve: --report-only needs no model
-        raise UsageError("--model", "give the model folder to fine-tune: --model PATH (a folder "
-                                    "written by save_pretrained)")  # fmt: skip
+        raise UsageError(
+            "--model",
+            "give the model folder to fine-tune: --model PATH (a folder "
+            "written by save_pretrained)",
+        )
     path = Path(preset.model).expanduser()
     try:
         config = read_config(path)
@@ -99,12 +110,20 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
         raise UsageError("--model", str(error)) from None
     limit = context_limit(config)
     if limit is not None and preset.segment_length > limit:
-        raise UsageError("--segment-length", f"{preset.segment_length} exceeds the model's "
-                                             f"context of {limit} positions")  # fmt: skip
+        raise UsageError(
+            "--segment-length",
+            f"{preset.segment_length} exceeds the model's context of {limit} positions",
+        )
     model = describe_folder(path, config)
     try:
-        tokens = load_tokens(preset.dataset, preset.tokenizer, preset.vocab_size, path,
-                             model["digest"], config.get_text_config().vocab_size)  # fmt: skip
+        tokens = load_tokens(
+            preset.dataset,
+            preset.tokenizer,
+            preset.vocab_size,
+            path,
+            model["digest"],
+            config.get_text_config().vocab_size,
+        )
     except (DataError, DatasetError) as error:
         raise UsageError("--dataset", str(error)) from None
     if len(tokens.train) < preset.segment_length + 2:
@@ -114,9 +133,15 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
             f"fewer than one window needs ({preset.segment_length + 1})",
         )
     packed = "-packed" if preset.pack else ""
-    return [RunSpec(f"{v}-L{preset.segment_length}-S{preset.steps}{packed}-seed{s}",
-                    run_config(v, s, preset, precision, model, tokens), preset.steps)
-            for v in preset.variants for s in preset.seeds]  # fmt: skip
+    return [
+        RunSpec(
+            f"{v}-L{preset.segment_length}-S{preset.steps}{packed}-seed{s}",
+            run_config(v, s, preset, precision, model, tokens),
+            preset.steps,
+        )
+        for v in preset.variants
+        for s in preset.seeds
+    ]
 
 
 class RandomWindows:
@@ -149,8 +174,9 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
-def extrapolation(model, tokens: torch.Tensor, factors: list[int]
-                  ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:  # fmt: skip
+def extrapolation(
+    model, tokens: torch.Tensor, factors: list[int]
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """({mode: {factor: loss in nats}}, {factor: why it was left out}) at contexts factor x L.
     Contexts beyond a table of learned positions are left out unrun; a context that fails
     (out of memory, ...) is left out with its error, so the trained run is kept."""
@@ -163,8 +189,10 @@ def extrapolation(model, tokens: torch.Tensor, factors: list[int]
     for factor in factors:
         context = factor * model.segment_length
         if limit is not None and context > limit:
-            skipped[str(factor)] = (f"{context} tokens exceed the {limit} positions of "
-                                    f"{type(model.model).__name__}'s position table")  # fmt: skip
+            skipped[str(factor)] = (
+                f"{context} tokens exceed the {limit} positions of "
+                f"{type(model.model).__name__}'s position table"
+            )
             continue
         try:
             for mode in out:
@@ -220,8 +248,13 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     if m["trains"] == "gates":
         _freeze_all_but_gates(hf_model)
     model = HuggingFaceLM(hf_model, m["segment_length"], m.get("pack", False))
-    objective = FineTuningLM(model, OptimConfig.from_dict(config["optim"]), config["gate_lr"],
-                             metric=config["metric"], run=config)  # fmt: skip
+    objective = FineTuningLM(
+        model,
+        OptimConfig.from_dict(config["optim"]),
+        config["gate_lr"],
+        metric=config["metric"],
+        run=config,
+    )
     length = m["segment_length"]
     val_tokens, test_tokens = _head(tokens.valid, ev["tokens"]), _head(tokens.test, ev["tokens"])
     # Evaluations run on the run's GPU, if it has one (Lightning hands the model back on the CPU).
@@ -243,8 +276,10 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     record = {
         "metric": config["metric"],
         "val_loss_start": start["loss"],
-        "val_loss": val["loss"], "test_loss": test["loss"],
-        "val_tokens": int(val["tokens"]), "test_tokens": int(test["tokens"]),
+        "val_loss": val["loss"],
+        "test_loss": test["loss"],
+        "val_tokens": int(val["tokens"]),
+        "test_tokens": int(test["tokens"]),
         "params": sum(p.numel() for p in hf_model.parameters()),
         "trained_params": sum(p.numel() for p in hf_model.parameters() if p.requires_grad),
         "gate_params": sum(p.numel() for p in gate_parameters(hf_model)),
@@ -252,7 +287,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         "step_seconds_median": median,
         "tokens_per_second": train["batch_size"] * length / median if steps else None,
         "curve": objective.curve,
-    }  # fmt: skip
+    }
     record["extrapolation"], record["extrapolation_skipped"] = extrapolation(
         model, val_tokens, ev["factors"]
     )
@@ -275,6 +310,10 @@ def write_report(records: list[dict], out: Path, seconds: float) -> tuple[str, l
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND, plan=plan, run_one=run_one, describe=describe, report=write_report,
+    COMMAND,
+    plan=plan,
+    run_one=run_one,
+    describe=describe,
+    report=write_report,
     sweep=("variants", "seeds"),
-)  # fmt: skip
+)

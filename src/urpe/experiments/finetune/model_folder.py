@@ -45,25 +45,31 @@ def read_config(path: Path):
     if not path.is_dir():
         raise ModelFolderError(f"{path} is not a folder: give a folder written by save_pretrained")
     if not (path / "config.json").is_file():
-        raise ModelFolderError(f"{path} has no config.json: give a folder written by "
-                               "save_pretrained (config.json and weights)")  # fmt: skip
+        raise ModelFolderError(
+            f"{path} has no config.json: give a folder written by "
+            "save_pretrained (config.json and weights)"
+        )
     if not any(p.suffix in WEIGHT_SUFFIXES for p in path.iterdir() if p.is_file()):
-        raise ModelFolderError(f"{path} has config.json but no weights (*.safetensors or "
-                               "pytorch_model.bin)")  # fmt: skip
+        raise ModelFolderError(
+            f"{path} has config.json but no weights (*.safetensors or pytorch_model.bin)"
+        )
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, KeyError, OSError, json.JSONDecodeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelFolderError(f"{path}/config.json cannot be read by transformers: "
-                               f"{first}") from None  # fmt: skip
+        raise ModelFolderError(
+            f"{path}/config.json cannot be read by transformers: {first}"
+        ) from None
     if type(config) not in AutoModelForCausalLM._model_mapping:
         raise ModelFolderError(
             f"{path} holds a {type(config).__name__} model, which has no causal-LM class in "
             "transformers (AutoModelForCausalLM)"
         )
     if getattr(config, "urpe", None) is not None:
-        raise ModelFolderError(f"{path} already carries URPE gates (config.json has 'urpe'); "
-                               "give the folder of the model without them")  # fmt: skip
+        raise ModelFolderError(
+            f"{path} already carries URPE gates (config.json has 'urpe'); "
+            "give the folder of the model without them"
+        )
     return config
 
 
@@ -143,8 +149,9 @@ def load_model(path: str | Path, urpe_options: dict | None) -> nn.Module:
 
     import urpe.hf
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
-                                                 attn_implementation="sdpa")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+    )
     if urpe_options is not None:
         model = urpe.hf.add_urpe(model, **urpe_options)
     return model
@@ -190,8 +197,11 @@ class HuggingFaceLM(nn.Module):
     def model_config(self) -> dict[str, Any]:
         """The transformers config (with its `urpe` entry) as JSON: a checkpoint rebuilds the
         architecture from it, with no reference to the folder it came from."""
-        return {"hf_config": json.loads(self.model.config.to_json_string(use_diff=False)),
-                "segment_length": self.segment_length, "pack": self.pack}  # fmt: skip
+        return {
+            "hf_config": json.loads(self.model.config.to_json_string(use_diff=False)),
+            "segment_length": self.segment_length,
+            "pack": self.pack,
+        }
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any]) -> HuggingFaceLM:

@@ -15,8 +15,14 @@ class FineTuningLM(CausalLM):
     """`CausalLM` over the trainable parameters only; the gates (names with "urpe") peak at
     `gate_lr` (None: the model's lr) on the same warm-up and decay as the rest."""
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, gate_lr: float | None,
-                 metric: str = "bpc", run: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        gate_lr: float | None,
+        metric: str = "bpc",
+        run: dict | None = None,
+    ):
         super().__init__(model, optim, metric=metric, run=run)
         self.gate_lr = gate_lr
 

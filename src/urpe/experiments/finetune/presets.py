@@ -33,10 +33,10 @@ VARIANTS: dict[str, Variant] = {
     "urpe-buckets": Variant(
         "a gate per layer over 32 log-spaced offset buckets",
         {"gate": {"name": "t5", "num_buckets": 32}},
-    ),  # fmt: skip
+    ),
     "urpe-gates-only": Variant(
         "a gate per layer; only the gates train, the model is frozen", {}, "gates"
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -51,43 +51,83 @@ class Preset(TextRun):
 
 PRESETS: dict[str, Preset] = {
     "quick": Preset(
-        model=None, dataset="shakespeare", variants=("base", "urpe"), seeds=(0,),
-        segment_length=128, steps=200, batch_size=16, lr=1e-4, warmup=20, eval_tokens=16384,
+        model=None,
+        dataset="shakespeare",
+        variants=("base", "urpe"),
+        seeds=(0,),
+        segment_length=128,
+        steps=200,
+        batch_size=16,
+        lr=1e-4,
+        warmup=20,
+        eval_tokens=16384,
         val_every=25,
     ),
-}  # fmt: skip
+}
 
 VARIANTS_OPTION = variants_option(
     f"comma-separated, from {', '.join(VARIANTS)} ({{presets}})", Names("variant", VARIANTS)
 )
 OPTIONS = (
-    Option(("--model",), "model", "a local folder written by save_pretrained (config.json and "
-           "weights) of a transformers causal LM; never downloaded", metavar="PATH"),
-    Option(("--dataset",), "dataset", "shakespeare, enwiki-mini, enwik8:PATH, "
-           "wikitext-103:DIR, text:PATH or a file path ({presets})"),
-    Option(("--tokenizer",), "tokenizer", "urpe tokenisation when the model folder has no "
-           "tokenizer of its own (default: the corpus's own); its ids must fit the model's "
-           "vocabulary", choices=("char", "byte", "bpe", "word")),
+    Option(
+        ("--model",),
+        "model",
+        "a local folder written by save_pretrained (config.json and "
+        "weights) of a transformers causal LM; never downloaded",
+        metavar="PATH",
+    ),
+    Option(
+        ("--dataset",),
+        "dataset",
+        "shakespeare, enwiki-mini, enwik8:PATH, "
+        "wikitext-103:DIR, text:PATH or a file path ({presets})",
+    ),
+    Option(
+        ("--tokenizer",),
+        "tokenizer",
+        "urpe tokenisation when the model folder has no "
+        "tokenizer of its own (default: the corpus's own); its ids must fit the model's "
+        "vocabulary",
+        choices=("char", "byte", "bpe", "word"),
+    ),
     VOCAB_SIZE,
     SEEDS,
-    Option(("--segment-length",), "segment_length", "training window length L ({presets})",
-           positive_int),
-    STEPS, BATCH_SIZE.with_help("windows per update, over all devices ({presets})"), LR, WARMUP,
-    Option(("--gate-lr",), "gate_lr", "peak learning rate of the URPE gates, same schedule "
-           "(default: --lr)", positive_float),
-    Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})",
-           positive_float),
-    Option(("--pack",), "pack", "feed each batch as one packed row, the way transformers' "
-           "DataCollatorWithFlattening packs documents: its windows concatenated, position ids "
-           "restarting at 0 with each window, no window attending to another (urpe.hf reads "
-           "the restarts). Same losses as separate rows; checks the packed route a fine-tune "
-           "on documents of mixed lengths takes", action="store_true"),
+    Option(
+        ("--segment-length",),
+        "segment_length",
+        "training window length L ({presets})",
+        positive_int,
+    ),
+    STEPS,
+    BATCH_SIZE.with_help("windows per update, over all devices ({presets})"),
+    LR,
+    WARMUP,
+    Option(
+        ("--gate-lr",),
+        "gate_lr",
+        "peak learning rate of the URPE gates, same schedule (default: --lr)",
+        positive_float,
+    ),
+    Option(("--weight-decay",), "weight_decay", "AdamW weight decay ({presets})", positive_float),
+    Option(
+        ("--pack",),
+        "pack",
+        "feed each batch as one packed row, the way transformers' "
+        "DataCollatorWithFlattening packs documents: its windows concatenated, position ids "
+        "restarting at 0 with each window, no window attending to another (urpe.hf reads "
+        "the restarts). Same losses as separate rows; checks the packed route a fine-tune "
+        "on documents of mixed lengths takes",
+        action="store_true",
+    ),
     *EVALUATION_OPTIONS,
-)  # fmt: skip
+)
 COMMAND = CommandLine(
-    name="finetune", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
+    name="finetune",
+    presets=PRESETS,
+    variants=VARIANTS_OPTION,
+    options=OPTIONS,
     description="Fine-tune a local Hugging Face causal LM (a save_pretrained folder; nothing is "
     "downloaded) on a text data set with and without URPE gates; report validation loss, "
     "learning curves and length extrapolation.",
     implementation="urpe.experiments.finetune.experiment:EXPERIMENT",
-)  # fmt: skip
+)

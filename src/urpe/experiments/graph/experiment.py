@@ -153,8 +153,9 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
         data = load_data(runs[0].config, progress=progress, file=file)
     except (ValueError, FileNotFoundError) as error:
         raise UsageError("--dataset", str(error).splitlines()[0]) from None
-    molecule_files.check_data(data, lambda line: print(f"urpe reproduce graph: {line}",
-                                                       file=sys.stderr))  # fmt: skip
+    molecule_files.check_data(
+        data, lambda line: print(f"urpe reproduce graph: {line}", file=sys.stderr)
+    )
     return runs
 
 
@@ -226,8 +227,9 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     # The head learns standardised targets; predictions come out in the data's units.
     model.set_target_statistics(float(train_y.mean()), float(train_y.std().clamp(min=1e-8)))
     inputs = MoleculeInputs(data.featurizer, data.target, data.unit)  # in every checkpoint
-    objective = GraphRegression(model, OptimConfig.from_dict(config["optim"]), run=config,
-                                inputs=inputs)  # fmt: skip
+    objective = GraphRegression(
+        model, OptimConfig.from_dict(config["optim"]), run=config, inputs=inputs
+    )
     train = config["train"]
     stream = IndexedStream(len(data.train), train["batch_size"], seed, _Collate(data.train))
     module = StepDataModule(
@@ -236,9 +238,13 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     # The untrained model's validation MAE: the curve's first point (predicting about the mean).
     initial_val_mae = mean_absolute_error(model, DataLoader(data.val, batch_size=EVAL_BATCH))
     metrics = context.fit(
-        objective, module, max_steps=train["steps"], val_every=train["eval_every"],
-        precision=train["precision"], seed=seed,
-    )  # fmt: skip
+        objective,
+        module,
+        max_steps=train["steps"],
+        val_every=train["eval_every"],
+        precision=train["precision"],
+        seed=seed,
+    )
     model = model.cpu().float()
     test = DataLoader(data.test, batch_size=EVAL_BATCH, shuffle=False)
     record = {
@@ -288,6 +294,11 @@ def check(preset: Preset) -> None:
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND, plan=plan, run_one=run_one, describe=describe, report=report, check=check,
+    COMMAND,
+    plan=plan,
+    run_one=run_one,
+    describe=describe,
+    report=report,
+    check=check,
     sweep=("target_columns", "variants", "seeds"),
-)  # fmt: skip
+)

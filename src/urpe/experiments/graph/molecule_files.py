@@ -26,8 +26,14 @@ from ..experiment import Option
 from ..records import LOCATIONS
 
 DATASETS = ("moses-plogp", "qm9", "zinc", "zinc-full")  # the packaged ones
-FILE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".smi": "csv", ".smiles": "csv",
-                 ".sdf": "sdf"}  # fmt: skip
+FILE_SUFFIXES = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".txt": "csv",
+    ".smi": "csv",
+    ".smiles": "csv",
+    ".sdf": "sdf",
+}
 MIN_SPLIT = 2  # a split's target sd needs two molecules
 
 
@@ -55,15 +61,29 @@ def dataset_argument(text: str) -> str:
 
 
 FILE_OPTIONS = (
-    Option(("--smiles-column",), "smiles_column", "with --dataset csv:PATH: the column of SMILES, "
-           "any case (default: smiles). Rows whose SMILES RDKit cannot read, or whose target is "
-           "not a number, are skipped and counted in one line", metavar="NAME"),
-    Option(("--target-column",), "target_columns", "with --dataset csv:PATH or sdf:PATH: the "
-           "target column(s); several train one model each", name_list, metavar="NAME[,NAME]"),
-    Option(("--split-column",), "split_column", "with a file: the column saying train, val (or "
-           "valid) or test for each row (default: a seeded 80/10/10 split; --sizes caps it)",
-           metavar="NAME"),
-)  # fmt: skip
+    Option(
+        ("--smiles-column",),
+        "smiles_column",
+        "with --dataset csv:PATH: the column of SMILES, "
+        "any case (default: smiles). Rows whose SMILES RDKit cannot read, or whose target is "
+        "not a number, are skipped and counted in one line",
+        metavar="NAME",
+    ),
+    Option(
+        ("--target-column",),
+        "target_columns",
+        "with --dataset csv:PATH or sdf:PATH: the target column(s); several train one model each",
+        name_list,
+        metavar="NAME[,NAME]",
+    ),
+    Option(
+        ("--split-column",),
+        "split_column",
+        "with a file: the column saying train, val (or "
+        "valid) or test for each row (default: a seeded 80/10/10 split; --sizes caps it)",
+        metavar="NAME",
+    ),
+)
 
 
 def check_file_settings(preset: Any) -> None:

@@ -98,34 +98,73 @@ VARIANTS_OPTION = variants_option(
     f"comma-separated from {','.join(VARIANTS)} (default: both)", Names("variant", VARIANTS)
 )
 OPTIONS = (
-    Option(("--dataset",), "dataset", "moses-plogp: MOSES molecules (ZINC-derived, not ZINC), "
-           "penalised logP by RDKit; qm9: QM9 HOMO-LUMO gap (eV); zinc / zinc-full: the real ZINC "
-           f"benchmark from PyG's raw files in --zinc-dir or ${ZINC_ENV_VAR}; csv:PATH or "
-           "sdf:PATH (or a .csv/.tsv/.smi/.sdf path; `;` and decimal commas read too): your "
-           "own molecules, with --target-column (default: %(default)s)", dataset_argument,
-           default="moses-plogp"),
-    Option(("--target",), "target", "regression target (qm9: gap, homo, lumo, mu, alpha, ... ; "
-           "moses-plogp: plogp or plogp-normalized; default: the dataset's)"),
+    Option(
+        ("--dataset",),
+        "dataset",
+        "moses-plogp: MOSES molecules (ZINC-derived, not ZINC), "
+        "penalised logP by RDKit; qm9: QM9 HOMO-LUMO gap (eV); zinc / zinc-full: the real ZINC "
+        f"benchmark from PyG's raw files in --zinc-dir or ${ZINC_ENV_VAR}; csv:PATH or "
+        "sdf:PATH (or a .csv/.tsv/.smi/.sdf path; `;` and decimal commas read too): your "
+        "own molecules, with --target-column (default: %(default)s)",
+        dataset_argument,
+        default="moses-plogp",
+    ),
+    Option(
+        ("--target",),
+        "target",
+        "regression target (qm9: gap, homo, lumo, mu, alpha, ... ; "
+        "moses-plogp: plogp or plogp-normalized; default: the dataset's)",
+    ),
     *FILE_OPTIONS,
-    Option(("--sizes",), "split_sizes", "train,val,test caps (quick: 10000,1000,1000 for "
-           "moses-plogp and qm9, all of zinc; paper: the full splits)", _sizes),
-    SEEDS, STEPS,
+    Option(
+        ("--sizes",),
+        "split_sizes",
+        "train,val,test caps (quick: 10000,1000,1000 for "
+        "moses-plogp and qm9, all of zinc; paper: the full splits)",
+        _sizes,
+    ),
+    SEEDS,
+    STEPS,
     Option(("--batch-size",), "batch_size", "graphs per update ({presets})", positive_int),
-    LR, WARMUP,
-    Option(("--eval-every",), "eval_every", "updates between validations, the learning curves "
-           "({presets})", positive_int),
+    LR,
+    WARMUP,
+    Option(
+        ("--eval-every",),
+        "eval_every",
+        "updates between validations, the learning curves ({presets})",
+        positive_int,
+    ),
     BACKEND,
-    Option(("--pack",), "pack", "run the layers on packed rows (molecules side by side, each "
-           "attending only to itself) instead of one row per molecule padded to the batch's "
-           "largest: the same predictions; slower on molecules so far (benchmarks/"
-           "bench_graph_packing.py)", action="store_true"),
-    Option(("--pack-length",), "pack_length", "with --pack: the rows' length in atoms + 1 "
-           "per molecule (default: the batch's largest molecule)", positive_int),
-    Option(("--zinc-dir",), "zinc_dir", f"folder of PyG's raw ZINC files (default: "
-           f"${ZINC_ENV_VAR})", Path, default=None),
-)  # fmt: skip
+    Option(
+        ("--pack",),
+        "pack",
+        "run the layers on packed rows (molecules side by side, each "
+        "attending only to itself) instead of one row per molecule padded to the batch's "
+        "largest: the same predictions; slower on molecules so far (benchmarks/"
+        "bench_graph_packing.py)",
+        action="store_true",
+    ),
+    Option(
+        ("--pack-length",),
+        "pack_length",
+        "with --pack: the rows' length in atoms + 1 "
+        "per molecule (default: the batch's largest molecule)",
+        positive_int,
+    ),
+    Option(
+        ("--zinc-dir",),
+        "zinc_dir",
+        f"folder of PyG's raw ZINC files (default: ${ZINC_ENV_VAR})",
+        Path,
+        default=None,
+    ),
+)
 COMMAND = CommandLine(
-    name="graph", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
-    preset_help=PRESET_HELP, description=DESCRIPTION,
+    name="graph",
+    presets=PRESETS,
+    variants=VARIANTS_OPTION,
+    options=OPTIONS,
+    preset_help=PRESET_HELP,
+    description=DESCRIPTION,
     implementation="urpe.experiments.graph.experiment:EXPERIMENT",
-)  # fmt: skip
+)

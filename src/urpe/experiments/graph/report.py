@@ -218,9 +218,12 @@ def markdown(groups: list[dict], table: list[dict], wall: float) -> str:
                 "-"
                 if c["paired_test_mae_change"] is None
                 else f"{c['paired_test_mae_change']:+.4f}"
-                + ("" if c["paired_test_mae_change_sd"] is None
-                   else f" ± {c['paired_test_mae_change_sd']:.4f}")
-            )  # fmt: skip
+                + (
+                    ""
+                    if c["paired_test_mae_change_sd"] is None
+                    else f" ± {c['paired_test_mae_change_sd']:.4f}"
+                )
+            )
             lines.append(
                 f"| {c['data']} | {c['target']} | {c['test_mae_change']:+.4f} | "
                 f"{100 * c['relative_change']:+.1f}% | {paired} | "

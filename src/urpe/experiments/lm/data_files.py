@@ -47,8 +47,12 @@ def locate_data(specs: list[RunSpec]) -> list[RunSpec]:
         if key not in digests:
             digests[key] = [file_sha256(f) for f in CORPORA[name].locate(path)]
         # Shown by content, not by name: a renamed file is the same run.
-        config = {**spec.config, "dataset": f"{name}:sha256-{digests[key][0][:12]}",
-                  "data_sha256": digests[key], LOCATIONS: {"dataset": key}}  # fmt: skip
+        config = {
+            **spec.config,
+            "dataset": f"{name}:sha256-{digests[key][0][:12]}",
+            "data_sha256": digests[key],
+            LOCATIONS: {"dataset": key},
+        }
         out.append(RunSpec(spec.name, config, spec.steps))
     return out
 

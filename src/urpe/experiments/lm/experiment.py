@@ -49,15 +49,23 @@ def run_name(variant: str, seed: int, preset: Preset) -> str:
     return f"{dataset}-{variant}{packed}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
 
 
-def run_config(variant: str, seed: int, preset: Preset, precision: str, vocab_size: int,
-               metric: str) -> dict[str, Any]:  # fmt: skip
+def run_config(
+    variant: str, seed: int, preset: Preset, precision: str, vocab_size: int, metric: str
+) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     v = parse_variant(variant)
     base = TransformerConfig(
-        vocab_size=vocab_size, max_len=preset.segment_length, num_layers=preset.num_layers,
-        dim=preset.dim, num_heads=preset.num_heads, ffn_dim=preset.ffn_dim,
-        dropout=preset.dropout, norm_first=True, embedding_norm=False, tie_embeddings=True,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        max_len=preset.segment_length,
+        num_layers=preset.num_layers,
+        dim=preset.dim,
+        num_heads=preset.num_heads,
+        ffn_dim=preset.ffn_dim,
+        dropout=preset.dropout,
+        norm_first=True,
+        embedding_norm=False,
+        tie_embeddings=True,
+    )
     memory = preset.memory_length if v.memory else 0
     optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     config = {
@@ -90,11 +98,15 @@ def fit_text(context, objective, stream, valid, config: dict, length: int, log_e
     train, ev = config["train"], config["eval"]
     curve = held_out_segments(_head(valid, ev["curve_tokens"]), ev["batch_size"], length)
     context.fit(
-        objective, StepDataModule(stream, curve, eval_batch_size=None),
-        max_steps=train["steps"], val_every=ev["val_every"], seed=config["seed"],
-        precision=train["precision"], gradient_clip_val=train["gradient_clip"],
+        objective,
+        StepDataModule(stream, curve, eval_batch_size=None),
+        max_steps=train["steps"],
+        val_every=ev["val_every"],
+        seed=config["seed"],
+        precision=train["precision"],
+        gradient_clip_val=train["gradient_clip"],
         log_every=log_every,
-    )  # fmt: skip
+    )
 
 
 def schedule_sections(preset, precision: str, stream: str = DATA_STREAM) -> dict[str, dict]:
@@ -121,10 +133,14 @@ def schedule_sections(preset, precision: str, stream: str = DATA_STREAM) -> dict
 def specs(preset: Preset, precision: str, vocab_size: int, metric: str) -> list[RunSpec]:
     """Every (variant, seed) of the preset on a corpus of `vocab_size` tokens."""
     return [
-        RunSpec(run_name(v, s, preset), run_config(v, s, preset, precision, vocab_size, metric),
-                preset.steps)  # fmt: skip
-        for v in preset.variants for s in preset.seeds
-    ]  # fmt: skip
+        RunSpec(
+            run_name(v, s, preset),
+            run_config(v, s, preset, precision, vocab_size, metric),
+            preset.steps,
+        )
+        for v in preset.variants
+        for s in preset.seeds
+    ]
 
 
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
@@ -136,8 +152,9 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are spawned after it
     try:
         preset = preset.override(dataset=canonical_dataset(preset.dataset))
-        corpus = load_corpus(preset.dataset, tokenizer=preset.tokenizer,
-                             vocab_size=preset.vocab_size, progress=None)  # fmt: skip
+        corpus = load_corpus(
+            preset.dataset, tokenizer=preset.tokenizer, vocab_size=preset.vocab_size, progress=None
+        )
     except DatasetError as error:
         flag = f"--{error.setting.replace('_', '-')}" if error.setting else "--dataset"
         raise UsageError(flag, str(error)) from None
@@ -145,8 +162,11 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
         check_packing(preset, corpus.tokenizer)
     needed = (preset.batch_size * preset.segment_length) + 1
     if len(corpus.train) < needed:
-        raise UsageError("--dataset", f"the training split has {len(corpus.train)} tokens, "
-                                      f"fewer than one update needs ({needed})")  # fmt: skip
+        raise UsageError(
+            "--dataset",
+            f"the training split has {len(corpus.train)} tokens, "
+            f"fewer than one update needs ({needed})",
+        )
     return locate_data(specs(preset, precision, corpus.vocab_size, corpus.metric))
 
 
@@ -155,19 +175,26 @@ def check_packing(preset: Preset, tokenizer) -> None:
     has no tokens for the document separator."""
     recurrent = [v for v in preset.variants if parse_variant(v).memory]
     if recurrent:
-        raise UsageError("--pack", f"packed rows carry no memory; variants {', '.join(recurrent)} "
-                                   "use it: choose variants without +mem or txl")  # fmt: skip
+        raise UsageError(
+            "--pack",
+            f"packed rows carry no memory; variants {', '.join(recurrent)} "
+            "use it: choose variants without +mem or txl",
+        )
     if tokenizer.encode(DOCUMENT_SEPARATOR).numel() == 0:
-        raise UsageError("--pack", "this tokenizer has no tokens for a blank line, which ends a "
-                                   "document: choose --tokenizer char, byte or bpe")  # fmt: skip
+        raise UsageError(
+            "--pack",
+            "this tokenizer has no tokens for a blank line, which ends a "
+            "document: choose --tokenizer char, byte or bpe",
+        )
 
 
 def document_separator(config: dict[str, Any], tokenizer) -> torch.Tensor | None:
     """The token ids that end a document in a packed run, or None."""
     train = config["train"]
     if train["stream"] not in (DATA_STREAM, PACKED_STREAM):
-        raise ValueError(f"this urpe trains streams {DATA_STREAM} and {PACKED_STREAM}, not "
-                         f"{train['stream']}")  # fmt: skip
+        raise ValueError(
+            f"this urpe trains streams {DATA_STREAM} and {PACKED_STREAM}, not {train['stream']}"
+        )
     if train["stream"] == DATA_STREAM:
         return None
     return tokenizer.encode(train["document_separator"])
@@ -176,8 +203,12 @@ def document_separator(config: dict[str, Any], tokenizer) -> torch.Tensor | None
 def load_run_corpus(config: dict[str, Any]):
     from ...data.text import load_corpus
 
-    return load_corpus(dataset_spec(config), tokenizer=config["tokenizer"],
-                       vocab_size=config["tokenizer_vocab_size"], progress=False)  # fmt: skip
+    return load_corpus(
+        dataset_spec(config),
+        tokenizer=config["tokenizer"],
+        vocab_size=config["tokenizer_vocab_size"],
+        progress=False,
+    )
 
 
 def _head(tokens: torch.Tensor, count: int) -> torch.Tensor:
@@ -196,9 +227,14 @@ def extrapolation(model, tokens: torch.Tensor, factors: list[int]) -> dict[str, 
         context = factor * model.segment_length
         for mode in out:
             try:
-                result = evaluate(model, tokens, context, mode="sliding" if mode == "sliding"
-                                  else "chunks", use_memory=mode == "memory",
-                                  batch_size=EVAL_BATCH)  # fmt: skip
+                result = evaluate(
+                    model,
+                    tokens,
+                    context,
+                    mode="sliding" if mode == "sliding" else "chunks",
+                    use_memory=mode == "memory",
+                    batch_size=EVAL_BATCH,
+                )
             except ValueError as error:
                 if "absolute" not in str(error):
                     raise
@@ -223,8 +259,13 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     context.start(seed)
     model = LanguageModel.from_model_config(config["model"])
     inputs = TextInputs(corpus.tokenizer, config["metric"])  # in every checkpoint
-    objective = CausalLM(model, OptimConfig.from_dict(config["optim"]), metric=config["metric"],
-                         run=config, inputs=inputs)  # fmt: skip
+    objective = CausalLM(
+        model,
+        OptimConfig.from_dict(config["optim"]),
+        metric=config["metric"],
+        run=config,
+        inputs=inputs,
+    )
     train, ev = config["train"], config["eval"]
     length = model.segment_length
     stream = SegmentStream(corpus.train, train["batch_size"], length, separator)
@@ -264,17 +305,27 @@ def describe(record: dict) -> str:
     r = record["result"]
     metric = r["metric"]
     value = report_metric(r["val_loss"], metric)
-    return (f"val {metric} {value:.3f}, {r['tokens_per_second'] or 0:.0f} tokens/s, "
-            f"{record['seconds']:.0f} s")  # fmt: skip
+    return (
+        f"val {metric} {value:.3f}, {r['tokens_per_second'] or 0:.0f} tokens/s, "
+        f"{record['seconds']:.0f} s"
+    )
 
 
 def check(preset: Preset) -> None:
     if preset.dataset == "wikitext-103":
-        raise UsageError("--dataset", "WikiText-103 (the paper preset's corpus) is read from its "
-                                      "folder: give it, --dataset wikitext-103:DIR")  # fmt: skip
+        raise UsageError(
+            "--dataset",
+            "WikiText-103 (the paper preset's corpus) is read from its "
+            "folder: give it, --dataset wikitext-103:DIR",
+        )
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND, plan=plan, run_one=run_one, describe=describe, report=write_report, check=check,
+    COMMAND,
+    plan=plan,
+    run_one=run_one,
+    describe=describe,
+    report=write_report,
+    check=check,
     sweep=("variants", "seeds"),
-)  # fmt: skip
+)

@@ -19,29 +19,50 @@ from ...cli_types import UsageError, non_negative_int, positive_float, positive_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
-                        help="a sweep folder (its best run), a run folder (runs/<id>), its "
-                             "checkpoints/ folder, or a checkpoint directory")  # fmt: skip
-    parser.add_argument("--prompt", default="\n",
-                        help="text to continue (default: a newline)")  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=non_negative_int, default=200,
-                        help="tokens to generate (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "checkpoint",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="a sweep folder (its best run), a run folder (runs/<id>), its "
+        "checkpoints/ folder, or a checkpoint directory",
+    )
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=non_negative_int,
+        default=200,
+        help="tokens to generate (default: %(default)s)",
+    )
     parser.add_argument(
         "--temperature",
         type=float,
         default=0.8,
         help="softmax temperature; 0 = greedy (default: %(default)s)",
     )
-    parser.add_argument("--top-k", type=positive_int, default=None,
-                        help="sample among the K most likely tokens only")  # fmt: skip
-    parser.add_argument("--top-p", type=positive_float, default=None,
-                        help="nucleus sampling: the smallest set of tokens with mass >= P "
-                             "(0 < P <= 1)")  # fmt: skip
-    parser.add_argument("--seed", type=non_negative_int, default=0,
-                        help="random seed of the sampler (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--tokenizer", type=Path, default=None,
-                        help="tokenizer.json or its folder (default: found beside the "
-                             "checkpoint)")  # fmt: skip
+    parser.add_argument(
+        "--top-k",
+        type=positive_int,
+        default=None,
+        help="sample among the K most likely tokens only",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=positive_float,
+        default=None,
+        help="nucleus sampling: the smallest set of tokens with mass >= P (0 < P <= 1)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="random seed of the sampler (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="tokenizer.json or its folder (default: found beside the checkpoint)",
+    )
     parser.add_argument(
         "--no-cache",
         action="store_true",
@@ -58,11 +79,14 @@ def _load(args: argparse.Namespace):
     trained = find_trained(args.checkpoint, "lm", say, argument="CHECKPOINT")
     model = getattr(trained.model, "model", trained.model)
     if not hasattr(model, "segment_length"):
-        raise UsageError("CHECKPOINT", f"{trained.checkpoint} holds a {type(model).__name__}, "
-                                       "not a language model")  # fmt: skip
+        raise UsageError(
+            "CHECKPOINT",
+            f"{trained.checkpoint} holds a {type(model).__name__}, not a language model",
+        )
     if args.tokenizer is None and not isinstance(trained.model, TextModel):
-        raise UsageError("--tokenizer", f"no tokenizer.json beside {trained.checkpoint}; "
-                                        "give --tokenizer")  # fmt: skip
+        raise UsageError(
+            "--tokenizer", f"no tokenizer.json beside {trained.checkpoint}; give --tokenizer"
+        )
     if args.tokenizer is None:
         bundle = trained.model
     else:
@@ -71,8 +95,11 @@ def _load(args: argparse.Namespace):
         except DatasetError as error:
             raise UsageError("--tokenizer", str(error)) from None
     if bundle.tokenizer.vocab_size != model.vocab_size:
-        raise UsageError("--tokenizer", f"{bundle.tokenizer.vocab_size} tokens, but the model "
-                                        f"has a vocabulary of {model.vocab_size}")  # fmt: skip
+        raise UsageError(
+            "--tokenizer",
+            f"{bundle.tokenizer.vocab_size} tokens, but the model "
+            f"has a vocabulary of {model.vocab_size}",
+        )
     return bundle
 
 
@@ -94,8 +121,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = tokenizer.unknown(args.prompt)
     if unknown:
         shown = ", ".join(unknown[:10]) + (", ..." if len(unknown) > 10 else "")
-        print(f"urpe generate: warning: {len(unknown)} prompt word(s) not in the vocabulary "
-              f"become <unk>: {shown}", file=sys.stderr)  # fmt: skip
+        print(
+            f"urpe generate: warning: {len(unknown)} prompt word(s) not in the vocabulary "
+            f"become <unk>: {shown}",
+            file=sys.stderr,
+        )
     try:
         bundle.encode_prompt(args.prompt)
     except ValueError as error:
@@ -107,9 +137,15 @@ def run(args: argparse.Namespace) -> int:
     out.flush()
     ids: list[int] = []
     shown = ""
-    for token in bundle.tokens(args.prompt, args.max_new_tokens, temperature=args.temperature,
-                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                               use_cache=not args.no_cache):  # fmt: skip
+    for token in bundle.tokens(
+        args.prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        use_cache=not args.no_cache,
+    ):
         ids.append(token)
         text = _stable(tokenizer.join(args.prompt, tokenizer.decode(ids)))[len(args.prompt) :]
         if text.startswith(shown) and len(text) > len(shown):

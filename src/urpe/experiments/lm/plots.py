@@ -39,8 +39,13 @@ def curves_chart(records: list[dict], path: Path) -> None:
         for variant in sorted(series):
             steps = sorted(series[variant])
             values = [sum(series[variant][s]) / len(series[variant][s]) for s in steps]
-            ax.plot(steps, values, label=variant, color=colours[variant],
-                    linestyle="--" if "urpe" in variant else "-")  # fmt: skip
+            ax.plot(
+                steps,
+                values,
+                label=variant,
+                color=colours[variant],
+                linestyle="--" if "urpe" in variant else "-",
+            )
         ax.set_xlabel("update")
         ax.set_ylabel(metric)
         ax.set_title(f"{split} ({'first 8k validation tokens' if split == 'val' else 'batches'})")
@@ -54,8 +59,9 @@ def curves_chart(records: list[dict], path: Path) -> None:
 def extrapolation_chart(table: list[dict], path: Path) -> None:
     """Validation loss against context (multiples of L), one panel per evaluation mode."""
     plt = _pyplot()
-    modes = [m for m in ("chunks", "sliding", "memory") if any(m in r["extrapolation"]
-                                                                for r in table)]  # fmt: skip
+    modes = [
+        m for m in ("chunks", "sliding", "memory") if any(m in r["extrapolation"] for r in table)
+    ]
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4.5), squeeze=False)
     colours = _colours(r["variant"] for r in table)
     for mode, ax in zip(modes, axes[0], strict=True):
@@ -66,13 +72,24 @@ def extrapolation_chart(table: list[dict], path: Path) -> None:
         for variant in sorted(values):
             factors = sorted(values[variant])
             means = [sum(values[variant][f]) / len(values[variant][f]) for f in factors]
-            ax.plot(factors, means, marker="o", label=variant, color=colours[variant],
-                    linestyle="--" if "urpe" in variant else "-")  # fmt: skip
+            ax.plot(
+                factors,
+                means,
+                marker="o",
+                label=variant,
+                color=colours[variant],
+                linestyle="--" if "urpe" in variant else "-",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context / training length")
         ax.set_ylabel(table[0]["metric"])
-        ax.set_title({"chunks": "full context, no memory", "sliding": "sliding window, no memory",
-                      "memory": "with memory"}[mode])  # fmt: skip
+        ax.set_title(
+            {
+                "chunks": "full context, no memory",
+                "sliding": "sliding window, no memory",
+                "memory": "with memory",
+            }[mode]
+        )
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)  # the first panel shows every variant
     fig.tight_layout()

@@ -74,47 +74,90 @@ PRESETS: dict[str, Preset] = {
 
 PRESET_HELP = "base settings; any flag below overrides them"
 VOCAB_SIZE = Option(
-    ("--vocab-size",), "vocab_size", "BPE vocabulary size, or a cap on the word vocabulary",
+    ("--vocab-size",),
+    "vocab_size",
+    "BPE vocabulary size, or a cap on the word vocabulary",
     positive_int,
-)  # fmt: skip
+)
 EVALUATION_OPTIONS = (  # TextRun's flags
-    Option(("--eval-tokens",), "eval_tokens", "tokens of the valid/test splits scored (0: all; "
-           "{presets})", non_negative_int),
-    Option(("--factors",), "factors", "extrapolation contexts, multiples of L ({presets})",
-           positive_int_list),
-    Option(("--val-every",), "val_every", "updates between validations for the curves "
-           "({presets})", positive_int),
-)  # fmt: skip
+    Option(
+        ("--eval-tokens",),
+        "eval_tokens",
+        "tokens of the valid/test splits scored (0: all; {presets})",
+        non_negative_int,
+    ),
+    Option(
+        ("--factors",),
+        "factors",
+        "extrapolation contexts, multiples of L ({presets})",
+        positive_int_list,
+    ),
+    Option(
+        ("--val-every",),
+        "val_every",
+        "updates between validations for the curves ({presets})",
+        positive_int,
+    ),
+)
 VARIANTS_OPTION = variants_option(
     f"comma-separated BASE[+urpe][+mem], BASE one of {', '.join(BASES)}; 'urpe' = rpe+urpe; txl "
     "carries memory by itself ({presets})",
     Names("variant", (), parse=parse_variant),
 )
 PACK = Option(
-    ("--pack",), "pack", "train on packed documents: the training rows stay contiguous text "
+    ("--pack",),
+    "pack",
+    "train on packed documents: the training rows stay contiguous text "
     "without padding, but are cut into documents at every blank line; a token attends only "
     "within its document, positions restart at each document, and a document's first token is "
     "not predicted from the one before. Validation and test keep scoring the contiguous stream. "
-    "Variants with memory cannot pack (default: off)", action="store_true",
-)  # fmt: skip
+    "Variants with memory cannot pack (default: off)",
+    action="store_true",
+)
 OPTIONS = (
-    Option(("--dataset",), "dataset", "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
-           "wikitext-103:DIR, text:PATH or a file path ({presets})"),
-    Option(("--tokenizer",), "tokenizer", "tokenisation (default: the corpus's own)",
-           choices=("char", "byte", "bpe", "word")),
+    Option(
+        ("--dataset",),
+        "dataset",
+        "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
+        "wikitext-103:DIR, text:PATH or a file path ({presets})",
+    ),
+    Option(
+        ("--tokenizer",),
+        "tokenizer",
+        "tokenisation (default: the corpus's own)",
+        choices=("char", "byte", "bpe", "word"),
+    ),
     VOCAB_SIZE,
     SEEDS,
-    Option(("--segment-length",), "segment_length", "training segment length L ({presets})",
-           positive_int),
-    Option(("--memory-length",), "memory_length", "memory M of the recurrent variants "
-           "({presets})", positive_int),
-    STEPS, BATCH_SIZE.with_help("segments per update, over all devices ({presets})"), LR, WARMUP,
-    LAYERS, DIM, HEADS, FFN_DIM,
+    Option(
+        ("--segment-length",),
+        "segment_length",
+        "training segment length L ({presets})",
+        positive_int,
+    ),
+    Option(
+        ("--memory-length",),
+        "memory_length",
+        "memory M of the recurrent variants ({presets})",
+        positive_int,
+    ),
+    STEPS,
+    BATCH_SIZE.with_help("segments per update, over all devices ({presets})"),
+    LR,
+    WARMUP,
+    LAYERS,
+    DIM,
+    HEADS,
+    FFN_DIM,
     *EVALUATION_OPTIONS,
     PACK,
     *MODEL_OPTIONS,
-)  # fmt: skip
+)
 COMMAND = CommandLine(
-    name="lm", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
-    preset_help=PRESET_HELP, implementation="urpe.experiments.lm.experiment:EXPERIMENT",
-)  # fmt: skip
+    name="lm",
+    presets=PRESETS,
+    variants=VARIANTS_OPTION,
+    options=OPTIONS,
+    preset_help=PRESET_HELP,
+    implementation="urpe.experiments.lm.experiment:EXPERIMENT",
+)

@@ -36,22 +36,31 @@ def rows(records: list[dict]) -> list[dict]:
     for record in records:
         c, r = record["config"], record["result"]
         metric = r["metric"]
-        out.append({
-            "id": record["id"], "variant": c["variant"],
-            # Packed runs (--pack) are another training setting: never averaged with the rest.
-            "dataset": labels[c["dataset"]] + (" (packed)" if _packed(c) else ""),
-            "seed": c["seed"], "metric": metric, "params": r["params"],
-            "val": report_metric(r["val_loss"], metric),
-            "test": report_metric(r["test_loss"], metric),
-            "val_loss_nats": r["val_loss"], "test_loss_nats": r["test_loss"],
-            "tokens_per_second": r["tokens_per_second"],
-            "step_seconds_median": r["step_seconds_median"],
-            "segment_length": c["model"]["segment_length"],
-            "memory_length": c["model"]["memory_length"], "steps": c["train"]["steps"],
-            "extrapolation": {mode: {f: report_metric(v, metric) for f, v in values.items()}
-                              for mode, values in r["extrapolation"].items()},
-            "seconds": record["seconds"],
-        })  # fmt: skip
+        out.append(
+            {
+                "id": record["id"],
+                "variant": c["variant"],
+                # Packed runs (--pack) are another training setting: never averaged with the rest.
+                "dataset": labels[c["dataset"]] + (" (packed)" if _packed(c) else ""),
+                "seed": c["seed"],
+                "metric": metric,
+                "params": r["params"],
+                "val": report_metric(r["val_loss"], metric),
+                "test": report_metric(r["test_loss"], metric),
+                "val_loss_nats": r["val_loss"],
+                "test_loss_nats": r["test_loss"],
+                "tokens_per_second": r["tokens_per_second"],
+                "step_seconds_median": r["step_seconds_median"],
+                "segment_length": c["model"]["segment_length"],
+                "memory_length": c["model"]["memory_length"],
+                "steps": c["train"]["steps"],
+                "extrapolation": {
+                    mode: {f: report_metric(v, metric) for f, v in values.items()}
+                    for mode, values in r["extrapolation"].items()
+                },
+                "seconds": record["seconds"],
+            }
+        )
     return out
 
 
@@ -84,8 +93,11 @@ def summary_table(table: list[dict]) -> str:
         groups[(row["dataset"], row["variant"])].append(row)
     metric = table[0]["metric"]
     unit = "bits per token" if metric == "bpc" else "perplexity"
-    lines = [f"| dataset | variant | M | params | val {metric} | test {metric} | tokens/s | "
-             "step time vs base | seeds |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| dataset | variant | M | params | val {metric} | test {metric} | tokens/s | "
+        "step time vs base | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     medians = {k: mean_sd([r["step_seconds_median"] for r in v])[0] for k, v in groups.items()}
     for key in _ordered(groups):
         runs = groups[key]
@@ -113,13 +125,20 @@ def extrapolation_tables(table: list[dict]) -> str:
         keys = [k for k in _ordered(groups) if any(mode in r["extrapolation"] for r in groups[k])]
         if not keys:
             continue
-        head = ["dataset", "variant"] + [f"{f}x ({f * table[0]['segment_length']})"
-                                         for f in factors]  # fmt: skip
-        lines = [f"### {mode}: {meaning}", "", "| " + " | ".join(head) + " |",
-                 "|" + "---|" * len(head)]  # fmt: skip
+        head = ["dataset", "variant"] + [
+            f"{f}x ({f * table[0]['segment_length']})" for f in factors
+        ]
+        lines = [
+            f"### {mode}: {meaning}",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
         for key in keys:
-            cells = [cell([r["extrapolation"].get(mode, {}).get(str(f), math.nan)
-                            for r in groups[key]]) for f in factors]  # fmt: skip
+            cells = [
+                cell([r["extrapolation"].get(mode, {}).get(str(f), math.nan) for r in groups[key]])
+                for f in factors
+            ]
             lines.append("| " + " | ".join([*key, *cells]) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
@@ -129,10 +148,11 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> tup
     from ...files import atomic_write_json
 
     table = rows(records)
-    order = sorted(range(len(table)), key=lambda i: (table[i]["dataset"], table[i]["variant"],
-                                                     table[i]["seed"]))  # fmt: skip
-    atomic_write_json(out_dir / "results.json", [{**table[i], "record": records[i]}
-                                                 for i in order])  # fmt: skip
+    order = sorted(
+        range(len(table)),
+        key=lambda i: (table[i]["dataset"], table[i]["variant"], table[i]["seed"]),
+    )
+    atomic_write_json(out_dir / "results.json", [{**table[i], "record": records[i]} for i in order])
     c = records[0]["config"]
     settings = (
         f"segment length L={c['model']['segment_length']}, "
@@ -142,18 +162,20 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> tup
         f"{c['model']['transformer']['num_heads']} heads, lr {c['optim']['lr']}, "
         f"evaluation on the first {c['eval']['tokens'] or 'all'} tokens of each split"
     )
-    text = "\n\n".join([
-        "# Language modelling: loss, throughput and length extrapolation",
-        f"Settings of the first record: {settings}.",
-        summary_table(table),
-        "tokens/s: training tokens per second of wall time, from the median update time of each "
-        "run (runs may share the CPU with others, so read ratios, not absolute speeds). "
-        "'step time vs base': median update time of a +urpe variant over its variant without "
-        "the gate.",
-        "## Extrapolation: the same checkpoints at longer contexts",
-        "Validation split; loss in the table's metric; columns: context as a multiple of the "
-        "training length (tokens).",
-    ])  # fmt: skip
+    text = "\n\n".join(
+        [
+            "# Language modelling: loss, throughput and length extrapolation",
+            f"Settings of the first record: {settings}.",
+            summary_table(table),
+            "tokens/s: training tokens per second of wall time, from the median update time of "
+            "each run (runs may share the CPU with others, so read ratios, not absolute speeds). "
+            "'step time vs base': median update time of a +urpe variant over its variant without "
+            "the gate.",
+            "## Extrapolation: the same checkpoints at longer contexts",
+            "Validation split; loss in the table's metric; columns: context as a multiple of the "
+            "training length (tokens).",
+        ]
+    )
     return finish_report(text, records, table, out_dir, wall_seconds)
 
 
@@ -166,12 +188,14 @@ def finish_report(
     from .plots import curves_chart, extrapolation_chart
 
     total = sum(r["seconds"] for r in table)
-    text = "\n\n".join([
-        text,
-        extrapolation_tables(table),
-        f"{len(table)} runs, {total:.0f} s of training and evaluation in total; this command's "
-        f"wall time {wall_seconds:.0f} s.",
-    ])  # fmt: skip
+    text = "\n\n".join(
+        [
+            text,
+            extrapolation_tables(table),
+            f"{len(table)} runs, {total:.0f} s of training and evaluation in total; this command's "
+            f"wall time {wall_seconds:.0f} s.",
+        ]
+    )
     atomic_write_text(out_dir / "results.md", text + "\n")
     figures = [out_dir / "curves.png", out_dir / "extrapolation.png"]
     curves_chart(records, figures[0])

@@ -41,13 +41,26 @@ def run_name(task: str, variant: str, vocab: int, seed: int, preset: Preset) -> 
     return f"{task}-{variant}-V{vocab}-L{preset.seq_len}-S{preset.steps}-seed{seed}"
 
 
-def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
-               precision: str, stream: str = DATA_STREAM) -> dict[str, Any]:  # fmt: skip
+def run_config(
+    task: str,
+    variant: str,
+    vocab: int,
+    seed: int,
+    preset: Preset,
+    precision: str,
+    stream: str = DATA_STREAM,
+) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     base = TransformerConfig(
-        vocab_size=vocab, max_len=preset.seq_len, num_layers=preset.num_layers, dim=preset.dim,
-        num_heads=preset.num_heads, ffn_dim=preset.ffn_dim, dropout=0.0, norm_first=False,
-    )  # fmt: skip
+        vocab_size=vocab,
+        max_len=preset.seq_len,
+        num_layers=preset.num_layers,
+        dim=preset.dim,
+        num_heads=preset.num_heads,
+        ffn_dim=preset.ffn_dim,
+        dropout=0.0,
+        norm_first=False,
+    )
     model = apply_model_choices(variant_config(variant, base), preset)
     optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     return {
@@ -67,18 +80,23 @@ def run_config(task: str, variant: str, vocab: int, seed: int, preset: Preset,
             "stream": stream,
             "held_out": preset.eval_sequences,
             "held_out_seed_offset": HELD_OUT_OFFSET,
-        },  # fmt: skip
+        },
     }
 
 
 def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec]:
     """Every (task, variant, vocabulary, seed) of the preset, in that nesting order."""
     return [
-        RunSpec(run_name(t, v, vocab, s, preset), run_config(t, v, vocab, s, preset, precision),
-                preset.steps)  # fmt: skip
-        for t in preset.tasks for v in preset.variants
-        for vocab in preset.vocab_sizes for s in preset.seeds
-    ]  # fmt: skip
+        RunSpec(
+            run_name(t, v, vocab, s, preset),
+            run_config(t, v, vocab, s, preset, precision),
+            preset.steps,
+        )
+        for t in preset.tasks
+        for v in preset.variants
+        for vocab in preset.vocab_sizes
+        for s in preset.seeds
+    ]
 
 
 def _sample(task: str, length: int, vocab: int, batch_size: int, generator: torch.Generator):
@@ -117,27 +135,40 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         TokenClassification,
     )
 
-    task, length, vocab, seed = (config["task"], config["seq_len"], config["vocab_size"],
-                                 config["seed"])  # fmt: skip
+    task, length, vocab, seed = (
+        config["task"],
+        config["seq_len"],
+        config["vocab_size"],
+        config["seed"],
+    )
     if config["data"]["stream"] != DATA_STREAM:
-        raise ValueError(f"this urpe trains data stream {DATA_STREAM}, not "
-                         f"{config['data']['stream']}")  # fmt: skip
+        raise ValueError(
+            f"this urpe trains data stream {DATA_STREAM}, not {config['data']['stream']}"
+        )
     context.start(seed)
     model = EncoderTokenClassifier.from_model_config(config["model"])
     num_classes = config["model"]["num_classes"]
-    objective = TokenClassification(model, num_classes, OptimConfig.from_dict(config["optim"]),
-                                    run=config)  # fmt: skip
+    objective = TokenClassification(
+        model, num_classes, OptimConfig.from_dict(config["optim"]), run=config
+    )
     sample = functools.partial(_sample, task, length, vocab)
     held_out_size = config["data"]["held_out"]
     generator = torch.Generator().manual_seed(seed + config["data"]["held_out_seed_offset"])
     held_out = TensorDataset(*sample(held_out_size, generator))
     train = config["train"]
-    data = StepDataModule(GeneratedStream(sample, train["batch_size"], seed), held_out,
-                          eval_batch_size=min(held_out_size, EVAL_BATCH))  # fmt: skip
+    data = StepDataModule(
+        GeneratedStream(sample, train["batch_size"], seed),
+        held_out,
+        eval_batch_size=min(held_out_size, EVAL_BATCH),
+    )
     metrics = context.fit(
-        objective, data, max_steps=train["steps"], val_every=max(1, train["steps"] // 4),
-        precision=train["precision"], seed=seed,
-    )  # fmt: skip
+        objective,
+        data,
+        max_steps=train["steps"],
+        val_every=max(1, train["steps"] // 4),
+        precision=train["precision"],
+        seed=seed,
+    )
     record = {
         "accuracy": metrics["val/acc"],
         "loss": metrics["val/loss"],
@@ -150,18 +181,20 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
 def describe(record: dict) -> str:
     """The line printed when a run finishes."""
     r = record["result"]
-    return (f"accuracy {r['accuracy']:.3f} (chance {r['chance']:.3f}) in "
-            f"{record['seconds']:.0f} s")  # fmt: skip
+    return f"accuracy {r['accuracy']:.3f} (chance {r['chance']:.3f}) in {record['seconds']:.0f} s"
 
 
 def check(preset: Preset) -> None:
     if preset.seq_len < 2:
         # At length 1 every position task is trivially solved (one class) or undefined (etp).
-        raise UsageError("--seq-len", f"{', '.join(preset.tasks)} need a length >= 2, got "
-                                      f"{preset.seq_len}")  # fmt: skip
+        raise UsageError(
+            "--seq-len", f"{', '.join(preset.tasks)} need a length >= 2, got {preset.seq_len}"
+        )
     if "etp" in preset.tasks and min(preset.vocab_sizes) < 2:
-        raise UsageError("--vocab-size", "etp needs a vocabulary of at least 2 tokens (with one "
-                                         "token there is nothing to copy)")  # fmt: skip
+        raise UsageError(
+            "--vocab-size",
+            "etp needs a vocabulary of at least 2 tokens (with one token there is nothing to copy)",
+        )
 
 
 def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str, list[Path]]:
@@ -173,6 +206,11 @@ def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND, plan=plan, run_one=run_one, describe=describe, report=report, check=check,
+    COMMAND,
+    plan=plan,
+    run_one=run_one,
+    describe=describe,
+    report=report,
+    check=check,
     sweep=("tasks", "variants", "vocab_sizes", "seeds"),
-)  # fmt: skip
+)

@@ -60,10 +60,15 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     def hook(module, args, kwargs, output):
         captured.append((module, args[0], kwargs))
 
-    _forward_with_hooks(model, tokens, [
-        layer.mixer.register_forward_hook(hook, with_kwargs=True)
-        for layer in model.encoder.layers if isinstance(layer.mixer, MultiheadAttention)
-    ])  # fmt: skip
+    _forward_with_hooks(
+        model,
+        tokens,
+        [
+            layer.mixer.register_forward_hook(hook, with_kwargs=True)
+            for layer in model.encoder.layers
+            if isinstance(layer.mixer, MultiheadAttention)
+        ],
+    )
     out = []
     for mixer, x, kwargs in captured:
         b, n, _ = x.shape
@@ -75,13 +80,21 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
         gate = context.gate
         if gate is None and mixer.gate is not None:
             gate = mixer.gate(positions)
-        extra = {k: getattr(context, k) for k in ("bias", "attn_mask")
-                 if getattr(context, k) is not None}  # fmt: skip
+        extra = {
+            k: getattr(context, k) for k in ("bias", "attn_mask") if getattr(context, k) is not None
+        }
         weights = mixer.position.attend(
-            q, k, identity, positions=positions, scale=mixer.head_dim**-0.5, gate=gate,
-            key_padding_mask=context.key_padding_mask, normalization=mixer.normalization,
-            backend=mixer.backend, **extra,
-        )  # (B, H, n, n): row i is query i's weights over the keys  # fmt: skip
+            q,
+            k,
+            identity,
+            positions=positions,
+            scale=mixer.head_dim**-0.5,
+            gate=gate,
+            key_padding_mask=context.key_padding_mask,
+            normalization=mixer.normalization,
+            backend=mixer.backend,
+            **extra,
+        )  # (B, H, n, n): row i is query i's weights over the keys
         out.append(weights)
     return out
 
@@ -90,10 +103,14 @@ def attention_weights(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
 def hidden_states(model: torch.nn.Module, tokens: Tensor) -> list[Tensor]:
     """tokens (B, L) -> the output (B, n, E) of every encoder layer, first to last."""
     states: list[Tensor] = []
-    _forward_with_hooks(model, tokens, [
-        layer.register_forward_hook(lambda m, a, o: states.append(o))
-        for layer in model.encoder.layers
-    ])  # fmt: skip
+    _forward_with_hooks(
+        model,
+        tokens,
+        [
+            layer.register_forward_hook(lambda m, a, o: states.append(o))
+            for layer in model.encoder.layers
+        ],
+    )
     return states
 
 
@@ -149,8 +166,9 @@ def value_agreement(model: torch.nn.Module, tokens: Tensor, ridge: float = 1e-6)
     """
     from ...nn import MultiheadAttention
 
-    first = next(layer.mixer for layer in model.encoder.layers
-                 if isinstance(layer.mixer, MultiheadAttention))  # fmt: skip
+    first = next(
+        layer.mixer for layer in model.encoder.layers if isinstance(layer.mixer, MultiheadAttention)
+    )
     inputs: list[Tensor] = []
     hook = first.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
     _forward_with_hooks(model, tokens, [hook])
@@ -229,15 +247,21 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{result['run']}: accuracy {result['accuracy']:.3f}")
     for inputs in ("random", "repeated"):
         probes = result[f"position_probe_{inputs}"]
-        print(f"  position after each layer ({inputs} tokens): R^2 "
-              + " / ".join(f"{p['r2']:.2f}" for p in probes) + ", linear classifier "
-              + " / ".join(f"{p['exact']:.2f}" for p in probes))  # fmt: skip
-    print("  shared value component of the first layer's heads (signal/noise squared): "
-          + ", ".join(f"{a:.3g}" for a in result["value_agreement"]))  # fmt: skip
+        print(
+            f"  position after each layer ({inputs} tokens): R^2 "
+            + " / ".join(f"{p['r2']:.2f}" for p in probes)
+            + ", linear classifier "
+            + " / ".join(f"{p['exact']:.2f}" for p in probes)
+        )
+    print(
+        "  shared value component of the first layer's heads (signal/noise squared): "
+        + ", ".join(f"{a:.3g}" for a in result["value_agreement"])
+    )
     for layer in result["layers"]:
         for h, head in enumerate(layer["heads"]):
-            extra = (f", weight on 2k+1 {head['weight_on_2k+1']:.2f}"
-                     if "weight_on_2k+1" in head else "")  # fmt: skip
+            extra = (
+                f", weight on 2k+1 {head['weight_on_2k+1']:.2f}" if "weight_on_2k+1" in head else ""
+            )
             print(
                 f"  layer {layer['layer']} head {h}: max weight {head['max_weight']:.3f}, "
                 f"row sums {head['row_sum_min']:.2f}..{head['row_sum_max']:.2f}{extra}"
@@ -250,11 +274,16 @@ def main(argv: list[str] | None = None) -> int:
         description="attention weights and position probes of trained synthetic runs "
         "(OUT/runs/<run id> folders of `urpe reproduce synthetic`)",
     )
-    parser.add_argument("runs", nargs="+", type=Path,
-                        help="run folders holding checkpoints/ (the latest is read), or "
-                        "checkpoint folders (checkpoints/step-N)")  # fmt: skip
-    parser.add_argument("--sequences", type=int, default=256,
-                        help="held-out sequences per model (default: 256)")  # fmt: skip
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        help="run folders holding checkpoints/ (the latest is read), or "
+        "checkpoint folders (checkpoints/step-N)",
+    )
+    parser.add_argument(
+        "--sequences", type=int, default=256, help="held-out sequences per model (default: 256)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument(
         "--curves",
@@ -280,8 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
         if labels is not None and len(labels) != len(args.runs):
-            print(f"{PROG}: error: --labels has {len(labels)} labels for {len(args.runs)} runs",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{PROG}: error: --labels has {len(labels)} labels for {len(args.runs)} runs",
+                file=sys.stderr,
+            )
             return 2
         args.curves.parent.mkdir(parents=True, exist_ok=True)
         learning_curves_chart(args.runs, args.curves, args.title, labels)

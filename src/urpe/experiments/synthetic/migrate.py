@@ -42,18 +42,36 @@ def convert(old: dict) -> tuple[RunSpec, dict]:
     base = PRESETS["quick"]
     for ffn_dim in dict.fromkeys((base.ffn_dim, 4 * old["dim"])):
         preset = replace(
-            base, seq_len=old["seq_len"], steps=old["steps"], batch_size=old["batch_size"],
-            lr=old["lr"], warmup=old["warmup"], num_layers=old["num_layers"], dim=old["dim"],
-            num_heads=old["num_heads"], ffn_dim=ffn_dim, eval_sequences=old["eval_sequences"],
-        )  # fmt: skip
-        config = run_config(old["task"], old["variant"], old["vocab_size"], old["seed"], preset,
-                            "32-true", stream=OLD_STREAM)  # fmt: skip
+            base,
+            seq_len=old["seq_len"],
+            steps=old["steps"],
+            batch_size=old["batch_size"],
+            lr=old["lr"],
+            warmup=old["warmup"],
+            num_layers=old["num_layers"],
+            dim=old["dim"],
+            num_heads=old["num_heads"],
+            ffn_dim=ffn_dim,
+            eval_sequences=old["eval_sequences"],
+        )
+        config = run_config(
+            old["task"],
+            old["variant"],
+            old["vocab_size"],
+            old["seed"],
+            preset,
+            "32-true",
+            stream=OLD_STREAM,
+        )
         if _param_count(config) == old["params"]:
             break
     else:
         raise ValueError(f"no feed-forward width gives the recorded {old['params']} parameters")
-    spec = RunSpec(run_name(old["task"], old["variant"], old["vocab_size"], old["seed"], preset),
-                   config, old["steps"])  # fmt: skip
+    spec = RunSpec(
+        run_name(old["task"], old["variant"], old["vocab_size"], old["seed"], preset),
+        config,
+        old["steps"],
+    )
     record = {
         "format": RECORD_FORMAT,
         "id": spec.id,

@@ -26,9 +26,11 @@ def accuracy_chart(records: list[dict], path: Path) -> None:
     variants = row_labels(summary)
     tasks = list(dict.fromkeys(c[0] for c in columns))
     fig, axes = plt.subplots(
-        len(tasks), 1, figsize=(max(6.0, 0.55 * len(variants) + 2), 2.8 * len(tasks)),
+        len(tasks),
+        1,
+        figsize=(max(6.0, 0.55 * len(variants) + 2), 2.8 * len(tasks)),
         squeeze=False,
-    )  # fmt: skip
+    )
     colours = plt.get_cmap("tab10").colors
     for ax, task in zip(axes[:, 0], tasks, strict=True):
         task_columns = [c for c in columns if c[0] == task]
@@ -41,8 +43,17 @@ def accuracy_chart(records: list[dict], path: Path) -> None:
                     xs.append(i + (j - (len(task_columns) - 1) / 2) * width)
                     means.append(s["mean"])
                     sds.append(s["sd"])
-            ax.bar(xs, means, width, yerr=sds, capsize=2, color=colours[j % 10],
-                   label=f"vocab {vocab}", edgecolor="black", linewidth=0.4)  # fmt: skip
+            ax.bar(
+                xs,
+                means,
+                width,
+                yerr=sds,
+                capsize=2,
+                color=colours[j % 10],
+                label=f"vocab {vocab}",
+                edgecolor="black",
+                linewidth=0.4,
+            )
             chance = next(
                 s["chance"] for k, s in summary.items() if k[1:] == (task, vocab, length, steps)
             )
@@ -77,8 +88,9 @@ def _mark_diagonal(ax, n: int) -> None:
     ax.set_ylim(limits[1])
 
 
-def learned_matrices_chart(matrices: dict[str, torch.Tensor], title: str, path: Path,
-                           max_heads: int = 4) -> None:  # fmt: skip
+def learned_matrices_chart(
+    matrices: dict[str, torch.Tensor], title: str, path: Path, max_heads: int = 4
+) -> None:
     """matrices: {"B": (H, L, L), "C": (H, L, L)} (either may be missing). One row per matrix,
     one column per head (up to max_heads); rows are queries i, columns keys j, both counted
     from the first token; each panel dots the diagonal j = i, and the title says on which side
@@ -127,8 +139,9 @@ def read_curve(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return curve
 
 
-def learning_curves_chart(run_dirs: list[Path], path: Path, title: str = "",
-                          labels: list[str] | None = None) -> None:  # fmt: skip
+def learning_curves_chart(
+    run_dirs: list[Path], path: Path, title: str = "", labels: list[str] | None = None
+) -> None:
     """Training accuracy (lines; each point is one logged batch) and held-out accuracy (dots)
     against the update step, one colour per run, labelled with `labels` or else the run's
     folder name without its config digest."""
@@ -170,8 +183,10 @@ def figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
     order = ["urpe"] + [v for v in VARIANTS if v != "urpe"]
     for task in dict.fromkeys(r["task"] for r in table):
         for variant in order:
-            runs = sorted((r for r in table if r["task"] == task and r["variant"] == variant),
-                          key=lambda r: (r["vocab_size"], r["seed"]))  # fmt: skip
+            runs = sorted(
+                (r for r in table if r["task"] == task and r["variant"] == variant),
+                key=lambda r: (r["vocab_size"], r["seed"]),
+            )
             path = out / "records" / f"{runs[0]['id']}.safetensors" if runs else None
             if path is None or not path.exists():
                 continue
@@ -186,9 +201,11 @@ def figures(records: list[dict], table: list[dict], out: Path) -> list[Path]:
             config = next(rec["config"] for rec in records if rec["id"] == r["id"])
             shared = config["model"]["transformer"].get("share_position", True)
             where = "shared by all layers" if shared else "of the first layer (one pair per layer)"
-            title = (f"learned B (before softmax) and C (after softmax), {where}: "
-                     f"{task}, {variant}, V={r['vocab_size']}, L={r['seq_len']}, seed {r['seed']}, "
-                     f"accuracy {r['accuracy']:.3f}")  # fmt: skip
+            title = (
+                f"learned B (before softmax) and C (after softmax), {where}: "
+                f"{task}, {variant}, V={r['vocab_size']}, L={r['seq_len']}, seed {r['seed']}, "
+                f"accuracy {r['accuracy']:.3f}"
+            )
             written.append(out / f"learned_BC_{task}.png")
             learned_matrices_chart(matrices, title, written[-1])
             break

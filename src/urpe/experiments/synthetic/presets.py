@@ -75,19 +75,42 @@ VARIANTS_OPTION = variants_option(
     Names("variant", VARIANTS, allow_all=True),
 )
 OPTIONS = (
-    Option(("--tasks",), "tasks", f"comma-separated from {','.join(TASKS)} ({{presets}})",
-           name_list, names=Names("task", TASKS)),
+    Option(
+        ("--tasks",),
+        "tasks",
+        f"comma-separated from {','.join(TASKS)} ({{presets}})",
+        name_list,
+        names=Names("task", TASKS),
+    ),
     Option(("--seq-len",), "seq_len", "sequence length ({presets})", positive_int),
-    Option(("--vocab-size",), "vocab_sizes", "vocabulary size(s), comma-separated ({presets})",
-           positive_int_list),
-    STEPS, SEEDS, BATCH_SIZE, LR,
+    Option(
+        ("--vocab-size",),
+        "vocab_sizes",
+        "vocabulary size(s), comma-separated ({presets})",
+        positive_int_list,
+    ),
+    STEPS,
+    SEEDS,
+    BATCH_SIZE,
+    LR,
     WARMUP.with_help("warm-up steps ({presets}; scaled with --steps when not given)"),
-    LAYERS.with_help("encoder layers ({presets})"), DIM, HEADS, FFN_DIM,
-    Option(("--eval-sequences",), "eval_sequences",
-           "held-out sequences for the accuracy ({presets})", positive_int),
+    LAYERS.with_help("encoder layers ({presets})"),
+    DIM,
+    HEADS,
+    FFN_DIM,
+    Option(
+        ("--eval-sequences",),
+        "eval_sequences",
+        "held-out sequences for the accuracy ({presets})",
+        positive_int,
+    ),
     *MODEL_OPTIONS,
-)  # fmt: skip
+)
 COMMAND = CommandLine(
-    name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
-    preset_help=PRESET_HELP, implementation="urpe.experiments.synthetic.experiment:EXPERIMENT",
-)  # fmt: skip
+    name="synthetic",
+    presets=PRESETS,
+    variants=VARIANTS_OPTION,
+    options=OPTIONS,
+    preset_help=PRESET_HELP,
+    implementation="urpe.experiments.synthetic.experiment:EXPERIMENT",
+)

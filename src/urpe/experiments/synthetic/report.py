@@ -19,8 +19,11 @@ from .variants import VARIANTS
 
 # The paper's accuracies (its bar charts, about ±0.01) at length 128: (task, variant, vocab).
 PAPER: dict[tuple[str, str, int], float] = {}
-for _vocab, _pi, _etp in ((10, (0.07, 0.13), (0.58,)), (1000, (0.06, 0.11), (0.54,)),
-                          (10000, (0.05, 0.10), (0.52,))):  # fmt: skip
+for _vocab, _pi, _etp in (
+    (10, (0.07, 0.13), (0.58,)),
+    (1000, (0.06, 0.11), (0.54,)),
+    (10000, (0.05, 0.10), (0.52,)),
+):
     PAPER[("pi", "nope", _vocab)], PAPER[("pi", "rpe", _vocab)] = _pi
     PAPER[("pi", "urpe", _vocab)] = 1.00
     PAPER[("etp", "nope", _vocab)], PAPER[("etp", "rpe", _vocab)] = 0.50, _etp[0]
@@ -33,9 +36,19 @@ POSITION_FAILERS = ("nope", "rpe", "t5", "alibi", "rope")
 
 
 # Config entries that the table's rows and columns already show, or that follow from them.
-_SHOWN = {"experiment", "task", "variant", "vocab_size", "seq_len", "seed", "train.steps",
-          "optim.total_steps", "model.num_classes", "model.transformer.vocab_size",
-          "model.transformer.max_len"}  # fmt: skip
+_SHOWN = {
+    "experiment",
+    "task",
+    "variant",
+    "vocab_size",
+    "seq_len",
+    "seed",
+    "train.steps",
+    "optim.total_steps",
+    "model.num_classes",
+    "model.transformer.vocab_size",
+    "model.transformer.max_len",
+}
 _SET_BY_VARIANTS = {f"model.transformer.{name}" for v in VARIANTS.values() for name in v.changes}
 
 
@@ -53,13 +66,19 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 def settings(config: dict) -> dict[str, Any]:
     """The settings of a run that its row and column do not show."""
-    return {k: v for k, v in flatten(config).items()
-            if k not in _SHOWN and k not in _SET_BY_VARIANTS}  # fmt: skip
+    return {
+        k: v for k, v in flatten(config).items() if k not in _SHOWN and k not in _SET_BY_VARIANTS
+    }
 
 
 def _cell_of(config: dict) -> tuple:
-    return (config["variant"], config["task"], config["vocab_size"], config["seq_len"],
-            config["train"]["steps"])  # fmt: skip
+    return (
+        config["variant"],
+        config["task"],
+        config["vocab_size"],
+        config["seq_len"],
+        config["train"]["steps"],
+    )
 
 
 def rows(records: list[dict]) -> list[dict]:
@@ -77,13 +96,23 @@ def rows(records: list[dict]) -> list[dict]:
         c, result = r["config"], r["result"]
         own = settings(c)
         suffix = ", ".join(f"{k}={own.get(k)}" for k in sorted(differing))
-        out.append(dict(
-            task=c["task"], variant=c["variant"], seed=c["seed"], vocab_size=c["vocab_size"],
-            seq_len=c["seq_len"], steps=c["train"]["steps"], params=result["params"],
-            accuracy=result["accuracy"], loss=result.get("loss"), chance=result["chance"],
-            seconds=r.get("seconds", 0.0), id=r["id"],
-            label=f"{c['variant']} ({suffix})" if suffix else c["variant"],
-        ))  # fmt: skip
+        out.append(
+            dict(
+                task=c["task"],
+                variant=c["variant"],
+                seed=c["seed"],
+                vocab_size=c["vocab_size"],
+                seq_len=c["seq_len"],
+                steps=c["train"]["steps"],
+                params=result["params"],
+                accuracy=result["accuracy"],
+                loss=result.get("loss"),
+                chance=result["chance"],
+                seconds=r.get("seconds", 0.0),
+                id=r["id"],
+                label=f"{c['variant']} ({suffix})" if suffix else c["variant"],
+            )
+        )
     return out
 
 
@@ -152,10 +181,21 @@ def claims(summary: dict) -> list[dict]:
         elif task == "etp" and variant == "rpe":
             claim, held = "<= 0.7", mean <= 0.7
         if claim is not None:
-            out.append(dict(variant=variant, label=label, task=task, vocab_size=vocab,
-                            seq_len=length,
-                            steps=steps, claim=claim, mean=mean, sd=s["sd"], n=s["n"],
-                            held=bool(held)))  # fmt: skip
+            out.append(
+                dict(
+                    variant=variant,
+                    label=label,
+                    task=task,
+                    vocab_size=vocab,
+                    seq_len=length,
+                    steps=steps,
+                    claim=claim,
+                    mean=mean,
+                    sd=s["sd"],
+                    n=s["n"],
+                    held=bool(held),
+                )
+            )
     return out
 
 
@@ -175,8 +215,11 @@ def markdown_table(records: list[dict]) -> str:
     brackets; ✗ marks a cell that breaks the issue's claim."""
     summary = summarize(records)
     columns = table_columns(summary)
-    failed = {(c["label"], c["task"], c["vocab_size"], c["seq_len"], c["steps"])
-              for c in claims(summary) if not c["held"]}  # fmt: skip
+    failed = {
+        (c["label"], c["task"], c["vocab_size"], c["seq_len"], c["steps"])
+        for c in claims(summary)
+        if not c["held"]
+    }
     head = ["variant", "breaks row sum"] + [
         f"{t} (V={v}, L={n}, {s} steps)" for t, v, n, s in columns
     ]
@@ -204,8 +247,10 @@ def claims_markdown(records: list[dict]) -> str:
     lines = ["| claim | task | variant | V | accuracy | held |", "|---|---|---|---|---|---|"]
     for c in rows:
         acc = f"{c['mean']:.3f}" + (f" ± {c['sd']:.3f}" if c["n"] > 1 else "")
-        lines.append(f"| {c['claim']} | {c['task']} | {c['label']} | {c['vocab_size']} | "
-                     f"{acc} | {'yes' if c['held'] else '**no**'} |")  # fmt: skip
+        lines.append(
+            f"| {c['claim']} | {c['task']} | {c['label']} | {c['vocab_size']} | "
+            f"{acc} | {'yes' if c['held'] else '**no**'} |"
+        )
     held = sum(c["held"] for c in rows)
     lines.append(f"\n{held} of {len(rows)} claims held.")
     return "\n".join(lines)
@@ -226,24 +271,26 @@ def write_report(records: list[dict], out_dir: Path, wall_seconds: float) -> str
             table[i]["seed"],
         ),
     )
-    atomic_write_json(out_dir / "results.json", [{**table[i], "record": records[i]}
-                                                 for i in order])  # fmt: skip
+    atomic_write_json(out_dir / "results.json", [{**table[i], "record": records[i]} for i in order])
     total = sum(r["seconds"] for r in table)
     common = common_settings(records)
-    settings_text = ", ".join(f"{k.removeprefix('model.transformer.')}={v}"
-                              for k, v in common.items())  # fmt: skip
-    text = "\n\n".join([
-        "# Synthetic tasks: token accuracy on held-out batches",
-        f"Settings shared by every run: {settings_text}.",
-        markdown_table(table),
-        "Cells: mean ± sd over seeds (n = number of seeds; one seed shows the value alone). "
-        "[paper x]: the paper's value read off its bar charts (about ±0.01), at length 128 and "
-        "40k steps, not measured here. ✗: the issue's claim for this cell did not hold. "
-        "A row label in parentheses names settings that differ between runs of one cell.",
-        "## Claims",
-        claims_markdown(table),
-        f"{len(table)} runs, {total:.0f} s of training and evaluation in total; this command's "
-        f"wall time {wall_seconds:.0f} s.",
-    ])  # fmt: skip
+    settings_text = ", ".join(
+        f"{k.removeprefix('model.transformer.')}={v}" for k, v in common.items()
+    )
+    text = "\n\n".join(
+        [
+            "# Synthetic tasks: token accuracy on held-out batches",
+            f"Settings shared by every run: {settings_text}.",
+            markdown_table(table),
+            "Cells: mean ± sd over seeds (n = number of seeds; one seed shows the value alone). "
+            "[paper x]: the paper's value read off its bar charts (about ±0.01), at length 128 and "
+            "40k steps, not measured here. ✗: the issue's claim for this cell did not hold. "
+            "A row label in parentheses names settings that differ between runs of one cell.",
+            "## Claims",
+            claims_markdown(table),
+            f"{len(table)} runs, {total:.0f} s of training and evaluation in total; this command's "
+            f"wall time {wall_seconds:.0f} s.",
+        ]
+    )
     atomic_write_text(out_dir / "results.md", text + "\n")
     return text

@@ -47,32 +47,32 @@ VARIANTS: dict[str, Variant] = _variants(
         "rpe bias B + Toeplitz gate C = 1 (the paper's URPE)",
         {"position": "rpe", "gate": "toeplitz"},
         True,
-    ),  # fmt: skip
+    ),
     Variant(
         "urpe-per-layer",
         "urpe with its own B and C in every layer (the paper shares one pair)",
         {"position": "rpe", "gate": "toeplitz", "share_position": False},
         True,
-    ),  # fmt: skip
+    ),
     Variant(
         "urpe-gate-normal",
         "urpe with C drawn from N(0, 0.02^2) instead of ones (issue 12: the gate's initialisation)",
         {"position": "rpe", "gate": {"name": "toeplitz", "init": "normal"}},
         True,
-    ),  # fmt: skip
+    ),
     Variant(
         "urpe-raw-embed",
         "urpe without the LayerNorm on the token embeddings (issue 12): tokens start small, so "
         "every token's value starts as the shared projection bias",
         {"position": "rpe", "gate": "toeplitz", "embedding_norm": False},
         True,
-    ),  # fmt: skip
+    ),
     Variant(
         "urpe-t5",
         "T5 bucketed B and bucketed C",
         {"position": "t5", "gate": "t5"},
         True,
-    ),  # fmt: skip
+    ),
     Variant(
         "exp",
         "rpe bias, exp(s) without denominator",

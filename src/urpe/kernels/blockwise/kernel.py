@@ -227,9 +227,14 @@ def _fixed_statistic(plan: _Plan, call: ForwardArgs) -> Tensor | None:
     attn_mask = call.attn_mask
     keep = attn_mask if attn_mask is not None and attn_mask.dtype == torch.bool else None
     counts = visible_key_counts(
-        call.key_padding_mask, keep, plan.is_causal, plan.lq, plan.lk, device=plan.device,
+        call.key_padding_mask,
+        keep,
+        plan.is_causal,
+        plan.lq,
+        plan.lk,
+        device=plan.device,
         document_ids=call.document_ids,
-    )  # (B|1, H|1, Lq), keys in their original order  # fmt: skip
+    )  # (B|1, H|1, Lq), keys in their original order
     counts = counts.to(plan.compute_dtype)[..., None].expand(plan.batch, plan.heads, plan.lq, 1)
     return plan.norm.fixed_statistic(counts.contiguous())
 
@@ -252,8 +257,9 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
             acc = work("acc", n, bq, v_r.shape[-1])
             one_shot = _single_block(plan, i0, i1)
         masked = _masked_entries(plan, i0, i1, c0, c1, t)
-        s = _scores(plan, q_tile, k_r[:, c0:c1], additive, i0, i1, c0, c1, masked,
-                    work("s", n, bq, bk))  # fmt: skip
+        s = _scores(
+            plan, q_tile, k_r[:, c0:c1], additive, i0, i1, c0, c1, masked, work("s", n, bq, bk)
+        )
         if one_shot:  # already normalised; rows with nothing visible come out nan, zeroed below
             p = _flushed(plan, norm.one_shot(s))
             row_sum[rows] = 1.0
@@ -463,8 +469,12 @@ def _documents(ids: Tensor | None, lq: int, block_q: int, block_k: int) -> dict:
         # (B|1, nq, nk): the ranges overlap in some batch row
         meet = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
         shares = meet.any(0).tolist()
-    return dict(key_documents=keys, query_documents=queries, placed=placed[None, None, :, None],
-                shares=shares)  # fmt: skip
+    return dict(
+        key_documents=keys,
+        query_documents=queries,
+        placed=placed[None, None, :, None],
+        shares=shares,
+    )
 
 
 def _block_reduce(x: Tensor, block: int, reduce) -> Tensor:

@@ -45,8 +45,15 @@ from ..spec import AttentionSpec, resolve
 from .build import is_loaded, threaded, unavailable
 from .run import cpp_run
 
-__all__ = ["FEW_QUERIES", "cpp_attention", "cpp_backend", "cpp_defers", "cpp_run",
-           "cpp_unsupported", "unavailable"]  # fmt: skip
+__all__ = [
+    "FEW_QUERIES",
+    "cpp_attention",
+    "cpp_backend",
+    "cpp_defers",
+    "cpp_run",
+    "cpp_unsupported",
+    "unavailable",
+]
 
 
 # The registry's four built-ins as the C++ loop implements them (codes in ops.py).
@@ -97,9 +104,16 @@ def cpp_defers(spec: AttentionSpec) -> str | None:
 
 def cpp_backend() -> Backend:
     """Before "blockwise" in "auto" on the CPU; plain softmax still goes to SDPA."""
-    return Backend("cpp", cpp_run, cpp_unsupported, priority=35, defers=cpp_defers,
-                   capabilities=CPP_CAPABILITIES, available=unavailable,
-                   direct=_direct_call)  # fmt: skip
+    return Backend(
+        "cpp",
+        cpp_run,
+        cpp_unsupported,
+        priority=35,
+        defers=cpp_defers,
+        capabilities=CPP_CAPABILITIES,
+        available=unavailable,
+        direct=_direct_call,
+    )
 
 
 def _direct_call(spec: AttentionSpec):

@@ -88,8 +88,12 @@ def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
     library shares torch's libgomp, already loaded under the same soname."""
     if sys.platform == "win32":
         return ["/O2", "/openmp"] if openmp else ["/O2"]
-    flags = ["-O3", "-fopenmp" if openmp else "-fopenmp-simd", "-fno-math-errno",
-             "-fno-trapping-math"]  # fmt: skip
+    flags = [
+        "-O3",
+        "-fopenmp" if openmp else "-fopenmp-simd",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+    ]
     if native:
         machine = platform.machine().lower()
         flags.append("-march=native" if machine in ("x86_64", "amd64", "i686") else "-mcpu=native")
@@ -100,8 +104,11 @@ def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
 # has no -march=native; also the packaged kernel's flags), then without OpenMP (Apple's clang
 # has no -fopenmp: the tiles then run on one thread, and "auto" prefers the eager kernel, which
 # uses torch's threads).
-BUILDS = (dict(native=True, openmp=True), dict(native=False, openmp=True),
-          dict(native=False, openmp=False))  # fmt: skip
+BUILDS = (
+    dict(native=True, openmp=True),
+    dict(native=False, openmp=True),
+    dict(native=False, openmp=False),
+)
 
 
 def _cpu_features() -> str:
@@ -220,8 +227,10 @@ def _build_and_load(flags: list[str]) -> None:
 
     def waiting(who: str) -> None:
         who = who or f"lock {directory}.lock"
-        _say(f"urpe: waiting for another process to finish compiling the C++ CPU kernel "
-             f"({who}; at most {timeout:.0f} s)")  # fmt: skip
+        _say(
+            f"urpe: waiting for another process to finish compiling the C++ CPU kernel "
+            f"({who}; at most {timeout:.0f} s)"
+        )
 
     with build_lock(directory.parent / f"{key}.lock", timeout, waiting):
         if _load_cached(flags) is None:  # built by the process waited for
@@ -232,11 +241,20 @@ def _build_and_load(flags: list[str]) -> None:
             unverified.unlink(missing_ok=True)  # relinked, never trusted without a record
         if "compiling" not in _state:
             _state["compiling"] = str(directory)
-            _say(f"urpe: compiling the C++ CPU attention kernel (once per machine, about 20 s) "
-                 f"in {directory}")  # fmt: skip
+            _say(
+                f"urpe: compiling the C++ CPU attention kernel (once per machine, about 20 s) "
+                f"in {directory}"
+            )
         try:
-            compile_library(name, [str(HERE / s) for s in SOURCES], flags, [str(HERE)],
-                            directory, timeout, os.environ.get(VERBOSE, "") == "1")  # fmt: skip
+            compile_library(
+                name,
+                [str(HERE / s) for s in SOURCES],
+                flags,
+                [str(HERE)],
+                directory,
+                timeout,
+                os.environ.get(VERBOSE, "") == "1",
+            )
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)  # the next build starts clean
             raise
@@ -359,8 +377,15 @@ def build_for_wheel(target: Path) -> Path:
     def compile_into(flags: list[str], scratch: Path, name: str) -> Path:
         directory = scratch / hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16]
         directory.mkdir(parents=True)
-        compile_library(name, [str(HERE / s) for s in SOURCES], flags, [str(HERE)], directory,
-                        _timeout(), os.environ.get(VERBOSE, "") == "1")  # fmt: skip
+        compile_library(
+            name,
+            [str(HERE / s) for s in SOURCES],
+            flags,
+            [str(HERE)],
+            directory,
+            _timeout(),
+            os.environ.get(VERBOSE, "") == "1",
+        )
         return _library_file(directory, name)
 
     portable = [compile_flags(**build) for build in BUILDS if not build["native"]]
@@ -395,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     threads = "torch's threads" if threaded() else "one thread (built without OpenMP)"
     where = {"packaged": "packaged with urpe", "cache": "cached", "built": "built now"}
-    print(f"urpe: the C++ kernel is ready ({where[str(_state['source'])]}: {_state['library']}; "
-          f"{torch.ops.urpe_cpp.gemm_route()} products, {threads})")  # fmt: skip
+    print(
+        f"urpe: the C++ kernel is ready ({where[str(_state['source'])]}: {_state['library']}; "
+        f"{torch.ops.urpe_cpp.gemm_route()} products, {threads})"
+    )
     return 0

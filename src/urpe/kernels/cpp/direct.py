@@ -55,8 +55,15 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
     float_mask = mask is not None and mask.dtype != torch.bool
     if float_mask and mask.dtype != spec.q.dtype:
         return None
-    scalars = (spec.is_causal, NORMALIZATION_CODES[spec.normalization], spec.scale, 0.0, 0, None,
-               *FORWARD_TILES)  # fmt: skip
+    scalars = (
+        spec.is_causal,
+        NORMALIZATION_CODES[spec.normalization],
+        spec.scale,
+        0.0,
+        0,
+        None,
+        *FORWARD_TILES,
+    )
     op = getattr(torch.ops.urpe_cpp, "forward_if_finite", None)
     if op is None:  # a kernel library built before this op existed
         return None
@@ -66,11 +73,22 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
         mask = call.attn_mask
         kpm = call.key_padding_mask
         out, _, finite = op(
-            _contiguous(call.q), _contiguous(call.k), _contiguous(call.v),
-            bias_code, read_bias(call.bias), None, gate_code, read_gate(call.gate), None,
-            mask if float_mask else None, None if float_mask else mask,
-            None if kpm is None else _contiguous(kpm), None, None, *scalars,
-        )  # fmt: skip
+            _contiguous(call.q),
+            _contiguous(call.k),
+            _contiguous(call.v),
+            bias_code,
+            read_bias(call.bias),
+            None,
+            gate_code,
+            read_gate(call.gate),
+            None,
+            mask if float_mask else None,
+            None if float_mask else mask,
+            None if kpm is None else _contiguous(kpm),
+            None,
+            None,
+            *scalars,
+        )
         return out if finite else None
 
     return run
@@ -126,11 +144,21 @@ def _guarded_forward(*flat) -> Tensor:
 
 def _spec_of(args: ForwardArgs) -> AttentionSpec:
     return AttentionSpec(
-        args.q, args.k, args.v, _as_term(args.bias, args.bias_index, args.bias_kind),
-        _as_term(args.gate, args.gate_index, args.gate_kind), args.attn_mask,
-        args.key_padding_mask, args.is_causal, args.normalization, args.scale, args.dropout_p,
-        args.dropout_seed, (args.q.shape[0],), args.document_ids,
-    )  # fmt: skip
+        args.q,
+        args.k,
+        args.v,
+        _as_term(args.bias, args.bias_index, args.bias_kind),
+        _as_term(args.gate, args.gate_index, args.gate_kind),
+        args.attn_mask,
+        args.key_padding_mask,
+        args.is_causal,
+        args.normalization,
+        args.scale,
+        args.dropout_p,
+        args.dropout_seed,
+        (args.q.shape[0],),
+        args.document_ids,
+    )
 
 
 def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
@@ -142,9 +170,11 @@ def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
 
 
 GUARDED_FORWARD = torch.library.custom_op(
-    "urpe::cpp_guarded_forward", _guarded_forward, mutates_args=(),
+    "urpe::cpp_guarded_forward",
+    _guarded_forward,
+    mutates_args=(),
     schema=FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"),
-)  # fmt: skip
+)
 GUARDED_FORWARD.register_fake(lambda *flat: _output_fake(ForwardArgs(*flat)))
 
 

@@ -195,9 +195,14 @@ def cpp_backward(args: BackwardArgs):
     grad_out = args.grad_out.to(operand).contiguous()
     stat = args.stat.reshape(delta.shape).contiguous()
     dq, dk, dv, *term_grads = _op("backward")(
-        grad_out, stat, delta, *_operands(call), *_op_arguments(call, BACKWARD_TILES), *args.needs,
+        grad_out,
+        stat,
+        delta,
+        *_operands(call),
+        *_op_arguments(call, BACKWARD_TILES),
+        *args.needs,
         ITEMS_PER_THREAD,
-    )  # fmt: skip
+    )
     grads = []
     for (kind, tensor), needed, grad in zip(
         (

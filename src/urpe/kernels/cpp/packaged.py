@@ -32,9 +32,27 @@ DIRECTORY = "packaged"
 RECORD = "kernel.json"
 LIBRARY = "urpe_cpp"
 # -march=x86-64-v3 and the instruction sets it assumes, as /proc/cpuinfo names them.
-X86_64_V3 = ("-march=x86-64-v3", ("abm", "avx", "avx2", "bmi1", "bmi2", "cx16", "f16c", "fma",
-             "lahf_lm", "movbe", "pni", "popcnt", "sse4_1", "sse4_2", "ssse3",
-             "xsave"))  # fmt: skip
+X86_64_V3 = (
+    "-march=x86-64-v3",
+    (
+        "abm",
+        "avx",
+        "avx2",
+        "bmi1",
+        "bmi2",
+        "cx16",
+        "f16c",
+        "fma",
+        "lahf_lm",
+        "movbe",
+        "pni",
+        "popcnt",
+        "sse4_1",
+        "sse4_2",
+        "ssse3",
+        "xsave",
+    ),
+)
 
 
 def this_torch() -> dict[str, Any]:
@@ -80,8 +98,9 @@ def wheel_builds(portable: list[list[str]]) -> list[tuple[list[str], tuple[str, 
     return builds
 
 
-def package_kernel(target: Path, builds: list[tuple[list[str], tuple[str, ...]]],
-                   compile_into) -> Path:  # fmt: skip
+def package_kernel(
+    target: Path, builds: list[tuple[list[str], tuple[str, ...]]], compile_into
+) -> Path:
     """Compile the kernel for a wheel into `target/packaged/`: the first of `builds` (flags,
     instruction sets needed; never -march=native) that compiles, by `compile_into(flags,
     directory, name)`. Returns the library."""
@@ -99,7 +118,8 @@ def package_kernel(target: Path, builds: list[tuple[list[str], tuple[str, ...]]]
                 continue
             library = destination / built.name
             shutil.copyfile(built, library)
-            write_record(destination / RECORD, library, flags=flags, cpu_features=list(needs),
-                         **this_torch())  # fmt: skip
+            write_record(
+                destination / RECORD, library, flags=flags, cpu_features=list(needs), **this_torch()
+            )
             return library
     raise RuntimeError("the packaged C++ kernel did not build:\n" + "\n".join(errors))

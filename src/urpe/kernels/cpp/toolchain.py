@@ -87,8 +87,10 @@ def build_lock(path: Path, timeout: float, waiting: Callable[[str], None]) -> It
                 said = True
             if time.monotonic() >= deadline:
                 who = _owner(path)
-                raise BuildTimeout(f"another process has held the build lock {path} for over "
-                                   f"{timeout:.0f} s{f' ({who})' if who else ''}")  # fmt: skip
+                raise BuildTimeout(
+                    f"another process has held the build lock {path} for over "
+                    f"{timeout:.0f} s{f' ({who})' if who else ''}"
+                )
             time.sleep(POLL_SECONDS)
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
         handle.seek(1)
@@ -115,27 +117,44 @@ cpp_extension.load(**json.loads(sys.argv[1]))
 """
 
 
-def compile_library(name: str, sources: list[str], flags: list[str], include: list[str],
-                    directory: Path, timeout: float, verbose: bool) -> None:  # fmt: skip
+def compile_library(
+    name: str,
+    sources: list[str],
+    flags: list[str],
+    include: list[str],
+    directory: Path,
+    timeout: float,
+    verbose: bool,
+) -> None:
     """`torch.utils.cpp_extension.load` in a child process: compile and link
     `directory/<name>.so` and load it once. Raises BuildError (with the compiler's output) or
     BuildTimeout; either way nothing keeps running."""
     import torch
 
-    arguments = dict(name=name, sources=sources, extra_cflags=flags,
-                     extra_ldflags=[flag for flag in flags if "openmp" in flag],
-                     extra_include_paths=include, build_directory=str(directory),
-                     is_python_module=False, verbose=verbose)  # fmt: skip
+    arguments = dict(
+        name=name,
+        sources=sources,
+        extra_cflags=flags,
+        extra_ldflags=[flag for flag in flags if "openmp" in flag],
+        extra_include_paths=include,
+        build_directory=str(directory),
+        is_python_module=False,
+        verbose=verbose,
+    )
     # The torch this process runs, also where it was put on sys.path by hand.
     site = str(Path(torch.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [site, os.environ.get(
-        "PYTHONPATH")])))  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
+    )
     output = None if verbose else subprocess.PIPE
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, json.dumps(arguments)], stdin=subprocess.DEVNULL,
-        stdout=output, stderr=subprocess.STDOUT if output else None, env=env,
+        [sys.executable, "-c", _CHILD, json.dumps(arguments)],
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT if output else None,
+        env=env,
         start_new_session=sys.platform != "win32",
-    )  # fmt: skip
+    )
     try:
         text, _ = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -147,8 +166,10 @@ def compile_library(name: str, sources: list[str], flags: list[str], include: li
     if child.returncode != 0:
         details = (text or b"").decode(errors="replace")
         lines = [line for line in details.splitlines() if line.strip()]
-        last = next((line for line in reversed(lines) if "error" in line.lower()),
-                    lines[-1] if lines else f"exit status {child.returncode}")  # fmt: skip
+        last = next(
+            (line for line in reversed(lines) if "error" in line.lower()),
+            lines[-1] if lines else f"exit status {child.returncode}",
+        )
         raise BuildError(f"the compiler failed: {last.strip()[:240]}", details)
 
 

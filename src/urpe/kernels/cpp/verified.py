@@ -17,8 +17,11 @@ from ...files import atomic_write_json, file_sha256
 
 
 def describe(library: Path) -> dict[str, Any]:
-    return {"library": library.name, "bytes": library.stat().st_size,
-            "sha256": file_sha256(library)}  # fmt: skip
+    return {
+        "library": library.name,
+        "bytes": library.stat().st_size,
+        "sha256": file_sha256(library),
+    }
 
 
 def write_record(record: Path, library: Path, **facts: Any) -> dict[str, Any]:

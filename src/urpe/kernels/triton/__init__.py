@@ -97,8 +97,14 @@ def _spec_run(spec: AttentionSpec) -> Tensor:
 def triton_backend() -> Backend:
     """The registry's entry: "auto" puts it before the blockwise kernel, and it defers CPU calls
     and plain softmax (see `triton_defers`)."""
-    return Backend("triton", _spec_run, spec_unsupported, priority=40, defers=spec_defers,
-                   capabilities=TRITON_CAPABILITIES)  # fmt: skip
+    return Backend(
+        "triton",
+        _spec_run,
+        spec_unsupported,
+        priority=40,
+        defers=spec_defers,
+        capabilities=TRITON_CAPABILITIES,
+    )
 
 
 __all__ = [

@@ -63,7 +63,7 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
     # Documents: 128 x 32 spilled 8 B for a dense bias and gate, G=16, Lk=1000 (sm_90, bf16)
     ("forward_docs", 64, "half"): ((64, 32, 4, 3),),
-}  # fmt: skip
+}
 for (_kernel, _d, _family), _shapes in list(CONFIGS.items()):
     if _family == "fp32":
         CONFIGS[(_kernel, _d, "fp64")] = _shapes
@@ -76,8 +76,20 @@ KERNELS = {
 # The length each kernel's programs tile (the grid's first factor) and the block that tiles it.
 TILED_BY = {"forward": "BLOCK_M", "backward_kv": "BLOCK_N", "backward_q": "BLOCK_M"}
 
-TUNING_KEY = ["lq_bucket", "lk_bucket", "BLOCK_D", "BLOCK_DV", "B_KIND", "C_KIND", "NORM",
-              "CAUSAL", "HAS_PAD", "HAS_MASK", "DOCS", "DROPOUT"]  # fmt: skip
+TUNING_KEY = [
+    "lq_bucket",
+    "lk_bucket",
+    "BLOCK_D",
+    "BLOCK_DV",
+    "B_KIND",
+    "C_KIND",
+    "NORM",
+    "CAUSAL",
+    "HAS_PAD",
+    "HAS_MASK",
+    "DOCS",
+    "DROPOUT",
+]
 
 
 def dtype_family(dtype) -> str:
@@ -147,12 +159,16 @@ def _prune(kernel: str):
     def prune(configs, named_args, **kwargs):
         block_d = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"])
         family = dtype_family(named_args["q_ptr"].dtype)
-        variant = dict(decay_grad=kwargs.get("B_GRAD") == K.DECAY.value,
-                       documents=bool(kwargs.get("DOCS")))  # fmt: skip
-        wanted = {tuple(tile_meta(kernel, m, n).items()) + (w, s)
-                  for m, n, w, s in configs_for(kernel, block_d, family, **variant)}  # fmt: skip
-        kept = [c for c in configs
-                if tuple(c.kwargs.items()) + (c.num_warps, c.num_stages) in wanted]  # fmt: skip
+        variant = dict(
+            decay_grad=kwargs.get("B_GRAD") == K.DECAY.value, documents=bool(kwargs.get("DOCS"))
+        )
+        wanted = {
+            tuple(tile_meta(kernel, m, n).items()) + (w, s)
+            for m, n, w, s in configs_for(kernel, block_d, family, **variant)
+        }
+        kept = [
+            c for c in configs if tuple(c.kwargs.items()) + (c.num_warps, c.num_stages) in wanted
+        ]
         return kept or configs[:1]
 
     return prune
@@ -165,14 +181,16 @@ def tuned(kernel: str):
     """The autotuned launcher of a kernel (built on first use: never under the interpreter)."""
     if kernel not in _autotuned:
         # the kernel's configurations and its variants' ("backward_kv_decay", ...)
-        mine = [v for (name, _, _), v in CONFIGS.items()
-                if name == kernel or name.startswith(f"{kernel}_")]  # fmt: skip
+        mine = [
+            v
+            for (name, _, _), v in CONFIGS.items()
+            if name == kernel or name.startswith(f"{kernel}_")
+        ]
         shapes = sorted({s for v in mine for s in v})
         configs = [
-            triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s,
-                          maxnreg=MAX_REGISTERS)
+            triton.Config(tile_meta(kernel, m, n), num_warps=w, num_stages=s, maxnreg=MAX_REGISTERS)
             for m, n, w, s in shapes
-        ]  # fmt: skip
+        ]
         options = dict(key=TUNING_KEY, prune_configs_by={"early_config_prune": _prune(kernel)})
         if kernel == "backward_q":
             options["key"] = [*TUNING_KEY, "B_GRAD", "C_GRAD"]

@@ -75,10 +75,27 @@ def document_span(span_ptr, b, start, end, lk):
 
 @triton.jit
 def visible(
-    offs_m, offs_n, m0, n0, b, h, lq, lk, shift, pad_ptr, mask_ptr, M_sb, M_sh, M_si, M_sj,
-    span_ptr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+    offs_m,
+    offs_n,
+    m0,
+    n0,
+    b,
+    h,
+    lq,
+    lk,
+    shift,
+    pad_ptr,
+    mask_ptr,
+    M_sb,
+    M_sh,
+    M_si,
+    M_sj,
+    span_ptr,
+    CAUSAL: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     DOCS: tl.constexpr,
-):  # fmt: skip
+):
     """Bool (BLOCK_M, BLOCK_N): query offs_m may see key offs_n (in range, unpadded, causal,
     in the same document (`document_of`), allowed by the boolean attn_mask, read through its
     strides: 0 where it broadcasts)."""
@@ -96,17 +113,33 @@ def visible(
         keep = keep & (padded == 0)[None, :]
     if HAS_MASK:
         corner = origin(b, M_sb, h, M_sh, m0, M_si, n0, M_sj)
-        allowed = tl.load(tile(mask_ptr + corner, offs_m - m0, offs_n - n0, M_si, M_sj),
-                          mask=keep, other=0)  # fmt: skip
+        allowed = tl.load(
+            tile(mask_ptr + corner, offs_m - m0, offs_n - n0, M_si, M_sj), mask=keep, other=0
+        )
         keep = keep & (allowed != 0)
     return keep
 
 
 @triton.jit
 def term_tile(
-    KIND: tl.constexpr, ptr, idx_ptr, s_b, s_h, s_i, s_j, max_offset, b, h, offs_m, offs_n, m0,
-    n0, shift, inside, ACC: tl.constexpr,
-):  # fmt: skip
+    KIND: tl.constexpr,
+    ptr,
+    idx_ptr,
+    s_b,
+    s_h,
+    s_i,
+    s_j,
+    max_offset,
+    b,
+    h,
+    offs_m,
+    offs_n,
+    m0,
+    n0,
+    shift,
+    inside,
+    ACC: tl.constexpr,
+):
     """One tile of a bias or gate, (BLOCK_M, BLOCK_N) in the accumulator dtype.
 
     TOEPLITZ: table[h, clamp(j - pos(i), -K, K) + K] (s_h = 0 shares one row across heads).
@@ -152,10 +185,29 @@ def decay_grad(ds, c_q, c_k):
 
 @triton.jit
 def term_grad(
-    KIND: tl.constexpr, grad, gptr, g_sh, idx_ptr, s_b, s_i, s_j, max_offset, b, h, offs_m,
-    offs_n, m0, n0, shift, inside, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KIND: tl.constexpr,
+    grad,
+    gptr,
+    g_sh,
+    idx_ptr,
+    s_b,
+    s_i,
+    s_j,
+    max_offset,
+    b,
+    h,
+    offs_m,
+    offs_n,
+    m0,
+    n0,
+    shift,
+    inside,
+    lq,
+    lk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     WIDTH: tl.constexpr,
-):  # fmt: skip
+):
     """Add one tile's gradient `grad` (BLOCK_M, BLOCK_N) into the term's gradient buffer.
 
     TOEPLITZ: the tile's entries on one diagonal share a table entry. Skewing the tile (row r
