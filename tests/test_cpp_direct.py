@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from urpe.kernels import Toeplitz, attention, plans
+from urpe.kernels import Relation, Toeplitz, attention, plans
 from urpe.kernels.cpp import unavailable
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
@@ -187,3 +187,22 @@ def test_under_compile_a_call_with_gradients_keeps_the_differentiable_path():
     (want_grad,) = torch.autograd.grad(want.sum(), table)
     torch.testing.assert_close(grad, want_grad)
     assert "urpe.cpp_guarded_forward.default" not in ops()
+
+
+def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
+    """A static KV cache gives tensor positions, so the gate is a Relation: the opaque op runs it
+    in one call too (not the general eager path)."""
+    q, k, v = _qkv(lq=1)
+    table = torch.rand(4, 9, **F64) + 0.5
+    index = torch.randint(0, 9, (1, 1, 13))
+
+    def step(q, k, v, table, index):
+        return attention(q, k, v, gate=Relation(table, index))
+
+    compiled, ops = _compiled_calls(step)
+    with torch.no_grad():
+        out = compiled(q, k, v, table, index)
+    want = attention(q, k, v, gate=Relation(table, index), backend="reference")
+    torch.testing.assert_close(out, want)
+    assert "urpe.cpp_guarded_forward.default" in ops()
+    assert direct_calls[0] == 1

@@ -9,8 +9,9 @@ k and v for NaN/inf and runs the kernel in the same call. On a non-finite input 
 and the caller takes the full path, which applies the non-finite rule (`urpe.kernels.nonfinite`).
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
-front, no overflow check), Toeplitz or dense terms or none, any mask, no dropout, one batch dim.
-Anything else (gradients, bf16, exp, relu2, relations, dropout) keeps the general path.
+front, no overflow check), Toeplitz or dense terms or none (and relations, which only compiled
+calls bring: a static KV cache's positions), any mask, no dropout, one batch dim. Anything else
+(gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
 """
 
 from __future__ import annotations
@@ -77,11 +78,9 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
             _contiguous(call.k),
             _contiguous(call.v),
             bias_code,
-            read_bias(call.bias),
-            None,
+            *read_bias(call.bias),
             gate_code,
-            read_gate(call.gate),
-            None,
+            *read_gate(call.gate),
             mask if float_mask else None,
             None if float_mask else mask,
             None if kpm is None else _contiguous(kpm),
@@ -97,11 +96,15 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
 def _code(term) -> int:
     if term is None:
         return KIND_CODES["none"]
+    if type(term) is Relation:
+        return KIND_CODES["relation"]
     return KIND_CODES["toeplitz" if type(term) is Toeplitz else "dense"]
 
 
 def _term_reader(term, spec: AttentionSpec) -> Callable | None:
-    """term -> the tensor the op takes, for terms of this call's kind; None: not covered."""
+    """term -> (tensor, index) as the op takes it, for terms of this call's kind; None: not
+    covered. A Relation's index was range-checked when the call was resolved (only the opaque
+    op of compiled calls meets one: remembered plans never hold a Relation)."""
     if term is None:
         return _nothing
     dtype = spec.q.dtype
@@ -109,18 +112,27 @@ def _term_reader(term, spec: AttentionSpec) -> Callable | None:
         if term.table.dtype != dtype:
             return None
         columns = padded_columns(term.table.shape[1], spec.lq, spec.lk, term.table.device)
-        return lambda t: t.table.index_select(1, columns)
+        return lambda t: (t.table.index_select(1, columns), None)
+    if type(term) is Relation:
+        if term.table.dtype != dtype:
+            return None
+        return _relation
     if type(term) in (Tensor, torch.nn.Parameter) and term.dtype == dtype:
         return _same
     return None
 
 
-def _nothing(term) -> None:
-    return None
+def _nothing(term) -> tuple[None, None]:
+    return None, None
 
 
-def _same(term: Tensor) -> Tensor:
-    return term
+def _same(term: Tensor) -> tuple[Tensor, None]:
+    return term, None
+
+
+def _relation(term: Relation) -> tuple[Tensor, Tensor]:
+    index = term.index if term.index.dtype == torch.int64 else term.index.to(torch.int64)
+    return _contiguous(term.table), _contiguous(index)
 
 
 def _contiguous(t: Tensor) -> Tensor:
