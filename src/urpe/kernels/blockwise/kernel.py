@@ -42,9 +42,10 @@ from ..dropout import dropout_scale_at
 from ..dtypes import compute_dtype
 from ..host import may_read
 from ..layout import BackwardArgs, ForwardArgs
-from ..masks import query_documents, visible_key_counts
+from ..masks import visible_key_counts
 from ..normalization import NORMALIZATIONS, Normalization
-from .tiles import DecayTile, DenseTile, RelationTile, ToeplitzTile, hankel_view
+from .inputs import document_fields, may_hold_neg_inf
+from .tiles import DenseTile, hankel_view, tile_reader
 
 # Chosen by measurement on a 2-core AVX-512 CPU (see BENCHMARKS.md): tiles of 128 queries
 # against up to 2048 keys keep Python overhead small while a tile stays a few MB per head.
@@ -57,8 +58,6 @@ DOCUMENT_BLOCK_K = 256
 
 # The built-in normalisations whose weights are exponentials (never negative)
 EXPONENTIAL = ("softmax", "exp", "l2")
-
-Reader = DenseTile | ToeplitzTile | RelationTile | DecayTile
 
 
 @dataclass
@@ -369,36 +368,6 @@ def _accumulate_keys(target: Tensor, c0: int, c1: int, a: Tensor, b: Tensor, wor
 # Entry points on tensors and scalars (the bodies of the custom ops)
 
 
-def _reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader | None:
-    if kind == "none":
-        return None
-    if kind == "toeplitz":
-        return ToeplitzTile(term, lq, dtype, needs_grad)
-    if kind == "relation":
-        return RelationTile(term, index, lk, dtype, needs_grad)
-    if kind == "decay":
-        return DecayTile(term, lq, dtype, needs_grad)
-    return DenseTile(term, lk, dtype, needs_grad)
-
-
-def _may_hold_neg_inf(call: ForwardArgs, dtype: torch.dtype) -> bool:
-    """Whether a row's logits could all be -inf without a mask hiding them: an additive term
-    holding -inf, or scale q.k overflowing. The one-shot softmax would turn such a row into NaN;
-    the online recurrence gives 0, as the reference does."""
-    flags = []
-    for term in (call.bias, call.attn_mask):
-        if term is not None and term.dtype != torch.bool:
-            flags.append(torch.isneginf(term).any())
-    if call.q.numel() and call.k.numel():
-        # |s| <= scale * D * max|q| * max|k| (Cauchy-Schwarz on the worst case)
-        q_lo, q_hi = torch.aminmax(call.q.to(dtype))
-        k_lo, k_hi = torch.aminmax(call.k.to(dtype))
-        bound = call.scale * call.q.shape[-1]
-        bound = bound * torch.maximum(-q_lo, q_hi) * torch.maximum(-k_lo, k_hi)
-        flags.append(~(bound < torch.finfo(dtype).max / 4))
-    return bool(torch.stack(flags).any()) if flags else False
-
-
 def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
     b, h, lq, _ = call.q.shape
     lk = call.k.shape[-2]
@@ -417,7 +386,7 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
         keep = DenseTile(call.attn_mask, lk, torch.bool, needs_grad=False)
     block_q = int(call.block_q) or BLOCK_Q  # 0: the default tiles
     block_k = int(call.block_k) or (BLOCK_K if call.document_ids is None else DOCUMENT_BLOCK_K)
-    documents = _documents(call.document_ids, lq, block_q, block_k)
+    documents = document_fields(call.document_ids, lq, block_q, block_k)
     plan = _Plan(
         batch=b,
         heads=h,
@@ -436,7 +405,7 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
         # (where values may not be read the online recurrence runs, which is always right)
         one_shot=norm.one_shot is not None
         and may_read(call.q)
-        and not _may_hold_neg_inf(call, dtype),
+        and not may_hold_neg_inf(call, dtype),
         compute_dtype=dtype,
         device=call.q.device,
         # only exponential weights (>= 0) under a decay bias, in float32 (half computes in it)
@@ -448,43 +417,6 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
     )
     groups = h // call.k.shape[1]
     return plan, dict(groups=groups)
-
-
-def _documents(ids: Tensor | None, lq: int, block_q: int, block_k: int) -> dict:
-    """The plan's document fields: ids per query and per reversed key, and which (query block,
-    key block) pairs may share a document (one host read, where values may be read)."""
-    if ids is None:
-        return dict(key_documents=None, query_documents=None, placed=None, shares=None)
-    ids = ids.long()
-    queries, placed = query_documents(ids, lq)  # (B|1, Lq), (Lq,)
-    keys = ids.flip(-1)  # (B|1, Lk), reversed like the kernel's columns
-    shares = None
-    if may_read(ids):
-        # per block: [lo, hi] of its ids; queries with no document stay out of the range
-        big = torch.iinfo(torch.int64).max
-        q_lo = _block_reduce(queries.masked_fill(~placed, big), block_q, torch.amin)
-        q_hi = _block_reduce(queries.masked_fill(~placed, -big), block_q, torch.amax)
-        k_lo = _block_reduce(keys, block_k, torch.amin)
-        k_hi = _block_reduce(keys, block_k, torch.amax)
-        # (B|1, nq, nk): the ranges overlap in some batch row
-        meet = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
-        shares = meet.any(0).tolist()
-    return dict(
-        key_documents=keys,
-        query_documents=queries,
-        placed=placed[None, None, :, None],
-        shares=shares,
-    )
-
-
-def _block_reduce(x: Tensor, block: int, reduce) -> Tensor:
-    """(B, L) -> (B, ceil(L / block)): reduce over each block of `block` columns."""
-    n = x.shape[-1]
-    blocks = -(-n // block)
-    pad = blocks * block - n
-    if pad:
-        x = torch.cat([x, x[:, -1:].expand(-1, pad)], -1)  # repeats an id of the last block
-    return reduce(x.view(x.shape[0], blocks, block), -1)
 
 
 def _operands(call: ForwardArgs, plan: _Plan, groups: int):
@@ -516,11 +448,11 @@ def blockwise_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     plan, info = _plan(call)
     q_s, k_r, v_r = _operands(call, plan, info["groups"])
     lk = plan.lk
-    bias = _reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, False)
+    bias = tile_reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, False)
     mask = None
     if call.attn_mask is not None and call.attn_mask.dtype != torch.bool:
         mask = DenseTile(call.attn_mask, lk, dtype, False)
-    gate = _reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, False)
+    gate = tile_reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, False)
     additive = [t for t in (bias, mask) if t is not None]
     fixed = _fixed_statistic(plan, call)
     out, stat = _forward(plan, q_s, k_r, v_r, additive, gate, fixed)
@@ -544,8 +476,8 @@ def blockwise_backward(
     plan, info = _plan(call)
     dtype, lk = plan.compute_dtype, plan.lk
     q_s, k_r, v_r = _operands(call, plan, info["groups"])
-    bias = _reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, needs[0])
-    gate = _reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, needs[1])
+    bias = tile_reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, needs[0])
+    gate = tile_reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, needs[1])
     mask = None
     if call.attn_mask is not None and call.attn_mask.dtype != torch.bool:
         mask = DenseTile(call.attn_mask, lk, dtype, needs[2])

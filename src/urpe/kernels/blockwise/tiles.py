@@ -213,3 +213,19 @@ class DecayTile:
         grad_c[..., lk - placed :] += self.grad_queries[..., self.lq - placed :]
         # c_t = sum_{s <= t} log_forget_s: d log_forget_s = sum_{t >= s} d c_t
         return grad_c.flip(-1).cumsum(-1).flip(-1).to(self.dtype)
+
+
+Reader = DenseTile | ToeplitzTile | RelationTile | DecayTile
+
+
+def tile_reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader | None:
+    """The tile reader of a bias or gate of this kind (None: no term)."""
+    if kind == "none":
+        return None
+    if kind == "toeplitz":
+        return ToeplitzTile(term, lq, dtype, needs_grad)
+    if kind == "relation":
+        return RelationTile(term, index, lk, dtype, needs_grad)
+    if kind == "decay":
+        return DecayTile(term, lq, dtype, needs_grad)
+    return DenseTile(term, lk, dtype, needs_grad)
