@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "urpe"
 
@@ -51,11 +49,6 @@ CORE = ("urpe.kernels", "urpe.encodings", "urpe.nn", "urpe.models")
 # What the core may import besides urpe itself: torch, the standard library, and Triton, which
 # ships with torch's CUDA wheels and is imported only by the GPU kernels.
 CORE_THIRD_PARTY = {"torch", "triton"}
-
-# Known exceptions in areas other sessions own, each naming its owner. They are expected
-# failures: `test_known_exceptions_are_still_there` fails once one is cleared (remove it here).
-KNOWN_CYCLES: dict[frozenset[str], str] = {}
-KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -277,7 +270,7 @@ def test_tarjan_finds_a_cycle_through_three_modules_and_not_a_chain():
 
 
 def test_no_import_cycles():
-    found = [c for c in cycles() if frozenset(c) not in KNOWN_CYCLES]
+    found = cycles()
     assert not found, (
         "import cycles (break them by moving the shared part into a module both "
         "import):\n" + "\n".join(describe_cycle(c) for c in found)
@@ -285,11 +278,7 @@ def test_no_import_cycles():
 
 
 def test_no_module_imports_another_modules_private_names():
-    found = [
-        w
-        for importer, target, w in private_imports()
-        if (importer, target) not in KNOWN_PRIVATE_IMPORTS
-    ]
+    found = [w for _, _, w in private_imports()]
     assert not found, (
         "private names used outside their module (make them public, or move "
         "them where both can import them):\n" + "\n".join(found)
@@ -314,31 +303,3 @@ def test_the_core_imports_only_torch_and_the_standard_library():
         if name.split(".")[0] not in CORE_THIRD_PARTY
     ]
     assert not found, "the core depends on torch alone:\n" + "\n".join(found)
-
-
-KNOWN = [
-    pytest.param(
-        ("cycle", tuple(sorted(c))),
-        marks=pytest.mark.xfail(strict=True, reason=owner),
-        id="cycle:" + ",".join(sorted(c)),
-    )
-    for c, owner in KNOWN_CYCLES.items()
-] + [
-    pytest.param(
-        ("private", pair),
-        marks=pytest.mark.xfail(strict=True, reason=owner),
-        id="private:" + "->".join(pair),
-    )
-    for pair, owner in KNOWN_PRIVATE_IMPORTS.items()
-]
-
-
-@pytest.mark.parametrize("known", KNOWN)
-def test_known_exception_is_cleared(known):
-    """Expected to fail while the owner (the reason) has not cleared it; once it passes (XPASS,
-    an error under strict), remove it from KNOWN_CYCLES or KNOWN_PRIVATE_IMPORTS."""
-    kind, what = known
-    if kind == "cycle":
-        assert frozenset(what) not in {frozenset(c) for c in cycles()}, describe_cycle(set(what))
-    else:
-        assert what not in {(importer, target) for importer, target, _ in private_imports()}
