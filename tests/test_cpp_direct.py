@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from urpe.kernels import Relation, Toeplitz, attention, plans
+from urpe.kernels import Decay, Relation, Toeplitz, attention, plans
 from urpe.kernels.cpp import unavailable
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
@@ -206,3 +206,34 @@ def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
     torch.testing.assert_close(out, want)
     assert "urpe.cpp_guarded_forward.default" in ops()
     assert direct_calls[0] == 1
+
+
+def _term_cases(lq: int, lk: int) -> dict:
+    gen = torch.Generator().manual_seed(5)
+    return {
+        "dense bias": dict(bias=torch.randn(1, 4, lq, lk, generator=gen, **F64)),
+        "toeplitz gate": dict(gate=Toeplitz(torch.rand(4, 2 * lk - 1, generator=gen, **F64))),
+        "relation gate": dict(
+            gate=Relation(
+                torch.rand(4, 7, generator=gen, **F64) + 0.5,
+                torch.randint(0, 7, (1, lq, lk), generator=gen),
+            )
+        ),
+        "decay bias": dict(bias=Decay(-torch.rand(2, 4, lk, generator=gen, **F64))),
+        "documents": dict(document_ids=torch.tensor([0] * 5 + [1] * (lk - 5)).expand(2, lk)),
+    }
+
+
+@pytest.mark.parametrize("term", list(_term_cases(3, 11)))
+def test_under_compile_every_term_kind_matches_the_reference_without_gradients(term):
+    """The opaque op of compiled no-grad calls rebuilds each term from its kind: a Decay's
+    log_forget once came back as a dense bias of the wrong shape."""
+    q, k, v = _qkv(lq=3, lk=11)
+    terms = _term_cases(3, 11)[term]
+    compiled = torch.compile(
+        lambda q, k, v: attention(q, k, v, is_causal=True, **terms), fullgraph=True
+    )
+    with torch.no_grad():
+        out = compiled(q, k, v)
+    want = attention(q, k, v, is_causal=True, backend="reference", **terms)
+    torch.testing.assert_close(out, want)

@@ -24,7 +24,7 @@ from torch import Tensor
 from ..layout import FORWARD_SCHEMA, ForwardArgs
 from ..nonfinite import guarded
 from ..spec import AttentionSpec
-from ..tables import Relation, Toeplitz
+from ..tables import Decay, Relation, Toeplitz
 from .ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
 from .run import cpp_run
 
@@ -178,6 +178,8 @@ def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
         return Toeplitz(tensor)
     if kind == "relation":
         return Relation(tensor, index, in_range=True)  # checked when the call was resolved
+    if kind == "decay":
+        return Decay(tensor)
     return tensor
 
 
