@@ -128,8 +128,8 @@ def test_two_variants_train_report_and_resume(workspace, capsys):
 
 
 def test_the_other_variants(workspace, tmp_path):
-    """A shared gate (one set of parameters under the model), bucketed gates, and gates trained
-    on a frozen model (every other weight as saved)."""
+    """A shared gate (one set of parameters under the model), bucketed gates, gates with FoX
+    forget gates, and gates trained on a frozen model (every other weight as saved)."""
     out = tmp_path / "out"
     argv = [
         "finetune",
@@ -137,7 +137,7 @@ def test_the_other_variants(workspace, tmp_path):
         str(workspace / "llama"),
         *_data(workspace),
         "--variants",
-        "urpe-shared,urpe-buckets,urpe-gates-only",
+        "urpe-shared,urpe-buckets,urpe-fox,urpe-gates-only",
         *SMALL,
         "--steps",
         "3",
@@ -156,6 +156,12 @@ def test_the_other_variants(workspace, tmp_path):
     assert buckets["gate_params"] == 2 * 4 * 32  # 2 layers x 4 heads x 32 buckets
     assert frozen["trained_params"] == frozen["gate_params"] == 2 * 4 * 127
     assert min(r["gate_max_change"] for r in (shared, buckets, frozen)) > 1e-4
+    fox = results["urpe-fox"]["result"]
+    assert fox["gate_params"] == 2 * 4 * 127 + 2 * (32 * 4 + 4)  # + a (32 -> 4 heads) projection
+    fox_model = urpe.hf.from_pretrained(
+        out / "runs" / results["urpe-fox"]["id"] / "model", transformers.AutoModelForCausalLM
+    )
+    assert fox_model.config.urpe["decay"] == {"name": "fox", "init_bias": 10.0}
     original = transformers.LlamaForCausalLM.from_pretrained(workspace / "llama")
     tuned = urpe.hf.from_pretrained(
         out / "runs" / results["urpe-gates-only"]["id"] / "model", transformers.AutoModelForCausalLM

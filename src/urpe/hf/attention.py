@@ -11,7 +11,8 @@ implementation unchanged; gated ones run
 through `urpe.attention` (its dispatch: the compiled C++ kernel, else the blockwise one, on the CPU;
 Triton on CUDA), with C the module's gate at
 this call's positions (see `positions`). T5's `position_bias` travels as urpe's `bias`, so its
-gradient reaches T5's bias table. Packed batches (transformers' DataCollatorWithFlattening) travel
+gradient reaches T5's bias table. A decay (`add_urpe(decay="fox")`) joins the bias (see `decay`).
+Packed batches (transformers' DataCollatorWithFlattening) travel
 as `document_ids` (see `packing`), each document attending only to itself.
 """
 
@@ -26,6 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from ..kernels import attention
+from .decay import call_decay, forget_of, with_decay
 from .packing import document_ids_of
 from .positions import call_positions
 
@@ -94,7 +96,7 @@ def urpe_attention_forward(
     added to the logits ("eager" base), as the base's mask builder made it.
     """
     gate_module = gate_of(module)
-    if gate_module is None:
+    if gate_module is None and forget_of(module) is None:
         return base_function(base, module)(module, query, key, value, attention_mask, **kwargs)
     _check_supported(module, attention_mask, kwargs)
     bias = kwargs.get("position_bias")
@@ -110,7 +112,9 @@ def urpe_attention_forward(
         bias = None if bias is None else bias[..., :lq]
         lk = lq
     documents = document_ids_of(kwargs, lk, lq)
-    gate = gate_module(call_positions(module, lq, lk, query.device))
+    positions = call_positions(module, lq, lk, query.device)
+    gate = None if gate_module is None else gate_module(positions)
+    bias = with_decay(bias, call_decay(module, lq, lk), lq, lk)
     out = attention(
         query,
         key,

@@ -27,7 +27,7 @@ def load_note(model: nn.Module) -> str:
     """One sentence on how to load the folder a gated model is saved to."""
     cls = type(model).__name__
     return (
-        f"URPE gates (the urpe_gate tensors) are part of this model: load it with "
+        f"URPE gates (the urpe_gate and urpe_forget tensors) are part of this model: load it with "
         f"urpe.hf.from_pretrained(folder, transformers.{cls}) (pip install 'urpe[hf]'); "
         f"{cls}.from_pretrained alone gives the model without them (transformers lists them as "
         "unexpected keys)"
@@ -45,8 +45,8 @@ tags:
 # {cls} with URPE gates
 
 This folder holds a transformers `{cls}` whose self-attention modules carry URPE gates C
-(parameters named `*.urpe_gate.*`; their layout is the `urpe` entry of config.json). Load it with
-urpe, which rebuilds the gates and reads their values:
+(parameters named `*.urpe_gate.*`, and `*.urpe_forget.*` for FoX decays; their layout is the
+`urpe` entry of config.json). Load it with urpe, which rebuilds the gates and reads their values:
 
 ```python
 import transformers

@@ -2,12 +2,14 @@
 
 The entry is a plain dict (it travels in config.json):
 
-    {"gate": "toeplitz", "max_distance": 63, "shared": false, "layers": null,
+    {"gate": "toeplitz", "decay": null, "max_distance": 63, "shared": false, "layers": null,
      "attn_implementation": "sdpa", "version": 2,
      "load": "URPE gates (the urpe_gate tensors) are part of this model: load it with ..."}
 
 `gate` is the gate's spec (a name in `urpe.encodings.GATE_REGISTRY`, or {"name": ..., options},
-with the options this door chose written in, such as a bucketed gate's bucket_max_distance).
+with the options this door chose written in, such as a bucketed gate's bucket_max_distance), or
+None (no gate: a decay only). `decay` is None or the spec of a decay computed from the layer's
+input ("fox", with its init_bias written in); entries without it (before decays) load as None.
 `max_distance` is K, the reach of per-offset tables: the gates are built for sequences of up to
 K + 1 tokens, farther offsets share the edge entries. `layers` lists indices into
 `self_attention_modules(model)` (None: every one), so the entry is the same for
@@ -72,18 +74,21 @@ def bucket_reach(config: Any) -> int:
 
 @dataclass(frozen=True)
 class UrpeOptions:
-    """The gates' layout: the gate spec, K (max_distance, None: the model's default), one gate
-    for all layers or one per module, which modules, and the attention underneath."""
+    """The gates' layout: the gate spec (None: no gate), the decay spec (None: no decay), K
+    (max_distance, None: the model's default), one gate for all layers or one per module (decays
+    are always one per module), which modules, and the attention underneath."""
 
     attn_implementation: str
-    gate: EncodingSpec = field(default_factory=lambda: EncodingSpec("toeplitz"))
+    gate: EncodingSpec | None = field(default_factory=lambda: EncodingSpec("toeplitz"))
+    decay: EncodingSpec | None = None
     max_distance: int | None = None
     shared: bool = False
     layers: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "gate": self.gate.to_json(),
+            "gate": None if self.gate is None else self.gate.to_json(),
+            "decay": None if self.decay is None else self.decay.to_json(),
             "max_distance": self.max_distance,
             "shared": self.shared,
             "layers": None if self.layers is None else list(self.layers),
@@ -107,8 +112,9 @@ class UrpeOptions:
             known = _from_version_1(known)
         if known.get("layers") is not None:
             known["layers"] = tuple(known["layers"])
-        if "gate" in known:
-            known["gate"] = EncodingSpec.of(known["gate"])
+        for name in ("gate", "decay"):
+            if known.get(name) is not None:
+                known[name] = EncodingSpec.of(known[name])
         return cls(**known)
 
 

@@ -1,9 +1,11 @@
 """`add_urpe`: a URPE gate C on each self-attention module of a transformers model.
 
     model = urpe.hf.add_urpe(model)   # C = 1 everywhere: outputs unchanged until C is trained
+    model = urpe.hf.add_urpe(model, decay="fox")   # and FoX forget gates inside the softmax
 
 The model's own position scheme (RoPE, learned absolute embeddings, T5's bias) stays as it is;
-URPE multiplies the attention weights by C after the softmax, as in the paper.
+URPE multiplies the attention weights by C after the softmax, as in the paper; a decay (see
+`decay`) adds a data-dependent bias inside it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..encodings import (
     resolve,
 )
 from .attention import base_of, implementation_name, register
+from .decay import FORGET, PRETRAINED_INIT_BIAS, decay_entry, new_forget, record_log_forget
 from .discovery import select_layers
 from .guards import install, load_note, route_through_urpe
 from .options import BASE_IMPLEMENTATIONS, UrpeOptions, bucket_reach, default_max_distance
@@ -83,6 +86,13 @@ def _new_gate(options: UrpeOptions, model: nn.Module, module: nn.Module) -> nn.M
     return gate.to(device=device, dtype=dtype)
 
 
+def _decay_settings(model: nn.Module, module: nn.Module, max_distance: int) -> EncodingSettings:
+    return replace(
+        gate_settings(model, module, max_distance),
+        option_defaults={"init_bias": PRETRAINED_INIT_BIAS},
+    )
+
+
 def _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance) -> EncodingSpec:
     """The gate spec of add_urpe's deprecated num_buckets / bucket_max_distance arguments."""
     spec = EncodingSpec.of(gate)
@@ -108,6 +118,8 @@ def _base_implementation(model: nn.Module) -> str:
     current = model.config._attn_implementation
     if base_of(current) is not None or any(GATE in n for n, _ in model.named_modules()):
         raise ValueError(f"{type(model).__name__} already has URPE gates (add_urpe was called)")
+    if any(FORGET in n for n, _ in model.named_modules()):
+        raise ValueError(f"{type(model).__name__} already has URPE decays (add_urpe was called)")
     if current not in BASE_IMPLEMENTATIONS:
         raise ValueError(
             f"urpe.hf wraps the 'eager' or 'sdpa' attention of {type(model).__name__}, but it "
@@ -119,7 +131,8 @@ def _base_implementation(model: nn.Module) -> str:
 def add_urpe(
     model: nn.Module,
     *,
-    gate: SpecLike = "toeplitz",
+    gate: SpecLike | None = "toeplitz",
+    decay: SpecLike | None = None,
     max_distance: int | None = None,
     shared: bool = False,
     layers: Iterable[int | str] | int | str | None = None,
@@ -136,7 +149,14 @@ def add_urpe(
             `urpe.encodings.GATE_REGISTRY` ("toeplitz": an entry per offset; "t5": T5-style log
             buckets, even num_buckets >= 4, half per direction, up to bucket_max_distance,
             default here the context length) or {"name": ..., <option>: ...}. Gates that read
-            graph relations are refused: token sequences have none.
+            graph relations are refused: token sequences have none. None: no gate (with a decay).
+        decay: None, or a data-dependent decay bias inside the softmax, computed from each gated
+            module's input: "fox", the Forgetting Transformer's forget gates (one
+            `<module>.urpe_forget` per module, also when `shared`; init_bias defaults to 10
+            here, f = 0.99995, so the pretrained model barely changes at init; see
+            `urpe.hf.decay`). With a KV cache the tokens' log f are kept beside the cache, so
+            `generate` (greedy, sampling, beam search; dynamic and static caches) decays cached
+            keys too.
         max_distance: K, the reach of per-offset tables: offsets -K..K get their own entry,
             farther ones share the edge entries. Default: min(context length - 1, 1024), the
             context length read from max_position_embeddings / n_positions; T5 (none):
@@ -157,7 +177,13 @@ def add_urpe(
     """
     base = _base_implementation(model)
     chosen, indices = select_layers(model, layers)
-    spec = _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance)
+    spec = (
+        None if gate is None else _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance)
+    )
+    if spec is None and decay is None:
+        raise ValueError(
+            "add_urpe needs a gate, a decay or both; gate=None and decay=None add nothing"
+        )
     if max_distance is None:
         max_distance = default_max_distance(model.config)
     elif not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 1:
@@ -165,6 +191,7 @@ def add_urpe(
     options = UrpeOptions(
         attn_implementation=base,
         gate=spec,
+        decay=None if decay is None else EncodingSpec.of(decay),
         max_distance=max_distance,
         shared=shared,
         layers=indices,
@@ -179,22 +206,35 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
     before the model changes; config.urpe records it with this door's defaults written in."""
     if options.max_distance is None:  # version-1 entries of bucketed gates
         options = replace(options, max_distance=default_max_distance(model.config))
-    _, entry = resolve(GATE_REGISTRY, options.gate, "gate")
-    settings = gate_settings(model, chosen[0][1], options.max_distance)
-    check_runs(GATE_REGISTRY, entry, settings)
-    options = replace(options, gate=entry.with_door_defaults(options.gate, settings))
+    first = chosen[0][1]
+    if options.gate is not None:
+        _, entry = resolve(GATE_REGISTRY, options.gate, "gate")
+        settings = gate_settings(model, first, options.max_distance)
+        check_runs(GATE_REGISTRY, entry, settings)
+        options = replace(options, gate=entry.with_door_defaults(options.gate, settings))
+    if options.decay is not None:
+        settings = _decay_settings(model, first, options.max_distance)
+        entry = decay_entry(options.decay, settings)
+        options = replace(options, decay=entry.with_door_defaults(options.decay, settings))
     heads = {_num_heads(m, model.config) for _, m in chosen}
-    if options.shared:
+    if options.shared and options.gate is not None:
         if len(heads) != 1:
             raise ValueError(f"a shared gate needs one head count, the layers have {heads}")
-        model.add_module(GATE, _new_gate(options, model, chosen[0][1]))
+        model.add_module(GATE, _new_gate(options, model, first))
     for _, module in chosen:
-        if options.shared:
+        if options.gate is None:
+            pass
+        elif options.shared:
             # A plain reference (not a submodule): the gate is saved once, under the model.
             module.__dict__["_urpe_owner"] = model
         else:
             module.add_module(GATE, _new_gate(options, model, module))
         module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
+        if options.decay is not None:
+            dtype, device = _float_dtype(module)
+            settings = _decay_settings(model, module, options.max_distance)
+            module.add_module(FORGET, new_forget(options.decay, settings, dtype, device))
+            module.register_forward_pre_hook(record_log_forget, with_kwargs=True)
     register()
     model.config.urpe = {**options.to_dict(), "load": load_note(model)}
     model.set_attn_implementation(implementation_name(options.attn_implementation))
@@ -203,5 +243,5 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
 
 
 def gate_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The URPE gate parameters (those with "urpe" in their qualified names)."""
+    """The URPE parameters: gates and decays (those with "urpe" in their qualified names)."""
     return [p for n, p in model.named_parameters() if "urpe" in n]

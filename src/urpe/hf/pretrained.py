@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from .guards import bypass_error
 from .options import BASE_IMPLEMENTATIONS, UrpeOptions
 from .patch import attach
 
-GATE_KEYS = r"urpe_gate"
+# Parameters add_urpe adds: gates C and decays (FoX forget gates).
+GATE_KEYS = r"urpe_(gate|forget)\."
 
 
 def _concrete_class(model_class: type, config) -> type:
@@ -72,17 +74,18 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def load_gates(model: nn.Module, path: str | os.PathLike) -> None:
-    """Copy the gate tensors saved under `path` into the model's gates (every gate must be found).
+    """Copy the gate and decay tensors saved under `path` into the model's (every one must be
+    found).
 
     Keys are matched exactly, or across the base-model prefix (a `LlamaForCausalLM` checkpoint
     into a `LlamaModel` and back)."""
-    wanted = {n: p for n, p in model.state_dict().items() if GATE_KEYS in n}
+    wanted = {n: p for n, p in model.state_dict().items() if re.search(GATE_KEYS, n)}
     prefix = getattr(model, "base_model_prefix", "") or ""
     found = {}
     for file in _weight_files(Path(path)):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
-                if GATE_KEYS not in key:
+                if not re.search(GATE_KEYS, key):
                     continue
                 for name in (key, key.removeprefix(prefix + "."), f"{prefix}.{key}"):
                     if name in wanted:

@@ -34,6 +34,10 @@ VARIANTS: dict[str, Variant] = {
         "a gate per layer over 32 log-spaced offset buckets",
         {"gate": {"name": "t5", "num_buckets": 32}},
     ),
+    "urpe-fox": Variant(
+        "a gate per layer and FoX forget gates inside the softmax (add_urpe(decay='fox'))",
+        {"decay": "fox"},
+    ),
     "urpe-gates-only": Variant(
         "a gate per layer; only the gates train, the model is frozen", {}, "gates"
     ),

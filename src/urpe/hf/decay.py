@@ -1,0 +1,126 @@
+"""A data-dependent decay inside the softmax of a transformers model: `add_urpe(decay="fox")`.
+
+Each gated self-attention module gets `urpe_forget`, the Forgetting Transformer's forget gates
+(FoX: Lin, Nikishin, He and Courville, ICLR 2025; `urpe.encodings.ForgetGate`) computed from the
+module's own input x_t (its hidden states, after the layer's norm):
+
+    log f_t = logsigmoid(w_h . x_t + b_h),    logits_ij += sum_{t = j+1 .. i} log f_t
+
+beside the model's own positions (RoPE, learned embeddings, T5's bias stay) and the URPE gate C
+after the softmax, if there is one. A forward pre-hook computes log f of the call's tokens; with
+a KV cache they are kept beside it (`forget_history`), so a query also discounts cached keys.
+
+At init every f_t is sigmoid(init_bias) with init_bias = 10 here (not the library's 5): f =
+0.99995, so a pretrained model's weights are discounted by e^-0.045 across 1,000 tokens and it
+starts close to where it was; Adam moves the bias at its learning rate despite the small
+gradient (1 - f).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..encodings import (
+    POSITION_REGISTRY,
+    EncodingSettings,
+    EncodingSpec,
+    ForgetGate,
+    build_encoding,
+    check_runs,
+    resolve,
+)
+from ..kernels import Decay
+from .forget_history import ForgetHistory, check_cache_layer
+
+FORGET = "urpe_forget"
+_NOW = "_urpe_call_log_forget"
+# f = sigmoid(10) = 0.99995 at init (see the module docstring).
+PRETRAINED_INIT_BIAS = 10.0
+
+
+def decay_entry(spec: EncodingSpec, settings: EncodingSettings):
+    """The registry entry of a decay spec: a position encoding computed from the layer's input
+    as log forget gates (a `ForgetGate`, as "fox") that this door can run; anything else is
+    refused in one line."""
+    _, entry = resolve(POSITION_REGISTRY, spec, "add_urpe decay")
+    if not _from_input(entry):
+        usable = [n for n, e in POSITION_REGISTRY.items() if _from_input(e)]
+        raise ValueError(
+            f"add_urpe decay must be an encoding computed from the layer's input "
+            f"({', '.join(usable)}), got {spec.name!r}: the model keeps its own positions"
+        )
+    check_runs(POSITION_REGISTRY, entry, settings)
+    return entry
+
+
+def _from_input(entry) -> bool:
+    # The call's term is Decay(key_state): encodings whose key state is a log forget gate.
+    return isinstance(entry.cls, type) and issubclass(entry.cls, ForgetGate)
+
+
+def new_forget(spec: EncodingSpec, settings: EncodingSettings, dtype, device) -> nn.Module:
+    forget = build_encoding(POSITION_REGISTRY, spec, settings, "add_urpe decay")
+    return forget.to(device=device, dtype=dtype)
+
+
+def forget_of(module: nn.Module) -> nn.Module | None:
+    return module._modules.get(FORGET)
+
+
+def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook (after `record_cache_layout`): log f of the call's tokens, (B, H, L),
+    and, with a cache, of every token before them (kept beside the cache)."""
+    forget = forget_of(module)
+    if forget is None:  # a wrapper replaced or removed it
+        module.__dict__[_NOW] = None
+        return
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    # float32 at least: a cumulative sum of ~1e-4 steps in bfloat16 would lose them.
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    log_forget = forget.key_state(hidden).to(dtype)  # (B, H, L)
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    layer = getattr(module, "layer_idx", None)
+    if cache is not None and layer is not None:
+        check_cache_layer(cache, layer)
+        layout = module.__dict__.get("_urpe_cache_layout")
+        query_start = 0 if layout is None else layout[0]
+        log_forget = ForgetHistory.of(cache).extend(layer, log_forget, query_start)
+    module.__dict__[_NOW] = log_forget
+
+
+def call_decay(module: nn.Module, query_length: int, key_length: int) -> Decay | Tensor | None:
+    """The decay term of this call: `Decay` over the call's keys where the queries are the last
+    keys (no cache, dynamic caches), else the dense (B, H, Lq, Lk) bias at the queries' slots
+    (a static buffer, whose queries sit inside it at a tensor offset)."""
+    log_forget = module.__dict__.get(_NOW)  # (B, H, positions)
+    if log_forget is None:
+        return None
+    layout = module.__dict__.get("_urpe_cache_layout")
+    if layout is None:  # keys are positions 0 .. Lk - 1, the queries the last Lq of them
+        return Decay(log_forget[..., :key_length])
+    query_start, key_start = layout
+    if isinstance(query_start, int) and isinstance(key_start, int):
+        window = log_forget[..., key_start : key_start + key_length]
+        if query_start + query_length == key_start + key_length:
+            return Decay(window)
+        return _dense(window, torch.arange(query_length) + (query_start - key_start))
+    window = log_forget[..., key_start : key_start + key_length]
+    slots = torch.arange(query_length, device=log_forget.device) + (query_start - key_start)
+    return _dense(window, slots)
+
+
+def _dense(log_forget: Tensor, query_slots: Tensor) -> Tensor:
+    """-|c_q - c_j| for queries at `query_slots` among the keys: (B, H, Lq, Lk)."""
+    c = log_forget.cumsum(-1)  # (B, H, Lk)
+    c_query = c.index_select(-1, query_slots.to(c.device))  # (B, H, Lq)
+    return -(c_query[..., :, None] - c[..., None, :]).abs()
+
+
+def with_decay(bias: Tensor | None, decay, lq: int, lk: int):
+    """The call's bias: the model's own (T5's position_bias) plus the decay."""
+    if decay is None:
+        return bias
+    if bias is None:
+        return decay
+    return bias + (decay.dense(lq, lk) if isinstance(decay, Decay) else decay).to(bias.dtype)

@@ -1,0 +1,192 @@
+"""FoX forget gates through urpe.hf (`add_urpe(decay="fox")`): the attention equals a transcription
+of the FoX paper's formula (Lin et al., ICLR 2025, Eq. 4-6: logits_ij + sum_{t=j+1..i} log f_t,
+f_t = sigmoid(w . x_t + b)), decoding with any cache equals the full forward, and the decay
+saves, loads and packs like the gates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache, StaticCache
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+import urpe.hf
+from tests.hf_families import VOCAB, families
+from tests.test_hf_packing import documents, packed_losses, padded_losses
+
+FAMILIES = families()
+DECODERS = ["llama", "qwen2"]
+
+
+def fox_model(name: str, gate="toeplitz", dtype=torch.float64, **options):
+    model = urpe.hf.add_urpe(FAMILIES[name].build("sdpa", dtype), gate=gate, decay="fox", **options)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():  # forget gates far from 1 (and gates from 1): decays that matter
+        for n, p in model.named_parameters():
+            if "urpe_forget" in n and n.endswith("bias"):
+                p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) * 3)
+            elif "urpe" in n:
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    return model.eval()
+
+
+def transcribed_decay(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """FoX's D_ij = sum_{t=j+1..i} log f_t for j <= i (0 above the diagonal, masked anyway),
+    term by term: x (B, L, dim) -> (B, H, L, L)."""
+    log_f = F.logsigmoid(x @ weight.T + bias)  # (B, L, H)
+    b, length, heads = log_f.shape
+    d = torch.zeros(b, heads, length, length, dtype=x.dtype)
+    for i in range(length):
+        for j in range(i + 1):
+            for t in range(j + 1, i + 1):
+                d[:, :, i, j] += log_f[:, t, :]
+    return d
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_fox_attention_equals_the_transcribed_formula(name):
+    """The plain model, whose eager attention gets the transcribed D added to its mask, gives the
+    same logits as the model with add_urpe(gate=None, decay="fox")."""
+    fox = fox_model(name, gate=None)
+    plain = FAMILIES[name].build("eager", torch.float64).eval()
+    inputs = {}
+
+    def keep_input(module, args, kwargs):
+        inputs[module.layer_idx] = kwargs["hidden_states"] if not args else args[0]
+
+    def transcription(module, query, key, value, attention_mask, **kwargs):
+        forget = fox.model.layers[module.layer_idx].self_attn.urpe_forget.proj
+        decay = transcribed_decay(inputs[module.layer_idx], forget.weight, forget.bias)
+        return eager_attention_forward(module, query, key, value, attention_mask + decay, **kwargs)
+
+    ids = torch.randint(2, VOCAB, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        without_decay = plain(ids).logits
+    AttentionInterface.register("fox_transcription", transcription)
+    AttentionMaskInterface.register("fox_transcription", eager_mask)
+    for layer in plain.model.layers:
+        layer.self_attn.register_forward_pre_hook(keep_input, with_kwargs=True)
+    plain.set_attn_implementation("fox_transcription")
+    with torch.no_grad():
+        want = plain(ids).logits
+        got = fox(ids).logits
+    torch.testing.assert_close(got, want)
+    assert (got - without_decay).abs().max() > 1e-2  # the decay matters at these gates
+
+
+def _step_logits(model, ids: torch.Tensor, cache, chunks=(5, 1, 2, 1, 1)) -> torch.Tensor:
+    """Logits of `ids` fed in chunks through `cache` (prefill, then one or a few at a time)."""
+    out, start = [], 0
+    for n in chunks:
+        piece = ids[:, start : start + n]
+        positions = torch.arange(start, start + n)
+        out.append(
+            model(piece, past_key_values=cache, use_cache=True, cache_position=positions).logits
+        )
+        start += n
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", DECODERS)
+def test_cached_decoding_equals_the_full_forward(name, cache):
+    model = fox_model(name)
+    ids = torch.randint(2, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids).logits
+        store = (
+            DynamicCache(config=model.config)
+            if cache == "dynamic"
+            else StaticCache(config=model.config, max_cache_len=16)
+        )
+        stepped = _step_logits(model, ids, store)
+    torch.testing.assert_close(stepped, full)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_generate_with_a_cache_equals_generate_without(name):
+    """Greedy, static-cache and beam-search generation (beam search reorders the cache, and the
+    kept forget gates with it) give what recomputing every step without a cache gives."""
+    model = fox_model(name)
+    ids = torch.randint(2, VOCAB, (2, 6), generator=torch.Generator().manual_seed(2))
+    common = dict(
+        attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False, pad_token_id=0
+    )
+    for extra in ({}, {"cache_implementation": "static"}, {"num_beams": 3}):
+        cached = model.generate(ids, **common, **extra)
+        uncached = model.generate(ids, **common, **extra, use_cache=False)
+        assert torch.equal(cached, uncached), extra
+
+
+def test_left_padding_leaves_each_prompt_as_it_is_alone():
+    model = fox_model("llama")
+    prompts = [torch.tensor([5, 9, 14, 3, 22]), torch.tensor([7, 30, 2])]
+    alone = [
+        model.generate(p[None], max_new_tokens=5, do_sample=False, pad_token_id=0)[0, len(p) :]
+        for p in prompts
+    ]
+    ids = torch.stack([F.pad(p, (5 - len(p), 0)) for p in prompts])
+    mask = torch.stack([torch.arange(5) >= 5 - len(p) for p in prompts]).long()
+    batch = model.generate(
+        ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0
+    )
+    for row, want in zip(batch[:, 5:], alone, strict=True):
+        assert torch.equal(row, want)
+
+
+def test_a_cache_filled_without_the_decay_is_refused():
+    model = fox_model("llama")
+    cache = DynamicCache(config=model.config)
+    ids = torch.randint(2, VOCAB, (1, 4))
+    plain = FAMILIES["llama"].build("sdpa", torch.float64)
+    with torch.no_grad():
+        plain(ids, past_key_values=cache, use_cache=True)
+        with pytest.raises(ValueError, match="forget gates urpe never saw"):
+            model(ids, past_key_values=cache, use_cache=True)
+
+
+def test_saved_decays_load_back_with_the_same_outputs(tmp_path):
+    model = fox_model("llama")
+    model.save_pretrained(tmp_path)
+    loaded = urpe.hf.from_pretrained(tmp_path, type(model), dtype=torch.float64).eval()
+    assert loaded.config.urpe["decay"] == {"name": "fox", "init_bias": 10.0}
+    ids = torch.randint(2, VOCAB, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_packed_documents_match_padded_losses_with_a_decay(name):
+    model = fox_model(name).train()
+    docs = documents()
+    torch.testing.assert_close(packed_losses(model, docs), padded_losses(model, docs))
+
+
+def test_gradients_reach_the_forget_gates_and_the_init_is_near_the_base_model():
+    model = urpe.hf.add_urpe(FAMILIES["llama"].build("sdpa", torch.float64), decay="fox")
+    base = FAMILIES["llama"].build("sdpa", torch.float64)
+    ids = torch.randint(2, VOCAB, (2, 12))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "urpe_forget" in n]
+    assert len(grads) == 4 and all(g is not None and g.abs().sum() > 0 for g in grads)
+    # f = sigmoid(10) at init: within 1e-3 of the model without the decay, yet not equal
+    with torch.no_grad():
+        diff = (model(ids).logits - base(ids).logits).abs().max()
+    assert 0 < diff < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(gate=None), "add nothing"),
+        (dict(decay="alibi"), "computed from the layer's input"),
+        (dict(decay={"name": "fox", "slope": 1}), "has no option 'slope'"),
+    ],
+)
+def test_bad_decay_options_are_refused_in_one_line(options, message):
+    model = FAMILIES["llama"].build("sdpa", torch.float64)
+    with pytest.raises(ValueError, match=message):
+        urpe.hf.add_urpe(model, **options)
