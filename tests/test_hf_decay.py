@@ -190,3 +190,47 @@ def test_bad_decay_options_are_refused_in_one_line(options, message):
     model = FAMILIES["llama"].build("sdpa", torch.float64)
     with pytest.raises(ValueError, match=message):
         urpe.hf.add_urpe(model, **options)
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if n not in DECODERS])
+def test_every_supported_family_takes_a_decay(name):
+    """GPT-2, Mistral, BART and T5 (T5's own bias joins the decay) generate the same with and
+    without a cache; the encoders (BERT, RoBERTa: the decay mirrored for keys after the query)
+    run; every family runs in bfloat16 too."""
+    family = FAMILIES[name]
+    model = fox_model(name)
+    ids = torch.randint(2, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        if family.causal or family.seq2seq:
+            prompt = ids if family.seq2seq else ids[:, :4]
+            common = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+            cached = model.generate(prompt, **common)
+            assert torch.equal(cached, model.generate(prompt, **common, use_cache=False))
+        else:
+            hidden = model(ids).last_hidden_state
+            assert hidden.isfinite().all()
+            ungated = family.build("sdpa", torch.float64).eval()
+            assert not torch.allclose(hidden, ungated(ids).last_hidden_state, atol=1e-3)
+        low = urpe.hf.add_urpe(family.build("sdpa", torch.bfloat16), decay="fox")
+        inputs = dict(decoder_input_ids=ids) if family.seq2seq else {}
+        out = low(input_ids=ids, **inputs)
+        first = out.logits if hasattr(out, "logits") else out.last_hidden_state
+        assert first.dtype == torch.bfloat16 and first.isfinite().all()
+
+
+@pytest.mark.slow
+def test_compiled_static_cache_generation_equals_eager():
+    """transformers' fast path: a static cache and a compiled forward (the forget-gate buffer is
+    written in place beside the cache's own)."""
+    model = fox_model("llama", dtype=torch.float32)
+    ids = torch.randint(2, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    common = dict(
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation="static",
+    )
+    eager = model.generate(ids, **common)
+    model.forward = torch.compile(model.forward)
+    assert torch.equal(model.generate(ids, **common), eager)
