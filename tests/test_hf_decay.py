@@ -195,8 +195,9 @@ def test_bad_decay_options_are_refused_in_one_line(options, message):
 @pytest.mark.parametrize("name", [n for n in FAMILIES if n not in DECODERS])
 def test_every_supported_family_takes_a_decay(name):
     """GPT-2, Mistral, BART and T5 (T5's own bias joins the decay) generate the same with and
-    without a cache; the encoders (BERT, RoBERTa: the decay mirrored for keys after the query)
-    run; every family runs in bfloat16 too."""
+    without a cache (dynamic, static: an encoder-decoder keeps its self-attention keys in an
+    inner cache, beam search); the encoders (BERT, RoBERTa: the decay mirrored for keys after
+    the query) run; every family runs in bfloat16 too."""
     family = FAMILIES[name]
     model = fox_model(name)
     ids = torch.randint(2, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6))
@@ -204,8 +205,10 @@ def test_every_supported_family_takes_a_decay(name):
         if family.causal or family.seq2seq:
             prompt = ids if family.seq2seq else ids[:, :4]
             common = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
-            cached = model.generate(prompt, **common)
-            assert torch.equal(cached, model.generate(prompt, **common, use_cache=False))
+            for extra in ({}, {"cache_implementation": "static"}, {"num_beams": 2}):
+                cached = model.generate(prompt, **common, **extra)
+                uncached = model.generate(prompt, **common, **extra, use_cache=False)
+                assert torch.equal(cached, uncached), extra
         else:
             hidden = model(ids).last_hidden_state
             assert hidden.isfinite().all()
@@ -234,3 +237,26 @@ def test_compiled_static_cache_generation_equals_eager():
     eager = model.generate(ids, **common)
     model.forward = torch.compile(model.forward)
     assert torch.equal(model.generate(ids, **common), eager)
+
+
+def test_sliding_window_caches_past_the_window_equal_recomputing():
+    """Mistral with a 4-token window: a dynamic and a static sliding-window cache (not yet full,
+    filling, then rolling its slots), prompts of 2 and 7 tokens, give what recomputing every
+    step gives."""
+    family = FAMILIES["mistral"]
+    config = family.config.__class__(**{**family.config.to_dict(), "sliding_window": 4})
+    family = type(family)(**{**family.__dict__, "config": config})
+    model = urpe.hf.add_urpe(family.build("sdpa", torch.float64), decay="fox")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "urpe_forget" in n and n.endswith("bias"):
+                p.copy_(torch.rand(p.shape, generator=torch.Generator().manual_seed(9)) * 3)
+    ids = torch.randint(2, VOCAB, (2, 7), generator=torch.Generator().manual_seed(9))
+    common = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        for length in (7, 2):
+            for extra in ({}, {"cache_implementation": "static"}):
+                prompt = ids[:, :length]
+                cached = model.eval().generate(prompt, **common, **extra)
+                uncached = model.generate(prompt, **common, **extra, use_cache=False)
+                assert torch.equal(cached, uncached), (length, extra)

@@ -100,14 +100,20 @@ def call_decay(module: nn.Module, query_length: int, key_length: int) -> Decay |
     if layout is None:  # keys are positions 0 .. Lk - 1, the queries the last Lq of them
         return Decay(log_forget[..., :key_length])
     query_start, key_start = layout
+    window = _keys(log_forget, key_start, key_length)  # (B, H, Lk)
     if isinstance(query_start, int) and isinstance(key_start, int):
-        window = log_forget[..., key_start : key_start + key_length]
         if query_start + query_length == key_start + key_length:
             return Decay(window)
-        return _dense(window, torch.arange(query_length) + (query_start - key_start))
-    window = log_forget[..., key_start : key_start + key_length]
     slots = torch.arange(query_length, device=log_forget.device) + (query_start - key_start)
     return _dense(window, slots)
+
+
+def _keys(log_forget: Tensor, start, length: int) -> Tensor:
+    """log f at key positions start .. start + length - 1; positions no token has reached yet
+    (a static window not yet full) read 0: they are masked, and never between two tokens."""
+    window = log_forget[..., start : start + length]
+    missing = length - window.shape[-1]
+    return window if missing <= 0 else torch.nn.functional.pad(window, (0, missing))
 
 
 def _dense(log_forget: Tensor, query_slots: Tensor) -> Tensor:

@@ -8,8 +8,9 @@ empties it. The cache's own methods for these are wrapped on that one object (it
 untouched).
 
 Two layouts, as the cache's layers store keys:
-- growing layers (DynamicCache, sliding windows included): log f of every token seen, (B, H, T),
-  indexed by absolute position; a call's keys are positions key_start .. key_start + Lk - 1.
+- growing layers (DynamicCache, sliding windows included, and StaticCache's sliding windows):
+  log f of every token seen, (B, H, T), indexed by absolute position; a call's keys are positions
+  key_start .. key_start + Lk - 1 (slots past the last token: unwritten, masked).
 - static layers (StaticCache): a (B, H, max_cache_len) buffer written in place at the positions
   the new tokens take (unwritten slots hold 0: they are masked and never summed over).
 """
@@ -46,7 +47,7 @@ class ForgetHistory:
         """Record log f (B, H, L) of the call's new tokens, before the cache stores their keys;
         returns log f by cache position: every token so far (growing) or the whole buffer."""
         kind = _layer_of(self.cache, layer)
-        if kind is not None and isinstance(kind, StaticLayer):
+        if _in_place(kind):
             return self._write_static(layer, kind.max_cache_len, log_forget, query_start)
         seen = int(self.cache.get_seq_length(layer))
         past = self.layers.get(layer)
@@ -93,7 +94,7 @@ class ForgetHistory:
 
     def _crop(self, tokens_to_remove: int) -> None:
         for layer, t in list(self.layers.items()):
-            if not isinstance(_layer_of(self.cache, layer), StaticLayer):
+            if not _in_place(_layer_of(self.cache, layer)):
                 self.layers[layer] = t[..., : int(self.cache.get_seq_length(layer))]
 
     def _reset(self) -> None:
@@ -101,7 +102,7 @@ class ForgetHistory:
 
     def _apply(self, change) -> None:
         for layer, t in list(self.layers.items()):
-            if isinstance(_layer_of(self.cache, layer), StaticLayer):
+            if _in_place(_layer_of(self.cache, layer)):
                 t.copy_(change(t))  # in place: a static buffer keeps its address
             else:
                 self.layers[layer] = change(t)
@@ -110,16 +111,23 @@ class ForgetHistory:
 def check_cache_layer(cache, layer: int) -> None:
     """NotImplementedError for cache layers whose token slots urpe cannot follow."""
     kind = _layer_of(cache, layer)
-    if isinstance(kind, StaticSlidingWindowLayer) or not isinstance(
-        kind, (DynamicLayer, StaticLayer, type(None))
-    ):
+    if not isinstance(kind, (DynamicLayer, StaticLayer, type(None))):
         raise NotImplementedError(
             f"a FoX decay (add_urpe(decay=...)) cannot follow a {type(kind).__name__} cache "
-            "layer (it rolls or compresses its slots): use a DynamicCache or a StaticCache"
+            "layer: use a DynamicCache or a StaticCache"
         )
 
 
+def _in_place(kind) -> bool:
+    """A static layer whose slots are absolute positions, written in place. A static sliding
+    window rolls its slots, but counts its tokens in a Python int and hands the attention the
+    keys from position key_start on: its gates are kept as a growing layer's."""
+    return isinstance(kind, StaticLayer) and not isinstance(kind, StaticSlidingWindowLayer)
+
+
 def _layer_of(cache, layer: int):
+    # An encoder-decoder's cache: self-attention keys live in its self_attention_cache.
+    cache = getattr(cache, "self_attention_cache", cache)
     layers = getattr(cache, "layers", None)
     if layers is None or layer >= len(layers):
         return None
