@@ -213,14 +213,17 @@ def checked_log_forget(log_forget: Tensor) -> None:
     if not may_read(log_forget) or log_forget.numel() == 0:
         return
     with torch.no_grad():
-        bad = ~(log_forget <= 0)  # NaN compares False: caught here too
-        if bool(bad.any()):
+        # One pass over the values (a decoding step checks every cached key's log f per layer);
+        # NaN propagates into both ends, and fails "<= 0" below.
+        low, high = (x.item() for x in torch.aminmax(log_forget))
+        if not high <= 0:
+            bad = ~(log_forget <= 0)
             value = log_forget[bad].flatten()[0].item()
             raise ValueError(
                 f"Decay log_forget must be <= 0 and finite (log of a forget gate in (0, 1], "
                 f"e.g. F.logsigmoid(x)), got {value}"
             )
-        if not bool(torch.isfinite(log_forget).all()):
+        if low == float("-inf"):
             raise ValueError(
                 "Decay log_forget must be finite (-inf would forget everything before it): "
                 "clamp it, e.g. log_forget.clamp_min(-1e4)"
