@@ -9,9 +9,9 @@ k and v for NaN/inf and runs the kernel in the same call. On a non-finite input 
 and the caller takes the full path, which applies the non-finite rule (`urpe.kernels.nonfinite`).
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
-front, no overflow check), Toeplitz or dense terms or none (and relations, which only compiled
-calls bring: a static KV cache's positions), any mask, no dropout, one batch dim. Anything else
-(gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
+front, no overflow check), Toeplitz, dense or Decay terms or none (and relations, which only
+compiled calls bring: a static KV cache's positions), any mask, no dropout, one batch dim.
+Anything else (gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def _code(term) -> int:
         return KIND_CODES["none"]
     if type(term) is Relation:
         return KIND_CODES["relation"]
+    if type(term) is Decay:
+        return KIND_CODES["decay"]
     return KIND_CODES["toeplitz" if type(term) is Toeplitz else "dense"]
 
 
@@ -117,6 +119,8 @@ def _term_reader(term, spec: AttentionSpec) -> Callable | None:
         if term.table.dtype != dtype:
             return None
         return _relation
+    if type(term) is Decay:
+        return _decay if term.log_forget.dtype == dtype else None
     if type(term) in (Tensor, torch.nn.Parameter) and term.dtype == dtype:
         return _same
     return None
@@ -128,6 +132,11 @@ def _nothing(term) -> tuple[None, None]:
 
 def _same(term: Tensor) -> tuple[Tensor, None]:
     return term, None
+
+
+def _decay(term: Decay) -> tuple[Tensor, None]:
+    # The kernel reads c = cumsum(log_forget) (values checked when the call was resolved).
+    return term.log_forget.cumsum(-1).contiguous(), None
 
 
 def _relation(term: Relation) -> tuple[Tensor, Tensor]:
