@@ -27,24 +27,26 @@ def direct_calls(monkeypatch):
     from urpe.kernels.cpp import direct
 
     plans.forget()
+    direct.OPAQUE_CALLS.clear()
     count = [0]
-    made = direct.direct_call
+    made = direct.raw_direct_call
 
     def counting(spec):
         run = made(spec)
         if run is None:
             return None
 
-        def counted(call):
-            out = run(call)
+        def counted(*tensors):
+            out = run(*tensors)
             count[0] += out is not None
             return out
 
         return counted
 
-    monkeypatch.setattr(direct, "direct_call", counting)
+    monkeypatch.setattr(direct, "raw_direct_call", counting)
     yield count
     plans.forget()
+    direct.OPAQUE_CALLS.clear()
 
 
 CASES = {
@@ -206,6 +208,31 @@ def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
     torch.testing.assert_close(out, want)
     assert "urpe.cpp_guarded_forward.default" in ops()
     assert direct_calls[0] == 1
+
+
+def test_under_compile_the_opaque_op_builds_its_one_call_path_once_per_signature(
+    direct_calls, monkeypatch
+):
+    """Decoding steps call the opaque op with the same kind of arguments in every layer and
+    step: its body looks the one-call path up by signature instead of rebuilding the spec and
+    the closure on each call (a new signature builds its own)."""
+    from urpe.kernels.cpp import direct
+
+    builds = []
+    made = direct.raw_direct_call
+    monkeypatch.setattr(direct, "raw_direct_call", lambda spec: builds.append(1) or made(spec))
+    table = torch.rand(4, 9, **F64) + 0.5
+    compiled, _ = _compiled_calls(lambda q, k, v, t: attention(q, k, v, gate=Toeplitz(t)))
+    with torch.no_grad():
+        for seed in range(3):
+            q, k, v = _qkv(lq=1, seed=seed)
+            want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+            torch.testing.assert_close(compiled(q, k, v, table), want)
+        assert (len(builds), direct_calls[0]) == (1, 3)
+        q, k, v = _qkv(lq=1, lk=7)
+        want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+        torch.testing.assert_close(compiled(q, k, v, table), want)
+    assert (len(builds), direct_calls[0]) == (2, 4)
 
 
 def _term_cases(lq: int, lk: int) -> dict:

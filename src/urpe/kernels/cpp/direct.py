@@ -21,10 +21,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..layout import FORWARD_SCHEMA, ForwardArgs
+from ..layout import FORWARD_SCHEMA, N_TENSORS, ForwardArgs
 from ..nonfinite import guarded
 from ..spec import AttentionSpec
 from ..tables import Decay, Relation, Toeplitz
+from ..watched import LISTENERS
 from .ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
 from .run import cpp_run
 
@@ -32,10 +33,35 @@ DIRECT_NORMALIZATIONS = ("softmax", "l2")  # no fixed statistic, no overflow che
 DIRECT_DTYPES = (torch.float32, torch.float64)  # computed as they are: nothing to convert
 
 Direct = Callable[[AttentionSpec], Tensor | None]
+# (q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask) -> out, or None
+# (non-finite inputs): the call's tensors as the raw ops take them (`ForwardArgs`' first nine)
+RawDirect = Callable[..., Tensor | None]
 
 
 def direct_call(spec: AttentionSpec) -> Direct | None:
     """The one-call forward for calls of `spec`'s signature, or None where it does not apply."""
+    raw = raw_direct_call(spec)
+    if raw is None:
+        return None
+    bias_parts, gate_parts = _parts(spec.bias), _parts(spec.gate)
+
+    def run(call: AttentionSpec) -> Tensor | None:
+        return raw(
+            call.q,
+            call.k,
+            call.v,
+            *bias_parts(call.bias),
+            *gate_parts(call.gate),
+            call.attn_mask,
+            call.key_padding_mask,
+        )
+
+    return run
+
+
+def raw_direct_call(spec: AttentionSpec) -> RawDirect | None:
+    """`direct_call` for the call's tensors as the raw ops take them (a term as its tensor and
+    index), or None where it does not apply."""
     if (
         spec.normalization not in DIRECT_NORMALIZATIONS  # (the built-in: cpp's table took it)
         or spec.dropout_p > 0.0
@@ -70,17 +96,15 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
         return None
     op = op.default
 
-    def run(call: AttentionSpec) -> Tensor | None:
-        mask = call.attn_mask
-        kpm = call.key_padding_mask
+    def run(q, k, v, bias, bias_index, gate, gate_index, mask, kpm) -> Tensor | None:
         out, _, finite = op(
-            _contiguous(call.q),
-            _contiguous(call.k),
-            _contiguous(call.v),
+            _contiguous(q),
+            _contiguous(k),
+            _contiguous(v),
             bias_code,
-            *read_bias(call.bias),
+            *read_bias(bias, bias_index),
             gate_code,
-            *read_gate(call.gate),
+            *read_gate(gate, gate_index),
             mask if float_mask else None,
             None if float_mask else mask,
             None if kpm is None else _contiguous(kpm),
@@ -101,10 +125,37 @@ def _code(term) -> int:
     return KIND_CODES["toeplitz" if type(term) is Toeplitz else "dense"]
 
 
+def _parts(term) -> Callable:
+    """term -> (tensor, index), the raw ops' form, for terms of this one's type."""
+    if term is None:
+        return _no_parts
+    if type(term) is Toeplitz:
+        return _table_parts
+    if type(term) is Relation:
+        return _relation_parts
+    return _tensor_parts
+
+
+def _no_parts(term) -> tuple[None, None]:
+    return None, None
+
+
+def _table_parts(term: Toeplitz) -> tuple[Tensor, None]:
+    return term.table, None
+
+
+def _relation_parts(term: Relation) -> tuple[Tensor, Tensor]:
+    return term.table, term.index
+
+
+def _tensor_parts(term: Tensor) -> tuple[Tensor, None]:
+    return term, None
+
+
 def _term_reader(term, spec: AttentionSpec) -> Callable | None:
-    """term -> (tensor, index) as the op takes it, for terms of this call's kind; None: not
-    covered. A Relation's index was range-checked when the call was resolved (only the opaque
-    op of compiled calls meets one: remembered plans never hold a Relation)."""
+    """(tensor, index) -> (tensor, index) as the op takes them, for terms of this call's kind;
+    None: not covered. A Relation's index was range-checked when the call was resolved (only
+    the opaque op of compiled calls meets one: remembered plans never hold a Relation)."""
     if term is None:
         return _nothing
     dtype = spec.q.dtype
@@ -112,27 +163,27 @@ def _term_reader(term, spec: AttentionSpec) -> Callable | None:
         if term.table.dtype != dtype:
             return None
         columns = padded_columns(term.table.shape[1], spec.lq, spec.lk, term.table.device)
-        return lambda t: (t.table.index_select(1, columns), None)
+        return lambda table, _: (table.index_select(1, columns), None)
     if type(term) is Relation:
         if term.table.dtype != dtype:
             return None
         return _relation
     if type(term) in (Tensor, torch.nn.Parameter) and term.dtype == dtype:
-        return _same
+        return _nothing_to_read
     return None
 
 
-def _nothing(term) -> tuple[None, None]:
+def _nothing(tensor: None, index: None) -> tuple[None, None]:
     return None, None
 
 
-def _same(term: Tensor) -> tuple[Tensor, None]:
-    return term, None
+def _nothing_to_read(tensor: Tensor, index: None) -> tuple[Tensor, None]:
+    return tensor, None
 
 
-def _relation(term: Relation) -> tuple[Tensor, Tensor]:
-    index = term.index if term.index.dtype == torch.int64 else term.index.to(torch.int64)
-    return _contiguous(term.table), _contiguous(index)
+def _relation(table: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    index = index if index.dtype == torch.int64 else index.to(torch.int64)
+    return _contiguous(table), _contiguous(index)
 
 
 def _contiguous(t: Tensor) -> Tensor:
@@ -146,12 +197,31 @@ def _contiguous(t: Tensor) -> Tensor:
 # where the CPU's values may be read: the one-call path, or (non-finite inputs) the rule
 # applied directly (issue 28: a static cache under torch.compile).
 def _guarded_forward(*flat) -> Tensor:
-    spec = _spec_of(ForwardArgs(*flat))
-    run = direct_call(spec)
-    out = run(spec) if run is not None else None
+    key = _signature(flat)
+    run = OPAQUE_CALLS.get(key, _UNKNOWN)
+    if run is _UNKNOWN:  # once per signature: a decoding step repeats the same few
+        if len(OPAQUE_CALLS) >= CAPACITY:
+            OPAQUE_CALLS.clear()
+        run = OPAQUE_CALLS[key] = raw_direct_call(_spec_of(ForwardArgs(*flat)))
+    out = None if run is None else run(*flat[:9])
     if out is None:
-        out, _ = guarded(cpp_run, spec)
+        out, _ = guarded(cpp_run, _spec_of(ForwardArgs(*flat)))
     return out
+
+
+# signature -> the raw one-call forward, or None where it does not apply; like remembered plans
+# (`urpe.kernels.plans`) it depends on no tensor value, and a registry change clears it
+OPAQUE_CALLS: dict[tuple, RawDirect | None] = {}
+CAPACITY = 64
+_UNKNOWN = object()
+LISTENERS.append(OPAQUE_CALLS.clear)
+
+
+def _signature(flat: tuple) -> tuple:
+    """What `raw_direct_call` decides from: each tensor's dtype and shape (q's device: a
+    Toeplitz term's columns live there), then the scalar arguments."""
+    tensors = [None if t is None else (t.dtype, t.shape) for t in flat[:N_TENSORS]]
+    return (flat[0].device, *tensors, *flat[N_TENSORS:])
 
 
 def _spec_of(args: ForwardArgs) -> AttentionSpec:
@@ -183,13 +253,17 @@ def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
     return tensor
 
 
-GUARDED_FORWARD = torch.library.custom_op(
-    "urpe::cpp_guarded_forward",
-    _guarded_forward,
-    mutates_args=(),
-    schema=FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"),
+# Registered as a plain CPU kernel (not `torch.library.custom_op`, whose autograd, redispatch
+# and dynamo-disabling layers cost about 10 us per call in Python, more than the kernel's own
+# Python): the op is only ever called where nothing records a gradient (`guarded_forward`), and
+# it runs inside compiled graphs, where dynamo is off already.
+_LIBRARY = torch.library.Library("urpe", "FRAGMENT")
+_LIBRARY.define("cpp_guarded_forward" + FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"))
+_LIBRARY.impl("cpp_guarded_forward", _guarded_forward, "CPU")
+torch.library.register_fake(
+    "urpe::cpp_guarded_forward", lambda *flat: _output_fake(ForwardArgs(*flat)), lib=_LIBRARY
 )
-GUARDED_FORWARD.register_fake(lambda *flat: _output_fake(ForwardArgs(*flat)))
+GUARDED_FORWARD = torch.ops.urpe.cpp_guarded_forward.default
 
 
 def _output_fake(args: ForwardArgs) -> Tensor:
