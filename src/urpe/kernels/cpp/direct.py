@@ -59,9 +59,12 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
     return run
 
 
-def raw_direct_call(spec: AttentionSpec) -> RawDirect | None:
+def raw_direct_call(
+    spec: AttentionSpec, rows_given: tuple[bool, bool] = (False, False)
+) -> RawDirect | None:
     """`direct_call` for the call's tensors as the raw ops take them (a term as its tensor and
-    index), or None where it does not apply."""
+    index), or None where it does not apply. rows_given: (bias, gate) is a Toeplitz term whose
+    table comes already read out at every offset of the call (`ROWS`)."""
     if (
         spec.normalization not in DIRECT_NORMALIZATIONS  # (the built-in: cpp's table took it)
         or spec.dropout_p > 0.0
@@ -73,7 +76,9 @@ def raw_direct_call(spec: AttentionSpec) -> RawDirect | None:
         or spec.v.dtype != spec.q.dtype
     ):
         return None
-    terms = [_term_reader(t, spec) for t in (spec.bias, spec.gate)]
+    terms = [
+        _term_reader(t, spec, r) for t, r in zip((spec.bias, spec.gate), rows_given, strict=True)
+    ]
     if None in terms:
         return None
     read_bias, read_gate = terms
@@ -152,7 +157,7 @@ def _tensor_parts(term: Tensor) -> tuple[Tensor, None]:
     return term, None
 
 
-def _term_reader(term, spec: AttentionSpec) -> Callable | None:
+def _term_reader(term, spec: AttentionSpec, rows_given: bool) -> Callable | None:
     """(tensor, index) -> (tensor, index) as the op takes them, for terms of this call's kind;
     None: not covered. A Relation's index was range-checked when the call was resolved (only
     the opaque op of compiled calls meets one: remembered plans never hold a Relation)."""
@@ -162,6 +167,8 @@ def _term_reader(term, spec: AttentionSpec) -> Callable | None:
     if type(term) is Toeplitz:
         if term.table.dtype != dtype:
             return None
+        if rows_given:
+            return _nothing_to_read
         columns = padded_columns(term.table.shape[1], spec.lq, spec.lk, term.table.device)
         return lambda table, _: (table.index_select(1, columns), None)
     if type(term) is Relation:
@@ -202,7 +209,9 @@ def _guarded_forward(*flat) -> Tensor:
     if run is _UNKNOWN:  # once per signature: a decoding step repeats the same few
         if len(OPAQUE_CALLS) >= CAPACITY:
             OPAQUE_CALLS.clear()
-        run = OPAQUE_CALLS[key] = raw_direct_call(_spec_of(ForwardArgs(*flat)))
+        args = ForwardArgs(*flat)
+        rows = (args.bias_kind == ROWS, args.gate_kind == ROWS)
+        run = OPAQUE_CALLS[key] = raw_direct_call(_spec_of(args), rows)
     out = None if run is None else run(*flat[:9])
     if out is None:
         out, _ = guarded(cpp_run, _spec_of(ForwardArgs(*flat)))
@@ -225,12 +234,13 @@ def _signature(flat: tuple) -> tuple:
 
 
 def _spec_of(args: ForwardArgs) -> AttentionSpec:
+    lengths = args.q.shape[2], args.k.shape[2]
     return AttentionSpec(
         args.q,
         args.k,
         args.v,
-        _as_term(args.bias, args.bias_index, args.bias_kind),
-        _as_term(args.gate, args.gate_index, args.gate_kind),
+        _as_term(args.bias, args.bias_index, args.bias_kind, *lengths),
+        _as_term(args.gate, args.gate_index, args.gate_kind, *lengths),
         args.attn_mask,
         args.key_padding_mask,
         args.is_causal,
@@ -243,7 +253,9 @@ def _spec_of(args: ForwardArgs) -> AttentionSpec:
     )
 
 
-def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
+def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str, lq: int, lk: int):
+    if kind == ROWS:
+        return Toeplitz(_table_of_rows(tensor, lq, lk))
     if kind == "toeplitz":
         return Toeplitz(tensor)
     if kind == "relation":
@@ -276,7 +288,35 @@ def guarded_forward(spec: AttentionSpec) -> Tensor | None:
     that does not fit: gradients wanted, a vmap, an overflow check to follow (exp)."""
     if spec.norm.overflows or torch._C._are_functorch_transforms_active() or _records_grad(spec):
         return None
-    return GUARDED_FORWARD(*ForwardArgs.from_spec(spec))
+    args = ForwardArgs.from_spec(spec)
+    if not spec.is_empty:
+        args = args._replace(**_as_rows(spec, "bias"), **_as_rows(spec, "gate"))
+    return GUARDED_FORWARD(*args)
+
+
+# The opaque op's own term kind: a Toeplitz table already read out at every offset of the call,
+# as the C++ loops read it (`ops.toeplitz_rows`). Made by tensor ops in the caller's graph, where
+# the compiler fuses them with what built the table (a static cache's shifted table: one gather),
+# instead of by an index_select in the op's Python body on every call.
+ROWS = "toeplitz rows"
+
+
+def _as_rows(spec: AttentionSpec, name: str) -> dict:
+    term = getattr(spec, name)
+    if type(term) is not Toeplitz or term.table.dtype != spec.q.dtype:
+        return {}
+    table = term.table
+    columns = padded_columns.__wrapped__(table.shape[1], spec.lq, spec.lk, table.device)
+    return {name: table.index_select(1, columns), f"{name}_kind": ROWS}
+
+
+def _table_of_rows(rows: Tensor, lq: int, lk: int) -> Tensor:
+    """Back from rows (H|1, Lq + Lk - 1 + LANES) to a Toeplitz table that gives the same term at
+    (Lq, Lk): width 2M+1, M = max(Lq, Lk) - 1, so no offset of the call is clipped; row entry e
+    holds offset e - (Lk - 1). For the general path (non-finite inputs) only."""
+    m = max(lq, lk) - 1
+    entries = torch.arange(-m, m + 1, device=rows.device) + (lk - 1)
+    return rows.index_select(1, entries.clamp(0, lq + lk - 2))
 
 
 def _records_grad(spec: AttentionSpec) -> bool:
