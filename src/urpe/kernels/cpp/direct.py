@@ -10,8 +10,12 @@ and the caller takes the full path, which applies the non-finite rule (`urpe.ker
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
 front, no overflow check), Toeplitz or dense terms or none (and relations, which only compiled
-calls bring: a static KV cache's positions), any mask, no dropout, one batch dim. Anything else
+calls bring: remembered plans never hold one), any mask, no dropout, one batch dim. Anything else
 (gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
+
+Under torch.compile the same path runs inside one opaque op (`guarded_forward`, below), looked
+up by the call's signature rather than rebuilt per call, with Toeplitz tables read out at the
+call's offsets by the graph itself (`ROWS`).
 """
 
 from __future__ import annotations
@@ -265,10 +269,10 @@ def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str, lq: int, lk
     return tensor
 
 
-# Registered as a plain CPU kernel (not `torch.library.custom_op`, whose autograd, redispatch
-# and dynamo-disabling layers cost about 10 us per call in Python, more than the kernel's own
-# Python): the op is only ever called where nothing records a gradient (`guarded_forward`), and
-# it runs inside compiled graphs, where dynamo is off already.
+# Registered as a plain CPU kernel, not with `torch.library.custom_op`, whose autograd,
+# redispatch and dynamo-disabling layers cost about 10 us per call in Python (measured on a
+# decoding step: as much as the rest of the body): the op is only ever called where nothing
+# records a gradient (`guarded_forward`), from compiled graphs, where dynamo is off already.
 _LIBRARY = torch.library.Library("urpe", "FRAGMENT")
 _LIBRARY.define("cpp_guarded_forward" + FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"))
 _LIBRARY.impl("cpp_guarded_forward", _guarded_forward, "CPU")
