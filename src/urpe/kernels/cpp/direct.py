@@ -106,10 +106,11 @@ def raw_direct_call(
     op = op.default
 
     def run(q, k, v, bias, bias_index, gate, gate_index, mask, kpm) -> Tensor | None:
+        # (contiguity checked inline: a decoding step makes this call once per layer)
         out, _, finite = op(
-            _contiguous(q),
-            _contiguous(k),
-            _contiguous(v),
+            q if q.is_contiguous() else q.contiguous(),
+            k if k.is_contiguous() else k.contiguous(),
+            v if v.is_contiguous() else v.contiguous(),
             bias_code,
             *read_bias(bias, bias_index),
             gate_code,
