@@ -232,10 +232,26 @@ LISTENERS.append(OPAQUE_CALLS.clear)
 
 
 def _signature(flat: tuple) -> tuple:
-    """What `raw_direct_call` decides from: each tensor's dtype and shape (q's device: a
-    Toeplitz term's columns live there), then the scalar arguments."""
-    tensors = [None if t is None else (t.dtype, t.shape) for t in flat[:N_TENSORS]]
-    return (flat[0].device, *tensors, *flat[N_TENSORS:])
+    """What `raw_direct_call` decides from, spelled out (a decoding step asks once per layer):
+    q, k, v's dtypes and shapes, the terms' and the mask's (a Toeplitz table's width gives its
+    columns), whether a padding mask or documents come, the device, then the scalar arguments.
+    A Relation's index is read per call (its dtype), the dropout seed only by the general path."""
+    q, k, v, bias, _, gate, _, mask, padding, documents = flat[:10]
+    return (
+        q.dtype,
+        q.shape,
+        k.dtype,
+        k.shape,
+        v.dtype,
+        v.shape,
+        q.device,
+        None if bias is None else (bias.dtype, bias.shape),
+        None if gate is None else (gate.dtype, gate.shape),
+        None if mask is None else mask.dtype,
+        padding is None,
+        documents is None,
+        *flat[N_TENSORS:],
+    )
 
 
 def _spec_of(args: ForwardArgs) -> AttentionSpec:
