@@ -59,6 +59,8 @@ CASES = {
     "padding": dict(gate="toeplitz", key_padding_mask=True),
     "bool mask": dict(gate="toeplitz", attn_mask="bool"),
     "float mask": dict(attn_mask="float"),
+    "decay": dict(bias="decay", gate="toeplitz"),
+    "decay, padding": dict(bias="decay", key_padding_mask=True),
 }
 
 
@@ -72,6 +74,8 @@ def _arguments(case: dict, q, k, seed: int) -> dict:
             out[name] = Toeplitz(torch.rand(h, 2 * 6 + 1, generator=gen, **F64) + 0.5)
         elif kind == "dense":
             out[name] = torch.randn(q.shape[0], h, lq, lk, generator=gen, **F64)
+        elif kind == "decay":  # FoX decoding: log f of every cached key
+            out[name] = Decay(-torch.rand(q.shape[0], h, lk, generator=gen, **F64))
     if case.get("key_padding_mask"):
         mask = torch.zeros(q.shape[0], lk, dtype=torch.bool)
         mask[0, :3] = True

@@ -9,9 +9,9 @@ k and v for NaN/inf and runs the kernel in the same call. On a non-finite input 
 and the caller takes the full path, which applies the non-finite rule (`urpe.kernels.nonfinite`).
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
-front, no overflow check), Toeplitz or dense terms or none (and relations, which only compiled
-calls bring: remembered plans never hold one), any mask, no dropout, one batch dim. Anything else
-(gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
+front, no overflow check), Toeplitz, dense or Decay terms or none (and relations, which only
+compiled calls bring: remembered plans never hold one), any mask, no dropout, one batch dim.
+Anything else (gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
 
 Under torch.compile the same path runs inside one opaque op (`guarded_forward`, below), looked
 up by the call's signature rather than rebuilt per call, with Toeplitz tables read out at the
@@ -132,6 +132,8 @@ def _code(term) -> int:
         return KIND_CODES["none"]
     if type(term) is Relation:
         return KIND_CODES["relation"]
+    if type(term) is Decay:
+        return KIND_CODES["decay"]
     return KIND_CODES["toeplitz" if type(term) is Toeplitz else "dense"]
 
 
@@ -143,6 +145,8 @@ def _parts(term) -> Callable:
         return _table_parts
     if type(term) is Relation:
         return _relation_parts
+    if type(term) is Decay:
+        return _decay_parts
     return _tensor_parts
 
 
@@ -156,6 +160,10 @@ def _table_parts(term: Toeplitz) -> tuple[Tensor, None]:
 
 def _relation_parts(term: Relation) -> tuple[Tensor, Tensor]:
     return term.table, term.index
+
+
+def _decay_parts(term: Decay) -> tuple[Tensor, None]:
+    return term.log_forget, None
 
 
 def _tensor_parts(term: Tensor) -> tuple[Tensor, None]:
@@ -180,6 +188,8 @@ def _term_reader(term, spec: AttentionSpec, rows_given: bool) -> Callable | None
         if term.table.dtype != dtype:
             return None
         return _relation
+    if type(term) is Decay:
+        return _decay if term.log_forget.dtype == dtype else None
     if type(term) in (Tensor, torch.nn.Parameter) and term.dtype == dtype:
         return _nothing_to_read
     return None
@@ -191,6 +201,11 @@ def _nothing(tensor: None, index: None) -> tuple[None, None]:
 
 def _nothing_to_read(tensor: Tensor, index: None) -> tuple[Tensor, None]:
     return tensor, None
+
+
+def _decay(log_forget: Tensor, index: None) -> tuple[Tensor, None]:
+    # The kernel reads c = cumsum(log_forget) (values checked when the call was resolved).
+    return log_forget.cumsum(-1).contiguous(), None
 
 
 def _relation(table: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
