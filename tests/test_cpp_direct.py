@@ -13,6 +13,7 @@ from urpe.kernels.cpp import unavailable
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 F64 = dict(dtype=torch.float64)
+OPAQUE = "urpe.cpp_guarded_forward.default"
 
 
 def _qkv(b=2, h=4, lq=1, lk=13, d=8, hkv=None, seed=0):
@@ -27,24 +28,26 @@ def direct_calls(monkeypatch):
     from urpe.kernels.cpp import direct
 
     plans.forget()
+    direct.OPAQUE_CALLS.clear()
     count = [0]
-    made = direct.direct_call
+    made = direct.raw_direct_call
 
-    def counting(spec):
-        run = made(spec)
+    def counting(spec, *rows_given):
+        run = made(spec, *rows_given)
         if run is None:
             return None
 
-        def counted(call):
-            out = run(call)
+        def counted(*tensors):
+            out = run(*tensors)
             count[0] += out is not None
             return out
 
         return counted
 
-    monkeypatch.setattr(direct, "direct_call", counting)
+    monkeypatch.setattr(direct, "raw_direct_call", counting)
     yield count
     plans.forget()
+    direct.OPAQUE_CALLS.clear()
 
 
 CASES = {
@@ -210,6 +213,69 @@ def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
     torch.testing.assert_close(out, want)
     assert "urpe.cpp_guarded_forward.default" in ops()
     assert direct_calls[0] == 1
+
+
+def test_under_compile_the_opaque_op_builds_its_one_call_path_once_per_signature(
+    direct_calls, monkeypatch
+):
+    """Decoding steps call the opaque op with the same kind of arguments in every layer and
+    step: its body looks the one-call path up by signature instead of rebuilding the spec and
+    the closure on each call (a new signature builds its own)."""
+    from urpe.kernels.cpp import direct
+
+    builds = []
+    made = direct.raw_direct_call
+    monkeypatch.setattr(direct, "raw_direct_call", lambda *a: builds.append(1) or made(*a))
+    table = torch.rand(4, 9, **F64) + 0.5
+    compiled, _ = _compiled_calls(lambda q, k, v, t: attention(q, k, v, gate=Toeplitz(t)))
+    with torch.no_grad():
+        for seed in range(3):
+            q, k, v = _qkv(lq=1, seed=seed)
+            want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+            torch.testing.assert_close(compiled(q, k, v, table), want)
+        assert (len(builds), direct_calls[0]) == (1, 3)
+        q, k, v = _qkv(lq=1, lk=7)
+        want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+        torch.testing.assert_close(compiled(q, k, v, table), want)
+    assert (len(builds), direct_calls[0]) == (2, 4)
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(1, 13), (3, 11), (11, 11), (7, 4)])
+def test_under_compile_a_toeplitz_term_reaches_the_opaque_op_read_out_in_the_graph(lq, lk):
+    """The graph reads the table out at the call's offsets (the rows the C++ loops read), so
+    the op's body gathers nothing per call; where the rule needs the general path (a NaN
+    query, a NaN key) the table comes back from the rows: the same results as the reference."""
+    from urpe.kernels.cpp.direct import ROWS
+
+    gen = torch.Generator().manual_seed(3)
+    gate = torch.rand(4, 2 * 6 + 1, generator=gen, **F64) + 0.5
+    bias = torch.randn(4, 2 * 2 + 1, generator=gen, **F64)
+
+    def step(q, k, v, gate, bias):
+        return attention(q, k, v, gate=Toeplitz(gate), bias=Toeplitz(bias), is_causal=True)
+
+    graphs = []
+    compiled = torch.compile(step, fullgraph=True, backend=lambda g, _: graphs.append(g) or g)
+    q, k, v = _qkv(lq=lq, lk=lk)
+    with torch.no_grad():
+        for poison in (False, True):
+            if poison:
+                q[0, 1, 0, 2] = float("nan")
+                k[1, 3, 0, 1] = float("nan")
+            out = compiled(q, k, v, gate, bias)
+            want = attention(
+                q,
+                k,
+                v,
+                gate=Toeplitz(gate),
+                bias=Toeplitz(bias),
+                is_causal=True,
+                backend="reference",
+            )
+            torch.testing.assert_close(out, want, equal_nan=True)
+            assert out.isnan().any() == poison
+    (call,) = [n for n in graphs[0].graph.nodes if str(n.target) == OPAQUE]
+    assert (call.args[11], call.args[12]) == (ROWS, ROWS)  # bias_kind, gate_kind
 
 
 def _term_cases(lq: int, lk: int) -> dict:

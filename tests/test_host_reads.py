@@ -123,6 +123,27 @@ def test_no_backend_reads_a_value_forward_or_backward(backend, case, norm):
         torch.testing.assert_close(grad, want)
 
 
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "sdpa"])  # (SDPA: no gate)
+def test_a_gate_at_a_tensor_start_reads_no_value_forward_or_backward(backend):
+    """A static KV cache's queries start at a tensor (its length, under torch.compile): the
+    gate's table shifted to their offsets is built and used without reading it."""
+    import urpe
+
+    gate = urpe.ToeplitzGate(H, 3, init="normal").double()
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(B, H, 4, D, generator=gen, **F64)
+    k, v = (torch.randn(B, H, L, D, generator=gen, **F64) for _ in "kv")
+    positions = urpe.Positions.contiguous(4, L, torch.tensor(2), 0)  # queries at 2..5
+    exact = urpe.Positions(positions.query, positions.key)
+    want = attention(q, k, v, gate=gate(exact), backend="reference")
+    (want_grad,) = torch.autograd.grad(want.square().sum(), gate.table)
+    with no_host_reads():
+        out = attention(q, k, v, gate=gate(positions), backend=backend)
+        (grad,) = torch.autograd.grad(out.square().sum(), gate.table)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(grad, want_grad)
+
+
 # ---------------------------------------------------------------------------------------------
 # On a GPU (make test-gpu): the real thing, checked by CUDA itself.
 

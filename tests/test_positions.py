@@ -73,9 +73,26 @@ def test_graph_constructor_carries_the_relation():
     assert p.with_relation(None).relation is None and p.with_relation(None).is_aligned
 
 
+def test_contiguous_positions_are_aligned_offsets_plus_one_shift():
+    """Queries inside a longer key buffer (a static KV cache), the start a tensor or an int."""
+    for start in (torch.tensor(3), 3):
+        p = urpe.Positions.contiguous(2, 8, start, 0)
+        assert p.query.tolist() == [3, 4] and p.key.tolist() == list(range(8))
+        assert not p.is_aligned and p.batch is None and repr(p).count("contiguous") == 1
+        # key - query = (j - (i + Lk - Lq)) + shift
+        assert int(p.toeplitz_shift) == 0 - 3 + (8 - 2)
+        aligned = urpe.Positions.sequence(2, past=6).offsets()
+        torch.testing.assert_close(p.offsets(), aligned + p.toeplitz_shift)
+        assert p.with_relation(torch.zeros(1, 2, 8).long()).toeplitz_shift is p.toeplitz_shift
+    assert urpe.Positions.sequence(3).toeplitz_shift is None
+    assert urpe.Positions(torch.arange(2), torch.arange(3)).toeplitz_shift is None
+
+
 @pytest.mark.parametrize(
     "build, error, match",
     [
+        (lambda: urpe.Positions.contiguous(2, 3, 1.0, 0), TypeError, "query_start"),
+        (lambda: urpe.Positions.contiguous(2, 3, 0, torch.zeros(1).long()), TypeError, "key_start"),
         (lambda: urpe.Positions(torch.arange(3.0), torch.arange(3)), TypeError, "integer"),
         (
             lambda: urpe.Positions(torch.zeros(1, 1, 3).long(), torch.arange(3)),
@@ -175,6 +192,35 @@ def test_relative_bias_and_gate_fall_back_to_an_exact_relation():
     c = gate(positions).dense(2, 4)[0]
     assert torch.allclose(c[:, 1, 3], torch.nn.functional.softplus(gate.table[:, 4]))
     assert isinstance(gate(urpe.Positions.sequence(2)), Toeplitz)
+
+
+CONTIGUOUS_CASES = [(n, "toeplitz") for n in SEQUENCE_ENCODINGS] + [
+    ("none", g) for g in SEQUENCE_GATES if g not in (None, "toeplitz")
+]
+
+
+@pytest.mark.parametrize(("name", "gate"), CONTIGUOUS_CASES)
+def test_contiguous_positions_equal_the_exact_fallback_forward_and_backward(name, gate):
+    """A static cache's queries at a tensor start inside the key buffer: the terms computed from
+    the shift (Toeplitz gates and RPE-style biases stay Toeplitz) give the attention, and the
+    gradients, of the same positions given as plain tensors (the exact Relation fallback)."""
+    mha = attention_module(name, gate)
+    lq, past, start = 2, 6, torch.tensor(3)  # queries at 3, 4 over keys 0..7
+    x = torch.randn(2, past + lq, E, **F64)
+    contiguous = urpe.Positions.contiguous(lq, past + lq, start, 0)
+    exact = urpe.Positions(contiguous.query, contiguous.key)
+    results = []
+    for positions in (contiguous, exact):
+        mha.zero_grad()
+        out = mha(x[:, past:], memory=x[:, :past], positions=positions)
+        out.square().sum().backward()
+        results.append((out, [p.grad.clone() for p in mha.parameters()]))
+    (out, grads), (want, want_grads) = results
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    for grad, want_grad in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-10)
+    if gate is not None:
+        assert isinstance(mha.gate(contiguous), Toeplitz)
 
 
 def test_alibi_and_kerple_off_the_grid_are_dense_functions_of_distance():

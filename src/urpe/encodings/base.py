@@ -8,6 +8,7 @@ which. Every method reads where queries and keys sit from a `Positions` object.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..kernels import PositionTerm, Relation, Toeplitz, attention
@@ -93,11 +94,25 @@ def refuse_precomputed_bias(encoding: RelativeEncoding, bias: PositionTerm | Non
 def clipped_table_term(table: Tensor, positions: Positions) -> Toeplitz | Relation:
     """A per-head table over clipped offsets, table (H, 2K+1) with column d + K for offset d.
 
-    Aligned positions keep the `Toeplitz` structure; otherwise the same lookup as an exact
-    `Relation` indexed by clamp(key - query, -K, K) + K.
+    Aligned positions keep the `Toeplitz` structure, and so do contiguous ones (a static KV
+    cache) over the table shifted to their offsets (`shifted_table`); otherwise the same lookup
+    as an exact `Relation` indexed by clamp(key - query, -K, K) + K.
     """
     if positions.is_aligned:
         return Toeplitz(table)
     k = (table.shape[-1] - 1) // 2
+    shift = positions.toeplitz_shift
+    if shift is not None:
+        offsets = shifted_offsets(positions, shift)
+        return Toeplitz(table.index_select(1, offsets.clamp(-k, k) + k))
     index = positions.offsets().clamp(-k, k) + k  # (B or 1, Lq, Lk), in range by construction
     return Relation(table, index, in_range=True)
+
+
+def shifted_offsets(positions: Positions, shift: Tensor | int) -> Tensor:
+    """The true offset at each column of the Toeplitz table of contiguous positions: offsets
+    -M..M (M = max(Lq, Lk) - 1, all that Lq queries over Lk keys meet) plus the shift, shape
+    (2M+1,). A table indexed by them is the term as a `Toeplitz` (column d + M at j - pos(i) =
+    d): one lookup per offset, no (Lq, Lk) index, the shift never read on the host."""
+    m = max(positions.query_length, positions.key_length, 1) - 1
+    return torch.arange(-m, m + 1, device=positions.device) + shift

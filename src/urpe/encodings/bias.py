@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import PositionTerm, Relation, Toeplitz
-from .base import RelativeEncoding, clipped_table_term
+from .base import RelativeEncoding, clipped_table_term, shifted_offsets
 from .buckets import BUCKET_OPTIONS, t5_buckets
 from .positions import Positions
 from .registry import register_position
@@ -86,8 +86,12 @@ def bucketed_term(
     table: Tensor, positions: Positions, num_buckets: int, max_distance: int, bidirectional: bool
 ) -> Toeplitz | Relation:
     """A per-head table over T5 buckets, (H, num_buckets), as a term at these positions."""
-    if positions.is_aligned:
-        offsets = all_offsets(positions.query_length, positions.key_length, table.device)
+    shift = positions.toeplitz_shift
+    if positions.is_aligned or shift is not None:
+        if shift is None:
+            offsets = all_offsets(positions.query_length, positions.key_length, table.device)
+        else:  # contiguous positions (a static KV cache): the offsets shifted, still Toeplitz
+            offsets = shifted_offsets(positions, shift)
         buckets = t5_buckets(offsets, num_buckets, max_distance, bidirectional)
         return Toeplitz(table[:, buckets])  # (H, 2K+1)
     buckets = t5_buckets(positions.offsets(), num_buckets, max_distance, bidirectional)

@@ -108,6 +108,7 @@ class Positions:
         self._aligned_start: int | None = None
         self._relation_range: tuple[int, int] | None = None
         self._documents: Tensor | None = None
+        self._shift: Tensor | int | None = None
 
     @property
     def query(self) -> Tensor:
@@ -176,6 +177,37 @@ class Positions:
         positions._aligned_start = start
         positions._relation_range = None
         positions._documents = None
+        positions._shift = None
+        return positions
+
+    @classmethod
+    def contiguous(
+        cls,
+        query_length: int,
+        key_length: int,
+        query_start: Tensor | int,
+        key_start: Tensor | int,
+        *,
+        device: torch.device | str | None = None,
+    ) -> Positions:
+        """Keys at key_start + j, queries at query_start + i, each start an int or a 0-dim
+        integer tensor: a static KV cache, whose new queries sit inside a longer key buffer at
+        an offset that, under torch.compile, is a tensor (never read on the host).
+
+        Offsets are those of `aligned` positions shifted by one number (`toeplitz_shift`), so
+        a Toeplitz-style term stays one, over its table shifted by that number
+        (`urpe.encodings.base.shifted_offsets`): no (Lq, Lk) index.
+        """
+        for name, start in (("query_start", query_start), ("key_start", key_start)):
+            tensor = isinstance(start, Tensor) and start.dim() == 0 and start.dtype in _INTEGER
+            if not (tensor or (isinstance(start, int) and not isinstance(start, bool))):
+                raise TypeError(f"{name} must be an int or a 0-dim integer tensor, got {start!r}")
+        device = _device_of(device)
+        query = torch.arange(query_length, device=device) + query_start
+        key = torch.arange(key_length, device=device) + key_start
+        positions = cls(query, key)
+        # key - query = (j - (i + Lk - Lq)) + shift, the aligned offsets plus one number
+        positions._shift = (key_start - query_start) + (key_length - query_length)
         return positions
 
     @classmethod
@@ -256,7 +288,9 @@ class Positions:
             return Positions.aligned(
                 lq, lk, start=self._aligned_start, device=self._device, relation=relation
             )
-        return Positions(self.query, self.key, relation)
+        positions = Positions(self.query, self.key, relation)
+        positions._shift = self._shift
+        return positions
 
     # ------------------------------------------------------------------------------- structure
     @property
@@ -283,6 +317,13 @@ class Positions:
     def is_aligned(self) -> bool:
         """Keys consecutive and shared by the batch, queries the last Lq of them (Toeplitz form)."""
         return self._aligned_start is not None
+
+    @property
+    def toeplitz_shift(self) -> Tensor | int | None:
+        """For `contiguous` positions, the number s with key - query = j - (i + Lk - Lq) + s
+        (an int, or a 0-dim tensor never read on the host); None for any other positions
+        (aligned ones have s = 0: see `is_aligned`)."""
+        return self._shift
 
     @property
     def documents(self) -> Tensor | None:
@@ -373,6 +414,8 @@ class Positions:
 
     def __repr__(self) -> str:
         form = f"aligned, start={self._aligned_start}" if self.is_aligned else "arbitrary"
+        if self._shift is not None:
+            form = "contiguous"
         if self._documents is not None:
             form = "packed documents"
         rows = "shared" if self.batch is None else f"per row (B={self.batch})"

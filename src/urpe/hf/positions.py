@@ -6,7 +6,8 @@ same L tokens. With a KV cache, transformers' own mask code places the new queri
 forward pre-hook on each gated module records both before the cache is updated, so the gate sees
 exactly the layout the mask was built for: dynamic caches (queries = the last Lq keys: a Toeplitz
 gate), sliding-window caches (the window's keys, still ending at the queries) and static caches
-(queries inside a longer, partly empty key buffer: an exact per-offset lookup).
+(queries inside a longer, partly empty key buffer: offsets shifted by the queries' start, a
+tensor under torch.compile, so a Toeplitz gate stays Toeplitz over its shifted table).
 
 Left or right padding does not change offsets between real tokens (they stay contiguous), and the
 mask hides the padded ones, so slots give the same offsets as counting real tokens.
@@ -61,7 +62,6 @@ def call_positions(
     if isinstance(query_start, int) and isinstance(key_start, int):
         if query_start + query_length == key_start + key_length:
             return Positions.aligned(query_length, key_length, start=key_start, device=device)
-    # A static buffer (queries inside it) or a compiled cache with tensor offsets: exact offsets.
-    query = torch.arange(query_length, device=device) + query_start
-    key = torch.arange(key_length, device=device) + key_start
-    return Positions(query, key)
+    # A static buffer (queries inside it) or a compiled cache with tensor offsets: still one
+    # shift for every pair, so the gate stays Toeplitz (its table shifted, no (Lq, Lk) index).
+    return Positions.contiguous(query_length, key_length, query_start, key_start, device=device)

@@ -10,8 +10,12 @@ and the caller takes the full path, which applies the non-finite rule (`urpe.ker
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
 front, no overflow check), Toeplitz, dense or Decay terms or none (and relations, which only
-compiled calls bring: a static KV cache's positions), any mask, no dropout, one batch dim.
+compiled calls bring: remembered plans never hold one), any mask, no dropout, one batch dim.
 Anything else (gradients, bf16, exp, relu2, dropout, documents) keeps the general path.
+
+Under torch.compile the same path runs inside one opaque op (`guarded_forward`, below), looked
+up by the call's signature rather than rebuilt per call, with Toeplitz tables read out at the
+call's offsets by the graph itself (`ROWS`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..layout import FORWARD_SCHEMA, ForwardArgs
+from ..layout import FORWARD_SCHEMA, N_TENSORS, ForwardArgs
 from ..nonfinite import guarded
 from ..spec import AttentionSpec
 from ..tables import Decay, Relation, Toeplitz
+from ..watched import LISTENERS
 from .ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
 from .run import cpp_run
 
@@ -32,10 +37,38 @@ DIRECT_NORMALIZATIONS = ("softmax", "l2")  # no fixed statistic, no overflow che
 DIRECT_DTYPES = (torch.float32, torch.float64)  # computed as they are: nothing to convert
 
 Direct = Callable[[AttentionSpec], Tensor | None]
+# (q, k, v, bias, bias_index, gate, gate_index, attn_mask, key_padding_mask) -> out, or None
+# (non-finite inputs): the call's tensors as the raw ops take them (`ForwardArgs`' first nine)
+RawDirect = Callable[..., Tensor | None]
 
 
 def direct_call(spec: AttentionSpec) -> Direct | None:
     """The one-call forward for calls of `spec`'s signature, or None where it does not apply."""
+    raw = raw_direct_call(spec)
+    if raw is None:
+        return None
+    bias_parts, gate_parts = _parts(spec.bias), _parts(spec.gate)
+
+    def run(call: AttentionSpec) -> Tensor | None:
+        return raw(
+            call.q,
+            call.k,
+            call.v,
+            *bias_parts(call.bias),
+            *gate_parts(call.gate),
+            call.attn_mask,
+            call.key_padding_mask,
+        )
+
+    return run
+
+
+def raw_direct_call(
+    spec: AttentionSpec, rows_given: tuple[bool, bool] = (False, False)
+) -> RawDirect | None:
+    """`direct_call` for the call's tensors as the raw ops take them (a term as its tensor and
+    index), or None where it does not apply. rows_given: (bias, gate) is a Toeplitz term whose
+    table comes already read out at every offset of the call (`ROWS`)."""
     if (
         spec.normalization not in DIRECT_NORMALIZATIONS  # (the built-in: cpp's table took it)
         or spec.dropout_p > 0.0
@@ -47,7 +80,9 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
         or spec.v.dtype != spec.q.dtype
     ):
         return None
-    terms = [_term_reader(t, spec) for t in (spec.bias, spec.gate)]
+    terms = [
+        _term_reader(t, spec, r) for t, r in zip((spec.bias, spec.gate), rows_given, strict=True)
+    ]
     if None in terms:
         return None
     read_bias, read_gate = terms
@@ -70,17 +105,16 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
         return None
     op = op.default
 
-    def run(call: AttentionSpec) -> Tensor | None:
-        mask = call.attn_mask
-        kpm = call.key_padding_mask
+    def run(q, k, v, bias, bias_index, gate, gate_index, mask, kpm) -> Tensor | None:
+        # (contiguity checked inline: a decoding step makes this call once per layer)
         out, _, finite = op(
-            _contiguous(call.q),
-            _contiguous(call.k),
-            _contiguous(call.v),
+            q if q.is_contiguous() else q.contiguous(),
+            k if k.is_contiguous() else k.contiguous(),
+            v if v.is_contiguous() else v.contiguous(),
             bias_code,
-            *read_bias(call.bias),
+            *read_bias(bias, bias_index),
             gate_code,
-            *read_gate(call.gate),
+            *read_gate(gate, gate_index),
             mask if float_mask else None,
             None if float_mask else mask,
             None if kpm is None else _contiguous(kpm),
@@ -103,18 +137,53 @@ def _code(term) -> int:
     return KIND_CODES["toeplitz" if type(term) is Toeplitz else "dense"]
 
 
-def _term_reader(term, spec: AttentionSpec) -> Callable | None:
-    """term -> (tensor, index) as the op takes it, for terms of this call's kind; None: not
-    covered. A Relation's index was range-checked when the call was resolved (only the opaque
-    op of compiled calls meets one: remembered plans never hold a Relation)."""
+def _parts(term) -> Callable:
+    """term -> (tensor, index), the raw ops' form, for terms of this one's type."""
+    if term is None:
+        return _no_parts
+    if type(term) is Toeplitz:
+        return _table_parts
+    if type(term) is Relation:
+        return _relation_parts
+    if type(term) is Decay:
+        return _decay_parts
+    return _tensor_parts
+
+
+def _no_parts(term) -> tuple[None, None]:
+    return None, None
+
+
+def _table_parts(term: Toeplitz) -> tuple[Tensor, None]:
+    return term.table, None
+
+
+def _relation_parts(term: Relation) -> tuple[Tensor, Tensor]:
+    return term.table, term.index
+
+
+def _decay_parts(term: Decay) -> tuple[Tensor, None]:
+    return term.log_forget, None
+
+
+def _tensor_parts(term: Tensor) -> tuple[Tensor, None]:
+    return term, None
+
+
+def _term_reader(term, spec: AttentionSpec, rows_given: bool) -> Callable | None:
+    """(tensor, index) -> (tensor, index) as the op takes them, for terms of this call's kind;
+    None: not covered. A Relation's index was range-checked when the call was resolved (only
+    the opaque op of compiled calls meets one: remembered plans never hold a Relation)."""
     if term is None:
         return _nothing
     dtype = spec.q.dtype
     if type(term) is Toeplitz:
         if term.table.dtype != dtype:
             return None
+        if rows_given:
+            return _nothing_to_read
         columns = padded_columns(term.table.shape[1], spec.lq, spec.lk, term.table.device)
-        return lambda t: (t.table.index_select(1, columns), None)
+        return lambda table, _: (table.index_select(1, columns), None)
     if type(term) is Relation:
         if term.table.dtype != dtype:
             return None
@@ -122,26 +191,26 @@ def _term_reader(term, spec: AttentionSpec) -> Callable | None:
     if type(term) is Decay:
         return _decay if term.log_forget.dtype == dtype else None
     if type(term) in (Tensor, torch.nn.Parameter) and term.dtype == dtype:
-        return _same
+        return _nothing_to_read
     return None
 
 
-def _nothing(term) -> tuple[None, None]:
+def _nothing(tensor: None, index: None) -> tuple[None, None]:
     return None, None
 
 
-def _same(term: Tensor) -> tuple[Tensor, None]:
-    return term, None
+def _nothing_to_read(tensor: Tensor, index: None) -> tuple[Tensor, None]:
+    return tensor, None
 
 
-def _decay(term: Decay) -> tuple[Tensor, None]:
+def _decay(log_forget: Tensor, index: None) -> tuple[Tensor, None]:
     # The kernel reads c = cumsum(log_forget) (values checked when the call was resolved).
-    return term.log_forget.cumsum(-1).contiguous(), None
+    return log_forget.cumsum(-1).contiguous(), None
 
 
-def _relation(term: Relation) -> tuple[Tensor, Tensor]:
-    index = term.index if term.index.dtype == torch.int64 else term.index.to(torch.int64)
-    return _contiguous(term.table), _contiguous(index)
+def _relation(table: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    index = index if index.dtype == torch.int64 else index.to(torch.int64)
+    return _contiguous(table), _contiguous(index)
 
 
 def _contiguous(t: Tensor) -> Tensor:
@@ -155,21 +224,59 @@ def _contiguous(t: Tensor) -> Tensor:
 # where the CPU's values may be read: the one-call path, or (non-finite inputs) the rule
 # applied directly (issue 28: a static cache under torch.compile).
 def _guarded_forward(*flat) -> Tensor:
-    spec = _spec_of(ForwardArgs(*flat))
-    run = direct_call(spec)
-    out = run(spec) if run is not None else None
+    key = _signature(flat)
+    run = OPAQUE_CALLS.get(key, _UNKNOWN)
+    if run is _UNKNOWN:  # once per signature: a decoding step repeats the same few
+        if len(OPAQUE_CALLS) >= CAPACITY:
+            OPAQUE_CALLS.clear()
+        args = ForwardArgs(*flat)
+        rows = (args.bias_kind == ROWS, args.gate_kind == ROWS)
+        run = OPAQUE_CALLS[key] = raw_direct_call(_spec_of(args), rows)
+    out = None if run is None else run(*flat[:9])
     if out is None:
-        out, _ = guarded(cpp_run, spec)
+        out, _ = guarded(cpp_run, _spec_of(ForwardArgs(*flat)))
     return out
 
 
+# signature -> the raw one-call forward, or None where it does not apply; like remembered plans
+# (`urpe.kernels.plans`) it depends on no tensor value, and a registry change clears it
+OPAQUE_CALLS: dict[tuple, RawDirect | None] = {}
+CAPACITY = 64
+_UNKNOWN = object()
+LISTENERS.append(OPAQUE_CALLS.clear)
+
+
+def _signature(flat: tuple) -> tuple:
+    """What `raw_direct_call` decides from, spelled out (a decoding step asks once per layer):
+    q, k, v's dtypes and shapes, the terms' and the mask's (a Toeplitz table's width gives its
+    columns), whether a padding mask or documents come, the device, then the scalar arguments.
+    A Relation's index is read per call (its dtype), the dropout seed only by the general path."""
+    q, k, v, bias, _, gate, _, mask, padding, documents = flat[:10]
+    return (
+        q.dtype,
+        q.shape,
+        k.dtype,
+        k.shape,
+        v.dtype,
+        v.shape,
+        q.device,
+        None if bias is None else (bias.dtype, bias.shape),
+        None if gate is None else (gate.dtype, gate.shape),
+        None if mask is None else mask.dtype,
+        padding is None,
+        documents is None,
+        *flat[N_TENSORS:],
+    )
+
+
 def _spec_of(args: ForwardArgs) -> AttentionSpec:
+    lengths = args.q.shape[2], args.k.shape[2]
     return AttentionSpec(
         args.q,
         args.k,
         args.v,
-        _as_term(args.bias, args.bias_index, args.bias_kind),
-        _as_term(args.gate, args.gate_index, args.gate_kind),
+        _as_term(args.bias, args.bias_index, args.bias_kind, *lengths),
+        _as_term(args.gate, args.gate_index, args.gate_kind, *lengths),
         args.attn_mask,
         args.key_padding_mask,
         args.is_causal,
@@ -182,7 +289,9 @@ def _spec_of(args: ForwardArgs) -> AttentionSpec:
     )
 
 
-def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
+def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str, lq: int, lk: int):
+    if kind == ROWS:
+        return Toeplitz(_table_of_rows(tensor, lq, lk))
     if kind == "toeplitz":
         return Toeplitz(tensor)
     if kind == "relation":
@@ -192,13 +301,17 @@ def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str):
     return tensor
 
 
-GUARDED_FORWARD = torch.library.custom_op(
-    "urpe::cpp_guarded_forward",
-    _guarded_forward,
-    mutates_args=(),
-    schema=FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"),
+# Registered as a plain CPU kernel, not with `torch.library.custom_op`, whose autograd,
+# redispatch and dynamo-disabling layers cost about 10 us per call in Python (measured on a
+# decoding step: as much as the rest of the body): the op is only ever called where nothing
+# records a gradient (`guarded_forward`), from compiled graphs, where dynamo is off already.
+_LIBRARY = torch.library.Library("urpe", "FRAGMENT")
+_LIBRARY.define("cpp_guarded_forward" + FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"))
+_LIBRARY.impl("cpp_guarded_forward", _guarded_forward, "CPU")
+torch.library.register_fake(
+    "urpe::cpp_guarded_forward", lambda *flat: _output_fake(ForwardArgs(*flat)), lib=_LIBRARY
 )
-GUARDED_FORWARD.register_fake(lambda *flat: _output_fake(ForwardArgs(*flat)))
+GUARDED_FORWARD = torch.ops.urpe.cpp_guarded_forward.default
 
 
 def _output_fake(args: ForwardArgs) -> Tensor:
@@ -211,7 +324,35 @@ def guarded_forward(spec: AttentionSpec) -> Tensor | None:
     that does not fit: gradients wanted, a vmap, an overflow check to follow (exp)."""
     if spec.norm.overflows or torch._C._are_functorch_transforms_active() or _records_grad(spec):
         return None
-    return GUARDED_FORWARD(*ForwardArgs.from_spec(spec))
+    args = ForwardArgs.from_spec(spec)
+    if not spec.is_empty:
+        args = args._replace(**_as_rows(spec, "bias"), **_as_rows(spec, "gate"))
+    return GUARDED_FORWARD(*args)
+
+
+# The opaque op's own term kind: a Toeplitz table already read out at every offset of the call,
+# as the C++ loops read it (`ops.toeplitz_rows`). Made by tensor ops in the caller's graph, where
+# the compiler fuses them with what built the table (a static cache's shifted table: one gather),
+# instead of by an index_select in the op's Python body on every call.
+ROWS = "toeplitz rows"
+
+
+def _as_rows(spec: AttentionSpec, name: str) -> dict:
+    term = getattr(spec, name)
+    if type(term) is not Toeplitz or term.table.dtype != spec.q.dtype:
+        return {}
+    table = term.table
+    columns = padded_columns.__wrapped__(table.shape[1], spec.lq, spec.lk, table.device)
+    return {name: table.index_select(1, columns), f"{name}_kind": ROWS}
+
+
+def _table_of_rows(rows: Tensor, lq: int, lk: int) -> Tensor:
+    """Back from rows (H|1, Lq + Lk - 1 + LANES) to a Toeplitz table that gives the same term at
+    (Lq, Lk): width 2M+1, M = max(Lq, Lk) - 1, so no offset of the call is clipped; row entry e
+    holds offset e - (Lk - 1). For the general path (non-finite inputs) only."""
+    m = max(lq, lk) - 1
+    entries = torch.arange(-m, m + 1, device=rows.device) + (lk - 1)
+    return rows.index_select(1, entries.clamp(0, lq + lk - 2))
 
 
 def _records_grad(spec: AttentionSpec) -> bool:
