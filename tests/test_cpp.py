@@ -113,6 +113,34 @@ def test_query_ranges_with_their_own_key_gradients_over_threads():
         torch.set_num_threads(before)
 
 
+def test_decoding_steps_stay_on_one_thread_up_to_a_larger_size():
+    """A call of few query rows runs on the calling thread up to 2^20 multiply-adds (a decoding
+    step at Lk = 1024 or 2048 with B = 1, H = 8, D = 32: two threads would save a third of it
+    idle and stall 15x with another process on a core); long rows split over threads from 2^18
+    on, as before."""
+    workers = torch.ops.urpe_cpp.workers
+    step = 1 * 8 * 1 * 1024 * (32 + 32)  # B * H * Lq * Lk * (D + Dv) = 2^19
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert workers(8, step, 1) == 1
+        assert workers(8, 2 * step, 16) == 1  # Lk = 2048, up to 16 query rows
+        assert workers(8, 4 * step, 1) == 2  # Lk = 4096: threads pay again
+        assert workers(8, step, 17) == 2  # more rows: the old threshold
+        assert workers(64, 2**18, 24) == 1  # a short row's call, as before
+        assert workers(64, 2**18 + 1, 24) == 2
+        assert workers(1, 4 * step, 1) == 1  # one item
+        torch.set_num_threads(1)
+        assert workers(8, 4 * step, 1) == 1
+    finally:
+        torch.set_num_threads(before)
+    q = torch.randn(1, 8, 1, 32, **F64)
+    k, v = torch.randn(1, 8, 1024, 32, **F64), torch.randn(1, 8, 1024, 32, **F64)
+    gate = Toeplitz(torch.rand(8, 2047, **F64) + 0.5)
+    want = reference_attention(q, k, v, gate=gate, is_causal=True)
+    torch.testing.assert_close(attention(q, k, v, gate=gate, is_causal=True, backend="cpp"), want)
+
+
 def test_strided_and_broadcast_inputs():
     """Views (transposed q, expanded terms with zero strides, a shared relation index) read as
     they are."""

@@ -230,7 +230,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
   const int64_t head_items = G.serial_heads ? 1 : P.kv_heads;
   const int64_t per_split = (blocks + G.splits - 1) / G.splits;
   const int64_t count = batch_items * head_items * G.splits;
-  const int64_t workers = workers_for(count, P.work());
+  const int64_t workers = workers_for(count, P.work(), P.lq);
   std::vector<std::unique_ptr<BackwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {

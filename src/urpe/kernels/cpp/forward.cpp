@@ -413,7 +413,7 @@ template <typename T>
 void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
-  const int64_t workers = workers_for(count, P.work());
+  const int64_t workers = workers_for(count, P.work(), P.lq);
   const PackedOperands packed = pack_operands(P);
   const int64_t keys = packed.keys ? round_up(P.tile_keys(), kPackedKeys) : P.tile_keys();
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);

@@ -354,12 +354,20 @@ BlasThreadsGuard::~BlasThreadsGuard() {
 #endif
 }
 
-// Below this many multiply-adds (about 20 us on one core) a second thread's wake-up and the
+// Up to this many multiply-adds (about 20 us on one core) a second thread's wake-up and the
 // shared counter cost more than they save, and make the time jump with the scheduler.
 constexpr double kSerialWork = 1 << 18;
+// A call of at most kFewRows query rows per head (a decoding step) streams its keys and values
+// once per row: a second thread saves a third of the time at best (measured: 2 threads took
+// 0.6-0.7x of one at Lk = 1024-4096, B = 1, H = 8, D = 32), and waits for a busy core's
+// time slice when another process runs there (15x slower). Such calls stay on one thread up to
+// kSerialFewRowsWork, about 0.3 ms on one core (Lk = 2048 at that shape).
+constexpr int64_t kFewRows = 16;
+constexpr double kSerialFewRowsWork = 1 << 20;
 
-int64_t workers_for(int64_t count, double work) {
-  if (count <= 1 || work < kSerialWork || at::in_parallel_region()) return 1;
+int64_t workers_for(int64_t count, double work, int64_t query_rows) {
+  const double serial = query_rows <= kFewRows ? kSerialFewRowsWork : kSerialWork;
+  if (count <= 1 || work <= serial || at::in_parallel_region()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
 }
 

@@ -372,10 +372,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     // their own dk, dv copies (at most kMaxSplits copies), so that a slow thread can be helped.
     const int64_t blocks = (P.lq + P.block_q - 1) / P.block_q;
     const int64_t items = (G.serial_batch ? 1 : P.batch) * (G.serial_heads ? 1 : P.kv_heads);
-    const int64_t wanted = items_per_thread * workers_for(items * blocks, P.work());
+    const int64_t wanted = items_per_thread * workers_for(items * blocks, P.work(), P.lq);
     G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
                                                      std::min(blocks, kMaxSplits));
-    const int64_t workers = workers_for(items * G.splits, P.work());
+    const int64_t workers = workers_for(items * G.splits, P.work(), P.lq);
     dk = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.dim}, options);
     dv = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.vdim}, options);
     G.dk = dk.data_ptr<scalar_t>();
@@ -387,13 +387,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     }
     backward_loop<scalar_t>(P, G);
   });
-  // sum the split copies of dk, dv and the per-worker copies of table gradients
+  // sum the split copies of dk, dv and the per-worker copies of table gradients (one copy is
+  // taken as it is: a sum over a dim of 1 would cost a zero fill and a copy of dk and dv)
   const at::Tensor none = at::empty({0}, options);
+  auto total = [](const at::Tensor& copies) {
+    return copies.size(0) == 1 ? copies.select(0, 0) : copies.sum(0);
+  };
   auto finish = [&](const at::Tensor& grad, int64_t kind) -> at::Tensor {
     if (!grad.defined()) return none;
-    return kind == kDense ? grad : grad.sum(0);
+    return kind == kDense ? grad : total(grad);
   };
-  return {dq, dk.sum(0), dv.sum(0), finish(dbias, bias_kind), finish(dgate, gate_kind),
+  return {dq, total(dk), total(dv), finish(dbias, bias_kind), finish(dgate, gate_kind),
           finish(dmask, kDense)};
 }
 
@@ -438,6 +442,9 @@ TORCH_LIBRARY(urpe_cpp, m) {
   m.def("gemm_route() -> str", [] { return std::string(gemm_route()); });
   m.def("exp_values(Tensor x) -> Tensor", &exp_values);
   m.def("bf16_products() -> bool", [] { return bf16_products(); });
+  // the threads a tile loop of `count` work items, `work` multiply-adds and `query_rows` query
+  // rows per head runs on (for the tests of when a call stays on one thread)
+  m.def("workers(int count, float work, int query_rows) -> int", &workers_for);
   // whether at::parallel_for can spread the tiles over threads (built with OpenMP)
   m.def("threaded() -> bool", [] {
 #ifdef _OPENMP

@@ -513,9 +513,10 @@ T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h
 // the next index as they finish one (a shared counter), so a thread slowed by another process
 // on its core takes fewer items instead of holding everyone back. `worker` < workers(count)
 // names per-worker scratch.
-// `work`: the call's multiply-adds; a call too small to repay waking another thread (a decoding
-// step, a short row) runs on the calling thread alone.
-int64_t workers_for(int64_t count, double work = 1e30);
+// `work`: the call's multiply-adds; a call too small to repay waking another thread (a short
+// row) runs on the calling thread alone, and so does one of few query rows (`query_rows` per
+// head, a decoding step) up to a larger size.
+int64_t workers_for(int64_t count, double work = 1e30, int64_t query_rows = 1 << 30);
 
 // While alive, BLAS calls from this thread run on this thread alone. torch turns MKL's dynamic
 // thread adjustment off (mkl_set_dynamic(false)), so a product called inside a parallel region
