@@ -9,6 +9,7 @@ warning, "auto" runs the eager kernel, nothing fails).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -155,6 +156,40 @@ def test_strided_and_broadcast_inputs():
     params = [q, k, v, table]
     want = outputs_and_grads(reference_attention, (q, k, v), params, call)
     assert_close(outputs_and_grads(_cpp(block_q=4, block_k=5), (q, k, v), params, call), want)
+
+
+def test_views_of_projections_are_read_and_differentiated_in_place():
+    """q, k, v as a training step's projections give them, views of (B, L, H, D): the kernel
+    reads them where they lie and writes their gradients in that layout, and reads dO in the
+    layout a (B, L, H * D) reshape gives back, so neither pass copies a (B, H, L, D) tensor;
+    forward and backward agree with the reference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b, length, h, d = 2, 6, 3, 4
+    gen = torch.Generator().manual_seed(7)
+    projections = [torch.randn(b, length, h * d, generator=gen, **F64) for _ in range(3)]
+    tables = [torch.randn(h, 2 * length - 1, generator=gen, **F64) for _ in range(2)]
+    grad = torch.randn(b, length, h, d, generator=gen, **F64).transpose(1, 2)  # (B, H, L, D) view
+
+    def step(backend: str, watch: bool = False):
+        leaves = [t.clone().requires_grad_() for t in (*projections, *tables)]
+        q, k, v = (t.view(b, length, h, d).transpose(1, 2) for t in leaves[:3])
+        terms = dict(bias=Toeplitz(leaves[3]), gate=Toeplitz(leaves[4]), is_causal=True)
+        with profile(activities=[ProfilerActivity.CPU]) if watch else contextlib.nullcontext() as p:
+            out = attention(q, k, v, backend=backend, **terms)
+            out.backward(grad)
+        copies = (
+            [e.name for e in p.events() if e.name in ("aten::copy_", "aten::clone")]
+            if watch
+            else []
+        )
+        return [out.detach(), *(t.grad for t in leaves)], copies
+
+    want, _ = step("reference")
+    got, copies = step("cpp", watch=True)
+    assert copies == []
+    for got_tensor, want_tensor in zip(got, want, strict=True):
+        torch.testing.assert_close(got_tensor, want_tensor)
 
 
 def test_exp_is_within_one_ulp():

@@ -164,9 +164,18 @@ def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _as_operand(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t in `dtype`, read where it lies when its rows can be (a view of a (B, L, H, E)
+    projection: no copy here, and its gradient comes back in that layout), else contiguous."""
     if t.dtype != dtype:
         t = t.to(dtype)
-    return t if t.is_contiguous() else t.contiguous()
+    return t if readable_rows(t) else t.contiguous()
+
+
+def readable_rows(t: Tensor) -> bool:
+    """Whether the C++ ops read a (B, H, L, E) tensor as it lies (library.cpp's
+    `readable_rows`): E contiguous, rows at least a row apart."""
+    _, _, length, e = t.shape
+    return (e <= 1 or t.stride(3) == 1) and (length <= 1 or t.stride(2) >= e)
 
 
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
@@ -192,7 +201,7 @@ def cpp_backward(args: BackwardArgs):
     lq, lk = call.q.shape[2], call.k.shape[2]
     delta = (args.grad_out.to(dtype) * args.out.to(dtype)).sum(-1)  # (B, H, Lq): sum_e dO O
     operand = call.q.dtype if _bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
-    grad_out = args.grad_out.to(operand).contiguous()
+    grad_out = _as_operand(args.grad_out, operand)
     stat = args.stat.reshape(delta.shape).contiguous()
     dq, dk, dv, *term_grads = _op("backward")(
         grad_out,

@@ -404,10 +404,20 @@ struct Hiding {
 // ---------------------------------------------------------------------------------------------
 // One call: sizes, operands, terms, masks.
 
+// Where the rows of a (B, H, L, E) operand or gradient lie: element strides over batch, head
+// and row, the last dim contiguous. q, k, v are read, and dq, dk, dv written, in the caller's
+// layout: a model's projections give views of (B, L, H, E) that would otherwise be copied
+// before the kernel and their gradients copied back after it.
+struct Rows {
+  int64_t sb = 0, sh = 0, si = 0;
+  int64_t at(int64_t b, int64_t h, int64_t i) const { return b * sb + h * sh + i * si; }
+};
+
 template <typename T>
 struct Problem {
   int64_t batch = 0, heads = 0, kv_heads = 0, lq = 0, lk = 0, dim = 0, vdim = 0;
   int64_t groups = 1;  // query heads per kv head
+  Rows q_rows, k_rows, v_rows;  // q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv)
   const T *q = nullptr, *k = nullptr, *v = nullptr;
   // bfloat16 operands, multiplied as they are (T = float): then q, k, v above are null
   const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;
