@@ -61,7 +61,7 @@ def good_backward() -> dict:
     return dict(
         grad_out=torch.randn(B, H, LQ, DV, **F64),
         stat=torch.full((B, H, LQ), float(LK), **F64),
-        delta=torch.zeros(B, H, LQ, **F64),
+        out=torch.randn(B, H, LQ, DV, **F64),
         **call,
         needs_bias=True,
         needs_gate=True,
@@ -152,7 +152,8 @@ BAD_CALLS = {
         dict(k=torch.zeros(B, HKV, 1, D, **F64).expand(B, HKV, LK, D)),
     ),
     "backward stat size": ("backward", dict(stat=torch.zeros(B, H, **F64))),
-    "backward delta dtype": ("backward", dict(delta=torch.zeros(B, H, LQ))),
+    "backward out dtype": ("backward", dict(out=torch.zeros(B, H, LQ, DV))),
+    "backward out shape": ("backward", dict(out=torch.zeros(B, H, LQ, **F64))),
 }
 
 

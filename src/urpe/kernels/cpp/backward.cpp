@@ -21,11 +21,12 @@ namespace {
 template <typename T>
 struct BackwardScratch {
   std::vector<T> s, da, values, mask_values, dropout, dgate;
+  std::vector<T> delta;  // the block's delta_i = sum_e dO_ie O_ie
   std::vector<uint8_t> flags;
   std::vector<uint16_t> s16, da16;  // A and dS in bfloat16, for bfloat16 operands
 
   BackwardScratch(int64_t bq, int64_t bk, bool bf16)
-      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk),
+      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk), delta(bq),
         flags(bk), s16(bf16 ? bq * bk : 0), da16(bf16 ? bq * bk : 0) {}
 };
 
@@ -191,6 +192,29 @@ struct TileProducts {
   }
 };
 
+// delta_i = sum_e dO_ie O_ie of the block's rows into W.delta (here, while the rows are in
+// cache, rather than as two passes over (B, H, Lq, Dv) before the call)
+template <typename T>
+void row_deltas(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W, int64_t b,
+                int64_t h, int64_t i0, int64_t bq) {
+  const int64_t dv = P.vdim;
+  for (int64_t r = 0; r < bq; ++r) {
+    const T* out = G.out + G.out_rows.at(b, h, i0 + r);
+    const int64_t at = G.grad_out_rows.at(b, h, i0 + r);
+    T sum = T(0);
+    if (G.grad_out16 != nullptr) {
+      const uint16_t* grad = G.grad_out16 + at;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t e = 0; e < dv; ++e) sum += static_cast<T>(bf16_value(grad[e])) * out[e];
+    } else {
+      const T* grad = G.grad_out + at;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t e = 0; e < dv; ++e) sum += grad[e] * out[e];
+    }
+    W.delta[r] = sum;
+  }
+}
+
 // One query block of one query head against its visible keys.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
@@ -209,6 +233,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
   T* dv_rows = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
   T* dq = G.dq + G.dq_rows.at(b, h, i0);
+  row_deltas(P, G, W, b, h, i0, bq);
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
@@ -224,7 +249,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
       logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s);
       backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
-                   G.stat[row0 + r], G.delta[row0 + r]);
+                   G.stat[row0 + r], W.delta[r]);
     }
     products.after(j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
     first = false;

@@ -372,7 +372,7 @@ TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor&
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
-    const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& delta,
+    const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& out,
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
@@ -395,7 +395,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 "last dim and rows at least a row apart, got shape ", grad_out.sizes(),
                 " with strides ", grad_out.strides());
     check_rows(stat, rows, compute_type(q), "stat", "(B, H, Lq)");
-    check_rows(delta, rows, compute_type(q), "delta", "(B, H, Lq)");
+    check_cpu(out, "out");
+    TORCH_CHECK(out.scalar_type() == compute_type(q), "urpe_cpp: out must be ", compute_type(q),
+                " (the compute dtype), got ", out.scalar_type());
+    TORCH_CHECK(readable_rows(out) &&
+                    out.sizes() == at::IntArrayRef({P.batch, P.heads, P.lq, P.vdim}),
+                "urpe_cpp: out must be the forward's (B, H, Lq, Dv) output, with a contiguous "
+                "last dim and rows at least a row apart, got shape ", out.sizes(),
+                " with strides ", out.strides());
     Gradients<scalar_t> G;
     if (P.bf16()) {
       G.grad_out16 = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>());
@@ -403,7 +410,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       G.grad_out = grad_out.data_ptr<scalar_t>();
     }
     G.stat = stat.data_ptr<scalar_t>();
-    G.delta = delta.data_ptr<scalar_t>();
+    G.out = out.data_ptr<scalar_t>();
+    G.out_rows = rows_of(out);
     G.grad_out_rows = rows_of(grad_out);
     G.dq = dq.data_ptr<scalar_t>();
     G.dq_rows = rows_of(dq);
@@ -483,7 +491,7 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "int block_q, int block_k) -> (Tensor, Tensor, bool)",
       &forward_if_finite);
   m.def(
-      "backward(Tensor grad_out, Tensor stat, Tensor delta, Tensor q, Tensor k, Tensor v, "
+      "backward(Tensor grad_out, Tensor stat, Tensor out, Tensor q, Tensor k, Tensor v, "
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "
       "Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, Tensor? key_padding, "
       "Tensor? documents, Tensor? fixed, bool causal, int norm, float scale, float dropout_p, "

@@ -46,11 +46,11 @@ struct Gradients {
   const T* grad_out = nullptr;  // (B, H, Lq, Dv), rows at grad_out_rows
   const uint16_t* grad_out16 = nullptr;  // the same in bfloat16, with the problem's operands
   const T* stat = nullptr;      // (B, H, Lq), the forward's row statistic
-  const T* delta = nullptr;     // (B, H, Lq): sum_e dO_ie O_ie
+  const T* out = nullptr;       // (B, H, Lq, Dv), the forward's output, rows at out_rows
   T* dq = nullptr;              // (B, H, Lq, D), written
   T* dk = nullptr;              // (splits, B, Hkv, Lk, D), zeroed by the caller, accumulated
   T* dv = nullptr;              // (splits, B, Hkv, Lk, Dv), likewise
-  Rows grad_out_rows, dq_rows, dk_rows, dv_rows;
+  Rows grad_out_rows, out_rows, dq_rows, dk_rows, dv_rows;
   int64_t dk_split = 0, dv_split = 0;  // strides of dk's and dv's split copies
   int64_t splits = 1;           // query-block ranges that keep their own dk, dv
   TermGrad<T> bias, gate, float_mask;

@@ -199,14 +199,13 @@ def cpp_backward(args: BackwardArgs):
     call = args.forward
     dtype = compute_dtype(call.q.dtype)
     lq, lk = call.q.shape[2], call.k.shape[2]
-    delta = (args.grad_out.to(dtype) * args.out.to(dtype)).sum(-1)  # (B, H, Lq): sum_e dO O
     operand = call.q.dtype if _bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
     grad_out = _as_operand(args.grad_out, operand)
-    stat = args.stat.reshape(delta.shape).contiguous()
+    stat = args.stat.reshape(args.stat.shape[:3]).contiguous()  # (B, H, Lq)
     dq, dk, dv, *term_grads = _op("backward")(
         grad_out,
         stat,
-        delta,
+        _as_operand(args.out, dtype),  # (B, H, Lq, Dv): the C++ loop takes sum_e dO O per row
         *_operands(call),
         *_op_arguments(call, BACKWARD_TILES),
         *args.needs,

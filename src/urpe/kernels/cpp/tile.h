@@ -148,6 +148,14 @@ URPE_INLINE uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// bfloat16 bits -> float (exact)
+URPE_INLINE float bf16_value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, sizeof x);
+  return x;
+}
+
 // the same for n entries
 inline void to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
 #pragma omp simd
