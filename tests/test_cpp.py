@@ -21,6 +21,7 @@ import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
 from urpe.kernels.cpp import FEW_QUERIES, build, cpp_attention, unavailable
+from urpe.kernels.cpp.ops import IN_PLACE_LENGTH
 
 from .kernel_cases import (
     NORMALIZATIONS,
@@ -158,36 +159,38 @@ def test_strided_and_broadcast_inputs():
     assert_close(outputs_and_grads(_cpp(block_q=4, block_k=5), (q, k, v), params, call), want)
 
 
-def test_views_of_projections_are_read_and_differentiated_in_place():
-    """q, k, v as a training step's projections give them, views of (B, L, H, D): the kernel
-    reads them where they lie and writes their gradients in that layout, and reads dO in the
-    layout a (B, L, H * D) reshape gives back, so neither pass copies a (B, H, L, D) tensor;
-    forward and backward agree with the reference."""
+@pytest.mark.parametrize(
+    "length, tiles, in_place",
+    [(6, {}, True), (9, dict(block_q=2, block_k=4), True), (IN_PLACE_LENGTH + 3, {}, False)],
+)
+def test_views_of_projections_are_read_and_differentiated_in_place(length, tiles, in_place):
+    """q, k, v as a training step's projections give them, views of (B, L, H, D) (grouped: k
+    and v with fewer heads): a short call reads them where they lie and writes their gradients
+    in that layout, and reads dO in the layout a (B, L, H * D) reshape gives back, so neither
+    pass copies a (B, H, L, D) tensor; a long one copies them (rows a stride apart cost more
+    there). Forward and backward agree with the reference either way."""
     from torch.profiler import ProfilerActivity, profile
 
-    b, length, h, d = 2, 6, 3, 4
+    b, h, hkv, d = 2, 4, 2, 4
     gen = torch.Generator().manual_seed(7)
-    projections = [torch.randn(b, length, h * d, generator=gen, **F64) for _ in range(3)]
+    widths = (h * d, hkv * d, hkv * d)
+    projections = [torch.randn(b, length, w, generator=gen, **F64) for w in widths]
     tables = [torch.randn(h, 2 * length - 1, generator=gen, **F64) for _ in range(2)]
-    grad = torch.randn(b, length, h, d, generator=gen, **F64).transpose(1, 2)  # (B, H, L, D) view
+    grad = torch.randn(b, length, h, d, generator=gen, **F64).transpose(1, 2)  # a (B, H, L, D) view
 
-    def step(backend: str, watch: bool = False):
+    def step(run, watch: bool = False):
         leaves = [t.clone().requires_grad_() for t in (*projections, *tables)]
-        q, k, v = (t.view(b, length, h, d).transpose(1, 2) for t in leaves[:3])
+        q, k, v = (t.view(b, length, -1, d).transpose(1, 2) for t in leaves[:3])
         terms = dict(bias=Toeplitz(leaves[3]), gate=Toeplitz(leaves[4]), is_causal=True)
         with profile(activities=[ProfilerActivity.CPU]) if watch else contextlib.nullcontext() as p:
-            out = attention(q, k, v, backend=backend, **terms)
+            out = run(q, k, v, enable_gqa=True, **terms)
             out.backward(grad)
-        copies = (
-            [e.name for e in p.events() if e.name in ("aten::copy_", "aten::clone")]
-            if watch
-            else []
-        )
-        return [out.detach(), *(t.grad for t in leaves)], copies
+        copied = watch and any(e.name in ("aten::copy_", "aten::clone") for e in p.events())
+        return [out.detach(), *(t.grad for t in leaves)], copied
 
-    want, _ = step("reference")
-    got, copies = step("cpp", watch=True)
-    assert copies == []
+    want, _ = step(reference_attention)
+    got, copied = step(_cpp(**tiles), watch=True)
+    assert copied is not in_place
     for got_tensor, want_tensor in zip(got, want, strict=True):
         torch.testing.assert_close(got_tensor, want_tensor)
 
