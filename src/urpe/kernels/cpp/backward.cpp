@@ -255,7 +255,10 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     first = false;
   }
   if (first) {  // no key is visible to this block
-    for (int64_t r = 0; r < bq; ++r) std::fill(dq + r * G.dq_rows.si, dq + r * G.dq_rows.si + d, T(0));
+    for (int64_t r = 0; r < bq; ++r) {
+      T* row = dq + r * G.dq_rows.si;
+      std::fill(row, row + d, T(0));
+    }
   }
 }
 
