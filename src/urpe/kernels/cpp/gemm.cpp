@@ -361,7 +361,8 @@ constexpr double kSerialWork = 1 << 18;
 // once per row: a second thread saves a third of the time at best (measured: 2 threads took
 // 0.6-0.7x of one at Lk = 1024-4096, B = 1, H = 8, D = 32), and waits for a busy core's
 // time slice when another process runs there (15x slower). Such calls stay on one thread up to
-// kSerialFewRowsWork, about 0.3 ms on one core (Lk = 2048 at that shape).
+// kSerialFewRowsWork, about 0.3 ms on one core (Lk = 2048 at that shape); the NaN check of
+// their keys and values does too (checks.cpp's kSerialEntries).
 constexpr int64_t kFewRows = 16;
 constexpr double kSerialFewRowsWork = 1 << 20;
 
