@@ -84,7 +84,9 @@ bool strided_finite(const at::Tensor& t, Bits mask) {
 
 template <typename Bits>
 bool finite_as(const at::Tensor& t, Bits mask) {
-  if (t.is_contiguous())
+  // contiguous, or a permutation of contiguous memory (q = x.view(B, L, H, D).transpose(1, 2)):
+  // its numel entries lie in one run from its first entry on, checked as one flat array
+  if (t.is_contiguous() || t.is_non_overlapping_and_dense())
     return contiguous_finite(reinterpret_cast<const Bits*>(t.const_data_ptr()), t.numel(), mask);
   if (t.dim() > 0 && t.stride(-1) == 1 && t.size(-1) > 0) return strided_finite(t, mask);
   const at::Tensor copy = t.contiguous();
