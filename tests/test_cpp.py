@@ -9,6 +9,7 @@ warning, "auto" runs the eager kernel, nothing fails).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -20,6 +21,7 @@ import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
 from urpe.kernels.cpp import FEW_QUERIES, build, cpp_attention, unavailable
+from urpe.kernels.cpp.ops import IN_PLACE_LENGTH
 
 from .kernel_cases import (
     NORMALIZATIONS,
@@ -113,6 +115,34 @@ def test_query_ranges_with_their_own_key_gradients_over_threads():
         torch.set_num_threads(before)
 
 
+def test_decoding_steps_stay_on_one_thread_up_to_a_larger_size():
+    """A call of few query rows runs on the calling thread up to 2^20 multiply-adds (a decoding
+    step at Lk = 1024 or 2048 with B = 1, H = 8, D = 32: two threads would save a third of it
+    idle and stall 15x with another process on a core); long rows split over threads from 2^18
+    on, as before."""
+    workers = torch.ops.urpe_cpp.workers
+    step = 1 * 8 * 1 * 1024 * (32 + 32)  # B * H * Lq * Lk * (D + Dv) = 2^19
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert workers(8, step, 1) == 1
+        assert workers(8, 2 * step, 16) == 1  # Lk = 2048, up to 16 query rows
+        assert workers(8, 4 * step, 1) == 2  # Lk = 4096: threads pay again
+        assert workers(8, step, 17) == 2  # more rows: the old threshold
+        assert workers(64, 2**18, 24) == 1  # a short row's call, as before
+        assert workers(64, 2**18 + 1, 24) == 2
+        assert workers(1, 4 * step, 1) == 1  # one item
+        torch.set_num_threads(1)
+        assert workers(8, 4 * step, 1) == 1
+    finally:
+        torch.set_num_threads(before)
+    q = torch.randn(1, 8, 1, 32, **F64)
+    k, v = torch.randn(1, 8, 1024, 32, **F64), torch.randn(1, 8, 1024, 32, **F64)
+    gate = Toeplitz(torch.rand(8, 2047, **F64) + 0.5)
+    want = reference_attention(q, k, v, gate=gate, is_causal=True)
+    torch.testing.assert_close(attention(q, k, v, gate=gate, is_causal=True, backend="cpp"), want)
+
+
 def test_strided_and_broadcast_inputs():
     """Views (transposed q, expanded terms with zero strides, a shared relation index) read as
     they are."""
@@ -127,6 +157,42 @@ def test_strided_and_broadcast_inputs():
     params = [q, k, v, table]
     want = outputs_and_grads(reference_attention, (q, k, v), params, call)
     assert_close(outputs_and_grads(_cpp(block_q=4, block_k=5), (q, k, v), params, call), want)
+
+
+@pytest.mark.parametrize(
+    "length, tiles, in_place",
+    [(6, {}, True), (9, dict(block_q=2, block_k=4), True), (IN_PLACE_LENGTH + 3, {}, False)],
+)
+def test_views_of_projections_are_read_and_differentiated_in_place(length, tiles, in_place):
+    """q, k, v as a training step's projections give them, views of (B, L, H, D) (grouped: k
+    and v with fewer heads): a short call reads them where they lie and writes their gradients
+    in that layout, and reads dO in the layout a (B, L, H * D) reshape gives back, so neither
+    pass copies a (B, H, L, D) tensor; a long one copies them (rows a stride apart cost more
+    there). Forward and backward agree with the reference either way."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b, h, hkv, d = 2, 4, 2, 4
+    gen = torch.Generator().manual_seed(7)
+    widths = (h * d, hkv * d, hkv * d)
+    projections = [torch.randn(b, length, w, generator=gen, **F64) for w in widths]
+    tables = [torch.randn(h, 2 * length - 1, generator=gen, **F64) for _ in range(2)]
+    grad = torch.randn(b, length, h, d, generator=gen, **F64).transpose(1, 2)  # a (B, H, L, D) view
+
+    def step(run, watch: bool = False):
+        leaves = [t.clone().requires_grad_() for t in (*projections, *tables)]
+        q, k, v = (t.view(b, length, -1, d).transpose(1, 2) for t in leaves[:3])
+        terms = dict(bias=Toeplitz(leaves[3]), gate=Toeplitz(leaves[4]), is_causal=True)
+        with profile(activities=[ProfilerActivity.CPU]) if watch else contextlib.nullcontext() as p:
+            out = run(q, k, v, enable_gqa=True, **terms)
+            out.backward(grad)
+        copied = watch and any(e.name in ("aten::copy_", "aten::clone") for e in p.events())
+        return [out.detach(), *(t.grad for t in leaves)], copied
+
+    want, _ = step(reference_attention)
+    got, copied = step(_cpp(**tiles), watch=True)
+    assert copied is not in_place
+    for got_tensor, want_tensor in zip(got, want, strict=True):
+        torch.testing.assert_close(got_tensor, want_tensor)
 
 
 def test_exp_is_within_one_ulp():

@@ -36,12 +36,17 @@ SHAPES = (
 )
 
 
-def _case(shape, mask: str, dtype: torch.dtype, seed: int = 0):
+def _case(shape, mask: str, dtype: torch.dtype, seed: int = 0, views: bool = False):
+    """views: q, k, v as views of (B, L, H, D) projections (read in place, rows H * D apart)."""
     b, h, hkv, lq, lk, d, dv = shape
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=gen)
-    k = torch.randn(b, hkv, lk, d, generator=gen)
-    v = torch.randn(b, hkv, lk, dv, generator=gen)
+
+    def operand(heads: int, length: int, width: int) -> torch.Tensor:
+        if views:
+            return torch.randn(b, length, heads, width, generator=gen).transpose(1, 2)
+        return torch.randn(b, heads, length, width, generator=gen)
+
+    q, k, v = operand(h, lq, d), operand(hkv, lk, d), operand(hkv, lk, dv)
     table_b = torch.randn(h, 2 * max(lq, lk) + 1, generator=gen).mul(0.5)
     table_c = torch.randn(h, 2 * max(lq, lk) + 1, generator=gen).mul(0.2).add(1)
     tensors = [t.to(dtype).requires_grad_() for t in (q, k, v, table_b, table_c)]
@@ -57,8 +62,8 @@ def _case(shape, mask: str, dtype: torch.dtype, seed: int = 0):
     return tensors, call
 
 
-def _check(shape, mask: str, dtype: torch.dtype, **extra) -> None:
-    tensors, call = _case(shape, mask, dtype)
+def _check(shape, mask: str, dtype: torch.dtype, views: bool = False, **extra) -> None:
+    tensors, call = _case(shape, mask, dtype, views=views)
     terms = dict(bias=Toeplitz(tensors[3]), gate=Toeplitz(tensors[4]))
     got = outputs_and_grads(cpp_attention, tensors[:3], tensors, call | terms | extra)
     exact = [t.detach().double().requires_grad_() for t in tensors]
@@ -83,6 +88,14 @@ def _assert_close(got, want, tol: float) -> None:
 @pytest.mark.parametrize("mask", ["none", "causal+padding"])
 def test_edges_of_the_packed_blocks_match_reference(shape, mask, dtype):
     _check(shape, mask, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_views_of_projections_on_the_fast_paths_match_reference(shape, dtype):
+    """q, k, v read where they lie (views of (B, L, H, D)): the packed keys and values are
+    gathered from rows a stride apart, and the gradients written in that layout."""
+    _check(shape, "causal+padding", dtype, views=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

@@ -61,7 +61,7 @@ def good_backward() -> dict:
     return dict(
         grad_out=torch.randn(B, H, LQ, DV, **F64),
         stat=torch.full((B, H, LQ), float(LK), **F64),
-        delta=torch.zeros(B, H, LQ, **F64),
+        out=torch.randn(B, H, LQ, DV, **F64),
         **call,
         needs_bias=True,
         needs_gate=True,
@@ -142,8 +142,18 @@ BAD_CALLS = {
     "backward relation index too large": ("backward", dict(bias_index=_index(R + 100))),
     "backward grad_out shape": ("backward", dict(grad_out=torch.zeros(B, H, LQ, DV + 1, **F64))),
     "backward grad_out dtype": ("backward", dict(grad_out=torch.zeros(B, H, LQ, DV))),
+    "backward grad_out strided rows": (
+        "backward",
+        dict(grad_out=torch.zeros(B, H, DV, LQ, **F64).transpose(2, 3)),
+    ),
+    "q strided rows": ("forward", dict(q=torch.zeros(B, H, D, LQ, **F64).transpose(2, 3))),
+    "k overlapping rows": (
+        "forward",
+        dict(k=torch.zeros(B, HKV, 1, D, **F64).expand(B, HKV, LK, D)),
+    ),
     "backward stat size": ("backward", dict(stat=torch.zeros(B, H, **F64))),
-    "backward delta dtype": ("backward", dict(delta=torch.zeros(B, H, LQ))),
+    "backward out dtype": ("backward", dict(out=torch.zeros(B, H, LQ, DV))),
+    "backward out shape": ("backward", dict(out=torch.zeros(B, H, LQ, **F64))),
 }
 
 

@@ -36,9 +36,26 @@ def test_every_non_finite_entry_is_found_in_every_layout(dtype, bad):
 
 
 def test_finite_tensors_of_any_size_and_empty_or_integer_ones():
-    big = torch.randn(3, 70_000)  # several parallel chunks
+    big = torch.randn(9, 70_000)  # several parallel chunks (past 2^19 entries)
     assert torch.ops.urpe_cpp.all_finite([big, torch.empty(0, 4), torch.arange(5)])
-    big[2, 69_999] = float("inf")
+    big[8, 69_999] = float("inf")
     assert not torch.ops.urpe_cpp.all_finite([big])
     huge = torch.full((4,), 3.0e38)  # finite, although a sum of them overflows
     assert cpp_all_finite((huge, huge, huge))
+
+
+def test_a_decoding_steps_keys_are_checked_on_one_thread():
+    """Up to 2^19 entries (the keys or values of a decoding step up to Lk = 2048 at B = 1,
+    H = 8, D = 32) the check runs on the calling thread: a parallel region would wait for a
+    busy core's time slice (the kernel runs such a step on one thread too); past it, on
+    torch's threads."""
+    threads = torch.ops.urpe_cpp.all_finite_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert threads(8 * 2048 * 32) == 1
+        assert threads(8 * 2048 * 32 + 1) == 2
+        torch.set_num_threads(1)
+        assert threads(8 * 4096 * 32) == 1
+    finally:
+        torch.set_num_threads(before)

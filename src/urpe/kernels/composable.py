@@ -334,10 +334,10 @@ def _eager_function(forward: Callable, backward: Callable, name: str):
             out, stat, *tensors = ctx.saved_tensors
             needs = ForwardArgs(*ctx.needs_input_grad)
             call = ForwardArgs(*tensors, *ctx.scalars)
+            # grad_out as it comes (a kernel that needs it contiguous makes it so): the C++
+            # kernel reads the transposed view a (B, L, H, Dv) reshape gives back in place
             grads = backward(
-                BackwardArgs(
-                    grad_out.contiguous(), out, stat, call, needs.bias, needs.gate, needs.attn_mask
-                )
+                BackwardArgs(grad_out, out, stat, call, needs.bias, needs.gate, needs.attn_mask)
             )
             per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
             return tuple(

@@ -21,11 +21,12 @@ namespace {
 template <typename T>
 struct BackwardScratch {
   std::vector<T> s, da, values, mask_values, dropout, dgate;
+  std::vector<T> delta;  // the block's delta_i = sum_e dO_ie O_ie
   std::vector<uint8_t> flags;
   std::vector<uint16_t> s16, da16;  // A and dS in bfloat16, for bfloat16 operands
 
   BackwardScratch(int64_t bq, int64_t bk, bool bf16)
-      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk),
+      : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk), delta(bq),
         flags(bk), s16(bf16 ? bq * bk : 0), da16(bf16 ? bq * bk : 0) {}
 };
 
@@ -145,59 +146,94 @@ struct TileProducts {
   const Problem<T>& P;
   const Gradients<T>& G;
   BackwardScratch<T>& W;
-  int64_t row0, kv0, bq;  // the block's first query row and kv head's first key (flat)
+  // offsets of the block's first query row in q and dO, and of the kv head's first key in k
+  // and v; rows lie the operands' row strides apart
+  int64_t q0, o0, k0, v0, bq;
 
   void before(int64_t j0, int64_t n, T* s, T* da, int64_t ld) const {
-    const int64_t d = P.dim, dv = P.vdim;
+    const int64_t d = P.dim, dv = P.vdim, ldq = P.q_rows.si, ldk = P.k_rows.si;
+    const int64_t ldv = P.v_rows.si, ldo = G.grad_out_rows.si;
     if constexpr (std::is_same_v<T, float>) {
       if (P.bf16()) {
-        gemm_nt(bq, n, d, P.scale, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s, ld);
-        gemm_nt(bq, n, dv, 1.0f, G.grad_out16 + row0 * dv, dv, P.v16 + (kv0 + j0) * dv, dv,
-                0.0f, da, ld);
+        gemm_nt(bq, n, d, P.scale, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
+        gemm_nt(bq, n, dv, 1.0f, G.grad_out16 + o0, ldo, P.v16 + v0 + j0 * ldv, ldv, 0.0f, da,
+                ld);
         return;
       }
     }
-    gemm_nt<T>(bq, n, d, P.scale, P.q + row0 * d, d, P.k + (kv0 + j0) * d, d, T(0), s, ld);
-    gemm_nt<T>(bq, n, dv, T(1), G.grad_out + row0 * dv, dv, P.v + (kv0 + j0) * dv, dv, T(0), da,
-               ld);
+    gemm_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, T(0), s, ld);
+    gemm_nt<T>(bq, n, dv, T(1), G.grad_out + o0, ldo, P.v + v0 + j0 * ldv, ldv, T(0), da, ld);
   }
 
+  // dq: the block's rows of dQ; dk, dv_rows: the kv head's first rows of dK, dV
   void after(int64_t j0, int64_t n, const T* a, const T* ds, int64_t ld, bool first, T* dq,
              T* dk, T* dv_rows) const {
-    const int64_t d = P.dim, dv = P.vdim;
+    const int64_t d = P.dim, dv = P.vdim, ldq = P.q_rows.si, ldk = P.k_rows.si;
+    const int64_t ldo = G.grad_out_rows.si, lddq = G.dq_rows.si, lddk = G.dk_rows.si;
+    const int64_t lddv = G.dv_rows.si;
     if constexpr (std::is_same_v<T, float>) {
       if (P.bf16()) {
         uint16_t* a16 = W.s16.data();
         uint16_t* ds16 = W.da16.data();
         to_bf16(a, a16, bq * ld);
         to_bf16(ds, ds16, bq * ld);
-        gemm_tn(n, dv, bq, 1.0f, a16, ld, G.grad_out16 + row0 * dv, dv, 1.0f, dv_rows + j0 * dv,
-                dv);
-        gemm_nn(bq, d, n, P.scale, ds16, ld, P.k16 + (kv0 + j0) * d, d, first ? 0.0f : 1.0f, dq,
-                d);
-        gemm_tn(n, d, bq, P.scale, ds16, ld, P.q16 + row0 * d, d, 1.0f, dk + j0 * d, d);
+        gemm_tn(n, dv, bq, 1.0f, a16, ld, G.grad_out16 + o0, ldo, 1.0f, dv_rows + j0 * lddv,
+                lddv);
+        gemm_nn(bq, d, n, P.scale, ds16, ld, P.k16 + k0 + j0 * ldk, ldk, first ? 0.0f : 1.0f, dq,
+                lddq);
+        gemm_tn(n, d, bq, P.scale, ds16, ld, P.q16 + q0, ldq, 1.0f, dk + j0 * lddk, lddk);
         return;
       }
     }
-    gemm_tn<T>(n, dv, bq, T(1), a, ld, G.grad_out + row0 * dv, dv, T(1), dv_rows + j0 * dv, dv);
-    gemm_nn<T>(bq, d, n, P.scale, ds, ld, P.k + (kv0 + j0) * d, d, first ? T(0) : T(1), dq, d);
-    gemm_tn<T>(n, d, bq, P.scale, ds, ld, P.q + row0 * d, d, T(1), dk + j0 * d, d);
+    gemm_tn<T>(n, dv, bq, T(1), a, ld, G.grad_out + o0, ldo, T(1), dv_rows + j0 * lddv, lddv);
+    gemm_nn<T>(bq, d, n, P.scale, ds, ld, P.k + k0 + j0 * ldk, ldk, first ? T(0) : T(1), dq,
+               lddq);
+    gemm_tn<T>(n, d, bq, P.scale, ds, ld, P.q + q0, ldq, T(1), dk + j0 * lddk, lddk);
   }
 };
+
+// delta_i = sum_e dO_ie O_ie of the block's rows into W.delta (here, while the rows are in
+// cache, rather than as two passes over (B, H, Lq, Dv) before the call)
+template <typename T>
+void row_deltas(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W, int64_t b,
+                int64_t h, int64_t i0, int64_t bq) {
+  const int64_t dv = P.vdim;
+  for (int64_t r = 0; r < bq; ++r) {
+    const T* out = G.out + G.out_rows.at(b, h, i0 + r);
+    const int64_t at = G.grad_out_rows.at(b, h, i0 + r);
+    T sum = T(0);
+    if (G.grad_out16 != nullptr) {
+      const uint16_t* grad = G.grad_out16 + at;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t e = 0; e < dv; ++e) sum += static_cast<T>(bf16_value(grad[e])) * out[e];
+    } else {
+      const T* grad = G.grad_out + at;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t e = 0; e < dv; ++e) sum += grad[e] * out[e];
+    }
+    W.delta[r] = sum;
+  }
+}
 
 // One query block of one query head against its visible keys.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
                     int64_t worker, int64_t split, int64_t b, int64_t h, int64_t i0,
                     int64_t i1) {
-  const int64_t bq = i1 - i0, d = P.dim, dv = P.vdim, hk = h / P.groups;
-  const int64_t row0 = (b * P.heads + h) * P.lq + i0;
-  const int64_t kv = b * P.kv_heads + hk;
-  const TileProducts<T> products{P, G, W, row0, kv * P.lk, bq};
-  const int64_t part = split * P.batch * P.kv_heads + kv;
-  T* dk = G.dk + part * P.lk * d;
-  T* dv_rows = G.dv + part * P.lk * dv;
-  T* dq = G.dq + row0 * d;
+  const int64_t bq = i1 - i0, d = P.dim, hk = h / P.groups;
+  const int64_t row0 = (b * P.heads + h) * P.lq + i0;  // flat: the row statistics' index
+  const TileProducts<T> products{P,
+                                 G,
+                                 W,
+                                 P.q_rows.at(b, h, i0),
+                                 G.grad_out_rows.at(b, h, i0),
+                                 P.k_rows.at(b, hk, 0),
+                                 P.v_rows.at(b, hk, 0),
+                                 bq};
+  T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
+  T* dv_rows = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
+  T* dq = G.dq + G.dq_rows.at(b, h, i0);
+  row_deltas(P, G, W, b, h, i0, bq);
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
@@ -213,12 +249,17 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
       logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s);
       backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
-                   G.stat[row0 + r], G.delta[row0 + r]);
+                   G.stat[row0 + r], W.delta[r]);
     }
     products.after(j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
     first = false;
   }
-  if (first) std::fill(dq, dq + bq * d, T(0));  // no key is visible to this block
+  if (first) {  // no key is visible to this block
+    for (int64_t r = 0; r < bq; ++r) {
+      T* row = dq + r * G.dq_rows.si;
+      std::fill(row, row + d, T(0));
+    }
+  }
 }
 
 }  // namespace
@@ -230,7 +271,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
   const int64_t head_items = G.serial_heads ? 1 : P.kv_heads;
   const int64_t per_split = (blocks + G.splits - 1) / G.splits;
   const int64_t count = batch_items * head_items * G.splits;
-  const int64_t workers = workers_for(count, P.work());
+  const int64_t workers = workers_for(count, P.work(), P.lq);
   std::vector<std::unique_ptr<BackwardScratch<T>>> scratch(workers);
   run_items(count, workers, [&](int64_t worker, int64_t index) {
     if (!scratch[worker]) {

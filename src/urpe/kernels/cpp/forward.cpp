@@ -37,24 +37,25 @@ struct PackedHead {
 };
 
 // The tile's two products, on T operands or on the problem's bfloat16 ones.
-// S (bq, n; rows ld apart) = scale Q K^T for query rows `row0`.. and keys `j0`.., but on
-// bfloat16 operands S = Q K^T: BLAS's bf16 product takes about 1.7x as long with a factor, so
-// the logits loop applies it (`row_scale`).
+// S (bq, n; rows ld apart) = scale Q K^T for the query rows from offset q0 on and keys `j0`..
+// of the kv head whose first key is at offset k0, but on bfloat16 operands S = Q K^T: BLAS's
+// bf16 product takes about 1.7x as long with a factor, so the logits loop applies it
+// (`row_scale`).
 template <typename T>
-void scores(const Problem<T>& P, PackedHead packed, int64_t row0, int64_t kv0, int64_t j0,
+void scores(const Problem<T>& P, PackedHead packed, int64_t q0, int64_t k0, int64_t j0,
             int64_t bq, int64_t n, T* s, int64_t ld) {
-  const int64_t d = P.dim;
+  const int64_t d = P.dim, ldq = P.q_rows.si, ldk = P.k_rows.si;
   if constexpr (std::is_same_v<T, float>) {
     if (packed.keys != nullptr) {
-      gemm_nt_packed(bq, n, d, P.q16 + row0 * d, packed.keys + j0 * d, s, ld);
+      gemm_nt_packed(bq, n, d, P.q16 + q0, ldq, packed.keys + j0 * d, s, ld);
       if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
       return;
     }
     if (P.bf16()) {
-      return gemm_nt(bq, n, d, 1.0f, P.q16 + row0 * d, d, P.k16 + (kv0 + j0) * d, d, 0.0f, s, ld);
+      return gemm_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
     }
   }
-  gemm_nt<T>(bq, n, d, P.scale, P.q + row0 * d, d, P.k + (kv0 + j0) * d, d, T(0), s, ld);
+  gemm_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, T(0), s, ld);
 }
 
 // The factor `scores` left to the logits loop.
@@ -63,23 +64,24 @@ T row_scale(const Problem<T>& P) {
   return P.bf16() ? P.scale : T(1);
 }
 
-// acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`..: in
-// `a`, or on bfloat16 operands in W.s16 (rounded as SDPA does; the sum stays float).
+// acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`.. of the
+// kv head whose first value is at offset v0: in `a`, or on bfloat16 operands in W.s16 (rounded
+// as SDPA does; the sum stays float).
 template <typename T>
-void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t kv0,
+void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t v0,
                 int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld, T beta, T* acc) {
-  const int64_t dv = P.vdim;
+  const int64_t dv = P.vdim, ldv = P.v_rows.si;
   if constexpr (std::is_same_v<T, float>) {
     if (packed.values != nullptr) {
       return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
                             acc);
     }
     if (P.bf16()) {
-      return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + (kv0 + j0) * dv, dv, beta, acc,
+      return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc,
                      dv);
     }
   }
-  gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + (kv0 + j0) * dv, dv, beta, acc, dv);
+  gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, dv);
 }
 
 #if URPE_AVX512
@@ -288,7 +290,7 @@ template <typename T>
 void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t b,
                   int64_t h, int64_t i0, int64_t i1, T* out, T* stat) {
   const int64_t bq = i1 - i0, dv = P.vdim, hk = h / P.groups;
-  const int64_t kv0 = (b * P.kv_heads + hk) * P.lk;     // flat index of the kv head's first key
+  const int64_t k0 = P.k_rows.at(b, hk, 0), v0 = P.v_rows.at(b, hk, 0);  // the kv head's rows
   T* acc = out + ((b * P.heads + h) * P.lq + i0) * dv;  // (bq, Dv), the output rows
   const int64_t row0 = (b * P.heads + h) * P.lq + i0;   // flat index of the block's first row
   const int power = P.power();
@@ -302,7 +304,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const int64_t n = std::min(P.block_k, key_end - j0);
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
-    scores(P, packed, row0, kv0, j0, bq, n, s_tile, ld);
+    scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
@@ -341,7 +343,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    accumulate(P, W, packed, kv0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
+    accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
     first = false;
   }
   if (packed.values != nullptr) release_packed();
@@ -400,9 +402,11 @@ PackedOperands pack_operands(const Problem<T>& P) {
   }
   const double work = static_cast<double>(heads) * P.lk * (P.dim + P.vdim);
   run_items(heads, workers_for(heads, work), [&](int64_t, int64_t kv) {
-    pack_keys(P.k16 + kv * P.lk * P.dim, P.lk, P.dim, packed.keys.get() + kv * packed.keys_size);
+    const int64_t b = kv / P.kv_heads, hk = kv % P.kv_heads;
+    pack_keys(P.k16 + P.k_rows.at(b, hk, 0), P.lk, P.dim, P.k_rows.si,
+              packed.keys.get() + kv * packed.keys_size);
     if (packed.values) {
-      pack_values(P.v16 + kv * P.lk * P.vdim, P.lk, P.vdim,
+      pack_values(P.v16 + P.v_rows.at(b, hk, 0), P.lk, P.vdim, P.v_rows.si,
                   packed.values.get() + kv * packed.values_size);
     }
   });
@@ -413,7 +417,7 @@ template <typename T>
 void forward_loop(const Problem<T>& P, T* out, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
-  const int64_t workers = workers_for(count, P.work());
+  const int64_t workers = workers_for(count, P.work(), P.lq);
   const PackedOperands packed = pack_operands(P);
   const int64_t keys = packed.keys ? round_up(P.tile_keys(), kPackedKeys) : P.tile_keys();
   std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);

@@ -253,14 +253,14 @@ int64_t packed_keys_size(int64_t lk, int64_t d) {
 
 // Keys: per block of kPackedKeys keys, K^T (d x kPackedKeys), word (e, j) = k[j, 2e .. 2e + 1]:
 // a transpose of the block's 32-bit words.
-void pack_keys(const uint16_t* k, int64_t lk, int64_t d, uint16_t* packed) {
+void pack_keys(const uint16_t* k, int64_t lk, int64_t d, int64_t ldk, uint16_t* packed) {
   const int64_t words = d / 2;
   for (int64_t j0 = 0; j0 < lk; j0 += kPackedKeys) {
     const int64_t n = std::min(kPackedKeys, lk - j0);
     uint32_t* out = reinterpret_cast<uint32_t*>(packed + j0 * d);
     for (int64_t e = 0; e < words; ++e) {
       uint32_t* row = out + e * kPackedKeys;
-      for (int64_t j = 0; j < n; ++j) std::memcpy(row + j, k + (j0 + j) * d + 2 * e, 4);
+      for (int64_t j = 0; j < n; ++j) std::memcpy(row + j, k + (j0 + j) * ldk + 2 * e, 4);
       std::fill(row + n, row + kPackedKeys, 0u);
     }
   }
@@ -274,7 +274,7 @@ int64_t packed_values_size(int64_t lk, int64_t dv) { return packed_keys_size(lk,
 
 // Values: column block `col0` (width w <= kPackedKeys) starts at col0 * width (keys rounded up
 // to whole blocks); in it word (p, c) = (v[2p, col0 + c], v[2p + 1, col0 + c]).
-void pack_values(const uint16_t* v, int64_t lk, int64_t dv, uint16_t* packed) {
+void pack_values(const uint16_t* v, int64_t lk, int64_t dv, int64_t ldv, uint16_t* packed) {
   const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
   for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
     const int64_t w = std::min(kPackedKeys, dv - col0);
@@ -282,8 +282,8 @@ void pack_values(const uint16_t* v, int64_t lk, int64_t dv, uint16_t* packed) {
     for (int64_t j = 0; j < width; j += 2) {
       uint16_t* __restrict out = block + j * w;
       if (j + 1 < lk) {
-        const uint16_t* __restrict even = v + j * dv + col0;
-        const uint16_t* __restrict odd = even + dv;
+        const uint16_t* __restrict even = v + j * ldv + col0;
+        const uint16_t* __restrict odd = even + ldv;
         for (int64_t c = 0; c < w; ++c) {
           out[2 * c] = even[c];
           out[2 * c + 1] = odd[c];
@@ -292,19 +292,19 @@ void pack_values(const uint16_t* v, int64_t lk, int64_t dv, uint16_t* packed) {
       }
       std::fill(out, out + 2 * w, uint16_t(0));  // past the last key
       if (j < lk) {
-        for (int64_t c = 0; c < w; ++c) out[2 * c] = v[j * dv + col0 + c];
+        for (int64_t c = 0; c < w; ++c) out[2 * c] = v[j * ldv + col0 + c];
       }
     }
   }
 }
 
-void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, const uint16_t* packed,
-                    float* s, int64_t ld) {
+void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, int64_t ldq,
+                    const uint16_t* packed, float* s, int64_t ld) {
 #if URPE_BRGEMM
   const auto* a = reinterpret_cast<const at::BFloat16*>(q);
   for (int64_t j0 = 0; j0 < n; j0 += kPackedKeys) {
     const auto* b = reinterpret_cast<const at::BFloat16*>(packed + j0 * d);
-    at::native::cpublas::brgemm(m, kPackedKeys, d, d, kPackedKeys, ld, false, a, b, s + j0);
+    at::native::cpublas::brgemm(m, kPackedKeys, d, ldq, kPackedKeys, ld, false, a, b, s + j0);
   }
 #else
   TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
@@ -354,12 +354,21 @@ BlasThreadsGuard::~BlasThreadsGuard() {
 #endif
 }
 
-// Below this many multiply-adds (about 20 us on one core) a second thread's wake-up and the
+// Up to this many multiply-adds (about 20 us on one core) a second thread's wake-up and the
 // shared counter cost more than they save, and make the time jump with the scheduler.
 constexpr double kSerialWork = 1 << 18;
+// A call of at most kFewRows query rows per head (a decoding step) streams its keys and values
+// once per row: a second thread saves a third of the time at best (measured: 2 threads took
+// 0.6-0.7x of one at Lk = 1024-4096, B = 1, H = 8, D = 32), and waits for a busy core's
+// time slice when another process runs there (15x slower). Such calls stay on one thread up to
+// kSerialFewRowsWork, about 0.3 ms on one core (Lk = 2048 at that shape); the NaN check of
+// their keys and values does too (checks.cpp's kSerialEntries).
+constexpr int64_t kFewRows = 16;
+constexpr double kSerialFewRowsWork = 1 << 20;
 
-int64_t workers_for(int64_t count, double work) {
-  if (count <= 1 || work < kSerialWork || at::in_parallel_region()) return 1;
+int64_t workers_for(int64_t count, double work, int64_t query_rows) {
+  const double serial = query_rows <= kFewRows ? kSerialFewRowsWork : kSerialWork;
+  if (count <= 1 || work <= serial || at::in_parallel_region()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
 }
 

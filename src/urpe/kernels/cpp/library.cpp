@@ -1,7 +1,9 @@
 // The ops `torch.ops.urpe_cpp.forward` / `.backward`: tensors in, tile loops run, tensors out.
 //
 // The Python side (urpe/kernels/cpp/ops.py) hands over operands already in the compute dtype
-// (float or double) and contiguous, each bias or gate as (kind, tensor, index):
+// (float or double), each with a contiguous last dim and rows at least a row apart (views of
+// (B, L, H, E) projections are read in place, and their gradients written in their layout),
+// each bias or gate as (kind, tensor, index):
 //   dense     (B|1, H|1, Lq|1, Lk|1), any strides
 //   Toeplitz  (H|1, Lq + Lk - 1): the table read at every offset j - pos(i), entry j - i + Lq - 1
 //   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
@@ -32,6 +34,22 @@ at::ScalarType compute_type(const at::Tensor& q) {
 
 int64_t stride_or_zero(const at::Tensor& t, int64_t dim) {
   return t.size(dim) == 1 ? 0 : t.stride(dim);
+}
+
+// Whether a 4-D tensor's rows can be read where they lie: the last dim contiguous and rows at
+// least a row apart (the products take them with that leading dimension).
+bool readable_rows(const at::Tensor& t) {
+  return t.dim() == 4 && (t.size(3) <= 1 || t.stride(3) == 1) &&
+         (t.size(2) <= 1 || t.stride(2) >= t.size(3));
+}
+
+// The rows of a 4-D tensor that `readable_rows` accepts (a single row counts as a row apart).
+Rows rows_of(const at::Tensor& t) {
+  Rows rows;
+  rows.sb = stride_or_zero(t, 0);
+  rows.sh = stride_or_zero(t, 1);
+  rows.si = t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2);
+  return rows;
 }
 
 // The raw ops are public (torch.ops.urpe_cpp.*): every argument is checked here, cheaply, so
@@ -175,9 +193,10 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   // bfloat16 operands are multiplied as they are (the compute dtype T is then float)
   const bool bf16 = std::is_same_v<T, float> && q.scalar_type() == at::kBFloat16;
   for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->device().is_cpu(),
-                "urpe_cpp: q, k, v must be contiguous 4-D CPU tensors, got shapes ", q.sizes(),
-                ", ", k.sizes(), ", ", v.sizes());
+    TORCH_CHECK(t->device().is_cpu() && readable_rows(*t),
+                "urpe_cpp: q, k, v must be 4-D CPU tensors with a contiguous last dim and rows "
+                "at least a row apart, got shapes ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(),
+                " with strides ", q.strides(), ", ", k.strides(), ", ", v.strides());
     TORCH_CHECK(t->scalar_type() == (bf16 ? at::kBFloat16 : c10::CppTypeToScalarType<T>::value),
                 "urpe_cpp: q, k, v must share the compute dtype (or bfloat16), got ",
                 q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
@@ -198,6 +217,9 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(P.kv_heads > 0 && P.heads % P.kv_heads == 0, "urpe_cpp: q's heads (", P.heads,
               ") must be a multiple of k's and v's (", P.kv_heads, ")");
   P.groups = P.heads / P.kv_heads;
+  P.q_rows = rows_of(q);
+  P.k_rows = rows_of(k);
+  P.v_rows = rows_of(v);
   if (bf16) {
     P.q16 = reinterpret_cast<const uint16_t*>(q.const_data_ptr<at::BFloat16>());
     P.k16 = reinterpret_cast<const uint16_t*>(k.const_data_ptr<at::BFloat16>());
@@ -303,6 +325,30 @@ std::tuple<at::Tensor, at::Tensor, bool> forward_if_finite(
   return {out, stat, true};
 }
 
+// A gradient of q, k or v, laid out as empty_like lays out the tensor (what the ops' fake
+// implementations promise, and no copy for a view of a (B, L, H, E) projection), or
+// contiguous where those rows could not be written.
+at::Tensor gradient_like(const at::Tensor& t, const at::TensorOptions& options) {
+  at::Tensor grad = at::empty_like(t, options);
+  return readable_rows(grad) ? grad : at::empty(t.sizes(), options);
+}
+
+// `copies` zeroed gradients of t, stacked in a leading dim: one is laid out as gradient_like
+at::Tensor zeroed_copies(const at::Tensor& t, int64_t copies, const at::TensorOptions& options,
+                         Rows& rows, int64_t& copy_stride) {
+  at::Tensor grads;
+  if (copies == 1) {
+    grads = gradient_like(t, options).zero_().unsqueeze(0);
+  } else {
+    std::vector<int64_t> sizes{copies};
+    sizes.insert(sizes.end(), t.sizes().begin(), t.sizes().end());
+    grads = at::zeros(sizes, options);
+  }
+  rows = rows_of(grads.select(0, 0));
+  copy_stride = grads.stride(0);
+  return grads;
+}
+
 // The gradient of a term (kind, tensor) into a fresh tensor; tables get one copy per worker.
 template <typename T>
 TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor& grad,
@@ -326,7 +372,7 @@ TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor&
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
-    const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& delta,
+    const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& out,
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
     const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
@@ -335,17 +381,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const OptTensor& dropout_seed, int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
     int64_t items_per_thread) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
-  at::Tensor dq = at::empty(q.sizes(), options);
+  at::Tensor dq = gradient_like(q, options);
   at::Tensor dk, dv, dbias, dgate, dmask;
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::backward", [&] {
     const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     const int64_t rows = P.batch * P.heads * P.lq;
-    check_rows(grad_out, rows * P.vdim, q.scalar_type(), "grad_out", "(B, H, Lq, Dv)");
-    TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(3) == P.vdim,
-                "urpe_cpp: grad_out must be (B, H, Lq, Dv) like the output, got ",
-                grad_out.sizes());
+    check_cpu(grad_out, "grad_out");
+    TORCH_CHECK(grad_out.scalar_type() == q.scalar_type(), "urpe_cpp: grad_out must be ",
+                q.scalar_type(), " like q, got ", grad_out.scalar_type());
+    TORCH_CHECK(readable_rows(grad_out) &&
+                    grad_out.sizes() == at::IntArrayRef({P.batch, P.heads, P.lq, P.vdim}),
+                "urpe_cpp: grad_out must be (B, H, Lq, Dv) like the output, with a contiguous "
+                "last dim and rows at least a row apart, got shape ", grad_out.sizes(),
+                " with strides ", grad_out.strides());
     check_rows(stat, rows, compute_type(q), "stat", "(B, H, Lq)");
-    check_rows(delta, rows, compute_type(q), "delta", "(B, H, Lq)");
+    check_cpu(out, "out");
+    TORCH_CHECK(out.scalar_type() == compute_type(q), "urpe_cpp: out must be ", compute_type(q),
+                " (the compute dtype), got ", out.scalar_type());
+    TORCH_CHECK(readable_rows(out) &&
+                    out.sizes() == at::IntArrayRef({P.batch, P.heads, P.lq, P.vdim}),
+                "urpe_cpp: out must be the forward's (B, H, Lq, Dv) output, with a contiguous "
+                "last dim and rows at least a row apart, got shape ", out.sizes(),
+                " with strides ", out.strides());
     Gradients<scalar_t> G;
     if (P.bf16()) {
       G.grad_out16 = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>());
@@ -353,8 +410,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       G.grad_out = grad_out.data_ptr<scalar_t>();
     }
     G.stat = stat.data_ptr<scalar_t>();
-    G.delta = delta.data_ptr<scalar_t>();
+    G.out = out.data_ptr<scalar_t>();
+    G.out_rows = rows_of(out);
+    G.grad_out_rows = rows_of(grad_out);
     G.dq = dq.data_ptr<scalar_t>();
+    G.dq_rows = rows_of(dq);
     // a dense gradient broadcast over a dim keeps that dim inside one work item
     const std::pair<const Term<scalar_t>*, const OptTensor*> dense[] = {
         {needs_bias ? &P.bias : nullptr, &bias},
@@ -372,12 +432,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     // their own dk, dv copies (at most kMaxSplits copies), so that a slow thread can be helped.
     const int64_t blocks = (P.lq + P.block_q - 1) / P.block_q;
     const int64_t items = (G.serial_batch ? 1 : P.batch) * (G.serial_heads ? 1 : P.kv_heads);
-    const int64_t wanted = items_per_thread * workers_for(items * blocks, P.work());
+    const int64_t wanted = items_per_thread * workers_for(items * blocks, P.work(), P.lq);
     G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
                                                      std::min(blocks, kMaxSplits));
-    const int64_t workers = workers_for(items * G.splits, P.work());
-    dk = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.dim}, options);
-    dv = at::zeros({G.splits, P.batch, P.kv_heads, P.lk, P.vdim}, options);
+    const int64_t workers = workers_for(items * G.splits, P.work(), P.lq);
+    dk = zeroed_copies(k, G.splits, options, G.dk_rows, G.dk_split);
+    dv = zeroed_copies(v, G.splits, options, G.dv_rows, G.dv_split);
     G.dk = dk.data_ptr<scalar_t>();
     G.dv = dv.data_ptr<scalar_t>();
     if (needs_bias && P.bias.present()) G.bias = make_grad(P.bias, *bias, dbias, workers);
@@ -387,13 +447,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     }
     backward_loop<scalar_t>(P, G);
   });
-  // sum the split copies of dk, dv and the per-worker copies of table gradients
+  // sum the split copies of dk, dv and the per-worker copies of table gradients (one copy is
+  // taken as it is: a sum over a dim of 1 would cost a zero fill and a copy of dk and dv)
   const at::Tensor none = at::empty({0}, options);
+  auto total = [](const at::Tensor& copies) {
+    return copies.size(0) == 1 ? copies.select(0, 0) : copies.sum(0);
+  };
   auto finish = [&](const at::Tensor& grad, int64_t kind) -> at::Tensor {
     if (!grad.defined()) return none;
-    return kind == kDense ? grad : grad.sum(0);
+    return kind == kDense ? grad : total(grad);
   };
-  return {dq, dk.sum(0), dv.sum(0), finish(dbias, bias_kind), finish(dgate, gate_kind),
+  return {dq, total(dk), total(dv), finish(dbias, bias_kind), finish(dgate, gate_kind),
           finish(dmask, kDense)};
 }
 
@@ -427,7 +491,7 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "int block_q, int block_k) -> (Tensor, Tensor, bool)",
       &forward_if_finite);
   m.def(
-      "backward(Tensor grad_out, Tensor stat, Tensor delta, Tensor q, Tensor k, Tensor v, "
+      "backward(Tensor grad_out, Tensor stat, Tensor out, Tensor q, Tensor k, Tensor v, "
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "
       "Tensor? gate_index, Tensor? float_mask, Tensor? bool_mask, Tensor? key_padding, "
       "Tensor? documents, Tensor? fixed, bool causal, int norm, float scale, float dropout_p, "
@@ -438,6 +502,9 @@ TORCH_LIBRARY(urpe_cpp, m) {
   m.def("gemm_route() -> str", [] { return std::string(gemm_route()); });
   m.def("exp_values(Tensor x) -> Tensor", &exp_values);
   m.def("bf16_products() -> bool", [] { return bf16_products(); });
+  // the threads a tile loop of `count` work items, `work` multiply-adds and `query_rows` query
+  // rows per head runs on (for the tests of when a call stays on one thread)
+  m.def("workers(int count, float work, int query_rows) -> int", &workers_for);
   // whether at::parallel_for can spread the tiles over threads (built with OpenMP)
   m.def("threaded() -> bool", [] {
 #ifdef _OPENMP

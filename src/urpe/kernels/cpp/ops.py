@@ -39,6 +39,13 @@ DOCUMENT_TILES = (128, 128)
 # Entries of padding after each Toeplitz row: the C++ row loops read whole spans of this many
 # (kLanes in tile.h).
 LANES = 16
+# Up to this many queries and keys a call reads q, k, v and dO where they lie (views of a
+# training step's (B, L, H, D) projections) and writes their gradients in that layout; longer
+# calls take contiguous copies. Measured with one thread, forward + backward with Toeplitz B
+# and C, in place over copied: 0.90 at L = 24 (B = 64, H = 4, D = 16), 0.95-0.97 at L = 192-384,
+# but 1.04-1.09 at L = 512-2048 (H = 8, D = 16-64): there each row is read by many tiles, and
+# rows a (H * D)-wide stride apart cost more than one copy.
+IN_PLACE_LENGTH = 256
 # Backward work items wanted per thread: with fewer (batch, kv head) pairs than that, the query
 # blocks are split into ranges with their own dk/dv copies, so a slowed thread can be helped.
 ITEMS_PER_THREAD = 4
@@ -160,13 +167,30 @@ def _has_bf16_products() -> bool:
 
 def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
     dtype = call.q.dtype if _bf16_products(call.q.dtype) else compute_dtype(call.q.dtype)
-    return tuple(_as_operand(t, dtype) for t in (call.q, call.k, call.v))
+    in_place = reads_in_place(call.q, call.k)
+    return tuple(_as_operand(t, dtype, in_place) for t in (call.q, call.k, call.v))
 
 
-def _as_operand(t: Tensor, dtype: torch.dtype) -> Tensor:
+def reads_in_place(q: Tensor, k: Tensor) -> bool:
+    """Whether a call of these q (B, H, Lq, D) and k (B, Hkv, Lk, D) reads its operands where
+    they lie (`IN_PLACE_LENGTH`)."""
+    return q.shape[-2] <= IN_PLACE_LENGTH and k.shape[-2] <= IN_PLACE_LENGTH
+
+
+def _as_operand(t: Tensor, dtype: torch.dtype, in_place: bool) -> Tensor:
+    """t in `dtype`: where it lies for a call that reads in place and rows the kernel can read
+    (a view of a (B, L, H, E) projection: no copy here, and its gradient comes back in that
+    layout), else contiguous."""
     if t.dtype != dtype:
         t = t.to(dtype)
-    return t if t.is_contiguous() else t.contiguous()
+    return t if (in_place or t.is_contiguous()) and readable_rows(t) else t.contiguous()
+
+
+def readable_rows(t: Tensor) -> bool:
+    """Whether the C++ ops read a (B, H, L, E) tensor as it lies (library.cpp's
+    `readable_rows`): E contiguous, rows at least a row apart."""
+    _, _, length, e = t.shape
+    return (e <= 1 or t.stride(3) == 1) and (length <= 1 or t.stride(2) >= e)
 
 
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
@@ -190,14 +214,14 @@ def cpp_backward(args: BackwardArgs):
     call = args.forward
     dtype = compute_dtype(call.q.dtype)
     lq, lk = call.q.shape[2], call.k.shape[2]
-    delta = (args.grad_out.to(dtype) * args.out.to(dtype)).sum(-1)  # (B, H, Lq): sum_e dO O
     operand = call.q.dtype if _bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
-    grad_out = args.grad_out.to(operand).contiguous()
-    stat = args.stat.reshape(delta.shape).contiguous()
+    in_place = reads_in_place(call.q, call.k)
+    grad_out = _as_operand(args.grad_out, operand, in_place)
+    stat = args.stat.reshape(args.stat.shape[:3]).contiguous()  # (B, H, Lq)
     dq, dk, dv, *term_grads = _op("backward")(
         grad_out,
         stat,
-        delta,
+        _as_operand(args.out, dtype, in_place),  # (B, H, Lq, Dv): for sum_e dO O per row
         *_operands(call),
         *_op_arguments(call, BACKWARD_TILES),
         *args.needs,

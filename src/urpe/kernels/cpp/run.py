@@ -12,14 +12,14 @@ from ..spec import AttentionSpec
 def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:
     """The C++ backend: (B, H, Lq, Dv) in q's dtype. block_q, block_k: tile sizes (0: the
     tuned defaults)."""
-    from .ops import CPP
+    from .ops import CPP, reads_in_place
 
     if spec.dropout_p > 0.0 and spec.dropout_seed is None:
         spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
-    # q, k, v made contiguous here, before the kernel's autograd Function, which then saves
-    # these copies: its backward reuses them instead of copying a transposed q, k, v again
-    # (a training step's projections give views of (B, L, H, D) as (B, H, L, D))
-    if not (spec.q.is_contiguous() and spec.k.is_contiguous() and spec.v.is_contiguous()):
+    # A short call reads views of a training step's (B, L, H, D) projections in place and
+    # writes their gradients in that layout. A long one copies q, k, v here, before the
+    # kernel's autograd Function, which then saves the copies for its backward.
+    if not reads_in_place(spec.q, spec.k):
         spec = spec.replace(q=_contiguous(spec.q), k=_contiguous(spec.k), v=_contiguous(spec.v))
     out = CPP(ForwardArgs.from_spec(spec, block_q, block_k))
     return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)

@@ -148,6 +148,14 @@ URPE_INLINE uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// bfloat16 bits -> float (exact)
+URPE_INLINE float bf16_value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, sizeof x);
+  return x;
+}
+
 // the same for n entries
 inline void to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
 #pragma omp simd
@@ -404,10 +412,20 @@ struct Hiding {
 // ---------------------------------------------------------------------------------------------
 // One call: sizes, operands, terms, masks.
 
+// Where the rows of a (B, H, L, E) operand or gradient lie: element strides over batch, head
+// and row, the last dim contiguous. q, k, v are read, and dq, dk, dv written, in the caller's
+// layout: a model's projections give views of (B, L, H, E) that would otherwise be copied
+// before the kernel and their gradients copied back after it.
+struct Rows {
+  int64_t sb = 0, sh = 0, si = 0;
+  int64_t at(int64_t b, int64_t h, int64_t i) const { return b * sb + h * sh + i * si; }
+};
+
 template <typename T>
 struct Problem {
   int64_t batch = 0, heads = 0, kv_heads = 0, lq = 0, lk = 0, dim = 0, vdim = 0;
   int64_t groups = 1;  // query heads per kv head
+  Rows q_rows, k_rows, v_rows;  // q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv)
   const T *q = nullptr, *k = nullptr, *v = nullptr;
   // bfloat16 operands, multiplied as they are (T = float): then q, k, v above are null
   const uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;
@@ -513,9 +531,10 @@ T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h
 // the next index as they finish one (a shared counter), so a thread slowed by another process
 // on its core takes fewer items instead of holding everyone back. `worker` < workers(count)
 // names per-worker scratch.
-// `work`: the call's multiply-adds; a call too small to repay waking another thread (a decoding
-// step, a short row) runs on the calling thread alone.
-int64_t workers_for(int64_t count, double work = 1e30);
+// `work`: the call's multiply-adds; a call too small to repay waking another thread (a short
+// row) runs on the calling thread alone, and so does one of few query rows (`query_rows` per
+// head, a decoding step) up to a larger size.
+int64_t workers_for(int64_t count, double work = 1e30, int64_t query_rows = 1 << 30);
 
 // While alive, BLAS calls from this thread run on this thread alone. torch turns MKL's dynamic
 // thread adjustment off (mkl_set_dynamic(false)), so a product called inside a parallel region
