@@ -86,6 +86,12 @@ def _new_gate(options: UrpeOptions, model: nn.Module, module: nn.Module) -> nn.M
     return gate.to(device=device, dtype=dtype)
 
 
+def _new_forget(options: UrpeOptions, model: nn.Module, module: nn.Module) -> nn.Module:
+    dtype, device = _float_dtype(module)
+    settings = _decay_settings(model, module, options.max_distance)
+    return new_forget(options.decay, settings, dtype, device)
+
+
 def _decay_settings(model: nn.Module, module: nn.Module, max_distance: int) -> EncodingSettings:
     return replace(
         gate_settings(model, module, max_distance),
@@ -222,18 +228,14 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
             raise ValueError(f"a shared gate needs one head count, the layers have {heads}")
         model.add_module(GATE, _new_gate(options, model, first))
     for _, module in chosen:
-        if options.gate is None:
-            pass
-        elif options.shared:
+        if options.gate is not None and options.shared:
             # A plain reference (not a submodule): the gate is saved once, under the model.
             module.__dict__["_urpe_owner"] = model
-        else:
+        elif options.gate is not None:
             module.add_module(GATE, _new_gate(options, model, module))
         module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
         if options.decay is not None:
-            dtype, device = _float_dtype(module)
-            settings = _decay_settings(model, module, options.max_distance)
-            module.add_module(FORGET, new_forget(options.decay, settings, dtype, device))
+            module.add_module(FORGET, _new_forget(options, model, module))
             module.register_forward_pre_hook(record_log_forget, with_kwargs=True)
     register()
     model.config.urpe = {**options.to_dict(), "load": load_note(model)}
