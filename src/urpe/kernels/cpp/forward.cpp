@@ -55,6 +55,9 @@ void scores(const Problem<T>& P, PackedHead packed, int64_t q0, int64_t k0, int6
       return gemm_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
     }
   }
+  if (P.nonfinite != nullptr) {
+    return rows_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, s, ld);
+  }
   gemm_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, T(0), s, ld);
 }
 
@@ -81,7 +84,26 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
                      dv);
     }
   }
+  if (P.nonfinite != nullptr) return rows_nn<T>(bq, dv, n, a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, dv);
   gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, dv);
+}
+
+// For a problem whose q, k and v were not checked up front (`Problem::nonfinite`): raises the
+// flag where any of the rows x (rows x cols, ld apart) holds a NaN or inf. Run on the logits
+// q.k before B and M join them (a product by rows_nt of a row holding NaN/inf is NaN or inf,
+// whatever the other row holds: 0 * inf = NaN), and on the output rows (rows_nn takes every
+// weight, 0 too, times every value row of the tiles it reads). Keys of tiles the loop skips
+// are hidden from every query of the block, which they would not reach under the non-finite
+// rule either. A finite q.k that overflows raises it too: the caller then applies the rule.
+template <typename T>
+void flag_nonfinite(const Problem<T>& P, const T* x, int64_t rows, int64_t cols, int64_t ld) {
+  bool bad = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* __restrict row = x + r * ld;
+#pragma omp simd reduction(| : bad)
+    for (int64_t e = 0; e < cols; ++e) bad |= !(row[e] - row[e] == T(0));  // inf - inf: NaN
+  }
+  if (bad) P.nonfinite->store(true, std::memory_order_relaxed);
 }
 
 #if URPE_AVX512
@@ -305,6 +327,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
     scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
+    if (P.nonfinite != nullptr) flag_nonfinite(P, s_tile, bq, n, ld);
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
@@ -362,6 +385,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     stat[row0 + r] = l > T(0) ? W.row_max[r] + std::log(l) / T(power)
                               : std::numeric_limits<T>::infinity();
   }
+  if (P.nonfinite != nullptr) flag_nonfinite(P, acc, bq, dv, dv);
 }
 
 }  // namespace

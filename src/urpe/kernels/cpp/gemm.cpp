@@ -111,13 +111,6 @@ void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-// Products this small (a decoding step: a few query rows against a head's keys) cost less as
-// plain loops than a BLAS call's dispatch and packing. Only for a few rows: with more, the
-// dot products' horizontal sums make the loops slower than BLAS (measured: short training rows,
-// 24 x 24 x 16 tiles, ran 2x slower in the backward pass).
-constexpr int64_t kDirectWork = 1 << 14;
-constexpr int64_t kDirectRows = 4;
-
 // The same product by loops, for T operands. Row-major: op(A) is (m x k), op(B) is (k x n).
 // a_t: A is stored (k x m) (gemm_tn); b_t: B is stored (n x k) (gemm_nt). beta = 0 overwrites C
 // without reading it, as BLAS does.
@@ -160,7 +153,7 @@ void product(char ta, char tb, int64_t m, int64_t n, int64_t k, C alpha, const A
   if (m == 0 || n == 0) return;
   if (k == 0) return scale_only(m, n, beta, c, ldc);
   if constexpr (std::is_same_v<A, C>) {
-    if (m <= kDirectRows && m * n * k <= kDirectWork) {
+    if (product_by_loops(m, n, k)) {
       // (ta, tb) name the swapped column-major call: 'T' for ta means B is stored (n x k)
       return direct<C>(tb == 'T', ta == 'T', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
@@ -195,13 +188,29 @@ void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, 
   });
 }
 
+template <typename T>
+void rows_nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T* c, int64_t ldc) {
+  direct<T>(false, true, m, n, k, alpha, a, lda, b, ldb, T(0), c, ldc);
+}
+
+template <typename T>
+void rows_nn(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+             T beta, T* c, int64_t ldc) {
+  direct<T>(false, false, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
+}
+
 #define URPE_GEMMS(T)                                                                         \
   template void gemm_nt<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
                            T, T*, int64_t);                                                    \
   template void gemm_nn<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
                            T, T*, int64_t);                                                    \
   template void gemm_tn<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
-                           T, T*, int64_t);
+                           T, T*, int64_t);                                                    \
+  template void rows_nt<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, \
+                           T*, int64_t);                                                       \
+  template void rows_nn<T>(int64_t, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T, \
+                           T*, int64_t);
 URPE_GEMMS(float)
 URPE_GEMMS(double)
 

@@ -288,17 +288,22 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
       key_padding, documents, fixed, causal, norm, scale, dropout_p, dropout_threshold,       \
       dropout_seed, block_q, block_k
 
-std::tuple<at::Tensor, at::Tensor> forward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
-    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
-    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, const OptTensor& documents, const OptTensor& fixed,
-    bool causal, int64_t norm, double scale, double dropout_p, int64_t dropout_threshold,
-    const OptTensor& dropout_seed, int64_t block_q, int64_t block_k) {
+#define URPE_FORWARD_PARAMS                                                                    \
+  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t bias_kind,             \
+      const OptTensor &bias, const OptTensor &bias_index, int64_t gate_kind,                     \
+      const OptTensor &gate, const OptTensor &gate_index, const OptTensor &float_mask,           \
+      const OptTensor &bool_mask, const OptTensor &key_padding, const OptTensor &documents,      \
+      const OptTensor &fixed, bool causal, int64_t norm, double scale, double dropout_p,         \
+      int64_t dropout_threshold, const OptTensor &dropout_seed, int64_t block_q, int64_t block_k
+
+// nonfinite: see Problem::nonfinite (null: q, k and v were checked)
+std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite,
+                                               URPE_FORWARD_PARAMS) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor out, stat;
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::forward", [&] {
-    const Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
+    Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
+    P.nonfinite = nonfinite;
     out = at::empty({P.batch, P.heads, P.lq, P.vdim}, options);
     stat = at::empty({P.batch, P.heads, P.lq}, options);
     forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>());
@@ -306,22 +311,36 @@ std::tuple<at::Tensor, at::Tensor> forward(
   return {out, stat};
 }
 
+std::tuple<at::Tensor, at::Tensor> forward(URPE_FORWARD_PARAMS) {
+  return run_forward(nullptr, URPE_PROBLEM_ARGS);
+}
+
 // `forward` for a caller that has not checked q, k, v: (out, stat, true), or (empty, empty,
-// false) without running when any of them holds a NaN or inf (the caller then applies the
-// non-finite rule). One op call instead of two: at a decoding shape a call through torch.ops
-// costs several microseconds, as much as the kernel itself.
-std::tuple<at::Tensor, at::Tensor, bool> forward_if_finite(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
-    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
-    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, const OptTensor& documents, const OptTensor& fixed,
-    bool causal, int64_t norm, double scale, double dropout_p, int64_t dropout_threshold,
-    const OptTensor& dropout_seed, int64_t block_q, int64_t block_k) {
-  if (!all_finite({q, k, v})) {
+// false) without a result when any of them holds a NaN or inf that a computed pair reads (the
+// caller then applies the non-finite rule). One op call instead of two: at a decoding shape a
+// call through torch.ops costs several microseconds, as much as the kernel itself. For a few
+// query rows (a decoding step) the loop checks q, k and v by the logits and outputs it
+// computes (Problem::nonfinite): a pass over Lq x Lk logits instead of Lk x (D + Dv) keys and
+// values, on data already in cache. Otherwise they are checked up front.
+std::tuple<at::Tensor, at::Tensor, bool> forward_if_finite(URPE_FORWARD_PARAMS) {
+  auto not_finite = [&]() -> std::tuple<at::Tensor, at::Tensor, bool> {
     const at::Tensor none = at::empty({0}, q.options().dtype(compute_type(q)));
     return {none, none, false};
+  };
+  // where the tiles' products run as loops anyway (a few query rows): no slower loop is forced
+  const bool by_results =
+      q.dim() == 4 && v.dim() == 4 &&
+      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
+      product_by_loops(std::min(q.size(2), block_q), std::min(k.size(2), block_k),
+                       std::max(q.size(3), v.size(3)));
+  if (!by_results) {
+    if (!all_finite({q, k, v})) return not_finite();
+    auto [out, stat] = forward(URPE_PROBLEM_ARGS);
+    return {out, stat, true};
   }
-  auto [out, stat] = forward(URPE_PROBLEM_ARGS);
+  std::atomic<bool> nonfinite{false};
+  auto [out, stat] = run_forward(&nonfinite, URPE_PROBLEM_ARGS);
+  if (nonfinite.load()) return not_finite();
   return {out, stat, true};
 }
 

@@ -126,6 +126,25 @@ template <typename T>
 void gemm_tn(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
              int64_t ldb, T beta, T* c, int64_t ldc);
 
+// gemm_nt and gemm_nn for a few rows of A by plain loops, whatever the sizes: every product
+// is taken (no BLAS may skip a zero factor), so a NaN or inf in B reaches C, even through a
+// zero weight (the forward loop's check of q, k and v by their results relies on it).
+template <typename T>
+void rows_nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T* c, int64_t ldc);
+template <typename T>
+void rows_nn(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+             T beta, T* c, int64_t ldc);
+// Products this small (a decoding step: a few query rows against a head's keys) cost less as
+// plain loops than a BLAS call's dispatch and packing. Only for a few rows: with more, the
+// dot products' horizontal sums make the loops slower than BLAS (measured: short training rows,
+// 24 x 24 x 16 tiles, ran 2x slower in the backward pass; 4 x 512 x 32 decoding tiles 3x).
+constexpr int64_t kDirectWork = 1 << 14;
+constexpr int64_t kDirectRows = 4;
+inline bool product_by_loops(int64_t m, int64_t n, int64_t k) {
+  return m <= kDirectRows && m * n * k <= kDirectWork;
+}
+
 // Which product routine runs: "blas" or "aten".
 const char* gemm_route();
 
@@ -437,6 +456,10 @@ struct Problem {
   Dropout dropout;
   T kept = 1;  // 1 / (1 - p)
   int64_t block_q = 0, block_k = 0;
+  // Where k and v were not checked for NaN/inf up front (`forward_if_finite`, few query rows):
+  // the forward loop raises this flag when a logit q.k or an output row is not finite, which
+  // every non-finite q, k or v entry of a pair it computes makes it (see forward.cpp).
+  std::atomic<bool>* nonfinite = nullptr;
 
   int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
   bool bf16() const { return q16 != nullptr; }
