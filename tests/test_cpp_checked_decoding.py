@@ -22,12 +22,10 @@ def _op_call(q, k, v, gate=None, float_mask=None, key_padding=None, causal=True)
 
     gate_kind = KIND_CODES["none" if gate is None else "toeplitz"]
     rows = None if gate is None else toeplitz_rows(gate, q.shape[2], k.shape[2], q.dtype)
-    out, _, finite = torch.ops.urpe_cpp.forward_if_finite(
+    return torch.ops.urpe_cpp.forward_if_finite(
         q, k, v, KIND_CODES["none"], None, None, gate_kind, rows, None, float_mask, None,
-        key_padding, None, None, causal, NORMALIZATION_CODES["softmax"], q.shape[-1] ** -0.5,
-        0.0, 0, None, *FORWARD_TILES,
+        key_padding, causal, NORMALIZATION_CODES["softmax"], q.shape[-1] ** -0.5, *FORWARD_TILES,
     )  # fmt: skip
-    return out, finite
 
 
 def _inputs(lq, lk, d, dtype, seed):

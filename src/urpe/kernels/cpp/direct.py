@@ -91,15 +91,7 @@ def raw_direct_call(
     float_mask = mask is not None and mask.dtype != torch.bool
     if float_mask and mask.dtype != spec.q.dtype:
         return None
-    scalars = (
-        spec.is_causal,
-        NORMALIZATION_CODES[spec.normalization],
-        spec.scale,
-        0.0,
-        0,
-        None,
-        *FORWARD_TILES,
-    )
+    scalars = (spec.is_causal, NORMALIZATION_CODES[spec.normalization], spec.scale, *FORWARD_TILES)
     op = getattr(torch.ops.urpe_cpp, "forward_if_finite", None)
     if op is None:  # a kernel library built before this op existed
         return None
@@ -107,7 +99,7 @@ def raw_direct_call(
 
     def run(q, k, v, bias, bias_index, gate, gate_index, mask, kpm) -> Tensor | None:
         # (contiguity checked inline: a decoding step makes this call once per layer)
-        out, _, finite = op(
+        out, finite = op(
             q if q.is_contiguous() else q.contiguous(),
             k if k.is_contiguous() else k.contiguous(),
             v if v.is_contiguous() else v.contiguous(),
@@ -118,8 +110,6 @@ def raw_direct_call(
             mask if float_mask else None,
             None if float_mask else mask,
             None if kpm is None else _contiguous(kpm),
-            None,
-            None,
             *scalars,
         )
         return out if finite else None

@@ -296,8 +296,9 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
       const OptTensor &fixed, bool causal, int64_t norm, double scale, double dropout_p,         \
       int64_t dropout_threshold, const OptTensor &dropout_seed, int64_t block_q, int64_t block_k
 
-// nonfinite: see Problem::nonfinite (null: q, k and v were checked)
-std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite,
+// nonfinite: see Problem::nonfinite (null: q, k and v were checked); without `with_stat` the
+// statistic (for a backward pass) goes to scratch memory and an undefined tensor is returned
+std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, bool with_stat,
                                                URPE_FORWARD_PARAMS) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor out, stat;
@@ -305,43 +306,54 @@ std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite,
     Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     P.nonfinite = nonfinite;
     out = at::empty({P.batch, P.heads, P.lq, P.vdim}, options);
-    stat = at::empty({P.batch, P.heads, P.lq}, options);
-    forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>());
+    std::vector<scalar_t> scratch;
+    scalar_t* stat_data;
+    if (with_stat) {
+      stat = at::empty({P.batch, P.heads, P.lq}, options);
+      stat_data = stat.data_ptr<scalar_t>();
+    } else {
+      scratch.resize(P.batch * P.heads * P.lq);
+      stat_data = scratch.data();
+    }
+    forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat_data);
   });
   return {out, stat};
 }
 
 std::tuple<at::Tensor, at::Tensor> forward(URPE_FORWARD_PARAMS) {
-  return run_forward(nullptr, URPE_PROBLEM_ARGS);
+  return run_forward(nullptr, true, URPE_PROBLEM_ARGS);
 }
 
-// `forward` for a caller that has not checked q, k, v: (out, stat, true), or (empty, empty,
-// false) without a result when any of them holds a NaN or inf that a computed pair reads (the
-// caller then applies the non-finite rule). One op call instead of two: at a decoding shape a
-// call through torch.ops costs several microseconds, as much as the kernel itself. For a few
-// query rows (a decoding step) the loop checks q, k and v by the logits and outputs it
-// computes (Problem::nonfinite): a pass over Lq x Lk logits instead of Lk x (D + Dv) keys and
-// values, on data already in cache. Otherwise they are checked up front.
-std::tuple<at::Tensor, at::Tensor, bool> forward_if_finite(URPE_FORWARD_PARAMS) {
-  auto not_finite = [&]() -> std::tuple<at::Tensor, at::Tensor, bool> {
-    const at::Tensor none = at::empty({0}, q.options().dtype(compute_type(q)));
-    return {none, none, false};
-  };
+// `forward` for a caller that has not checked q, k, v and wants no gradient (a decoding step):
+// (out, true), or (empty, false) without a result when any of them holds a NaN or inf that a
+// computed pair reads (the caller then applies the non-finite rule). One op call instead of
+// two, and only the arguments such a call has (no dropout, documents or fixed statistic; no
+// statistic returned): at a decoding shape a call through torch.ops costs several
+// microseconds, as much as the kernel itself, and each argument adds to it. For a few query
+// rows the loop checks q, k and v by the logits and outputs it computes
+// (Problem::nonfinite): a pass over Lq x Lk logits instead of Lk x (D + Dv) keys and values,
+// on data already in cache. Otherwise they are checked up front.
+std::tuple<at::Tensor, bool> forward_if_finite(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
+    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
+    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
+    const OptTensor& key_padding, bool causal, int64_t norm, double scale, int64_t block_q,
+    int64_t block_k) {
+  const OptTensor documents, fixed, dropout_seed;
+  const double dropout_p = 0.0;
+  const int64_t dropout_threshold = 0;
   // where the tiles' products run as loops anyway (a few query rows): no slower loop is forced
   const bool by_results =
       q.dim() == 4 && v.dim() == 4 &&
       (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
       product_by_loops(std::min(q.size(2), block_q), std::min(k.size(2), block_k),
                        std::max(q.size(3), v.size(3)));
-  if (!by_results) {
-    if (!all_finite({q, k, v})) return not_finite();
-    auto [out, stat] = forward(URPE_PROBLEM_ARGS);
-    return {out, stat, true};
-  }
+  if (!by_results && !all_finite({q, k, v})) return {at::empty({0}, q.options()), false};
   std::atomic<bool> nonfinite{false};
-  auto [out, stat] = run_forward(&nonfinite, URPE_PROBLEM_ARGS);
-  if (nonfinite.load()) return not_finite();
-  return {out, stat, true};
+  at::Tensor out =
+      std::get<0>(run_forward(by_results ? &nonfinite : nullptr, false, URPE_PROBLEM_ARGS));
+  if (nonfinite.load()) return {at::empty({0}, q.options()), false};
+  return {out, true};
 }
 
 // A gradient of q, k or v, laid out as empty_like lays out the tensor (what the ops' fake
@@ -505,9 +517,8 @@ TORCH_LIBRARY(urpe_cpp, m) {
   m.def(
       "forward_if_finite(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, "
       "Tensor? bias_index, int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, "
-      "Tensor? bool_mask, Tensor? key_padding, Tensor? documents, Tensor? fixed, bool causal, "
-      "int norm, float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, "
-      "int block_q, int block_k) -> (Tensor, Tensor, bool)",
+      "Tensor? bool_mask, Tensor? key_padding, bool causal, int norm, float scale, int block_q, "
+      "int block_k) -> (Tensor, bool)",
       &forward_if_finite);
   m.def(
       "backward(Tensor grad_out, Tensor stat, Tensor out, Tensor q, Tensor k, Tensor v, "
