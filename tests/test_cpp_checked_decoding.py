@@ -35,7 +35,7 @@ def _inputs(lq, lk, d, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("lq,lk,d", [(1, 1, 8), (1, 13, 8), (2, 40, 16), (4, 600, 8), (5, 9, 4)])
+@pytest.mark.parametrize("lq,lk,d", [(1, 1, 8), (1, 13, 8), (1, 600, 8), (2, 40, 16), (4, 600, 8)])
 def test_every_non_finite_placement_gives_the_rules_answer(dtype, lq, lk, d):
     """Random NaN/inf entries in q, k or v, seen or hidden by padding, behind a zero gate entry
     or a float mask that drives a weight to exactly 0: whenever the op answers, its answer is

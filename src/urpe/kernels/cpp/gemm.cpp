@@ -120,13 +120,36 @@ void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const 
   for (int64_t r = 0; r < m; ++r) {
     T* __restrict row = c + r * ldc;
     if (b_t) {  // C[r, j] = A[r, :] . B[j, :]
-      for (int64_t j = 0; j < n; ++j) {
-        const T* __restrict x = a + r * lda;
+      const T* __restrict x = a + r * lda;
+      auto put = [&](int64_t j, T sum) {
+        row[j] = beta == T(0) ? alpha * sum : alpha * sum + beta * row[j];
+      };
+      int64_t j = 0;
+      // four rows of B at a time: four independent sums, each entry of x loaded once
+      for (; j + 4 <= n; j += 4) {
+        const T* __restrict y0 = b + j * ldb;
+        const T* __restrict y1 = y0 + ldb;
+        const T* __restrict y2 = y1 + ldb;
+        const T* __restrict y3 = y2 + ldb;
+        T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int64_t e = 0; e < k; ++e) {
+          s0 += x[e] * y0[e];
+          s1 += x[e] * y1[e];
+          s2 += x[e] * y2[e];
+          s3 += x[e] * y3[e];
+        }
+        put(j, s0);
+        put(j + 1, s1);
+        put(j + 2, s2);
+        put(j + 3, s3);
+      }
+      for (; j < n; ++j) {
         const T* __restrict y = b + j * ldb;
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int64_t e = 0; e < k; ++e) sum += x[e] * y[e];
-        row[j] = beta == T(0) ? alpha * sum : alpha * sum + beta * row[j];
+        put(j, sum);
       }
       continue;
     }

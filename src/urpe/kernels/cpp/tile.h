@@ -135,12 +135,13 @@ void rows_nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, 
 template <typename T>
 void rows_nn(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
              T beta, T* c, int64_t ldc);
-// Products this small (a decoding step: a few query rows against a head's keys) cost less as
-// plain loops than a BLAS call's dispatch and packing. Only for a few rows: with more, the
-// dot products' horizontal sums make the loops slower than BLAS (measured: short training rows,
-// 24 x 24 x 16 tiles, ran 2x slower in the backward pass; 4 x 512 x 32 decoding tiles 3x).
+// Products this small (a decoding step: one query row against a head's keys) cost less as
+// plain loops than a BLAS call's dispatch and packing. Only for one row: with more, the dot
+// products' horizontal sums make the loops slower than BLAS (measured, one thread, the whole
+// forward_if_finite call at H = 8: 2 x 128 x 32 tiles 23 us by loops vs 19 by BLAS, 4 x 128 x 32
+// 40 vs 23; short training rows, 24 x 24 x 16 tiles, ran 2x slower in the backward pass).
 constexpr int64_t kDirectWork = 1 << 14;
-constexpr int64_t kDirectRows = 4;
+constexpr int64_t kDirectRows = 1;
 inline bool product_by_loops(int64_t m, int64_t n, int64_t k) {
   return m <= kDirectRows && m * n * k <= kDirectWork;
 }
