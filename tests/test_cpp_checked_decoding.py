@@ -1,5 +1,5 @@
 """Decoding-sized calls whose q, k and v the C++ kernel checks by the logits and outputs it
-computes instead of up front (`urpe_cpp::forward_if_finite`, a few query rows): whatever
+computes instead of up front (`urpe_cpp::forward_if_finite`, one query row per head): whatever
 NaN/inf the inputs hold and wherever (seen, hidden, under a zero weight), the answer is the
 non-finite rule's, on the op and through `urpe.attention`."""
 

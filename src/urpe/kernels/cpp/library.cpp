@@ -329,8 +329,8 @@ std::tuple<at::Tensor, at::Tensor> forward(URPE_FORWARD_PARAMS) {
 // computed pair reads (the caller then applies the non-finite rule). One op call instead of
 // two, and only the arguments such a call has (no dropout, documents or fixed statistic; no
 // statistic returned): at a decoding shape a call through torch.ops costs several
-// microseconds, as much as the kernel itself, and each argument adds to it. For a few query
-// rows the loop checks q, k and v by the logits and outputs it computes
+// microseconds, as much as the kernel itself, and each argument adds to it. For one query
+// row per head the loop checks q, k and v by the logits and outputs it computes
 // (Problem::nonfinite): a pass over Lq x Lk logits instead of Lk x (D + Dv) keys and values,
 // on data already in cache. Otherwise they are checked up front.
 std::tuple<at::Tensor, bool> forward_if_finite(
@@ -342,7 +342,7 @@ std::tuple<at::Tensor, bool> forward_if_finite(
   const OptTensor documents, fixed, dropout_seed;
   const double dropout_p = 0.0;
   const int64_t dropout_threshold = 0;
-  // where the tiles' products run as loops anyway (a few query rows): no slower loop is forced
+  // where the tiles' products run as loops anyway (one query row): no slower loop is forced
   const bool by_results =
       q.dim() == 4 && v.dim() == 4 &&
       (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&

@@ -457,7 +457,7 @@ struct Problem {
   Dropout dropout;
   T kept = 1;  // 1 / (1 - p)
   int64_t block_q = 0, block_k = 0;
-  // Where k and v were not checked for NaN/inf up front (`forward_if_finite`, few query rows):
+  // Where k and v were not checked for NaN/inf up front (`forward_if_finite`, one query row):
   // the forward loop raises this flag when a logit q.k or an output row is not finite, which
   // every non-finite q, k or v entry of a pair it computes makes it (see forward.cpp).
   std::atomic<bool>* nonfinite = nullptr;
