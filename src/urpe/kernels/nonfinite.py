@@ -20,8 +20,10 @@ arithmetic on the pairs where they sit (a hidden pair is never read).
 
 Whether anything is non-finite is asked once per call, on the CPU in eager code only: by the
 compiled kernel's `urpe_cpp::all_finite` (one vectorised pass, a plain bool: no tensor is read)
-where it is loaded, else by one reduction per tensor. The usual all-finite call then pays
-nothing else: no masked copies of q, k, v, no visibility counts, no masked_fill. Elsewhere (CUDA,
+where it is loaded (a remembered decoding call asks the kernel itself, which finds them in
+the logits and outputs it computes: `urpe.kernels.cpp.direct`), else by one reduction per
+tensor. The usual all-finite call then pays nothing else: no masked copies of q, k, v, no
+visibility counts, no masked_fill. Elsewhere (CUDA,
 `torch.compile`, `vmap`, CUDA graph capture) no value is ever read on the host: the rule is
 applied as tensor ops, without branching, so a call never waits for the device (issue 28).
 """

@@ -5,8 +5,11 @@ A decoding step calls `urpe.attention` once per layer with the same kind of argu
 depend on the tensors' values is fixed: the term kinds, the table columns a Toeplitz row reads,
 the normalisation's code, the scale, the tile sizes. `direct_call(spec)` builds, once per plan,
 a function that reads the Toeplitz rows and runs `urpe_cpp::forward_if_finite`, which checks q,
-k and v for NaN/inf and runs the kernel in the same call. On a non-finite input it returns None
-and the caller takes the full path, which applies the non-finite rule (`urpe.kernels.nonfinite`).
+k and v for NaN/inf and runs the kernel in the same call (for one query row per head, by the
+logits and output rows the kernel computes: a NaN or inf in any row a computed pair reads makes
+one of them non-finite, and Lq x Lk logits are far fewer than the Lk x (D + Dv) keys and
+values). On a non-finite input it returns None and the caller takes the full path, which
+applies the non-finite rule (`urpe.kernels.nonfinite`).
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
 front, no overflow check), Toeplitz, dense or Decay terms or none (and relations, which only
