@@ -30,7 +30,14 @@ from ..nonfinite import guarded
 from ..spec import AttentionSpec
 from ..tables import Decay, Relation, Toeplitz
 from ..watched import LISTENERS
-from .ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
+from .ops import (
+    FORWARD_TILES,
+    KIND_CODES,
+    NORMALIZATION_CODES,
+    laid_out,
+    output_like,
+    padded_columns,
+)
 from .run import cpp_run
 
 DIRECT_NORMALIZATIONS = ("softmax", "l2")  # no fixed statistic, no overflow check
@@ -235,7 +242,7 @@ def _guarded_forward(*flat) -> Tensor:
     out = None if run is None else run(*flat[:9])
     if out is None:
         out, _ = guarded(cpp_run, _spec_of(ForwardArgs(*flat)))
-    return out
+    return laid_out(out)  # as the fake promises
 
 
 # signature -> the raw one-call forward, or None where it does not apply; like remembered plans
@@ -315,8 +322,7 @@ GUARDED_FORWARD = torch.ops.urpe.cpp_guarded_forward.default
 
 
 def _output_fake(args: ForwardArgs) -> Tensor:
-    b, h, lq, _ = args.q.shape
-    return args.q.new_empty(b, h, lq, args.v.shape[-1])
+    return output_like(args.q, args.v, args.q.dtype)
 
 
 def guarded_forward(spec: AttentionSpec) -> Tensor | None:

@@ -312,7 +312,8 @@ void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, int64_t 
 }
 
 void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t ld,
-                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc) {
+                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc,
+                    int64_t ldc) {
 #if URPE_BRGEMM
   const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
   const int64_t k = (n + 1) / 2 * 2;  // pairs of keys
@@ -320,7 +321,7 @@ void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t
   for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
     const int64_t w = std::min(kPackedKeys, dv - col0);
     const auto* b = reinterpret_cast<const at::BFloat16*>(packed + col0 * width + j0 * w);
-    at::native::cpublas::brgemm(m, w, k, ld, w, dv, add, weights, b, acc + col0);
+    at::native::cpublas::brgemm(m, w, k, ld, w, ldc, add, weights, b, acc + col0);
   }
 #else
   TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
