@@ -313,7 +313,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
         }
       }
     }
-  }, at::globalContext().deterministicAlgorithms());
+  }, at::globalContext().deterministicAlgorithms(), chunk_for(count, workers, P.work()));
 }
 
 template void backward_loop<float>(const Problem<float>&, const Gradients<float>&);

@@ -437,7 +437,7 @@ void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
     forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, i0, i1,
                  out, out_rows, stat);
-  });
+  }, false, chunk_for(count, workers, P.work()));
 }
 
 template void forward_loop<float>(const Problem<float>&, float*, Rows, float*);

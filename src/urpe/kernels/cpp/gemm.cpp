@@ -373,4 +373,19 @@ int64_t workers_for(int64_t count, double work, int64_t query_rows) {
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
 }
 
+// Short items taken one at a time spend much of their time on the shared counter, whose cache
+// line then moves between cores with every item, and on rows next to those another core
+// writes: at B = 64, L = 24, H = 4, D = 16 (256 items of 3 us) on 2 threads, chunks of 16 took
+// 0.83x (forward) and 0.73x (backward) the time of single items. A chunk holds at most
+// kChunkWork multiply-adds (about 50 us on one core) and an eighth of a worker's share, so a
+// worker slowed by another process still leaves little for the others to wait on at the end.
+constexpr double kChunkWork = 1 << 19;
+
+int64_t chunk_for(int64_t count, int64_t workers, double work) {
+  if (count <= 0 || workers <= 1) return 1;
+  const double per_item = work / static_cast<double>(count);
+  const int64_t by_work = per_item > 0 ? static_cast<int64_t>(kChunkWork / per_item) : count;
+  return std::max<int64_t>(1, std::min(by_work, count / (workers * 8)));
+}
+
 }  // namespace urpe_cpp
