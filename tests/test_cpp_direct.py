@@ -9,11 +9,12 @@ import torch
 
 from urpe.kernels import Decay, Relation, Toeplitz, attention, plans
 from urpe.kernels.cpp import unavailable
+from urpe.kernels.cpp.direct import GUARDED
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 F64 = dict(dtype=torch.float64)
-OPAQUE = "urpe.cpp_guarded_forward.default"
+OPAQUE = f"urpe.{GUARDED}.default"
 
 
 def _qkv(b=2, h=4, lq=1, lk=13, d=8, hkv=None, seed=0):
@@ -181,7 +182,7 @@ def test_under_compile_a_call_without_gradients_is_one_opaque_op_that_keeps_the_
             torch.testing.assert_close(out, want)
             assert out.isfinite().all()
     called = ops()
-    assert called.count("urpe.cpp_guarded_forward.default") == 1
+    assert called.count(OPAQUE) == 1
     assert not any("isfinite" in op or "where" in op for op in called), called
 
 
@@ -193,7 +194,7 @@ def test_under_compile_a_call_with_gradients_keeps_the_differentiable_path():
     want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
     (want_grad,) = torch.autograd.grad(want.sum(), table)
     torch.testing.assert_close(grad, want_grad)
-    assert "urpe.cpp_guarded_forward.default" not in ops()
+    assert OPAQUE not in ops()
 
 
 def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
@@ -211,7 +212,7 @@ def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
         out = compiled(q, k, v, table, index)
     want = attention(q, k, v, gate=Relation(table, index), backend="reference")
     torch.testing.assert_close(out, want)
-    assert "urpe.cpp_guarded_forward.default" in ops()
+    assert OPAQUE in ops()
     assert direct_calls[0] == 1
 
 

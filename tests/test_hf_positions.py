@@ -12,8 +12,9 @@ import urpe.hf
 from tests.hf_families import VOCAB, families
 from urpe.kernels import Toeplitz
 from urpe.kernels.cpp import unavailable
+from urpe.kernels.cpp.direct import GUARDED
 
-OPAQUE = "urpe.cpp_guarded_forward.default"
+OPAQUE = f"urpe.{GUARDED}.default"
 
 
 def gated_llama(dtype: torch.dtype) -> torch.nn.Module:

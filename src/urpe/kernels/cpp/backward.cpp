@@ -5,10 +5,10 @@
 // five products per tile and the rest per row while the tile is in cache.
 //
 // A work item owns what it writes: the rows of dQ of its query blocks, and dK, dV of its
-// (batch, kv head) in its own split copy (summed by the caller). It covers every query head
-// that reads the kv head (grouped queries) and, where a dense term's gradient broadcasts over
-// the batch or the kv heads, all of those too, so no two items write one entry. Table
-// gradients (Toeplitz, Relation) go to one copy per worker; under
+// (batch, kv head) in its own split copy (zeroed by the item, summed by the caller). It covers
+// every query head that reads the kv head (grouped queries) and, where a dense term's gradient
+// broadcasts over the batch or the kv heads, all of those too, so no two items write one entry.
+// Table gradients (Toeplitz, Relation) go to one copy per worker; under
 // torch.use_deterministic_algorithms each worker takes a fixed share of the items, so those
 // copies, and their sum, are the same on every run.
 #include <ATen/Context.h>
@@ -262,6 +262,20 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   }
 }
 
+// Zeroes the rows of dK and dV that a work item accumulates into: those of kv head hk of batch
+// b in its split copy (here rather than by the caller: in parallel, and left in cache for the
+// item's first products).
+template <typename T>
+void zero_key_rows(const Problem<T>& P, const Gradients<T>& G, int64_t split, int64_t b,
+                   int64_t hk) {
+  T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
+  T* dv = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
+  for (int64_t j = 0; j < P.lk; ++j) {
+    std::fill(dk + j * G.dk_rows.si, dk + j * G.dk_rows.si + P.dim, T(0));
+    std::fill(dv + j * G.dv_rows.si, dv + j * G.dv_rows.si + P.vdim, T(0));
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -290,6 +304,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
     const int64_t block_end = std::min(blocks, block_begin + per_split);
     for (int64_t b = b_begin; b < b_end; ++b) {
       for (int64_t hk = hk_begin; hk < hk_end; ++hk) {
+        zero_key_rows(P, G, split, b, hk);
         for (int64_t h = hk * P.groups; h < (hk + 1) * P.groups; ++h) {
           for (int64_t block = block_begin; block < block_end; ++block) {
             const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
@@ -298,7 +313,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
         }
       }
     }
-  }, at::globalContext().deterministicAlgorithms());
+  }, at::globalContext().deterministicAlgorithms(), chunk_for(count, workers, P.work()));
 }
 
 template void backward_loop<float>(const Problem<float>&, const Gradients<float>&);

@@ -33,7 +33,15 @@ from ..nonfinite import guarded
 from ..spec import AttentionSpec
 from ..tables import Decay, Relation, Toeplitz
 from ..watched import LISTENERS
-from .ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, padded_columns
+from .ops import (
+    FORWARD_TILES,
+    KIND_CODES,
+    NORMALIZATION_CODES,
+    REVISION,
+    laid_out,
+    output_like,
+    padded_columns,
+)
 from .run import cpp_run
 
 DIRECT_NORMALIZATIONS = ("softmax", "l2")  # no fixed statistic, no overflow check
@@ -228,7 +236,7 @@ def _guarded_forward(*flat) -> Tensor:
     out = None if run is None else run(*flat[:9])
     if out is None:
         out, _ = guarded(cpp_run, _spec_of(ForwardArgs(*flat)))
-    return out
+    return laid_out(out)  # as the fake promises
 
 
 # signature -> the raw one-call forward, or None where it does not apply; like remembered plans
@@ -299,17 +307,17 @@ def _as_term(tensor: Tensor | None, index: Tensor | None, kind: str, lq: int, lk
 # decoding step: as much as the rest of the body): the op is only ever called where nothing
 # records a gradient (`guarded_forward`), from compiled graphs, where dynamo is off already.
 _LIBRARY = torch.library.Library("urpe", "FRAGMENT")
-_LIBRARY.define("cpp_guarded_forward" + FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"))
-_LIBRARY.impl("cpp_guarded_forward", _guarded_forward, "CPU")
+GUARDED = f"cpp_guarded_forward_r{REVISION}"  # named by the layout's revision (ops.py)
+_LIBRARY.define(GUARDED + FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"))
+_LIBRARY.impl(GUARDED, _guarded_forward, "CPU")
 torch.library.register_fake(
-    "urpe::cpp_guarded_forward", lambda *flat: _output_fake(ForwardArgs(*flat)), lib=_LIBRARY
+    f"urpe::{GUARDED}", lambda *flat: _output_fake(ForwardArgs(*flat)), lib=_LIBRARY
 )
-GUARDED_FORWARD = torch.ops.urpe.cpp_guarded_forward.default
+GUARDED_FORWARD = getattr(torch.ops.urpe, GUARDED).default
 
 
 def _output_fake(args: ForwardArgs) -> Tensor:
-    b, h, lq, _ = args.q.shape
-    return args.q.new_empty(b, h, lq, args.v.shape[-1])
+    return output_like(args.q, args.v, args.q.dtype)
 
 
 def guarded_forward(spec: AttentionSpec) -> Tensor | None:

@@ -67,25 +67,28 @@ T row_scale(const Problem<T>& P) {
   return P.bf16() ? P.scale : T(1);
 }
 
-// acc (bq, Dv) = beta acc + A V for the weights A (bq, n; rows ld apart) and keys `j0`.. of the
-// kv head whose first value is at offset v0: in `a`, or on bfloat16 operands in W.s16 (rounded
-// as SDPA does; the sum stays float).
+// acc (bq, Dv; rows ldo apart) = beta acc + A V for the weights A (bq, n; rows ld apart) and
+// keys `j0`.. of the kv head whose first value is at offset v0: in `a`, or on bfloat16 operands
+// in W.s16 (rounded as SDPA does; the sum stays float).
 template <typename T>
 void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t v0,
-                int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld, T beta, T* acc) {
+                int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld, T beta, T* acc,
+                int64_t ldo) {
   const int64_t dv = P.vdim, ldv = P.v_rows.si;
   if constexpr (std::is_same_v<T, float>) {
     if (packed.values != nullptr) {
       return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
-                            acc);
+                            acc, ldo);
     }
     if (P.bf16()) {
       return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc,
-                     dv);
+                     ldo);
     }
   }
-  if (P.nonfinite != nullptr) return rows_nn<T>(bq, dv, n, a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, dv);
-  gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, dv);
+  if (P.nonfinite != nullptr) {
+    return rows_nn<T>(bq, dv, n, a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, ldo);
+  }
+  gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, ldo);
 }
 
 // For a problem whose q, k and v were not checked up front (`Problem::nonfinite`): raises the
@@ -310,10 +313,11 @@ T normalise_row(const Problem<T>& P, T* s, uint16_t* s16, int64_t vis, int64_t s
 // packed: (b, h)'s kv head's packed keys and values, where they are
 template <typename T>
 void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, int64_t b,
-                  int64_t h, int64_t i0, int64_t i1, T* out, T* stat) {
+                  int64_t h, int64_t i0, int64_t i1, T* out, Rows out_rows, T* stat) {
   const int64_t bq = i1 - i0, dv = P.vdim, hk = h / P.groups;
   const int64_t k0 = P.k_rows.at(b, hk, 0), v0 = P.v_rows.at(b, hk, 0);  // the kv head's rows
-  T* acc = out + ((b * P.heads + h) * P.lq + i0) * dv;  // (bq, Dv), the output rows
+  T* acc = out + out_rows.at(b, h, i0);  // (bq, Dv), the output rows, ldo apart
+  const int64_t ldo = out_rows.si;
   const int64_t row0 = (b * P.heads + h) * P.lq + i0;   // flat index of the block's first row
   const int power = P.power();
   const T scale = row_scale(P);
@@ -361,16 +365,18 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
       for (int64_t r = 0; r < bq; ++r) {
         const T alpha = W.alpha[r];
         if (alpha == T(1)) continue;
-        T* row = acc + r * dv;
+        T* row = acc + r * ldo;
 #pragma omp simd
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc);
+    accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
     first = false;
   }
   if (packed.values != nullptr) release_packed();
-  if (first) std::fill(acc, acc + bq * dv, T(0));  // no key is visible to this block
+  if (first) {  // no key is visible to this block
+    for (int64_t r = 0; r < bq; ++r) std::fill(acc + r * ldo, acc + r * ldo + dv, T(0));
+  }
   for (int64_t r = 0; r < bq; ++r) {
     if (power == 0) {
       stat[row0 + r] = P.fixed[row0 + r];
@@ -378,14 +384,14 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     }
     const T l = W.row_sum[r];
     const T norm = l > T(0) ? (power == 1 ? l : std::sqrt(l)) : T(1);
-    T* row = acc + r * dv;
+    T* row = acc + r * ldo;
     const T inv = T(1) / norm;
 #pragma omp simd
     for (int64_t e = 0; e < dv; ++e) row[e] *= inv;
     stat[row0 + r] = l > T(0) ? W.row_max[r] + std::log(l) / T(power)
                               : std::numeric_limits<T>::infinity();
   }
-  if (P.nonfinite != nullptr) flag_nonfinite(P, acc, bq, dv, dv);
+  if (P.nonfinite != nullptr) flag_nonfinite(P, acc, bq, dv, ldo);
 }
 
 }  // namespace
@@ -438,7 +444,7 @@ PackedOperands pack_operands(const Problem<T>& P) {
 }
 
 template <typename T>
-void forward_loop(const Problem<T>& P, T* out, T* stat) {
+void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {
   const int64_t bq = P.block_q, blocks = (P.lq + bq - 1) / bq;
   const int64_t count = P.batch * P.heads * blocks;
   const int64_t workers = workers_for(count, P.work(), P.lq);
@@ -456,11 +462,11 @@ void forward_loop(const Problem<T>& P, T* out, T* stat) {
     const int64_t b = bh / P.heads, h = bh % P.heads;
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
     forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, i0, i1,
-                 out, stat);
-  });
+                 out, out_rows, stat);
+  }, false, chunk_for(count, workers, P.work()));
 }
 
-template void forward_loop<float>(const Problem<float>&, float*, float*);
-template void forward_loop<double>(const Problem<double>&, double*, double*);
+template void forward_loop<float>(const Problem<float>&, float*, Rows, float*);
+template void forward_loop<double>(const Problem<double>&, double*, Rows, double*);
 
 }  // namespace urpe_cpp

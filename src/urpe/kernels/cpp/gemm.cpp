@@ -344,7 +344,8 @@ void gemm_nt_packed(int64_t m, int64_t n, int64_t d, const uint16_t* q, int64_t 
 }
 
 void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t ld,
-                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc) {
+                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc,
+                    int64_t ldc) {
 #if URPE_BRGEMM
   const int64_t width = (lk + kPackedKeys - 1) / kPackedKeys * kPackedKeys;
   const int64_t k = (n + 1) / 2 * 2;  // pairs of keys
@@ -352,7 +353,7 @@ void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t
   for (int64_t col0 = 0; col0 < dv; col0 += kPackedKeys) {
     const int64_t w = std::min(kPackedKeys, dv - col0);
     const auto* b = reinterpret_cast<const at::BFloat16*>(packed + col0 * width + j0 * w);
-    at::native::cpublas::brgemm(m, w, k, ld, w, dv, add, weights, b, acc + col0);
+    at::native::cpublas::brgemm(m, w, k, ld, w, ldc, add, weights, b, acc + col0);
   }
 #else
   TORCH_CHECK(false, "urpe_cpp: no packed bf16 kernel in this build");
@@ -402,6 +403,21 @@ int64_t workers_for(int64_t count, double work, int64_t query_rows) {
   const double serial = query_rows <= kFewRows ? kSerialFewRowsWork : kSerialWork;
   if (count <= 1 || work <= serial || at::in_parallel_region()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
+}
+
+// Short items taken one at a time spend much of their time on the shared counter, whose cache
+// line then moves between cores with every item, and on rows next to those another core
+// writes: at B = 64, L = 24, H = 4, D = 16 (256 items of 3 us) on 2 threads, chunks of 16 took
+// 0.83x (forward) and 0.73x (backward) the time of single items. A chunk holds at most
+// kChunkWork multiply-adds (about 50 us on one core) and an eighth of a worker's share, so a
+// worker slowed by another process still leaves little for the others to wait on at the end.
+constexpr double kChunkWork = 1 << 19;
+
+int64_t chunk_for(int64_t count, int64_t workers, double work) {
+  if (count <= 0 || workers <= 1) return 1;
+  const double per_item = work / static_cast<double>(count);
+  const int64_t by_work = per_item > 0 ? static_cast<int64_t>(kChunkWork / per_item) : count;
+  return std::max<int64_t>(1, std::min(by_work, count / (workers * 8)));
 }
 
 }  // namespace urpe_cpp

@@ -305,7 +305,8 @@ std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, boo
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::forward", [&] {
     Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     P.nonfinite = nonfinite;
-    out = at::empty({P.batch, P.heads, P.lq, P.vdim}, options);
+    // (B, Lq, H, Dv) memory: the caller's (B, Lq, H * Dv) rows are a view of it, not a copy
+    out = at::empty({P.batch, P.lq, P.heads, P.vdim}, options).transpose(1, 2);
     std::vector<scalar_t> scratch;
     scalar_t* stat_data;
     if (with_stat) {
@@ -315,7 +316,7 @@ std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, boo
       scratch.resize(P.batch * P.heads * P.lq);
       stat_data = scratch.data();
     }
-    forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), stat_data);
+    forward_loop<scalar_t>(P, out.data_ptr<scalar_t>(), rows_of(out), stat_data);
   });
   return {out, stat};
 }
@@ -364,16 +365,17 @@ at::Tensor gradient_like(const at::Tensor& t, const at::TensorOptions& options) 
   return readable_rows(grad) ? grad : at::empty(t.sizes(), options);
 }
 
-// `copies` zeroed gradients of t, stacked in a leading dim: one is laid out as gradient_like
-at::Tensor zeroed_copies(const at::Tensor& t, int64_t copies, const at::TensorOptions& options,
-                         Rows& rows, int64_t& copy_stride) {
+// `copies` gradients of t, stacked in a leading dim, left for the work items to zero (each its
+// own rows, in cache, on its own thread): one is laid out as gradient_like
+at::Tensor gradient_copies(const at::Tensor& t, int64_t copies, const at::TensorOptions& options,
+                           Rows& rows, int64_t& copy_stride) {
   at::Tensor grads;
   if (copies == 1) {
-    grads = gradient_like(t, options).zero_().unsqueeze(0);
+    grads = gradient_like(t, options).unsqueeze(0);
   } else {
     std::vector<int64_t> sizes{copies};
     sizes.insert(sizes.end(), t.sizes().begin(), t.sizes().end());
-    grads = at::zeros(sizes, options);
+    grads = at::empty(sizes, options);
   }
   rows = rows_of(grads.select(0, 0));
   copy_stride = grads.stride(0);
@@ -467,8 +469,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
                                                      std::min(blocks, kMaxSplits));
     const int64_t workers = workers_for(items * G.splits, P.work(), P.lq);
-    dk = zeroed_copies(k, G.splits, options, G.dk_rows, G.dk_split);
-    dv = zeroed_copies(v, G.splits, options, G.dv_rows, G.dv_split);
+    dk = gradient_copies(k, G.splits, options, G.dk_rows, G.dk_split);
+    dv = gradient_copies(v, G.splits, options, G.dv_rows, G.dv_split);
     G.dk = dk.data_ptr<scalar_t>();
     G.dv = dv.data_ptr<scalar_t>();
     if (needs_bias && P.bias.present()) G.bias = make_grad(P.bias, *bias, dbias, workers);

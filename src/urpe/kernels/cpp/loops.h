@@ -29,16 +29,18 @@ int64_t packed_values_size(int64_t lk, int64_t dv);
 void pack_values(const uint16_t* v, int64_t lk, int64_t dv, int64_t ldv, uint16_t* packed);
 // acc (m x dv) = A V, or += where `add`, for the weights A (m x n in bfloat16, rows ld apart,
 // ld >= n rounded up to 2 with a 0 at column n where n is odd) and the keys j0.. (j0 a
-// multiple of kPackedKeys) of the kv head whose packed values (lk keys) start at `packed`
+// multiple of kPackedKeys) of the kv head whose packed values (lk keys) start at `packed`; acc's
+// rows lie ldc apart
 void gemm_nn_packed(int64_t m, int64_t n, int64_t dv, const uint16_t* a, int64_t ld,
-                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc);
+                    const uint16_t* packed, int64_t lk, int64_t j0, bool add, float* acc,
+                    int64_t ldc);
 // Ends a run of packed products on this thread: the kernel keeps the AMX tiles configured
 // between calls, and BLAS's own AMX code changes them, so the next BLAS call must come after.
 void release_packed();
 
-// out (B, H, Lq, Dv) and stat (B, H, Lq): written, not read.
+// out (B, H, Lq, Dv; rows at out_rows) and stat (B, H, Lq): written, not read.
 template <typename T>
-void forward_loop(const Problem<T>& P, T* out, T* stat);
+void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat);
 
 // What the backward pass reads and writes besides the problem.
 template <typename T>
@@ -48,7 +50,7 @@ struct Gradients {
   const T* stat = nullptr;      // (B, H, Lq), the forward's row statistic
   const T* out = nullptr;       // (B, H, Lq, Dv), the forward's output, rows at out_rows
   T* dq = nullptr;              // (B, H, Lq, D), written
-  T* dk = nullptr;              // (splits, B, Hkv, Lk, D), zeroed by the caller, accumulated
+  T* dk = nullptr;              // (splits, B, Hkv, Lk, D), zeroed by each work item, accumulated
   T* dv = nullptr;              // (splits, B, Hkv, Lk, Dv), likewise
   Rows grad_out_rows, out_rows, dq_rows, dk_rows, dv_rows;
   int64_t dk_split = 0, dv_split = 0;  // strides of dk's and dv's split copies

@@ -4,7 +4,7 @@
 the C++ ops take (the compute dtype, contiguous, a Toeplitz table read out at every offset of
 the call, the statistic of exp/relu2 counted up front) and turn the C++ gradients back into
 gradients of the caller's tensors. `define_attention_ops` puts them behind
-`urpe::cpp_attention_forward` / `_backward` with fake implementations, vmap rules and an
+`urpe::cpp_attention_r2_forward` / `_backward` (`OPS`) with fake implementations, vmap rules and an
 autograd Function, as for the blockwise and Triton kernels, so torch.func and torch.compile
 compose with them.
 """
@@ -16,7 +16,6 @@ import functools
 import torch
 from torch import Tensor
 
-from ..blockwise import forward_fake
 from ..composable import define_attention_ops
 from ..dropout import keep_threshold
 from ..dtypes import compute_dtype
@@ -193,17 +192,50 @@ def readable_rows(t: Tensor) -> bool:
     return (e <= 1 or t.stride(3) == 1) and (length <= 1 or t.stride(2) >= e)
 
 
+def output_like(q: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
+    """An empty output as the C++ forward lays it out: (B, H, Lq, Dv), a view of (B, Lq, H, Dv)
+    memory, whose (B, Lq, H * Dv) rows for a model's out projection are a view, not a copy."""
+    b, h, lq, _ = q.shape
+    return q.new_empty(b, lq, h, v.shape[-1], dtype=dtype).transpose(1, 2)
+
+
+def laid_out(out: Tensor) -> Tensor:
+    """out (B, H, Lq, Dv) with the strides `output_like` gives (a copy where it has others: the
+    non-finite rule's output)."""
+    b, h, lq, dv = out.shape
+    if out.stride() == (lq * h * dv, dv, h * dv, 1):
+        return out
+    return out.new_empty(b, lq, h, dv).transpose(1, 2).copy_(out)
+
+
+def forward_fake(args: ForwardArgs) -> tuple[Tensor, Tensor]:
+    """The forward op's outputs as `cpp_forward` lays them out."""
+    dtype = compute_dtype(args.q.dtype)
+    b, h, lq, _ = args.q.shape
+    return output_like(args.q, args.v, dtype), args.q.new_empty(b, h, lq, 1, dtype=dtype)
+
+
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
-    """(out (B, H, Lq, Dv), row statistic (B, H, Lq, 1)), both in the compute dtype."""
+    """(out (B, H, Lq, Dv) laid out as `output_like`, row statistic (B, H, Lq, 1)), both in the
+    compute dtype."""
     out, stat = _op("forward")(*_operands(call), *_op_arguments(call, FORWARD_TILES))
     return out, stat.unsqueeze(-1)
+
+
+def _output_rows(out: Tensor, dtype: torch.dtype) -> Tensor:
+    """The forward's output as the backward reads it: where it lies (only one pass over its
+    rows reads it, at any length)."""
+    return _as_operand(out, dtype, in_place=True)
 
 
 def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) -> Tensor:
     """The C++ gradient of a term's tensor as the gradient of the caller's tensor."""
     if kind == "toeplitz":  # per offset (the padding dropped) -> per table column
-        columns = padded_columns(tensor.shape[1], lq, lk, tensor.device)[: lq + lk - 1]
-        grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad[:, : lq + lk - 1])
+        offsets = lq + lk - 1
+        if lq == lk and tensor.shape[1] == offsets:  # a table of exactly the call's offsets
+            return grad[:, :offsets].to(tensor.dtype)  # (its columns: no sum, no clipping)
+        columns = padded_columns(tensor.shape[1], lq, lk, tensor.device)[:offsets]
+        grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad[:, :offsets])
     elif kind == "decay":  # d c -> d log_forget: c_t sums log_forget_s for s <= t
         grad = grad.flip(-1).cumsum(-1).flip(-1)
     return grad.to(tensor.dtype)
@@ -221,7 +253,7 @@ def cpp_backward(args: BackwardArgs):
     dq, dk, dv, *term_grads = _op("backward")(
         grad_out,
         stat,
-        _as_operand(args.out, dtype, in_place),  # (B, H, Lq, Dv): for sum_e dO O per row
+        _output_rows(args.out, dtype),  # (B, H, Lq, Dv): for sum_e dO O per row
         *_operands(call),
         *_op_arguments(call, BACKWARD_TILES),
         *args.needs,
@@ -243,4 +275,10 @@ def cpp_backward(args: BackwardArgs):
     return (dq.to(call.q.dtype), dk.to(call.k.dtype), dv.to(call.v.dtype), *grads)
 
 
-CPP = define_attention_ops("cpp_attention", cpp_forward, cpp_backward, forward_fake)
+# Inductor's and AOTAutograd's on-disk caches key a compiled graph by its code, which names the
+# ops it calls but not the strides their fakes promise: where an op's output layout changes, its
+# name must change too, or a graph compiled by an earlier urpe is loaded and fails its stride
+# check. Revision 2: the output lies in (B, Lq, H, Dv) memory.
+REVISION = 2
+OPS = f"cpp_attention_r{REVISION}"  # urpe::{OPS}_forward / _backward
+CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake)

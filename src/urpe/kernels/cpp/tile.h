@@ -560,6 +560,10 @@ T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h
 // head, a decoding step) up to a larger size.
 int64_t workers_for(int64_t count, double work = 1e30, int64_t query_rows = 1 << 30);
 
+// How many consecutive items a worker takes from the shared counter at once, for `count` items
+// of `work` multiply-adds in all on `workers` threads (1 for items that are long on their own).
+int64_t chunk_for(int64_t count, int64_t workers, double work);
+
 // While alive, BLAS calls from this thread run on this thread alone. torch turns MKL's dynamic
 // thread adjustment off (mkl_set_dynamic(false)), so a product called inside a parallel region
 // would otherwise start a team of its own on cores the other workers already use.
@@ -574,10 +578,12 @@ class BlasThreadsGuard {
   int previous_ = -1;
 };
 
-// `fixed`: worker w takes items w, w + workers, ... instead, so that which worker sums what
-// into its private table gradients is the same on every run (deterministic mode).
+// `chunk`: items taken at once (`chunk_for`). `fixed`: worker w takes items w, w + workers, ...
+// instead, so that which worker sums what into its private table gradients is the same on every
+// run (deterministic mode).
 template <typename F>
-void run_items(int64_t count, int64_t workers, const F& item, bool fixed = false) {
+void run_items(int64_t count, int64_t workers, const F& item, bool fixed = false,
+               int64_t chunk = 1) {
   std::atomic<int64_t> next{0};
   auto drain = [&](int64_t worker) {
     const BlasThreadsGuard one_thread;
@@ -585,8 +591,9 @@ void run_items(int64_t count, int64_t workers, const F& item, bool fixed = false
       for (int64_t index = worker; index < count; index += workers) item(worker, index);
       return;
     }
-    for (int64_t index = next.fetch_add(1); index < count; index = next.fetch_add(1)) {
-      item(worker, index);
+    for (int64_t begin = next.fetch_add(chunk); begin < count; begin = next.fetch_add(chunk)) {
+      const int64_t end = std::min(count, begin + chunk);
+      for (int64_t index = begin; index < end; ++index) item(worker, index);
     }
   };
   if (workers <= 1) {
