@@ -63,6 +63,9 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
     # Documents: 128 x 32 spilled 8 B for a dense bias and gate, G=16, Lk=1000 (sm_90, bf16)
     ("forward_docs", 64, "half"): ((64, 32, 4, 3),),
+    # and in the dQ kernel 32 x 32 spilled 8 B for a Toeplitz bias's gradient + dropout + every
+    # mask, Lq=1, Lk=1024 (sm_90, bf16, D=128)
+    ("backward_q_docs", 128, "half"): ((16, 64, 8, 2),),
 }
 for (_kernel, _d, _family), _shapes in list(CONFIGS.items()):
     if _family == "fp32":
