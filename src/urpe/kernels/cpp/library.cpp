@@ -406,12 +406,7 @@ TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor&
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& out,
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
-    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
-    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, const OptTensor& documents, const OptTensor& fixed,
-    bool causal, int64_t norm, double scale, double dropout_p, int64_t dropout_threshold,
-    const OptTensor& dropout_seed, int64_t block_q, int64_t block_k, bool needs_bias, bool needs_gate, bool needs_mask,
+    URPE_FORWARD_PARAMS, bool needs_bias, bool needs_gate, bool needs_mask,
     int64_t items_per_thread) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor dq = gradient_like(q, options);
