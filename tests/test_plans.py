@@ -165,3 +165,111 @@ def test_a_backend_that_fails_on_a_remembered_call_hands_it_to_the_next(monkeypa
             out = attention(q, k, v, gate=gate)  # the plan's backend fails: the next one runs
         torch.testing.assert_close(out, attention(q, k, v, gate=gate, backend="reference"))
         assert ("flaky-test", "cpu") in dispatch.BROKEN
+
+
+# A growing KV cache: one query against 2..40 keys, as decoding steps make them. Each entry
+# builds the call's keyword arguments for Lk keys (masks and terms whose last dim is Lk).
+def _decoding_calls():
+    narrow = Toeplitz(torch.randn(2, 9, **F64))  # offsets beyond +-4 read the table's edges
+    return {
+        "toeplitz gate": lambda lk: dict(gate=narrow),
+        "toeplitz bias and gate, causal": lambda lk: dict(bias=narrow, gate=narrow, is_causal=True),
+        "float mask and padding": lambda lk: dict(
+            gate=narrow,
+            attn_mask=torch.linspace(-1, 1, lk, **F64).reshape(1, 1, 1, lk),
+            key_padding_mask=torch.arange(lk).expand(2, lk) == 1,
+        ),
+        "dense bias": lambda lk: dict(bias=torch.linspace(-2, 2, 2 * lk, **F64).reshape(2, 1, lk)),
+        "decay": lambda lk: dict(
+            bias=urpe_decay(-torch.linspace(0.1, 0.5, 2 * lk, **F64).reshape(1, 2, lk))
+        ),
+        "l2, bool mask": lambda lk: dict(
+            gate=narrow, normalization="l2", attn_mask=torch.ones(1, lk, dtype=torch.bool)
+        ),
+    }
+
+
+def urpe_decay(log_forget):
+    from urpe.kernels import Decay
+
+    return Decay(log_forget)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("case", list(_decoding_calls()))
+def test_decoding_steps_with_a_growing_cache_are_resolved_once(resolves, case, grad):
+    """A plan made at one Lk serves the next steps (its kin signature leaves Lk out), and each
+    step's result is the full path's."""
+    arguments = _decoding_calls()[case]
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 2, 1, 4, generator=gen, **F64, requires_grad=grad)
+    cache = torch.randn(2, 2, 40, 4, generator=gen, **F64)
+    with torch.set_grad_enabled(grad):
+        for lk in range(2, 41):
+            k, v = cache[:, :, :lk].contiguous(), cache[:, :, :lk].flip(-1).contiguous()
+            out = attention(q, k, v, **arguments(lk))
+            expected = attention(q, k, v, **arguments(lk), backend="reference")
+            torch.testing.assert_close(out, expected)
+            if grad:
+                (got,) = torch.autograd.grad(out.sum(), q)
+                (want,) = torch.autograd.grad(expected.sum(), q)
+                torch.testing.assert_close(got, want)
+    assert resolves[0] == 2  # the first step's call and its reference, nothing after
+
+
+# Calls valid at 7 keys, then the same arguments at 8 keys, which the full path refuses: a kin
+# plan must not let them through.
+def _kin_refusals():
+    def keys(lk):
+        return torch.zeros(2, 2, lk, 4, **F64)
+
+    return [
+        (dict(attn_mask=torch.ones(1, 7, dtype=torch.bool)), {}),
+        (dict(key_padding_mask=torch.zeros(2, 7, dtype=torch.bool)), {}),
+        (dict(bias=torch.zeros(2, 1, 7, **F64)), {}),
+        (dict(bias=urpe_decay(torch.zeros(2, 2, 7, **F64))), {}),
+        ({}, dict(v=keys(9))),  # keys and values of different lengths
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_kin_refusals())))
+def test_a_call_at_another_length_is_refused_as_the_full_path_refuses_it(index):
+    arguments, replaced = _kin_refusals()[index]
+    q = torch.zeros(2, 2, 1, 4, **F64)
+    at_7 = dict(k=torch.zeros(2, 2, 7, 4, **F64), v=torch.zeros(2, 2, 7, 4, **F64))
+    at_8 = dict(k=torch.zeros(2, 2, 8, 4, **F64), v=torch.zeros(2, 2, 8, 4, **F64))
+    at_8.update(replaced)
+    plans.forget()
+    with pytest.raises((TypeError, ValueError)) as fresh:
+        attention(q, **at_8, **arguments)
+    for _ in range(2):
+        attention(q, **at_7, **arguments)
+    with pytest.raises(type(fresh.value)) as warm:
+        attention(q, **at_8, **arguments)
+    assert str(warm.value) == str(fresh.value)
+    plans.forget()
+
+
+def test_a_backend_that_may_decide_by_the_keys_length_is_asked_at_every_length(monkeypatch):
+    """A registered backend says nothing about Lk (keys_length_free defaults to False): "auto"
+    asks it again at each new Lk, so a backend that defers long calls is left at the length
+    where it defers, and a later short call comes back to it."""
+    ran = []
+
+    def short_only(spec):
+        ran.append(spec.lk)
+        return BACKENDS["reference"].run(spec)
+
+    picky = Backend(
+        "short-only-test",
+        short_only,
+        priority=10_000,
+        defers=lambda spec: "long" if spec.lk > 10 else None,
+    )
+    q = torch.randn(1, 2, 1, 4, **F64)
+    plans.forget()
+    with registered(register_backend, picky):
+        for lk in (5, 6, 11, 12, 7):
+            attention(q, torch.randn(1, 2, lk, 4, **F64), torch.randn(1, 2, lk, 4, **F64))
+    assert ran == [5, 6, 7]
+    plans.forget()

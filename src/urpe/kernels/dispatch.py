@@ -102,6 +102,11 @@ class Backend:
     # spec -> a one-call forward for remembered calls of its signature that need no gradient
     # (decoding), or None; see `urpe.kernels.cpp.direct`
     direct: Callable[[AttentionSpec], Callable[[AttentionSpec], Tensor | None] | None] | None = None
+    # True: for calls without dropout and with more keys than queries, its `unsupported`,
+    # `defers` and `direct` decide nothing from the keys' length Lk, so a plan made at one Lk
+    # serves a growing KV cache (`plans.kin`). False (the default): it may, so its plans are
+    # remembered for their exact signature only
+    keys_length_free: bool = False
 
     @property
     def devices(self) -> tuple[str, ...] | None:
@@ -149,10 +154,23 @@ register_backend.registries = (BACKENDS, AUTO_ORDER)  # for `registered`
 
 
 register_backend(
-    Backend("reference", reference_run, priority=0, capabilities=Capabilities("the reference"))
+    Backend(
+        "reference",
+        reference_run,
+        priority=0,
+        capabilities=Capabilities("the reference"),
+        keys_length_free=True,
+    )
 )
 register_backend(
-    Backend("sdpa", sdpa_run, sdpa_unsupported, priority=20, capabilities=SDPA_CAPABILITIES)
+    Backend(
+        "sdpa",
+        sdpa_run,
+        sdpa_unsupported,
+        priority=20,
+        capabilities=SDPA_CAPABILITIES,
+        keys_length_free=True,
+    )
 )
 # Blockwise goes before SDPA: it takes gates, structured biases and every normalisation, and leaves
 # plain softmax to SDPA (see `blockwise_defers` for the measured rule). On the CPU the compiled
@@ -164,6 +182,7 @@ register_backend(
         priority=30,
         defers=blockwise_defers,
         capabilities=BLOCKWISE_CAPABILITIES,
+        keys_length_free=True,
     )
 )
 
@@ -315,7 +334,7 @@ def attention(
         BROKEN,
         document_ids,
     )
-    plan = plans.find(key) if key is not None else None
+    plan = None if key is None else plans.find(key) or plans.find_kin(key)
     if plan is not None:
         # seen before: checked, and its backend chosen
         spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate, document_ids)
@@ -348,7 +367,7 @@ def attention(
     if backend != "auto":
         chosen = choose_backend(backend, spec)
         if key is not None:
-            plans.remember(key, plans.Plan.of(chosen, spec))
+            plans.remember(key, plans.Plan.of(chosen, spec), chosen.keys_length_free)
         return execute(chosen.run, spec)
     for candidate in _auto_iter(spec):
         try:
@@ -357,9 +376,21 @@ def attention(
             _mark_broken(candidate, spec, failure)
             continue
         if key is not None:
-            plans.remember(key, plans.Plan.of(candidate, spec))
+            plans.remember(key, plans.Plan.of(candidate, spec), _decided_without_length(candidate))
         return out
     return execute(choose_backend("auto", spec).run, spec)  # raises: nothing accepts the call
+
+
+def _decided_without_length(chosen: Backend) -> bool:
+    """Whether "auto"'s choice of `chosen` depends on no keys' length: it and every backend
+    asked before it say so (`Backend.keys_length_free`)."""
+    for name in AUTO_ORDER:
+        backend = BACKENDS[name]
+        if not backend.keys_length_free:
+            return False
+        if backend is chosen:
+            return True
+    return False
 
 
 def _wants_grad(q, k, v, attn_mask, bias, gate) -> bool:

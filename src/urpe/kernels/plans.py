@@ -7,6 +7,16 @@ and the scalar arguments, never on tensor values. A call whose signature was see
 both: its `Plan` (the backend, and the spec's scalar fields) builds the spec from the new tensors
 and runs the backend. That is most of a decoding call's cost outside the kernel (issue 28).
 
+A growing KV cache gives every decoding step a new number of keys, so a signature seen before
+would miss once per step (the first layer's call: ~190 us of checks and choice at a model's
+decoding shape, measured). A call with more keys than queries and no dropout is therefore also
+remembered under its *kin* signature (`kin`): the same with the keys' length Lk left out,
+wherever it appears (k's and v's shapes, a mask's or a term's last dim). A later call whose
+signature misses but whose kin signature hits takes that plan. This holds only where nothing
+decided depends on Lk: every backend that decided the call (for "auto", those asked before the
+chosen one too) says so (`Backend.keys_length_free`), and the plan's one-call forward reads its
+Toeplitz columns per call.
+
 Plans hold no tensors (nothing is kept alive) and are kept for the last `CAPACITY` signatures.
 Every registry change clears them: `BACKENDS`, `AUTO_ORDER` and `NORMALIZATIONS` are watched
 (`watched`), and the signature holds the identity and size of `BROKEN` (backends found broken).
@@ -193,14 +203,64 @@ def signature(
     return None if _NOT_CACHED in key[9:14] else key
 
 
+# Stands for the keys' length in a kin signature (no shape holds it: no exact key can equal one)
+_ANY_LENGTH = object()
+_DROPOUT_P = 14  # the signature's entries, as `signature` lays them out
+_TENSOR_ENTRIES = range(9, 14)  # attn_mask, key_padding_mask, bias, gate, document_ids
+
+
+def kin(key: tuple) -> tuple | None:
+    """The signature of the calls that differ from this one only in their number of keys Lk
+    (module docstring), or None where the call has no dropout-free kin: dropout (a backend
+    may weigh Lq * Lk), Lk <= Lq or Lk < 2 (a last dim of 1 would be ambiguous)."""
+    q_shape, k_shape, v_shape = key[:3]
+    lk = k_shape[-2]
+    if key[_DROPOUT_P] != 0.0 or lk <= max(q_shape[-2], 1) or v_shape[-2] != lk:
+        return None
+    masks_and_terms = tuple(_without_length(key[i], lk) for i in _TENSOR_ENTRIES)
+    return (
+        q_shape,
+        (*k_shape[:-2], _ANY_LENGTH, k_shape[-1]),
+        (*v_shape[:-2], _ANY_LENGTH, v_shape[-1]),
+        *key[3:9],
+        *masks_and_terms,
+        *key[_DROPOUT_P:],
+    )
+
+
+def _without_length(entry, lk: int):
+    """A mask's or term's signature entry with a last dim of Lk left out (a Toeplitz table's
+    width is not a number of keys)."""
+    if entry is None or entry[0] == "toeplitz":
+        return entry
+    return tuple(
+        (*part[:-1], _ANY_LENGTH) if type(part) is torch.Size and part and part[-1] == lk else part
+        for part in entry
+    )
+
+
 def find(key: tuple) -> Plan | None:
     return _PLANS.get(key)
 
 
-def remember(key: tuple, plan: Plan) -> None:
-    if len(_PLANS) >= CAPACITY:
-        _PLANS.popitem(last=False)  # the oldest: a decoding step's signatures come and go
-    _PLANS[key] = plan
+def find_kin(key: tuple) -> Plan | None:
+    """The plan remembered for this call's kin (a decoding step with one more key), remembered
+    for the call's own signature too (the step's other layers then hit it directly)."""
+    family = kin(key)
+    plan = None if family is None else _PLANS.get(family)
+    if plan is not None:
+        _PLANS.move_to_end(family)  # kept while the cache grows: the oldest goes first
+        remember(key, plan)
+    return plan
+
+
+def remember(key: tuple, plan: Plan, keys_length_free: bool = False) -> None:
+    """keys_length_free: nothing decided depends on Lk; remembered for the call's kin too."""
+    family = kin(key) if keys_length_free else None
+    for entry in (key,) if family is None else (key, family):
+        if entry not in _PLANS and len(_PLANS) >= CAPACITY:
+            _PLANS.popitem(last=False)  # the oldest: a decoding step's signatures come and go
+        _PLANS[entry] = plan
 
 
 def forget() -> None:

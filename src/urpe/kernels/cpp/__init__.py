@@ -113,6 +113,7 @@ def cpp_backend() -> Backend:
         capabilities=CPP_CAPABILITIES,
         available=unavailable,
         direct=_direct_call,
+        keys_length_free=True,  # defers by Lq; the one-call forward reads columns per call
     )
 
 

@@ -2,13 +2,14 @@
 
 A decoding step calls `urpe.attention` once per layer with the same kind of arguments, under
 `torch.no_grad`. Once the call's plan is known (`urpe.kernels.plans`), everything that does not
-depend on the tensors' values is fixed: the term kinds, the table columns a Toeplitz row reads,
-the normalisation's code, the scale, the tile sizes. `direct_call(spec)` builds, once per plan,
-a function that reads the Toeplitz rows and runs `urpe_cpp::forward_if_finite`, which checks q,
-k and v for NaN/inf and runs the kernel in the same call (for one query row per head, by the
-logits and output rows the kernel computes: a NaN or inf in any row a computed pair reads makes
-one of them non-finite, and Lq x Lk logits are far fewer than the Lk x (D + Dv) keys and
-values). On a non-finite input it returns None and the caller takes the full path, which
+depend on the tensors' values is fixed: the term kinds, the normalisation's code, the scale, the
+tile sizes (a Toeplitz row's columns are looked up per call: Lk grows with a KV cache).
+`direct_call(spec)` builds, once per plan, a function that reads the Toeplitz rows and runs
+`urpe_cpp::forward_if_finite`, which checks q, k and v for NaN/inf and runs the kernel in the
+same call (for one query row per head, by the logits and output rows the kernel computes: a NaN
+or inf in any row a computed pair reads makes one of them non-finite, and Lq x Lk logits are far
+fewer than the Lk x (D + Dv) keys and values). On a non-finite input it returns None and the
+caller takes the full path, which
 applies the non-finite rule (`urpe.kernels.nonfinite`).
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
@@ -38,6 +39,7 @@ from .ops import (
     KIND_CODES,
     NORMALIZATION_CODES,
     REVISION,
+    decoding_columns,
     laid_out,
     output_like,
     padded_columns,
@@ -110,14 +112,15 @@ def raw_direct_call(
 
     def run(q, k, v, bias, bias_index, gate, gate_index, mask, kpm) -> Tensor | None:
         # (contiguity checked inline: a decoding step makes this call once per layer)
+        lengths = q.shape[2], k.shape[2]  # Lk grows with a KV cache: not fixed by the plan
         out, finite = op(
             q if q.is_contiguous() else q.contiguous(),
             k if k.is_contiguous() else k.contiguous(),
             v if v.is_contiguous() else v.contiguous(),
             bias_code,
-            *read_bias(bias, bias_index),
+            *read_bias(bias, bias_index, *lengths),
             gate_code,
-            *read_gate(gate, gate_index),
+            *read_gate(gate, gate_index, *lengths),
             mask if float_mask else None,
             None if float_mask else mask,
             None if kpm is None else _contiguous(kpm),
@@ -172,7 +175,8 @@ def _tensor_parts(term: Tensor) -> tuple[Tensor, None]:
 
 
 def _term_reader(term, spec: AttentionSpec, rows_given: bool) -> Callable | None:
-    """(tensor, index) -> (tensor, index) as the op takes them, for terms of this call's kind;
+    """(tensor, index, Lq, Lk) -> (tensor, index) as the op takes them, for terms of this call's
+    kind (nothing read from the spec's Lk: a plan serves a growing KV cache, `plans.kin`);
     None: not covered. A Relation's index was range-checked when the call was resolved (only
     the opaque op of compiled calls meets one: remembered plans never hold a Relation)."""
     if term is None:
@@ -181,10 +185,7 @@ def _term_reader(term, spec: AttentionSpec, rows_given: bool) -> Callable | None
     if type(term) is Toeplitz:
         if term.table.dtype != dtype:
             return None
-        if rows_given:
-            return _nothing_to_read
-        columns = padded_columns(term.table.shape[1], spec.lq, spec.lk, term.table.device)
-        return lambda table, _: (table.index_select(1, columns), None)
+        return _nothing_to_read if rows_given else _toeplitz_rows
     if type(term) is Relation:
         if term.table.dtype != dtype:
             return None
@@ -196,20 +197,25 @@ def _term_reader(term, spec: AttentionSpec, rows_given: bool) -> Callable | None
     return None
 
 
-def _nothing(tensor: None, index: None) -> tuple[None, None]:
+def _nothing(tensor: None, index: None, lq: int, lk: int) -> tuple[None, None]:
     return None, None
 
 
-def _nothing_to_read(tensor: Tensor, index: None) -> tuple[Tensor, None]:
+def _nothing_to_read(tensor: Tensor, index: None, lq: int, lk: int) -> tuple[Tensor, None]:
     return tensor, None
 
 
-def _decay(log_forget: Tensor, index: None) -> tuple[Tensor, None]:
+def _toeplitz_rows(table: Tensor, index: None, lq: int, lk: int) -> tuple[Tensor, None]:
+    # the table at every offset of the call, then padding
+    return table.index_select(1, decoding_columns(table.shape[1], lq, lk, table.device)), None
+
+
+def _decay(log_forget: Tensor, index: None, lq: int, lk: int) -> tuple[Tensor, None]:
     # The kernel reads c = cumsum(log_forget) (values checked when the call was resolved).
     return log_forget.cumsum(-1).contiguous(), None
 
 
-def _relation(table: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+def _relation(table: Tensor, index: Tensor, lq: int, lk: int) -> tuple[Tensor, Tensor]:
     index = index if index.dtype == torch.int64 else index.to(torch.int64)
     return _contiguous(table), _contiguous(index)
 

@@ -67,6 +67,30 @@ def padded_columns(table_width: int, lq: int, lk: int, device: torch.device) -> 
     return torch.cat([columns, columns[-1:].expand(LANES)])
 
 
+def sliding_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
+    """`padded_columns`' first Lq + Lk - 1 entries, and valid columns as its padding, as a
+    view: a slice of one vector of columns per table width, over offsets -R..R + LANES. A
+    growing KV cache meets a new Lk at every decoding step, where a cache by (width, Lq, Lk)
+    would miss and build three tensors."""
+    key = (table_width, device)
+    base = _COLUMN_BASES.get(key)
+    reach = max(lq, lk) - 1
+    if base is None or (base.shape[0] - LANES - 1) // 2 < reach:
+        # (doubled: a cache growing one key a step rebuilds it log(L) times)
+        r = max(reach, 64 if base is None else (base.shape[0] - LANES - 1))
+        k = (table_width - 1) // 2
+        base = _COLUMN_BASES[key] = torch.arange(-r, r + LANES + 1, device=device).clamp(-k, k) + k
+    r = (base.shape[0] - LANES - 1) // 2
+    start = r - (lk - 1)  # the base's entry of offset -(Lk - 1), a row's first
+    return base[start : start + lq + lk - 1 + LANES]
+
+
+# (table width, device) -> columns over offsets -R..R + LANES (`sliding_columns`)
+_COLUMN_BASES: dict[tuple[int, torch.device], Tensor] = {}
+# The slices themselves, remembered: a decoding step's layers all meet the same (width, Lq, Lk)
+decoding_columns = functools.lru_cache(maxsize=16)(sliding_columns)
+
+
 def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor:
     """(H|1, Lq + Lk - 1 + LANES): the table at every offset of the call, then padding; one
     gather (with the columns cached) instead of building the rows op by op."""

@@ -104,6 +104,7 @@ def triton_backend() -> Backend:
         priority=40,
         defers=spec_defers,
         capabilities=TRITON_CAPABILITIES,
+        keys_length_free=True,  # Lq * Lk is weighed with dropout only
     )
 
 
