@@ -337,11 +337,16 @@ def attention(
     plan = None if key is None else plans.find(key) or plans.find_kin(key)
     if plan is not None:
         # seen before: checked, and its backend chosen
-        spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate, document_ids)
         if plan.direct is not None and not _wants_grad(q, k, v, attn_mask, bias, gate):
-            out = plan.direct(spec)
+            if plan.direct_from_arguments is not None:
+                out = plan.direct_from_arguments(q, k, v, bias, gate)
+            else:
+                out = plan.direct(
+                    plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate, document_ids)
+                )
             if out is not None:
                 return out
+        spec = plan.spec(q, k, v, attn_mask, key_padding_mask, bias, gate, document_ids)
         try:
             return execute(plan.backend.run, spec)
         except BackendFailure as failure:

@@ -59,10 +59,17 @@ class Plan:
     # spec -> output in one call, or None (non-finite inputs: take the general path); for calls
     # that need no gradient, where the backend offers one (`Backend.direct`)
     direct: Callable[[AttentionSpec], Tensor | None] | None = None
+    # The same from the call's own (q, k, v, bias, gate), without building a spec: for calls
+    # with one batch dim, no masks and no documents whose direct forward offers it (the usual
+    # decoding step; a spec costs about a microsecond)
+    direct_from_arguments: Callable[..., Tensor | None] | None = None
 
     @classmethod
     def of(cls, backend, spec: AttentionSpec) -> Plan:
         direct = backend.direct(spec) if backend.direct is not None else None
+        from_arguments = None
+        if len(spec.batch_shape) == 1:  # (the signature fixes masks and documents as absent)
+            from_arguments = getattr(direct, "from_arguments", None)
         return cls(
             backend,
             spec.is_causal,
@@ -71,6 +78,7 @@ class Plan:
             spec.dropout_p,
             spec.batch_shape,
             direct,
+            from_arguments,
         )
 
     def spec(

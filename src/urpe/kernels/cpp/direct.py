@@ -37,8 +37,10 @@ from ..watched import LISTENERS
 from .ops import (
     FORWARD_TILES,
     KIND_CODES,
+    LANES,
     NORMALIZATION_CODES,
     REVISION,
+    TABLE_IN_PLACE,
     decoding_columns,
     laid_out,
     output_like,
@@ -83,27 +85,31 @@ def direct_call(spec: AttentionSpec) -> Direct | None:
 def _tables_only_call(spec: AttentionSpec) -> Direct | None:
     """`direct_call` for the usual decoding call, in one Python frame: no masks, each term None
     or a Toeplitz table (checked by `raw_direct_call`). None for any other call. About 2 us
-    less per call than the general closure (measured, one thread), a tenth of the op's time."""
+    less per call than the general closure (measured, one thread), a tenth of the op's time.
+    Its `from_arguments(q, k, v, bias, gate)` takes the call's own tensors (no spec built)."""
     terms = (spec.bias, spec.gate)
     if any(t is not None and type(t) is not Toeplitz for t in terms):
         return None
     with_bias, with_gate = (t is not None for t in terms)
-    bias_code, gate_code = _code(spec.bias), _code(spec.gate)
     scalars = (spec.is_causal, NORMALIZATION_CODES[spec.normalization], spec.scale, *FORWARD_TILES)
     op = _forward_if_finite()._op  # the overload's own entry: one Python frame less
 
-    def run(call: AttentionSpec) -> Tensor | None:
-        q, k, v = call.q, call.k, call.v
+    def from_arguments(q, k, v, bias, gate) -> Tensor | None:
         lq, lk = q.shape[2], k.shape[2]  # Lk grows with a KV cache: not fixed by the plan
+        bias_kind = gate_kind = NO_TERM
+        if with_bias:
+            bias, bias_kind = _table_or_rows(bias.table, lq, lk)
+        if with_gate:
+            gate, gate_kind = _table_or_rows(gate.table, lq, lk)
         out, finite = op(
             q if q.is_contiguous() else q.contiguous(),
             k if k.is_contiguous() else k.contiguous(),
             v if v.is_contiguous() else v.contiguous(),
-            bias_code,
-            _toeplitz_rows(call.bias.table, None, lq, lk)[0] if with_bias else None,
+            bias_kind,
+            bias,
             None,
-            gate_code,
-            _toeplitz_rows(call.gate.table, None, lq, lk)[0] if with_gate else None,
+            gate_kind,
+            gate,
             None,
             None,
             None,
@@ -112,7 +118,24 @@ def _tables_only_call(spec: AttentionSpec) -> Direct | None:
         )
         return out if finite else None
 
+    def run(call: AttentionSpec) -> Tensor | None:
+        return from_arguments(call.q, call.k, call.v, call.bias, call.gate)
+
+    run.from_arguments = from_arguments  # (plans.Plan.direct_from_arguments)
     return run
+
+
+def _table_or_rows(table: Tensor, lq: int, lk: int) -> tuple[Tensor, int]:
+    """(tensor, kind) for the op: the table itself where its offsets -K..K cover the call's
+    farthest offset and the rows' padding (no rows built: about a third of a gated decoding
+    call's instructions outside the kernel), else its rows at the call's offsets."""
+    k, odd = divmod(table.shape[1], 2)
+    if odd and k >= lk - 1 and k >= lq - 1 + LANES:
+        return table, TABLE_IN_PLACE
+    return _toeplitz_rows(table, None, lq, lk)[0], TOEPLITZ_ROWS
+
+
+NO_TERM, TOEPLITZ_ROWS = KIND_CODES["none"], KIND_CODES["toeplitz"]
 
 
 def _forward_if_finite():

@@ -6,6 +6,7 @@
 // each bias or gate as (kind, tensor, index):
 //   dense     (B|1, H|1, Lq|1, Lk|1), any strides
 //   Toeplitz  (H|1, Lq + Lk - 1): the table read at every offset j - pos(i), entry j - i + Lq - 1
+//   Toeplitz table (forward only) (H|1, 2K + 1): the table itself, where no offset is clamped
 //   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
 //   Decay     c = cumsum(log_forget) (B|1, H|1, Lk), contiguous (bias only)
 // document ids as (B|1, Lk) int64, contiguous, and the masks as bool (B|1, H|1, Lq|1, Lk|1) and key padding (B|1, Lk|1), any strides; it
@@ -90,8 +91,8 @@ void check_relation_range(const at::Tensor& index, int64_t relations, const char
 template <typename T>
 Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t batch,
                   int64_t heads, int64_t lq, int64_t lk, const char* name) {
-  TORCH_CHECK(kind >= kNone && kind <= kDecay, "urpe_cpp: unknown ", name, " kind ", kind,
-              " (0 none, 1 dense, 2 Toeplitz, 3 relation, 4 decay)");
+  TORCH_CHECK(kind >= kNone && kind <= kToeplitzTable, "urpe_cpp: unknown ", name, " kind ",
+              kind, " (0 none, 1 dense, 2 Toeplitz, 3 relation, 4 decay, 5 Toeplitz table)");
   Term<T> term;
   if (kind == kNone) return term;
   TORCH_CHECK(tensor.has_value(), "urpe_cpp: a ", name, " of kind ", kind, " needs its tensor");
@@ -127,6 +128,17 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
               " entries of padding, got ", t.size(1));
   term.row_len = t.size(1);
   term.per_head = t.size(0) > 1;
+  if (kind == kToeplitzTable) {
+    // rows in place: entry e (offset e - (Lk - 1)) of head h's row is column e + K - (Lk - 1)
+    const int64_t reach = (t.size(1) - 1) / 2;
+    TORCH_CHECK(t.size(1) % 2 == 1 && lk - 1 <= reach && lq - 1 + kLanes <= reach,
+                "urpe_cpp: a Toeplitz ", name, " table (kind 5) must be of odd width 2K + 1 "
+                "with K >= Lk - 1 = ", lk - 1, " and K >= Lq - 1 + ", kLanes, " = ",
+                lq - 1 + kLanes, " (no clamped column), got width ", t.size(1),
+                "; pass its rows (kind 2) instead");
+    term.kind = kToeplitz;
+    term.data += reach - (lk - 1);
+  }
   if (kind == kRelation) {
     TORCH_CHECK(index.has_value() && index->scalar_type() == at::kLong,
                 "urpe_cpp: a relation ", name, " needs a (B|1, Lq, Lk) int64 index");
@@ -408,6 +420,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& grad_out, const at::Tensor& stat, const at::Tensor& out,
     URPE_FORWARD_PARAMS, bool needs_bias, bool needs_gate, bool needs_mask,
     int64_t items_per_thread) {
+  // (a table read in place has no gradient layout here: its offsets start mid-row)
+  TORCH_CHECK(bias_kind != kToeplitzTable && gate_kind != kToeplitzTable,
+              "urpe_cpp: the backward takes Toeplitz terms as rows (kind 2), not tables (5)");
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor dq = gradient_like(q, options);
   at::Tensor dk, dv, dbias, dgate, dmask;

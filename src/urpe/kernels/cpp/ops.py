@@ -26,6 +26,9 @@ from ..normalization import NORMALIZATIONS
 # Codes of library.cpp's enums (the normalisations are those of the backend's capability table).
 NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
 KIND_CODES = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3, "decay": 4}
+# A Toeplitz table handed over as it is, read in place where no offset of the call is clamped
+# (forward only; tile.h's kToeplitzTable): the decoding path's gate, no rows built per call
+TABLE_IN_PLACE = 5
 
 # Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
 # issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.
