@@ -114,6 +114,7 @@ def test_a_build_killed_mid_way_leaves_no_lock_that_hangs_the_next_process(tmp_p
     assert not directory.exists()  # nothing half-built left for the next build
 
 
+@pytest.mark.slow  # waits out the build's time limit by design (12 s on 2 cores)
 def test_a_build_that_hangs_is_stopped_after_the_time_allowed(tmp_path):
     pids = tmp_path / "compiler-pids"
     compiler = fake_compiler(tmp_path, f"echo $$ >> {pids}; exec sleep 120")
@@ -164,6 +165,7 @@ def _hold(lock: Path) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow  # waits out the bounded wait by design
 def test_another_process_building_is_waited_for_a_bounded_time(tmp_path):
     compiler = fake_compiler(tmp_path, "exit 1")
     first = cache_directories(tmp_path, compiler)[0]
@@ -324,7 +326,8 @@ print("TRAINED", sweep(attends, specs, sys.argv[1], execution, resume=False).tra
 """
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+# one process: the slow run; two (the parallel sweep that builds before its workers): by default
+@pytest.mark.parametrize("jobs", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path, jobs):
     """Not once per worker (each used to compile or wait on its own, and say so in its own
     stderr): a parallel sweep builds it before it starts its workers, and says why it cannot.
