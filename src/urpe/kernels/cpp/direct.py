@@ -9,8 +9,7 @@ tile sizes (a Toeplitz row's columns are looked up per call: Lk grows with a KV 
 same call (for one query row per head, by the logits and output rows the kernel computes: a NaN
 or inf in any row a computed pair reads makes one of them non-finite, and Lq x Lk logits are far
 fewer than the Lk x (D + Dv) keys and values). On a non-finite input it returns None and the
-caller takes the full path, which
-applies the non-finite rule (`urpe.kernels.nonfinite`).
+caller takes the full path, which applies the non-finite rule (`urpe.kernels.nonfinite`).
 
 It covers what a decoding step passes: float32/float64, softmax or l2 (no statistic counted up
 front, no overflow check), Toeplitz, dense or Decay terms or none (and relations, which only

@@ -32,14 +32,7 @@ enum Norm : int64_t { kSoftmax = 0, kExp = 1, kL2 = 2, kRelu2 = 3 };
 // kToeplitzTable: a Toeplitz table itself (H|1, 2K + 1) over offsets -K..K, for a forward whose
 // offsets and padding lie inside it (no column clamped): read as kToeplitz rows in place,
 // without building them (a decoding step's gate; `make_term`).
-enum Kind : int64_t {
-  kNone = 0,
-  kDense = 1,
-  kToeplitz = 2,
-  kRelation = 3,
-  kDecay = 4,
-  kToeplitzTable = 5
-};
+enum Kind : int64_t { kNone = 0, kDense, kToeplitz, kRelation, kDecay, kToeplitzTable };  // 0..5
 
 // Row loops vectorise only where every call in them is inlined; GCC stops inlining a helper
 // once a file has many instantiations of the loops unless told to.
