@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from urpe.kernels import Toeplitz, attention, reference_attention, select_backend
+from urpe.kernels.backends import BROKEN
 from urpe.kernels.blockwise import blockwise_attention
 from urpe.kernels.blockwise.tiles import antidiagonal_sums
-from urpe.kernels.dispatch import BROKEN
 
 from .kernel_cases import (
     SMALL_TILES,

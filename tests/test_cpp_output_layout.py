@@ -56,10 +56,9 @@ def _fake_run(op, args) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_the_ops_output_lies_in_rows_of_heads_and_its_fake_says_so(shape):
-    """The custom op, its direct route and the opaque compiled op give the output the strides
+    """The custom op, its eager route and the opaque compiled op give the output the strides
     of a (B, Lq, H, Dv) tensor's view, and their fake implementations promise the same."""
-    from urpe.kernels.cpp.direct import GUARDED_FORWARD
-    from urpe.kernels.cpp.ops import CPP
+    from urpe.kernels.cpp.ops import CPP, GUARDED_FORWARD
 
     args = _args(shape)
     b, h, _, lq, _, _, dv = shape
@@ -77,7 +76,7 @@ def test_the_opaque_op_lays_out_the_non_finite_rules_output_as_its_fake_says():
     """With a NaN key the opaque compiled op applies the non-finite rule (tensor ops, other
     strides): its output still has the strides its fake promises, and the rule's values."""
     from urpe.kernels import attention
-    from urpe.kernels.cpp.direct import GUARDED_FORWARD
+    from urpe.kernels.cpp.ops import GUARDED_FORWARD
 
     args = _args(SHAPES[0])
     k = args.k.clone()

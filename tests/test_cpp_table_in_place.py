@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from urpe.kernels import Toeplitz, attention, plans
+from urpe.kernels import Toeplitz, attention, dispatch
 from urpe.kernels.cpp import unavailable
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
@@ -85,24 +85,25 @@ def test_the_backward_refuses_a_table_in_place():
 def test_decoding_steps_read_wide_tables_in_place_and_equal_the_reference(width, monkeypatch):
     """A growing cache through `urpe.attention`: while the table covers every offset the op
     gets the table (kind 5), past that its rows; every step equals the reference."""
-    from urpe.kernels.cpp import direct
+    from urpe.kernels.cpp import ops
     from urpe.kernels.cpp.ops import TABLE_IN_PLACE
 
     kinds = []
-    made = direct._forward_if_finite
+    lookup = ops._op
 
-    def recording():
-        op = made()
+    def recording(name):
+        op = lookup(name)
+        if name != "forward_if_finite":
+            return op
 
         def recorded(*arguments):
             kinds.append(arguments[6])  # the gate's kind
             return op(*arguments)
 
-        recorded._op = recorded
         return recorded
 
-    monkeypatch.setattr(direct, "_forward_if_finite", recording)
-    plans.forget()
+    monkeypatch.setattr(ops, "_op", recording)
+    dispatch.CALLS.clear()
     gen, q, cache, _ = _inputs(1, 60)
     q = q[:1]
     gate = Toeplitz(torch.rand(4, width, generator=gen, **F64) + 0.5)
@@ -113,7 +114,7 @@ def test_decoding_steps_read_wide_tables_in_place_and_equal_the_reference(width,
             out = attention(q, k, v, gate=gate, enable_gqa=True)
             want = attention(q, k, v, gate=gate, enable_gqa=True, backend="reference")
             torch.testing.assert_close(out, want)
-    plans.forget()
+    dispatch.CALLS.clear()
     reach = (width - 1) // 2
-    in_place = [lk for lk, kind in zip(range(3, 61), kinds, strict=True) if kind == TABLE_IN_PLACE]
-    assert in_place == [lk for lk in range(3, 61) if max(lk - 1, 16) <= reach]
+    in_place = [lk for lk, kind in zip(range(2, 61), kinds, strict=True) if kind == TABLE_IN_PLACE]
+    assert in_place == [lk for lk in range(2, 61) if max(lk - 1, 16) <= reach]

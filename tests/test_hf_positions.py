@@ -12,7 +12,7 @@ import urpe.hf
 from tests.hf_families import VOCAB, families
 from urpe.kernels import Toeplitz
 from urpe.kernels.cpp import unavailable
-from urpe.kernels.cpp.direct import GUARDED
+from urpe.kernels.cpp.ops import GUARDED
 
 OPAQUE = f"urpe.{GUARDED}.default"
 
@@ -63,8 +63,6 @@ def test_compiled_static_cache_gives_the_opaque_op_a_toeplitz_gate():
     in the graph, and generation equals eager."""
     from transformers import CompileConfig
 
-    from urpe.kernels.cpp.direct import ROWS
-
     model = gated_llama(torch.float32)
     ids = torch.randint(2, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
     eager = generate(model, ids, "static")
@@ -86,5 +84,5 @@ def test_compiled_static_cache_gives_the_opaque_op_a_toeplitz_gate():
     calls = [n for g in graphs for n in g.graph.nodes if str(n.target) == OPAQUE]
     assert len(calls) == 2 * len(graphs)  # two layers per compiled forward
     for call in calls:
-        # gate_kind: a Toeplitz table (read out at the call's offsets in the graph); no index
-        assert call.args[12] in ("toeplitz", ROWS) and call.args[6] is None
+        # gate_kind: a Toeplitz table; no index
+        assert call.args[12] == "toeplitz" and call.args[6] is None

@@ -15,7 +15,7 @@ import itertools
 import pytest
 import torch
 
-from urpe.kernels import Decay, Relation, Toeplitz, attention, host, native_backends, plans
+from urpe.kernels import Decay, Relation, Toeplitz, attention, dispatch, host, native_backends
 
 F64 = dict(dtype=torch.float64)
 B, H, L, D = 2, 2, 7, 4
@@ -40,7 +40,7 @@ def no_host_reads():
     """The accelerators' code path on the CPU, with every value read refused."""
     saved = set(host.READABLE)
     host.READABLE.clear()
-    plans.forget()
+    dispatch.CALLS.clear()
     originals = {name: getattr(torch.Tensor, name) for name in READS}
     try:
         for name in READS:
@@ -50,7 +50,7 @@ def no_host_reads():
         for name, method in originals.items():
             setattr(torch.Tensor, name, method)
         host.READABLE.update(saved)
-        plans.forget()
+        dispatch.CALLS.clear()
 
 
 def test_the_guard_catches_every_kind_of_read():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import urpe
-from urpe.kernels import Decay, Toeplitz, attention, plans
+from urpe.kernels import Decay, Toeplitz, attention, dispatch
 from urpe.kernels.masks import visible_key_counts
 
 F64 = dict(dtype=torch.float64)
@@ -248,7 +248,7 @@ def test_visible_key_counts_with_documents_build_no_matrix_and_match_it(causal, 
 
 
 def test_remembered_calls_tell_documents_and_decay_apart():
-    plans.forget()
+    dispatch.CALLS.clear()
     q, k, v = _qkv(1, 2, 6, 6)
     ids = torch.tensor([0, 0, 0, 1, 1, 1])
     lf = _log_forget(1, 2, 6)

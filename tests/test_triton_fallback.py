@@ -15,7 +15,7 @@ from urpe.kernels import (
     Relation,
     Toeplitz,
     attention,
-    dispatch,
+    backends,
     reference_attention,
     register_backend,
     registered,
@@ -29,9 +29,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def triton_first(monkeypatch):
     """ "auto" takes the Triton kernel first (on the CPU it normally defers to the blockwise one),
     and forgets earlier failures and warnings."""
-    backend = dataclasses.replace(dispatch.BACKENDS["triton"], defers=None)
-    monkeypatch.setattr(dispatch, "BROKEN", {})
-    monkeypatch.setattr(dispatch, "_WARNED", set())
+    backend = dataclasses.replace(backends.BACKENDS["triton"], defers=None)
+    monkeypatch.setattr(backends, "BROKEN", backends.WatchedDict())
+    monkeypatch.setattr(backends, "_WARNED", set())
     with registered(register_backend, backend):
         yield
 
@@ -59,7 +59,7 @@ class _Broken:
 
 def test_auto_falls_back_with_one_warning_when_the_kernel_cannot_compile(triton_first, monkeypatch):
     qkv, call = _call()
-    assert dispatch.choose_backend("auto", dispatch.resolve(*qkv, **call)).name == "triton"
+    assert backends.choose_backend("auto", backends.resolve(*qkv, **call)).name == "triton"
     monkeypatch.setitem(launch.KERNELS, "forward", _Broken())
     _Broken.calls = 0
     with pytest.warns(RuntimeWarning, match=r"backend 'triton' cannot run .*sm_61"):
@@ -70,13 +70,13 @@ def test_auto_falls_back_with_one_warning_when_the_kernel_cannot_compile(triton_
         again = attention(*qkv, **call)
     assert _Broken.calls == 1
     torch.testing.assert_close(again, out)
-    assert dispatch.choose_backend("auto", dispatch.resolve(*qkv, **call)).name != "triton"
+    assert backends.choose_backend("auto", backends.resolve(*qkv, **call)).name != "triton"
 
 
 def test_naming_the_backend_raises_one_clear_error(triton_first, monkeypatch):
     qkv, call = _call()
     monkeypatch.setitem(launch.KERNELS, "forward", _Broken())
-    with pytest.raises(dispatch.BackendFailure, match="could not be compiled or launched here"):
+    with pytest.raises(backends.BackendFailure, match="could not be compiled or launched here"):
         attention(*qkv, **call, backend="triton")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import Toeplitz
-from ..kernels.tables import relative_offsets
+from ..kernels.terms import relative_offsets
 
 
 def make_inputs(

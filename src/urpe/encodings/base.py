@@ -8,6 +8,8 @@ which. Every method reads where queries and keys sit from a `Positions` object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -65,15 +67,18 @@ class RelativeEncoding(nn.Module):
         positions: Positions,
         scale: float,
         bias: PositionTerm | None = None,
+        calls: Callable[..., Tensor] = attention,
         **kwargs,
     ) -> Tensor:
         """The attention call with this encoding; kwargs are `urpe.attention`'s (gate, masks...).
 
         bias: a precomputed term that replaces this encoding's own bias.
+        calls: the attention function to call (`urpe.attention`, or a caller's own
+            `urpe.kernels.AttentionCalls`, which keeps its prepared calls).
         """
         if bias is None:
             bias = self.bias(q, positions, scale)
-        return attention(q, k, v, bias=bias, scale=scale, **kwargs)
+        return calls(q, k, v, bias=bias, scale=scale, **kwargs)
 
 
 @register_position("none", lambda s: NoPosition())

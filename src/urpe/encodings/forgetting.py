@@ -14,6 +14,8 @@ log f of earlier keys travel in the cache (`key_state`). It combines with any ga
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -63,6 +65,7 @@ class ForgetGate(RelativeEncoding):
         scale: float,
         bias=None,
         key_state: Tensor | None = None,
+        calls: Callable[..., Tensor] = attention,
         **kwargs,
     ) -> Tensor:
         refuse_precomputed_bias(self, bias)
@@ -71,4 +74,4 @@ class ForgetGate(RelativeEncoding):
                 "ForgetGate computes its decay from the layer's input: run it inside "
                 "urpe.MultiheadAttention, which passes key_state=log f of every key"
             )
-        return attention(q, k, v, bias=Decay(key_state.to(q.dtype)), scale=scale, **kwargs)
+        return calls(q, k, v, bias=Decay(key_state.to(q.dtype)), scale=scale, **kwargs)

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import choose_backend, reference_weights, resolve
-from ..kernels.validation import check_attention_inputs
 from .base import RelativeEncoding, refuse_precomputed_bias
 from .positions import Positions
 from .registry import register_position
@@ -56,16 +55,7 @@ class ShawRelative(RelativeEncoding):
         _check_backend(kwargs.pop("backend", "auto"), q, k, v, kwargs)
         if k.shape[-2] == 0:  # no keys: every row sees nothing and is 0, as in urpe.attention
             return q.new_zeros(*q.shape[:-1], v.shape[-1])
-        check_attention_inputs(
-            q,
-            k,
-            v,
-            None,
-            kwargs.get("gate"),
-            kwargs.get("key_padding_mask"),
-            kwargs.get("normalization", "softmax"),
-            kwargs.get("dropout_p", 0.0),
-        )
+        resolve(q, k, v, **kwargs)  # every argument checked, one clear error
         bias = self.bias(q, positions, scale)  # (B, H, Lq, Lk)
         weights = reference_weights(q, k, bias=bias, scale=scale, **kwargs)
         out = weights @ v.to(weights.dtype)  # (B, H, Lq, Dv)

@@ -8,6 +8,8 @@ vectors. The position term is a query-dependent bias, so any kernel that takes a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -71,9 +73,17 @@ class TransformerXLRelative(RelativeEncoding):
         return left @ right.transpose(-2, -1)  # (B, H, Lq, Lk)
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, *, positions: Positions, scale: float, **kwargs
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        positions: Positions,
+        scale: float,
+        calls: Callable[..., Tensor] = attention,
+        **kwargs,
     ) -> Tensor:
         refuse_precomputed_bias(self, kwargs.pop("bias", None))
         q_content = q + self.content_bias.to(q.dtype)
         bias = self.bias(q, positions, scale)
-        return attention(q_content, k, v, bias=bias, scale=scale, **kwargs)
+        return calls(q_content, k, v, bias=bias, scale=scale, **kwargs)

@@ -53,7 +53,7 @@ BUILT_IN = {
     "gate": ("urpe.encodings.registry", ("none", "toeplitz", "t5")),
     "mixer": ("urpe.nn.mixers", ("attention", "bilinear", "conv")),
     "backend": (
-        "urpe.kernels.dispatch",
+        "urpe.kernels.backends",
         ("auto", "reference", "sdpa", "blockwise", "triton", "flex", "cpp"),
     ),
 }
@@ -119,7 +119,7 @@ _choices = {flag: _registered(flag, read) for flag, read in REGISTERED.items()}
 
 def _backend(name: str) -> str:
     """A backend's name as given, or today's for a renamed one ("fused": "blockwise")."""
-    from ..kernels.dispatch import current_backend_name
+    from ..kernels.backends import current_backend_name
 
     return current_backend_name(name)
 

@@ -43,7 +43,7 @@ from ..encodings import (
     check_runs,
     resolve,
 )
-from ..kernels import BACKENDS
+from ..kernels import BACKENDS, AttentionCalls
 from ..nn import AttentionContext, MultiheadAttention, TransformerLayer
 from .config import GraphEncodingConfig, relation_count
 from .dense import DenseGraphBatch
@@ -235,6 +235,8 @@ class Graphormer(nn.Module):
         )
         self.encodings = GraphormerEncodings(self.encoding_config)
         self.input_dropout = nn.Dropout(config.dropout)
+        # the layers' attention calls, prepared once per kind and kept from pass to pass
+        self.attention_calls = AttentionCalls()
         self.layers = nn.ModuleList(
             TransformerLayer(
                 MultiheadAttention(
@@ -298,6 +300,7 @@ class Graphormer(nn.Module):
             key_padding_mask=inputs.padding_mask,
             attn_mask=attn_mask,
             bias=inputs.bias,  # (B, H, L, L), computed once, the same for every layer
+            calls=self.attention_calls,
         )
         x = self.input_dropout(inputs.x)  # (B, L, dim)
         for layer in self.layers:

@@ -1,35 +1,43 @@
 """Attention kernels: pure functions on tensors. Depends on torch alone.
 
-`attention` is the entry point; `BACKENDS` and `NORMALIZATIONS` are the registries a new kernel
-or normalisation is added to (see `dispatch` and `normalization`).
+`attention` is the entry point (`dispatch`); `prepare` holds a checked call for reuse
+(`prepared`). `BACKENDS` and `NORMALIZATIONS` are the registries a new kernel or normalisation
+is added to (`backends`, `normalization`); `Term` is what a new kind of position term derives
+from (`terms`).
 """
 
-from .capabilities import Capabilities
-from .cpp import cpp_backend
-from .dispatch import (
+from .backends import (
     AUTO_ORDER,
     BACKENDS,
     Backend,
-    attention,
+    BackendFailure,
     choose_backend,
     native_backends,
-    reference_attention,
     register_backend,
     select_backend,
 )
+from .capabilities import Capabilities
+from .cpp import cpp_backend
+from .dispatch import attention, reference_attention
 from .flex import flex_backend
 from .masks import causal_keep
 from .normalization import NORMALIZATIONS, Normalization, register_normalization
+from .offsets import query_positions, relative_offsets
+from .prepared import AttentionCalls, PreparedAttention, prepare
 from .reference import reference_weights
 from .spec import AttentionSpec, resolve
-from .tables import (
+from .terms import (
+    TERM_KINDS,
+    CallShape,
     Decay,
+    Dense,
+    Documents,
     PositionTerm,
     Relation,
+    Term,
     Toeplitz,
     dense_term,
-    query_positions,
-    relative_offsets,
+    register_term_kind,
 )
 from .triton import triton_backend
 from .watched import registered
@@ -46,24 +54,34 @@ __all__ = [
     "AUTO_ORDER",
     "BACKENDS",
     "NORMALIZATIONS",
+    "TERM_KINDS",
+    "AttentionCalls",
     "AttentionSpec",
     "Backend",
-    "Decay",
+    "BackendFailure",
+    "CallShape",
     "Capabilities",
+    "Decay",
+    "Dense",
+    "Documents",
     "Normalization",
     "PositionTerm",
+    "PreparedAttention",
     "Relation",
+    "Term",
     "Toeplitz",
     "attention",
     "causal_keep",
     "choose_backend",
-    "native_backends",
     "dense_term",
+    "native_backends",
+    "prepare",
     "query_positions",
     "reference_attention",
     "reference_weights",
     "register_backend",
     "register_normalization",
+    "register_term_kind",
     "registered",
     "relative_offsets",
     "resolve",

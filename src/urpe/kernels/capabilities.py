@@ -20,12 +20,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import term_arguments
+from .host import dual_tensors
 from .normalization import NORMALIZATIONS, Normalization
 from .spec import AttentionSpec
+from .terms import TERM_KINDS
 
-TERM_KINDS = ("dense", "toeplitz", "relation", "decay")
+# The built-in kinds a compiled kernel has a form for; a kind registered later is refused by
+# name by such a kernel. `ANY_KIND` (None): any kind, through its dense form where the backend
+# has no own reader for it.
+BIAS_KINDS = ("dense", "toeplitz", "relation", "decay")
 GATE_KINDS = ("dense", "toeplitz", "relation")  # a Decay is a bias only (resolve says so)
+ANY_KIND = None
 DROPOUT = ("seeded", "unseeded", "none")
 
 
@@ -41,8 +46,10 @@ class Capabilities:
 
     normalizations: the entries it implements, compared by identity (None: every registered
         one, read from the registry when it runs).
-    bias, gate: the term kinds it takes ("dense", "toeplitz", "relation"; a bias also "decay");
-        () for none. Every backend runs `document_ids` (no entry).
+    bias, gate: the term kinds it takes by name ("dense", "toeplitz", "relation"; a bias also
+        "decay"), () for none, or `ANY_KIND` (None): every kind, a kind it has no reader for
+        through the term's dense form (`urpe.kernels.Term`). Every backend runs
+        `document_ids` (no entry).
     dtypes: the dtypes of q it takes (None: any that `urpe.attention` accepts).
     devices: the device types it is built for (None: any); `emulated`: where it also runs, as
         an emulation for its own tests (Triton's CPU interpreter). "auto" may still be told to
@@ -51,24 +58,32 @@ class Capabilities:
     gradients: the device types where it has a backward pass (None: wherever it runs).
     dropout: "seeded" (honours dropout_seed), "unseeded" (draws its own mask), "none".
     max_head_dim: the largest head dim (of q and of v) it takes (None: no limit).
+    finds_nonfinite: for a call that needs no gradient, `run` finds NaN/inf in q, k and v
+        itself and returns None on meeting one (or applies the non-finite rule itself), so no
+        pass over q, k and v runs before it (`nonfinite.guarded`).
+    forward_ad: it gives forward-mode AD tangents (dual tensors, `torch.func.jvp`); without,
+        a call with tangents is refused.
     """
 
     label: str
     normalizations: tuple[Normalization, ...] | None = None
-    bias: tuple[str, ...] = TERM_KINDS
-    gate: tuple[str, ...] = GATE_KINDS
+    bias: tuple[str, ...] | None = BIAS_KINDS
+    gate: tuple[str, ...] | None = GATE_KINDS
     dtypes: tuple[torch.dtype, ...] | None = None
     devices: tuple[str, ...] | None = None
     emulated: tuple[str, ...] = ()
     gradients: tuple[str, ...] | None = None
     dropout: str = "seeded"
     max_head_dim: int | None = None
+    finds_nonfinite: bool = False
+    forward_ad: bool = False
 
     def __post_init__(self) -> None:
-        unknown = [k for k in (*self.bias, *self.gate) if k not in TERM_KINDS]
+        named = (*(self.bias or ()), *(self.gate or ()))
+        unknown = [k for k in named if k not in TERM_KINDS]
         if unknown or self.dropout not in DROPOUT:
             raise ValueError(
-                f"term kinds must be in {TERM_KINDS} and dropout one of {DROPOUT}, got "
+                f"term kinds must be in {tuple(TERM_KINDS)} and dropout one of {DROPOUT}, got "
                 f"{unknown or self.dropout!r}"
             )
 
@@ -84,8 +99,11 @@ class Capabilities:
             where = " or ".join(d.upper() for d in (*self.devices, *self.emulated))
             return f"{self.label} runs on {where} devices, not {device}"
         for role, kinds in (("bias", self.bias), ("gate", self.gate)):
-            kind = term_arguments(getattr(spec, role))[2]
-            if kind != "none" and kind not in kinds:
+            term = getattr(spec, role)
+            if term is None or kinds is ANY_KIND:
+                continue
+            kind = term.kind
+            if kind not in kinds:
                 if not kinds:
                     return f"{self.label} takes no {role}" + (
                         " (it has no post-normalisation gate)" if role == "gate" else ""
@@ -105,8 +123,13 @@ class Capabilities:
                 return f"{self.label} has no dropout"
             if self.dropout == "unseeded" and spec.dropout_seed is not None:
                 return f"{self.label} draws its own dropout mask and cannot take dropout_seed"
-        if self.gradients is not None and device not in self.gradients and needs_grad(spec):
+        if self.gradients is not None and device not in self.gradients and spec.records_grad:
             return f"{self.label} has no backward on the {device} (gradients are asked for)"
+        if not self.forward_ad and dual_tensors(*spec.differentiable):
+            return (
+                f"{self.label} has no forward-mode AD (q, k, v or a term carry tangents); "
+                "backend 'reference' gives them"
+            )
         return None
 
     def _normalization_reason(self, name: str) -> str:
@@ -121,13 +144,3 @@ class Capabilities:
             f"normalization {name!r} has no form in {self.label} (it implements "
             f"{', '.join(names)}; backend 'blockwise' runs any registered one)"
         )
-
-
-def needs_grad(spec: AttentionSpec) -> bool:
-    """Whether the call will be differentiated: grad mode on and some input requires grad."""
-    if not torch.is_grad_enabled():
-        return False
-    tensors = [spec.q, spec.k, spec.v, spec.attn_mask]
-    for term in (spec.bias, spec.gate):
-        tensors.append(term_arguments(term)[0])
-    return any(t is not None and t.requires_grad for t in tensors)

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .host import plain_eager, records_grad
 from .layout import (
     BACKWARD_SCHEMA,
+    BUILT_IN_KINDS,
     FORWARD_SCHEMA,
     GRADIENT_INPUTS,
     N_TENSORS,
@@ -89,12 +91,15 @@ def _loop(op, size: int, args: tuple, in_dims: tuple):
 
 
 def _must_loop(args: ForwardArgs, dims: ForwardArgs) -> bool:
-    """Folding is wrong for per-example tables and for dropout (the masks of a folded batch
-    differ from those of its examples); loop then."""
+    """Folding is wrong for per-example tables, for dropout (the masks of a folded batch
+    differ from those of its examples) and for a kind registered outside urpe (its tensors
+    need not have the batch first); loop then."""
     if args.dropout_p > 0.0 or dims.dropout_seed is not None:
         return True
     return any(
-        args.kind(t) in TABLE_KINDS and getattr(dims, t) is not None for t in ("bias", "gate")
+        args.kind(t) not in BUILT_IN_KINDS
+        or (args.kind(t) in TABLE_KINDS and getattr(dims, t) is not None)
+        for t in ("bias", "gate")
     )
 
 
@@ -183,32 +188,6 @@ def _as_op_outputs(grads, args: ForwardArgs) -> tuple[Tensor, ...]:
     )
 
 
-def plain_eager(*tensors: Tensor) -> bool:
-    """Whether this call runs in plain eager mode: no torch.compile tracing, no torch.func
-    transform, no dispatch or function mode, plain tensors. Then nothing needs the custom ops'
-    registration (fakes, vmap rules, schemas), and calling the kernel's functions directly saves
-    the custom op machinery's per-call cost (about 150 us a call, measured: issue 28)."""
-    return not (
-        torch.compiler.is_compiling()
-        or torch._C._are_functorch_transforms_active()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._is_torch_function_mode_enabled()
-        or any(type(t) not in _PLAIN for t in tensors)
-    )
-
-
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
-def _needs_grad(args: ForwardArgs) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    for t in args[:N_TENSORS]:
-        if t is not None and t.requires_grad:
-            return True
-    return False
-
-
 @dataclass(frozen=True)
 class AttentionOps:
     """A kernel's raw ops, the autograd Function around them, and the direct route that plain
@@ -221,10 +200,12 @@ class AttentionOps:
     eager_function: type[torch.autograd.Function]
 
     def __call__(self, args: ForwardArgs) -> Tensor:
-        """The differentiable output (B, H, Lq, Dv) for these arguments."""
+        """The differentiable output (B, H, Lq, Dv) for these arguments: the custom ops'
+        Function where torch.compile or torch.func look (`host.plain_eager`), else the kernel's
+        own functions (nothing needs the ops' registration; it saves their cost per call)."""
         if not plain_eager(args.q, args.k, args.v):
             return self.function.apply(*args)[0]
-        if not _needs_grad(args):
+        if not records_grad(*args.tensors):
             return self.forward(args)[0]
         return self.eager_function.apply(*args)[0]
 
@@ -305,11 +286,7 @@ def _autograd_function(forward_op, backward_op, name: str) -> type[torch.autogra
             grads = backward_overload(
                 grad_out.contiguous(), out, stat, *tensors, *ctx.scalars, *wanted
             )
-            per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
-            return tuple(
-                per_input[name] if name in per_input and getattr(needs, name) else None
-                for name in _FIELDS
-            )
+            return _per_input(grads, needs)
 
     AttentionFunction.__name__ = AttentionFunction.__qualname__ = name
     return AttentionFunction
@@ -339,11 +316,15 @@ def _eager_function(forward: Callable, backward: Callable, name: str):
             grads = backward(
                 BackwardArgs(grad_out, out, stat, call, needs.bias, needs.gate, needs.attn_mask)
             )
-            per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
-            return tuple(
-                per_input[name] if name in per_input and getattr(needs, name) else None
-                for name in _FIELDS
-            )
+            return _per_input(grads, needs)
 
     EagerAttentionFunction.__name__ = EagerAttentionFunction.__qualname__ = name
     return EagerAttentionFunction
+
+
+def _per_input(grads: tuple, needs: ForwardArgs) -> tuple:
+    """The backward's gradients in the forward's argument order, None where none is wanted."""
+    per_input = dict(zip(GRADIENT_INPUTS, grads, strict=True))
+    return tuple(
+        per_input[name] if name in per_input and getattr(needs, name) else None for name in _FIELDS
+    )

@@ -21,19 +21,11 @@ from torch import Tensor
 from .checks import checked_finite_output
 from .nonfinite import all_finite_now, guarded
 from .spec import AttentionSpec
-from .tables import Decay, Relation, Toeplitz
 
 
 def _term_tensors(spec: AttentionSpec) -> list[Tensor]:
-    tensors = []
-    for term in (spec.bias, spec.gate, spec.attn_mask):
-        if isinstance(term, (Toeplitz, Relation)):
-            tensors.append(term.table)
-        elif isinstance(term, Decay):
-            tensors.append(term.log_forget)
-        elif isinstance(term, Tensor) and term.is_floating_point():
-            tensors.append(term)
-    return tensors
+    """The floating-point tensors of the bias, gate and attn_mask (what a gradient reaches)."""
+    return [t for t in spec.differentiable[3:] if t is not None and t.is_floating_point()]
 
 
 def empty_result(spec: AttentionSpec) -> Tensor:
@@ -53,12 +45,17 @@ def empty_result(spec: AttentionSpec) -> Tensor:
     return out
 
 
-def execute(run: Callable[[AttentionSpec], Tensor], spec: AttentionSpec) -> Tensor:
-    """run(spec) with the behaviour above; returns (*batch_shape, H, Lq, Dv) in q's dtype."""
+def execute(
+    run: Callable[[AttentionSpec], Tensor | None],
+    spec: AttentionSpec,
+    finds_nonfinite: bool = False,
+) -> Tensor:
+    """run(spec) with the behaviour above; returns (*batch_shape, H, Lq, Dv) in q's dtype.
+    finds_nonfinite: the backend's table says so (`nonfinite.guarded`)."""
     if spec.is_empty:
         out = empty_result(spec)
     else:
-        out, poison = guarded(run, spec)
+        out, poison = guarded(run, spec, finds_nonfinite)
         if spec.norm.overflows:
             out = _checked_overflow(out, poison, spec)
     if len(spec.batch_shape) == 1:  # (B, H, Lq, Dv) already

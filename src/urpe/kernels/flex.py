@@ -42,7 +42,7 @@ from torch import Tensor
 from .capabilities import Capabilities, built_in
 from .dtypes import compute_dtype
 from .spec import AttentionSpec, resolve
-from .tables import Decay, PositionTerm, Relation, Toeplitz
+from .terms import Decay, Dense, PositionTerm, Relation, Toeplitz
 
 # The exponential normalisations (relu2 is not one), no dropout; on the CPU FlexAttention runs
 # eagerly and forward only (PyTorch has no CPU backward for it).
@@ -116,7 +116,7 @@ def _lookup(term: PositionTerm, shape: tuple[int, int, int, int], transform) -> 
             return -torch.abs(c_query[bb, hh, q_idx] - c[bb, hh, kv_idx])
 
         return decay
-    dense = transform(term)
+    dense = transform(term.tensor if isinstance(term, Dense) else term)
     dense = dense.reshape((1,) * (4 - dense.dim()) + tuple(dense.shape)).expand(shape)
 
     def dense_lookup(b, h, q_idx, kv_idx):
@@ -129,7 +129,7 @@ def _gate_shift(gate: PositionTerm) -> Tensor:
     """t = 0 when every gate entry is > 0, else 1 - min C (so C + t >= 1). No host sync.
     Non-finite entries are left out: they can only sit at masked keys, which the BlockMask
     hides whatever the score."""
-    values = gate.table if isinstance(gate, (Toeplitz, Relation)) else gate
+    values = gate.raw()[0]  # a table, or a dense tensor
     values = values.detach()
     low = torch.where(torch.isfinite(values), values, torch.full_like(values, math.inf)).min()
     return torch.where(low > 0, torch.zeros_like(low), 1.0 - low)
@@ -301,6 +301,6 @@ def flex_run(spec: AttentionSpec, flex: Callable | None = None) -> Tensor:
 
 def flex_backend():
     """The registry's entry: by name only (never chosen by "auto")."""
-    from .dispatch import Backend
+    from .backends import Backend
 
     return Backend("flex", flex_run, _nothing_to_compute, capabilities=FLEX_CAPABILITIES)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 # Device types whose values the hot path may read. Tests empty it to run the accelerators'
 # read-free code on the CPU (tests/test_host_reads.py).
@@ -28,3 +29,62 @@ def may_read(*tensors: Tensor) -> bool:
         if t.device.type not in READABLE:
             return False
     return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
+
+
+# ---------------------------------------------------------------------------------------------
+# The mode a call runs in, answered once here for the whole call path
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def plain_tensors(*tensors: Tensor | None) -> bool:
+    """Whether each tensor (None: absent) is a plain `Tensor` or `Parameter`, no subclass (a
+    subclass may redefine what an op does, so it takes the path that asks nothing of it)."""
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return True
+
+
+def tracing() -> bool:
+    """Whether torch.compile is tracing or a torch.func transform (vmap, grad, jvp) is active:
+    then the custom ops' registration (fakes, vmap rules) is what must run, values cannot be
+    read, and nothing may be remembered across calls."""
+    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+
+
+def plain_eager(*tensors: Tensor | None) -> bool:
+    """Whether a call runs in plain eager mode: not `tracing()`, no dispatch or function mode,
+    plain tensors. Then a kernel's own functions may be called directly instead of through its
+    custom ops (the same results, without about 150 us of the ops' machinery per call)."""
+    return not (
+        tracing()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+    ) and plain_tensors(*tensors)
+
+
+def records_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd records a call on these tensors: grad mode on and one requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def forward_ad_active() -> bool:
+    """Whether tensors may carry forward-mode AD tangents here (inside a `dual_level`, which
+    `torch.func.jvp` enters too)."""
+    return forward_ad._current_level >= 0
+
+
+def dual_tensors(*tensors: Tensor | None) -> bool:
+    """Whether any of these tensors carries a forward-mode AD tangent."""
+    if not forward_ad_active():
+        return False
+    for t in tensors:
+        if t is not None and forward_ad.unpack_dual(t).tangent is not None:
+            return True
+    return False

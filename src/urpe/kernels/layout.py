@@ -11,11 +11,13 @@ implementations and the kernels' own reads all come from these two declarations
     forward(ForwardArgs)   -> (out (B, H, Lq, Dv), row statistic (B, H, Lq, ...))
     backward(BackwardArgs) -> (dq, dk, dv, d bias, d gate, d attn_mask)
 
-A bias or gate travels as (tensor, index, kind): kind "none", "dense" (a (B|1, H|1, Lq|1, Lk|1)
-tensor), "toeplitz" (a table (H|1, 2K+1) over clamped offsets) or "relation" (a table (H|1, R)
-with a range-checked (B|1, Lq, Lk) int64 index); a bias may also be "decay" (a `Decay`'s
-log_forget, (B|1, H|1, Lk)). `document_ids` is (B|1, Lk) integer or None. Every tensor except a
-table and the seed has the batch as dim 0, B or 1 (broadcast).
+A bias or gate travels as (tensor, index, kind): its `Term.raw()` and its kind's name ("none"
+for no term), from which an op's body rebuilds the term (`term_of`): "dense" (a (B|1, H|1, Lq|1,
+Lk|1) tensor), "toeplitz" (a table (H|1, 2K+1) over clamped offsets), "relation" (a table
+(H|1, R) with a range-checked (B|1, Lq, Lk) int64 index), "decay" (a `Decay`'s log_forget,
+(B|1, H|1, Lk); a bias only) or a kind registered later (`terms.TERM_KINDS`). `document_ids` is
+(B|1, Lk) integer or None. Every tensor except a table and the seed has the batch as dim 0, B or
+1 (broadcast).
 """
 
 from __future__ import annotations
@@ -26,22 +28,26 @@ from typing import NamedTuple
 from torch import Tensor
 
 from .spec import AttentionSpec
-from .tables import Decay, PositionTerm, Relation, Toeplitz
+from .terms import TERM_KINDS, Term
 
+# Kinds whose tensor is a per-head table shared by the batch (a vmap must not fold a batched one)
 TABLE_KINDS = ("toeplitz", "relation")
+BUILT_IN_KINDS = ("none", "dense", "toeplitz", "relation", "decay")
 
 
-def term_arguments(term: PositionTerm | None) -> tuple[Tensor | None, Tensor | None, str]:
+def term_arguments(term: Term | None) -> tuple[Tensor | None, Tensor | None, str]:
     """A bias or gate as the raw ops' (tensor, index, kind)."""
     if term is None:
         return None, None, "none"
-    if isinstance(term, Toeplitz):
-        return term.table, None, "toeplitz"
-    if isinstance(term, Relation):
-        return term.table, term.index, "relation"
-    if isinstance(term, Decay):
-        return term.log_forget, None, "decay"
-    return term, None, "dense"
+    tensor, index = term.raw()
+    return tensor, index, term.kind
+
+
+def term_of(tensor: Tensor | None, index: Tensor | None, kind: str) -> Term | None:
+    """The term the raw ops' (tensor, index, kind) stand for (None: "none")."""
+    if kind == "none" or tensor is None:
+        return None
+    return TERM_KINDS[kind].from_raw(tensor, index)
 
 
 class ForwardArgs(NamedTuple):
@@ -97,6 +103,31 @@ class ForwardArgs(NamedTuple):
     def kind(self, term: str) -> str:
         """The kind of "bias" or "gate"."""
         return self.bias_kind if term == "bias" else self.gate_kind
+
+    def to_spec(self) -> AttentionSpec:
+        """The resolved call these arguments stand for (inside an op's body: one batch dim)."""
+        return AttentionSpec(
+            self.q,
+            self.k,
+            self.v,
+            self.term("bias"),
+            self.term("gate"),
+            self.attn_mask,
+            self.key_padding_mask,
+            self.is_causal,
+            self.normalization,
+            self.scale,
+            self.dropout_p,
+            self.dropout_seed,
+            (self.q.shape[0],),
+            self.document_ids,
+        )
+
+    def term(self, role: str) -> Term | None:
+        """The "bias" or "gate" as a `Term`."""
+        if role == "bias":
+            return term_of(self.bias, self.bias_index, self.bias_kind)
+        return term_of(self.gate, self.gate_index, self.gate_kind)
 
     @property
     def tensors(self) -> tuple:

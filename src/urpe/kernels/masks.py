@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .tables import relative_offsets
+from .offsets import relative_offsets
 
 
 def causal_keep(lq: int, lk: int, device: torch.device | None = None) -> Tensor:

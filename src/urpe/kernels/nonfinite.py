@@ -20,12 +20,14 @@ arithmetic on the pairs where they sit (a hidden pair is never read).
 
 Whether anything is non-finite is asked once per call, on the CPU in eager code only: by the
 compiled kernel's `urpe_cpp::all_finite` (one vectorised pass, a plain bool: no tensor is read)
-where it is loaded (a remembered decoding call asks the kernel itself, which finds them in
-the logits and outputs it computes: `urpe.kernels.cpp.direct`), else by one reduction per
-tensor. The usual all-finite call then pays nothing else: no masked copies of q, k, v, no
-visibility counts, no masked_fill. Elsewhere (CUDA,
-`torch.compile`, `vmap`, CUDA graph capture) no value is ever read on the host: the rule is
-applied as tensor ops, without branching, so a call never waits for the device (issue 28).
+where it is loaded, else by one reduction per tensor. A backend whose table says
+`finds_nonfinite` is not asked about calls that need no gradient: it runs them at once and
+finds NaN/inf itself (the C++ kernel, in the logits and outputs it computes: a decoding step's
+cache is not read twice), returning None where it met one; the rule then runs. The usual
+all-finite call pays nothing else: no masked copies of q, k, v, no visibility counts, no
+masked_fill. Elsewhere (CUDA, `torch.compile`, `vmap`, CUDA graph capture) no value is ever
+read on the host: the rule is applied as tensor ops, without branching, so a call never waits
+for the device (issue 28); a `finds_nonfinite` backend may apply it itself there.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .dtypes import HALF
-from .host import may_read
+from .host import may_read, plain_tensors
 from .masks import visible_key_counts
 from .spec import AttentionSpec
 
@@ -52,10 +54,9 @@ def all_finite_now(*tensors: Tensor) -> bool | None:
     Conservative: the fallback reads a finite tensor whose sum overflows as non-finite (the
     exact path then runs, which gives the same result more slowly).
     """
-    for t in tensors:
-        if type(t) not in _PLAIN:
-            return None
-    if not may_read(tensors[0]):  # (resolve checked that q, k, v share a device)
+    if not plain_tensors(*tensors) or not may_read(
+        tensors[0]
+    ):  # (resolve checked that q, k, v share a device)
         return None
     fast = FINITE_CHECKS.get(tensors[0].device.type)
     if fast is not None:
@@ -66,9 +67,6 @@ def all_finite_now(*tensors: Tensor) -> bool | None:
         # accumulate half precision in float32: an fp16 sum of many O(1) values overflows
         wide = [t.detach().sum(dtype=torch.float32 if t.dtype in HALF else None) for t in tensors]
         return bool(torch.isfinite(sum(wide)))
-
-
-_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def row_is_finite(x: Tensor) -> Tensor:
@@ -89,23 +87,23 @@ def poisoned_rows(spec: AttentionSpec, q_ok: Tensor, kv_ok: Tensor) -> Tensor:
     return sees_bad | (~q_ok & sees_any)
 
 
-# (a backend's run, the same call as one opaque op that applies the rule itself, or None where
-# it does not fit): used under torch.compile, where the rule would otherwise cost tensor ops
-# around the kernel (the C++ kernel registers one; see `urpe.kernels.cpp.direct`)
-OPAQUE_RUNS: list[tuple[Callable, Callable[[AttentionSpec], Tensor | None]]] = []
+def guarded(
+    run: Callable[[AttentionSpec], Tensor | None], spec: AttentionSpec, finds_nonfinite: bool
+) -> tuple[Tensor, Tensor | None]:
+    """run(spec) under the rule above. Returns (output, NaN rows (B, H, Lq, 1) or None).
 
-
-def guarded(run, spec: AttentionSpec) -> tuple[Tensor, Tensor | None]:
-    """run(spec) under the rule above. Returns (output, NaN rows (B, H, Lq, 1) or None)."""
+    finds_nonfinite: the backend's table says so: a call that needs no gradient runs at once
+    with `spec.finite` None, and the backend returns None where it met NaN/inf (in q, k or v,
+    or anywhere in its logits: then q, k and v are asked). Under torch.compile it applies the
+    rule itself, except ahead of an overflow check (which needs the rule's NaN rows).
+    """
+    if finds_nonfinite and _finds_here(spec):
+        out = run(spec)  # (spec.finite is None: not known yet)
+        if out is not None:
+            return out, None
     known = all_finite_now(spec.q, spec.k, spec.v)
     if known:
-        return run(spec), None
-    if known is None and torch.compiler.is_compiling():
-        for backend_run, opaque in OPAQUE_RUNS:
-            if run is backend_run and spec.q.device.type == "cpu":
-                out = opaque(spec)
-                if out is not None:
-                    return out, None
+        return run(spec.replace(finite=True)), None
     q_ok = row_is_finite(spec.q)  # (B, H, Lq)
     kv_ok = row_is_finite(spec.k) & row_is_finite(spec.v)  # (B, Hkv, Lk)
     zero = torch.zeros((), dtype=spec.q.dtype, device=spec.q.device)
@@ -113,6 +111,14 @@ def guarded(run, spec: AttentionSpec) -> tuple[Tensor, Tensor | None]:
         q=torch.where(q_ok[..., None], spec.q, zero),
         k=torch.where(kv_ok[..., None], spec.k, zero),
         v=torch.where(kv_ok[..., None], spec.v, zero),
+        finite=True,
     )
     poison = poisoned_rows(spec, q_ok, kv_ok)[..., None]  # (B, H, Lq, 1)
     return run(clean).masked_fill(poison, float("nan")), poison
+
+
+def _finds_here(spec: AttentionSpec) -> bool:
+    """Whether a `finds_nonfinite` backend is asked to find NaN/inf itself in this call."""
+    if spec.records_grad or torch._C._are_functorch_transforms_active():
+        return False
+    return not (torch.compiler.is_compiling() and spec.norm.overflows)

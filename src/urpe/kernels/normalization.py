@@ -49,7 +49,7 @@ class Normalization:
     overflows: bool = False
 
 
-NORMALIZATIONS: dict[str, Normalization] = WatchedDict()  # dispatch's plans watch it
+NORMALIZATIONS: dict[str, Normalization] = WatchedDict()  # prepared calls watch it
 
 
 def register_normalization(norm: Normalization) -> Normalization:

@@ -17,11 +17,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .capabilities import ANY_KIND, Capabilities
 from .dropout import dropout_scale
 from .masks import keep_mask
 from .nonfinite import guarded
 from .spec import AttentionSpec, resolve
-from .tables import dense_term
+from .terms import dense_term
+
+# Every call `urpe.attention` accepts, with every term kind (through its dense form) and plain
+# PyTorch ops, so autograd and forward-mode AD reach every input.
+REFERENCE_CAPABILITIES = Capabilities(
+    "the reference", bias=ANY_KIND, gate=ANY_KIND, forward_ad=True
+)
 
 
 def draw_seed(device: torch.device) -> Tensor:
@@ -80,5 +87,5 @@ def reference_weights(q: Tensor, k: Tensor, **kwargs) -> Tensor:
     if spec.is_empty:
         weights = q.new_zeros(spec.batch, spec.heads, spec.lq, spec.lk, dtype=spec.compute_dtype)
     else:
-        weights, _ = guarded(reference_weights_of, spec)
+        weights, _ = guarded(reference_weights_of, spec, finds_nonfinite=False)
     return weights.reshape(*spec.batch_shape, spec.heads, spec.lq, spec.lk)

@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .capabilities import Capabilities, built_in
+from .capabilities import ANY_KIND, Capabilities, built_in
 from .masks import keep_mask
 from .spec import AttentionSpec
-from .tables import dense_term
+from .terms import dense_term
 
+# Every bias kind through its dense form (SDPA adds a dense bias); no gate.
 SDPA_CAPABILITIES = Capabilities(
-    "SDPA", normalizations=built_in("softmax"), gate=(), dropout="unseeded"
+    "SDPA", normalizations=built_in("softmax"), bias=ANY_KIND, gate=(), dropout="unseeded"
 )
 
 

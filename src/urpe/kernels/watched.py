@@ -1,8 +1,9 @@
-"""Registries that say when they change, so that what was decided from them can be forgotten.
+"""Registries that say when they change, so that what was decided from them is decided again.
 
-`BACKENDS`, `AUTO_ORDER` and `NORMALIZATIONS` are a `WatchedDict` / `WatchedList`: every
-mutation, through the register functions or by hand (a test's monkeypatch, a user's `pop`),
-calls the functions in `LISTENERS` (dispatch's remembered calls, see `plans`).
+`BACKENDS`, `AUTO_ORDER`, `BROKEN` and `NORMALIZATIONS` are a `WatchedDict` / `WatchedList`:
+every mutation, through the register functions or by hand (a test's monkeypatch, a user's
+`pop`), counts one more `generation()`. A prepared call remembers the generation it chose its
+backend in and chooses again when that is no longer the current one (`prepared`).
 
 `registered(register, entry)` scopes a registration to a `with` block (tests, examples), and
 `restored(*registries)` is what it and the encodings' `registered` share: on exit each registry
@@ -11,15 +12,22 @@ is exactly what it was.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-LISTENERS: list[Callable[[], None]] = []
+_GENERATION = [0]
+_COUNTING = threading.Lock()
+
+
+def generation() -> int:
+    """How many times a watched registry has changed in this process."""
+    return _GENERATION[0]
 
 
 def changed() -> None:
-    for listener in LISTENERS:
-        listener()
+    with _COUNTING:  # two threads changing registries at once count two, never one
+        _GENERATION[0] += 1
 
 
 def _then_changed(original: Callable) -> Callable:

@@ -17,7 +17,7 @@ from ..encodings import (
     resolve,
 )
 from ..kernels import BACKENDS, NORMALIZATIONS
-from ..kernels.dispatch import current_backend_name
+from ..kernels.backends import current_backend_name
 from ..nn import MIXER_REGISTRY
 
 # Live views of the registries: each name is declared beside its class (urpe.encodings.registry,

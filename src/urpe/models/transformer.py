@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings import Positions
+from ..kernels import AttentionCalls
 from ..nn import AttentionContext, KVCache
 from ..nn.attention import split_memory_padding
 from .builders import build_absolute, build_layers, uses_relation
@@ -108,6 +109,8 @@ class _Transformer(_LoadGuard, nn.Module):
         self.embed_dropout = nn.Dropout(c.dropout)
         self.layers = build_layers(c, self.causal, length)
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
+        # the layers' attention calls, prepared once per kind and kept from pass to pass
+        self.attention_calls = AttentionCalls()
 
     def _context(
         self, positions: Positions | None, length: int, past: int, batch: int, device, **masks
@@ -122,7 +125,9 @@ class _Transformer(_LoadGuard, nn.Module):
                     "reads a relation index: pass positions=urpe.Positions.graph(relation)"
                 )
             positions = Positions.sequence(length, past=past, device=device)
-        context = AttentionContext(positions=positions, is_causal=self.causal, **masks)
+        context = AttentionContext(
+            positions=positions, is_causal=self.causal, calls=self.attention_calls, **masks
+        )
         context.positions_for(length, past + length, batch, device)
         return context
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 from torch import Tensor, nn
 
 from ..encodings import NoPosition, RelativeEncoding
+from ..kernels import attention
 from .context import AttentionContext
 from .past import KVCache
 
@@ -115,15 +119,19 @@ class MultiheadAttention(nn.Module):
         k = self.position.rotate(k, positions.key[..., lk - k.shape[-2] :])  # the new keys
         key_padding_mask, documents = context.key_padding_mask, context.document_ids
         key_state = self.position.key_state(key)  # (B, H, L_new) or None
+        calls = context.calls
         if past is not None:
             k, v = past.append(k, v, key_padding_mask, documents, key_state)
             key_padding_mask, documents, key_state = past.padding, past.documents, past.key_state
+            calls = past.calls
         scale = self.head_dim**-0.5
         extra = {} if context.attn_mask is None else {"attn_mask": context.attn_mask}
         if documents is not None:
             extra["document_ids"] = documents
         if key_state is not None:
             extra["key_state"] = key_state
+        if calls is not attention and takes_calls(type(self.position)):
+            extra["calls"] = calls
         bias = context.bias
         if bias is None and self.position.query_independent:  # one term per pass (and tie)
             bias = context.term(
@@ -202,3 +210,10 @@ def split_memory_padding(
             f"(B, L) = (B, {length}), got {tuple(mask.shape)}"
         )
     return mask[:, :memory], mask[:, memory:]
+
+
+@functools.cache
+def takes_calls(encoding: type) -> bool:
+    """Whether an encoding's `attend` names the `calls` argument (the library's encodings do;
+    one written before it existed forwards its keywords to `urpe.attention` and gets none)."""
+    return "calls" in inspect.signature(encoding.attend).parameters

@@ -22,7 +22,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..encodings import Positions
-from ..kernels import PositionTerm
+from ..kernels import PositionTerm, attention
 
 # The per-call keywords the modules took before the context; they still build one.
 CONTEXT_KEYWORDS = (
@@ -51,6 +51,9 @@ class AttentionContext:
     document_ids: (B, L) integer ids of packed documents for the keys of this call (past keys
         carry their own, as padding): a query attends only to keys of its own document
         (`urpe.attention`'s document_ids); pair it with `Positions.from_document_ids`.
+    calls: the attention function the layers call, with `urpe.attention`'s arguments: by
+        default `urpe.attention` itself; a model passes its own `urpe.kernels.AttentionCalls`,
+        which keeps the calls it prepared (checked, their backend chosen) from pass to pass.
     """
 
     positions: Positions | None = None
@@ -60,6 +63,7 @@ class AttentionContext:
     bias: PositionTerm | None = None
     gate: PositionTerm | None = None
     document_ids: Tensor | None = None
+    calls: Callable[..., Tensor] = attention
     _checked: dict = field(default_factory=dict, init=False, repr=False)
     _terms: dict = field(default_factory=dict, init=False, repr=False)
 

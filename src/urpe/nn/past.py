@@ -5,11 +5,13 @@ own keys; a memory is such a cache built from hidden states, a decoding cache gr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import Tensor
+
+from ..kernels import AttentionCalls
 
 
 class ProjectsKeys(Protocol):
@@ -30,7 +32,9 @@ class KVCache:
     or None; documents: (B, L) document ids of packed sequences, or None; key_state: (B, H, L)
     what the encoding computed per key from the layer's input (FoX's log forget gates), or None.
     Starts empty; `MultiheadAttention` appends the keys of each call to it in place, and its
-    queries attend to all of them.
+    queries attend to all of them. `calls` keeps the layer's prepared attention calls while it
+    decodes: the prompt's and the steps' (one kind for every step: the number of keys is not
+    part of a kind), so a step neither checks its arguments nor chooses a backend again.
     """
 
     keys: Tensor | None = None
@@ -38,6 +42,7 @@ class KVCache:
     padding: Tensor | None = None
     documents: Tensor | None = None
     key_state: Tensor | None = None
+    calls: AttentionCalls = field(default_factory=lambda: AttentionCalls(capacity=2), repr=False)
 
     @property
     def length(self) -> int:

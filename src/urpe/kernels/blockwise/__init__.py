@@ -25,7 +25,7 @@ import warnings
 
 from torch import Tensor
 
-from ..capabilities import Capabilities
+from ..capabilities import ANY_KIND, Capabilities
 from ..composable import define_attention_ops
 from ..dtypes import compute_dtype
 from ..execute import execute
@@ -66,8 +66,9 @@ def blockwise_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Te
     return BLOCKWISE(ForwardArgs.from_spec(spec, block_q, block_k)).to(spec.q.dtype)
 
 
-# Every call that `urpe.attention` accepts, with the registry's formulas of any normalisation.
-BLOCKWISE_CAPABILITIES = Capabilities("the blockwise kernel")
+# Every call that `urpe.attention` accepts, with the registry's formulas of any normalisation
+# and every term kind (one without a reader of its own through its dense form).
+BLOCKWISE_CAPABILITIES = Capabilities("the blockwise kernel", bias=ANY_KIND, gate=ANY_KIND)
 
 
 def blockwise_defers(spec: AttentionSpec) -> str | None:

@@ -448,11 +448,11 @@ def blockwise_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     plan, info = _plan(call)
     q_s, k_r, v_r = _operands(call, plan, info["groups"])
     lk = plan.lk
-    bias = tile_reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, False)
+    bias = tile_reader(call.term("bias"), lq, lk, dtype, False)
     mask = None
     if call.attn_mask is not None and call.attn_mask.dtype != torch.bool:
         mask = DenseTile(call.attn_mask, lk, dtype, False)
-    gate = tile_reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, False)
+    gate = tile_reader(call.term("gate"), lq, lk, dtype, False)
     additive = [t for t in (bias, mask) if t is not None]
     fixed = _fixed_statistic(plan, call)
     out, stat = _forward(plan, q_s, k_r, v_r, additive, gate, fixed)
@@ -476,8 +476,8 @@ def blockwise_backward(
     plan, info = _plan(call)
     dtype, lk = plan.compute_dtype, plan.lk
     q_s, k_r, v_r = _operands(call, plan, info["groups"])
-    bias = tile_reader(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, needs[0])
-    gate = tile_reader(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, needs[1])
+    bias = tile_reader(call.term("bias"), lq, lk, dtype, needs[0])
+    gate = tile_reader(call.term("gate"), lq, lk, dtype, needs[1])
     mask = None
     if call.attn_mask is not None and call.attn_mask.dtype != torch.bool:
         mask = DenseTile(call.attn_mask, lk, dtype, needs[2])

@@ -12,12 +12,16 @@ and its gradient is a sum along the tile's anti-diagonals. Dense and `Relation` 
 
 Every reader gives `tile(i0, i1, c0, c1)` broadcastable to (B, H, bq, bk) in the compute dtype and,
 when its tensor needs a gradient, accumulates `add_grad(i0, i1, c0, c1, grad)` tile by tile.
+A term kind without a reader of its own (one registered outside urpe) is read from its dense
+form (`DenseFormTile`), its gradient taken back through `Term.dense` by autograd.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from ..terms import Decay, Dense, Relation, Term, Toeplitz
 
 
 def antidiagonal_sums(x: Tensor, scratch: dict | None = None) -> Tensor:
@@ -215,17 +219,40 @@ class DecayTile:
         return grad_c.flip(-1).cumsum(-1).flip(-1).to(self.dtype)
 
 
+class DenseFormTile(DenseTile):
+    """Any other term kind, read from its dense form `term.dense(Lq, Lk)`; its raw tensor's
+    gradient is the dense gradient taken back through `dense` (a vector-Jacobian product)."""
+
+    def __init__(
+        self, kind: type[Term], tensor: Tensor, index, lq: int, lk: int, dtype, needs_grad: bool
+    ) -> None:
+        self.leaf = tensor.detach().requires_grad_(needs_grad)
+        with torch.enable_grad():
+            self.dense_form = kind.from_raw(self.leaf, index).dense(lq, lk)
+        super().__init__(self.dense_form.detach(), lk, dtype, needs_grad)
+
+    def grads(self) -> Tensor | None:
+        dense_grad = super().grads()
+        if dense_grad is None:
+            return None
+        (grad,) = torch.autograd.grad(self.dense_form, self.leaf, dense_grad.to(self.leaf.dtype))
+        return grad
+
+
 Reader = DenseTile | ToeplitzTile | RelationTile | DecayTile
 
 
-def tile_reader(kind: str, term, index, lq, lk, dtype, needs_grad: bool) -> Reader | None:
-    """The tile reader of a bias or gate of this kind (None: no term)."""
-    if kind == "none":
+def tile_reader(term: Term | None, lq: int, lk: int, dtype, needs_grad: bool) -> Reader | None:
+    """The tile reader of a bias or gate (None: no term)."""
+    if term is None:
         return None
-    if kind == "toeplitz":
-        return ToeplitzTile(term, lq, dtype, needs_grad)
-    if kind == "relation":
-        return RelationTile(term, index, lk, dtype, needs_grad)
-    if kind == "decay":
-        return DecayTile(term, lq, dtype, needs_grad)
-    return DenseTile(term, lk, dtype, needs_grad)
+    if type(term) is Toeplitz:
+        return ToeplitzTile(term.table, lq, dtype, needs_grad)
+    if type(term) is Relation:
+        return RelationTile(term.table, term.index, lk, dtype, needs_grad)
+    if type(term) is Decay:
+        return DecayTile(term.log_forget, lq, dtype, needs_grad)
+    if type(term) is Dense:
+        return DenseTile(term.tensor, lk, dtype, needs_grad)
+    tensor, index = term.raw()
+    return DenseFormTile(type(term), tensor, index, lq, lk, dtype, needs_grad)

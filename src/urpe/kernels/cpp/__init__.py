@@ -27,7 +27,14 @@ again with other formulas) is left to "blockwise": see `CPP_CAPABILITIES`.
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
 "auto" warns once and runs "blockwise" instead. The layers are those of the blockwise and Triton
 kernels: C++ ops on tensors (`library.cpp`), custom ops with fakes, vmap rules and an autograd
-Function around them (`ops.py`), and the backend here.
+Function around them (`ops.py`), and the backend here. From `cpp_run` one route per mode:
+
+- no gradient, eager: `ops.forward_no_grad` -> `urpe_cpp::forward_if_finite` (which also finds
+  NaN/inf in q, k, v: its table says `finds_nonfinite`);
+- gradients, eager: the kernel's autograd Function -> `urpe_cpp::forward` / `backward`;
+- torch.compile and torch.func: the custom ops `urpe::cpp_attention_r2_forward` / `_backward`
+  around the same C++ ops; a compiled call that needs no gradient runs as one opaque op,
+  `urpe::cpp_guarded_forward_r2` -> `ops.forward_no_grad`, applying the non-finite rule itself.
 """
 
 from __future__ import annotations
@@ -35,15 +42,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..backends import Backend
 from ..blockwise import blockwise_defers
 from ..capabilities import Capabilities, built_in
-from ..dispatch import Backend
 from ..dtypes import FLOATING
 from ..execute import execute
-from ..nonfinite import FINITE_CHECKS, OPAQUE_RUNS
+from ..layout import ForwardArgs
+from ..nonfinite import FINITE_CHECKS
+from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
 from .build import is_loaded, threaded, unavailable
-from .run import cpp_run
 
 __all__ = [
     "FEW_QUERIES",
@@ -62,6 +70,7 @@ CPP_CAPABILITIES = Capabilities(
     normalizations=built_in("softmax", "exp", "l2", "relu2"),
     dtypes=FLOATING,
     devices=("cpu",),
+    finds_nonfinite=True,
 )
 
 
@@ -69,6 +78,43 @@ def cpp_unsupported(spec: AttentionSpec) -> str | None:
     """Why the C++ kernel cannot run this call beyond its table (None: it can): it could not
     be built. Builds it on the first CPU call."""
     return unavailable()
+
+
+def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor | None:
+    """The C++ backend: (B, H, Lq, Dv) in q's dtype, or None where a call that needs no gradient
+    (`spec.finite` None) meets NaN/inf (module docstring). block_q, block_k: tile sizes (0: the
+    tuned defaults)."""
+    ops = _ops()
+    if spec.dropout_p > 0.0 and spec.dropout_seed is None:
+        spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
+    # A short call reads views of a training step's (B, L, H, D) projections in place and
+    # writes their gradients in that layout. A long one copies q, k, v here, before the
+    # kernel's autograd Function, which then saves the copies for its backward.
+    if not ops.reads_in_place(spec.q, spec.k):
+        spec = spec.replace(q=_contiguous(spec.q), k=_contiguous(spec.k), v=_contiguous(spec.v))
+    args = ForwardArgs.from_spec(spec, block_q, block_k)
+    if spec.finite is None:  # needs no gradient (`nonfinite.guarded` asks only such calls)
+        if torch.compiler.is_compiling():
+            return ops.GUARDED_FORWARD(*args)
+        return ops.forward_no_grad(args)
+    out = ops.CPP(args)
+    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
+
+
+def _ops():
+    """The ops module, imported on the first call (it registers the custom ops)."""
+    if not _OPS_MODULE:
+        from . import ops
+
+        _OPS_MODULE.append(ops)
+    return _OPS_MODULE[0]
+
+
+_OPS_MODULE: list = []
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def cpp_attention(
@@ -82,12 +128,12 @@ def cpp_attention(
     reason = cpp_backend().refusal(spec)
     if reason is not None:
         raise ValueError(f"backend 'cpp' cannot run this call: {reason}")
-    return execute(lambda s: cpp_run(s, block_q, block_k), spec)
+    return execute(lambda s: cpp_run(s, block_q, block_k), spec, finds_nonfinite=True)
 
 
 # Up to this many queries (decoding, a few speculative tokens) the kernel runs plain softmax
-# too: one op call that also checks for NaN/inf (`direct`) costs less than SDPA plus a separate
-# check; measured 0.6-0.9x of the SDPA route at Lq 1-16 (BENCHMARKS.md, "model" section).
+# too: one op call that also checks for NaN/inf costs less than SDPA plus a separate check;
+# measured 0.6-0.9x of the SDPA route at Lq 1-16 (BENCHMARKS.md, "model" section).
 FEW_QUERIES = 16
 
 
@@ -112,15 +158,7 @@ def cpp_backend() -> Backend:
         defers=cpp_defers,
         capabilities=CPP_CAPABILITIES,
         available=unavailable,
-        direct=_direct_call,
-        keys_length_free=True,  # defers by Lq; the one-call forward reads columns per call
     )
-
-
-def _direct_call(spec: AttentionSpec):
-    from .direct import direct_call  # imports the ops (built by the time a plan is made)
-
-    return direct_call(spec)
 
 
 def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:
@@ -128,19 +166,10 @@ def cpp_all_finite(tensors: tuple[Tensor, ...]) -> bool | None:
     loaded; the non-finite rule then asks torch)."""
     if not is_loaded():
         return None
-    if not _OPS:  # the overload itself: a lookup through torch.ops costs about a microsecond
-        _OPS.append(torch.ops.urpe_cpp.all_finite.default)
-    return _OPS[0](list(tensors))
+    if not _ALL_FINITE:  # the overload itself: a lookup through torch.ops costs about a microsecond
+        _ALL_FINITE.append(torch.ops.urpe_cpp.all_finite.default)
+    return _ALL_FINITE[0](list(tensors))
 
 
-_OPS: list = []
-
-
-def _guarded_forward(spec: AttentionSpec) -> Tensor | None:
-    from .direct import guarded_forward
-
-    return guarded_forward(spec)
-
-
+_ALL_FINITE: list = []
 FINITE_CHECKS["cpu"] = cpp_all_finite
-OPAQUE_RUNS.append((cpp_run, _guarded_forward))

@@ -1,4 +1,4 @@
-"""The C++ kernel behind a pair of custom ops, on the raw-op layout every kernel shares.
+"""The C++ kernel's layers, on the raw-op layout every kernel shares.
 
 `cpp_forward(ForwardArgs)` and `cpp_backward(BackwardArgs)` bring the arguments into the form
 the C++ ops take (the compute dtype, contiguous, a Toeplitz table read out at every offset of
@@ -7,6 +7,11 @@ gradients of the caller's tensors. `define_attention_ops` puts them behind
 `urpe::cpp_attention_r2_forward` / `_backward` (`OPS`) with fake implementations, vmap rules and an
 autograd Function, as for the blockwise and Triton kernels, so torch.func and torch.compile
 compose with them.
+
+`forward_no_grad(ForwardArgs)` is the forward of calls that need no gradient: one op call that
+also finds NaN/inf in q, k and v (`urpe_cpp::forward_if_finite`), returning None where it met
+one. `GUARDED_FORWARD` runs it as one opaque op under torch.compile, applying the non-finite rule
+itself at run time, where values may be read.
 """
 
 from __future__ import annotations
@@ -19,15 +24,23 @@ from torch import Tensor
 from ..composable import define_attention_ops
 from ..dropout import keep_threshold
 from ..dtypes import compute_dtype
-from ..layout import BackwardArgs, ForwardArgs
+from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs
 from ..masks import visible_key_counts
+from ..nonfinite import guarded
 from ..normalization import NORMALIZATIONS
+from ..spec import AttentionSpec
+from ..terms import TERM_KINDS
 
-# Codes of library.cpp's enums (the normalisations are those of the backend's capability table).
+# Codes of library.cpp's enums (the normalisations are those of the backend's capability table;
+# the term kinds' are the classes' own `code`, tile.h's TermKind).
 NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
-KIND_CODES = {"none": 0, "dense": 1, "toeplitz": 2, "relation": 3, "decay": 4}
+NO_TERM = 0
+KIND_CODES = {
+    "none": NO_TERM,
+    **{name: kind.code for name, kind in TERM_KINDS.items() if kind.code is not None},
+}
 # A Toeplitz table handed over as it is, read in place where no offset of the call is clamped
-# (forward only; tile.h's kToeplitzTable): the decoding path's gate, no rows built per call
+# (forward only; tile.h's kToeplitzTable): a decoding step's gate, no rows built per call
 TABLE_IN_PLACE = 5
 
 # Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
@@ -53,71 +66,68 @@ IN_PLACE_LENGTH = 256
 ITEMS_PER_THREAD = 4
 
 
-def toeplitz_columns(table_width: int, lq: int, lk: int, device) -> Tensor:
-    """Table column of each offset the call meets: entry e = j - i + Lq - 1 of a row read by
-    the C++ loop is offset j - pos(i) = e - (Lk - 1), clamped to [-K, K]. (Lq + Lk - 1,)"""
-    k = (table_width - 1) // 2
-    offsets = torch.arange(lq + lk - 1, device=device) - (lk - 1)
-    return offsets.clamp(-k, k) + k
+def table_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
+    """The table column of each entry of a row the C++ loops read, (Lq + Lk - 1 + LANES,):
+    entry e is offset j - pos(i) = e - (Lk - 1), clamped to [-K, K], then LANES entries of
+    padding (read as whole spans, never used as numbers: any valid column serves).
 
-
-@functools.lru_cache(maxsize=64)
-def padded_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
-    """`toeplitz_columns`, then LANES more columns for the rows' padding (what the loops read
-    past the last offset is never used as a number: any valid column serves). Cached: a model
-    meets the same few (width, Lq, Lk) in every layer and every decoding step."""
-    columns = toeplitz_columns(table_width, lq, lk, device)
-    return torch.cat([columns, columns[-1:].expand(LANES)])
-
-
-def sliding_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
-    """`padded_columns`' first Lq + Lk - 1 entries, and valid columns as its padding, as a
-    view: a slice of one vector of columns per table width, over offsets -R..R + LANES. A
-    growing KV cache meets a new Lk at every decoding step, where a cache by (width, Lq, Lk)
-    would miss and build three tensors."""
+    A view: a slice of one vector of columns per table width over offsets -R..R + LANES, so a
+    KV cache that grows by a key per decoding step builds nothing per step (the vector is
+    rebuilt, twice as long, when a call reaches past it)."""
     key = (table_width, device)
     base = _COLUMN_BASES.get(key)
     reach = max(lq, lk) - 1
     if base is None or (base.shape[0] - LANES - 1) // 2 < reach:
-        # (doubled: a cache growing one key a step rebuilds it log(L) times)
         r = max(reach, 64 if base is None else (base.shape[0] - LANES - 1))
         k = (table_width - 1) // 2
-        base = _COLUMN_BASES[key] = torch.arange(-r, r + LANES + 1, device=device).clamp(-k, k) + k
+        base = torch.arange(-r, r + LANES + 1, device=device).clamp(-k, k) + k
+        _COLUMN_BASES[key] = base  # (one assignment: another thread reads the old or the new)
     r = (base.shape[0] - LANES - 1) // 2
     start = r - (lk - 1)  # the base's entry of offset -(Lk - 1), a row's first
     return base[start : start + lq + lk - 1 + LANES]
 
 
-# (table width, device) -> columns over offsets -R..R + LANES (`sliding_columns`)
+# (table width, device) -> columns over offsets -R..R + LANES (`table_columns`)
 _COLUMN_BASES: dict[tuple[int, torch.device], Tensor] = {}
-# The slices themselves, remembered: a decoding step's layers all meet the same (width, Lq, Lk)
-decoding_columns = functools.lru_cache(maxsize=16)(sliding_columns)
 
 
 def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor:
     """(H|1, Lq + Lk - 1 + LANES): the table at every offset of the call, then padding; one
-    gather (with the columns cached) instead of building the rows op by op."""
+    gather instead of building the rows op by op."""
     if table.dtype != dtype:
         table = table.to(dtype)
-    # (the ops' bodies run eagerly, also under torch.compile: the cache is always usable here)
-    return table.index_select(1, padded_columns(table.shape[1], lq, lk, table.device))
+    return table.index_select(1, table_columns(table.shape[1], lq, lk, table.device))
 
 
-def _term(kind: str, tensor: Tensor | None, index: Tensor | None, lq: int, lk: int, dtype):
-    """(code, tensor, index) as the C++ ops take a bias or gate."""
+def covers_call(table: Tensor, lq: int, lk: int) -> bool:
+    """Whether a Toeplitz table's offsets -K..K reach every offset of the call and the rows'
+    padding, so that the forward reads it in place (`TABLE_IN_PLACE`): no rows are built."""
+    k = (table.shape[1] - 1) // 2
+    return k >= lk - 1 and k >= lq - 1 + LANES
+
+
+def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = False) -> tuple:
+    """(code, tensor, index) as the C++ ops take a bias or gate. in_place: a Toeplitz table
+    that covers the call goes as it is (the forward of a call that needs no gradient)."""
     if kind == "none" or tensor is None:
-        return 0, None, None
+        return NO_TERM, None, None
     if tensor.dtype != dtype:
         tensor = tensor.to(dtype)
-    if kind == "toeplitz":  # (H|1, Lq + Lk - 1 + LANES): the table at every offset, then padding
-        return KIND_CODES[kind], toeplitz_rows(tensor, lq, lk, dtype), None
+    if kind == "toeplitz":
+        if in_place and covers_call(tensor, lq, lk):
+            return TABLE_IN_PLACE, _contiguous(tensor), None
+        return KIND_CODES[kind], toeplitz_rows(tensor, lq, lk, dtype), None  # (H|1, rows)
     if kind == "relation":
         if index.dtype != torch.int64:
             index = index.to(torch.int64)
-        return KIND_CODES[kind], tensor.contiguous(), index
+        return KIND_CODES[kind], _contiguous(tensor), _contiguous(index)
     if kind == "decay":  # c = cumsum(log_forget) (B|1, H|1, Lk): the loops read -|c_i - c_j|
         return KIND_CODES[kind], tensor.cumsum(-1).contiguous(), None
     return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _statistic(call: ForwardArgs, dtype) -> Tensor | None:
@@ -144,9 +154,10 @@ def _is_bool(mask: Tensor | None) -> bool:
     return mask is not None and mask.dtype == torch.bool
 
 
-def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
+def _op_arguments(call: ForwardArgs, tiles: tuple[int, int], in_place: bool = False) -> tuple:
     """The arguments the C++ ops share, after q, k, v (library.cpp's schema); `tiles`: the
-    pass's default tile sizes, where the call names none."""
+    pass's default tile sizes, where the call names none; in_place: Toeplitz tables that cover
+    the call go as they are (a forward only)."""
     dtype = compute_dtype(call.q.dtype)
     lq, lk = call.q.shape[2], call.k.shape[2]
     float_mask = None
@@ -156,8 +167,8 @@ def _op_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
     if call.document_ids is not None:
         tiles = DOCUMENT_TILES
     return (
-        *_term(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype),
-        *_term(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype),
+        *_term(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, in_place),
+        *_term(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, in_place),
         float_mask,
         call.attn_mask if _is_bool(call.attn_mask) else None,
         None if call.key_padding_mask is None else call.key_padding_mask.contiguous(),
@@ -261,7 +272,7 @@ def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) ->
         offsets = lq + lk - 1
         if lq == lk and tensor.shape[1] == offsets:  # a table of exactly the call's offsets
             return grad[:, :offsets].to(tensor.dtype)  # (its columns: no sum, no clipping)
-        columns = padded_columns(tensor.shape[1], lq, lk, tensor.device)[:offsets]
+        columns = table_columns(tensor.shape[1], lq, lk, tensor.device)[:offsets]
         grad = grad.new_zeros(tensor.shape).index_add_(1, columns, grad[:, :offsets])
     elif kind == "decay":  # d c -> d log_forget: c_t sums log_forget_s for s <= t
         grad = grad.flip(-1).cumsum(-1).flip(-1)
@@ -309,3 +320,64 @@ def cpp_backward(args: BackwardArgs):
 REVISION = 2
 OPS = f"cpp_attention_r{REVISION}"  # urpe::{OPS}_forward / _backward
 CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calls that need no gradient
+
+
+def forward_no_grad(call: ForwardArgs) -> Tensor | None:
+    """(B, H, Lq, Dv) in q's dtype, laid out as `output_like`; None where q, k or v hold a NaN
+    or inf the call reads (or a logit or output came out non-finite: the caller then asks).
+
+    One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the logits and
+    outputs it computes (for one query row per head; else by a pass over q, k and v): a
+    decoding step reads its KV cache once. Calls it takes no arguments for (documents, a
+    statistic known up front, dropout) check q, k and v first and run the forward."""
+    q, k, v = _operands(call)
+    args = _op_arguments(call, FORWARD_TILES, in_place=True)
+    if call.document_ids is None and args[10] is None and call.dropout_p == 0.0:
+        # (the forward's arguments without documents, statistic and dropout: library.cpp)
+        out, finite = _op("forward_if_finite")(q, k, v, *args[:9], *args[11:14], *args[17:])
+        if not finite:
+            return None
+    else:
+        if not _op("all_finite")([q, k, v]):
+            return None
+        out, _ = _op("forward")(q, k, v, *args)
+    return out if out.dtype == call.q.dtype else out.to(call.q.dtype)
+
+
+# Under torch.compile a call that needs no gradient runs as one opaque op whose body runs
+# eagerly at run time, where the CPU's values may be read: `forward_no_grad`, or (non-finite
+# inputs) the non-finite rule applied directly. Traced instead, the rule would be tensor ops
+# around the kernel (masked copies of q, k, v: a whole static KV cache per layer and step),
+# about as costly as a decoding call itself. Registered as a plain CPU kernel, not with
+# `torch.library.custom_op`, whose autograd, redispatch and dynamo-disabling layers cost about
+# 10 us per call (the op is only called where nothing records a gradient, from compiled
+# graphs, where dynamo is off already).
+def _guarded_forward(*flat) -> Tensor:
+    call = ForwardArgs(*flat)
+    out = forward_no_grad(call)
+    if out is None:
+        spec = call.to_spec().replace(finite=True)  # (the rule below makes it so)
+        out, _ = guarded(_forward_finite, spec, finds_nonfinite=False)
+    return laid_out(out)
+
+
+def _forward_finite(spec: AttentionSpec) -> Tensor:
+    """The forward of a call whose q, k and v hold no NaN/inf."""
+    out, _ = cpp_forward(ForwardArgs.from_spec(spec))
+    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
+
+
+_LIBRARY = torch.library.Library("urpe", "FRAGMENT")
+GUARDED = f"cpp_guarded_forward_r{REVISION}"  # named by the layout's revision (above)
+_LIBRARY.define(GUARDED + FORWARD_SCHEMA.replace("-> (Tensor, Tensor)", "-> Tensor"))
+_LIBRARY.impl(GUARDED, _guarded_forward, "CPU")
+torch.library.register_fake(
+    f"urpe::{GUARDED}",
+    lambda *flat: output_like(flat[0], flat[2], flat[0].dtype),
+    lib=_LIBRARY,
+)
+GUARDED_FORWARD = getattr(torch.ops.urpe, GUARDED).default

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..dispatch import Backend, BackendFailure
+from ..backends import Backend, BackendFailure
 from ..spec import AttentionSpec, resolve
 from .support import (
     MAX_HEAD_DIM,
@@ -104,7 +104,6 @@ def triton_backend() -> Backend:
         priority=40,
         defers=spec_defers,
         capabilities=TRITON_CAPABILITIES,
-        keys_length_free=True,  # Lq * Lk is weighed with dropout only
     )
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ..dispatch import BackendFailure
+from ..backends import BackendFailure
 from . import kernels as K
 
 # Under the interpreter: small tiles, so that tests at small lengths cross several of them.

@@ -47,7 +47,7 @@ from ..dtypes import compute_dtype
 from ..layout import BackwardArgs, ForwardArgs
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
-from ..tables import dense_term
+from ..terms import Dense, dense_term
 from . import kernels as K
 from .launch import Launch, fixed_blocks, interpreting, run_launch
 from .support import refusal
@@ -390,7 +390,7 @@ def _bias_with_float_mask(spec: AttentionSpec):
     dtype = spec.compute_dtype
     bias = dense_term(spec.bias, spec.lq, spec.lk)  # None or (B|1, H|1, Lq|1, Lk|1)
     mask = mask.to(dtype)
-    return (mask if bias is None else bias.to(dtype) + mask), None
+    return Dense(mask if bias is None else bias.to(dtype) + mask), None
 
 
 def triton_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor:

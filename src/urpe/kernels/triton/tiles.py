@@ -9,8 +9,9 @@ import triton.language as tl
 # Kinds of a bias or gate term, and normalisations (each combination compiles its own program).
 # They must be `tl.constexpr` objects: a compiled kernel may read no other module global (the CPU
 # interpreter allows plain ints, which is how a plain int here once broke every GPU launch).
-# The launcher takes their plain values (`.value`).
-NO_TERM, TOEPLITZ, RELATION, DENSE, DECAY = (tl.constexpr(code) for code in range(5))
+# The launcher takes their plain values (`.value`). The kinds' codes are the term classes' own
+# (`urpe.kernels.Term.code`, tile.h's Kind; tests/test_terms.py checks all three agree).
+NO_TERM, DENSE, TOEPLITZ, RELATION, DECAY = (tl.constexpr(code) for code in range(5))
 SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
 
 

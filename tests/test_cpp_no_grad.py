@@ -1,20 +1,19 @@
-"""The C++ kernel's one-call path for remembered calls that need no gradient (decoding;
-`urpe.kernels.cpp.direct`): the same results as the reference, the non-finite rule kept, and
-taken only where it applies."""
+"""The C++ kernel's route for calls that need no gradient (decoding; `ops.forward_no_grad`):
+one op call that also finds NaN/inf, the same results as the reference, the non-finite rule
+kept, and under torch.compile one opaque op."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from urpe.kernels import Decay, Relation, Toeplitz, attention, plans
+from urpe.kernels import Decay, Relation, Toeplitz, attention, dispatch
 from urpe.kernels.cpp import unavailable
-from urpe.kernels.cpp.direct import GUARDED
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 F64 = dict(dtype=torch.float64)
-OPAQUE = f"urpe.{GUARDED}.default"
+OPAQUE = "urpe.cpp_guarded_forward_r2.default"
 
 
 def _qkv(b=2, h=4, lq=1, lk=13, d=8, hkv=None, seed=0):
@@ -24,30 +23,29 @@ def _qkv(b=2, h=4, lq=1, lk=13, d=8, hkv=None, seed=0):
 
 
 @pytest.fixture
-def direct_calls(monkeypatch):
-    """Counts the calls the one-call path answered (from an empty plan cache)."""
-    from urpe.kernels.cpp import direct
+def checked_answers(monkeypatch):
+    """Counts the calls `urpe_cpp::forward_if_finite` answered (found no NaN/inf)."""
+    from urpe.kernels.cpp import ops
 
-    plans.forget()
-    direct.OPAQUE_CALLS.clear()
+    dispatch.CALLS.clear()
     count = [0]
-    made = direct._forward_if_finite
+    lookup = ops._op
 
-    def counting():
-        op = made()
+    def counting(name: str):
+        op = lookup(name)
+        if name != "forward_if_finite":
+            return op
 
         def counted(*arguments):  # the op's (output, finite): an answer when finite
             out, finite = op(*arguments)
             count[0] += bool(finite)
             return out, finite
 
-        counted._op = counted  # the lean path calls the overload's own entry
         return counted
 
-    monkeypatch.setattr(direct, "_forward_if_finite", counting)
+    monkeypatch.setattr(ops, "_op", counting)
     yield count
-    plans.forget()
-    direct.OPAQUE_CALLS.clear()
+    dispatch.CALLS.clear()
 
 
 CASES = {
@@ -89,24 +87,24 @@ def _arguments(case: dict, q, k, seed: int) -> dict:
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES)
 @pytest.mark.parametrize("lq,lk,hkv", [(1, 13, None), (3, 13, 2), (16, 40, None)])
-def test_decoding_calls_take_one_op_and_equal_the_reference(case, lq, lk, hkv, direct_calls):
+def test_decoding_calls_take_one_op_and_equal_the_reference(case, lq, lk, hkv, checked_answers):
     with torch.no_grad():
-        for seed in range(3):  # the first call makes the plan, the next ones use it
+        for seed in range(3):  # the first call prepares, the next ones reuse: the same route
             q, k, v = _qkv(lq=lq, lk=lk, hkv=hkv, seed=seed)
             kwargs = _arguments(case, q, k, seed)
             out = attention(q, k, v, **kwargs, enable_gqa=hkv is not None)
             want = attention(q, k, v, **kwargs, enable_gqa=hkv is not None, backend="reference")
             torch.testing.assert_close(out, want)
-    assert direct_calls[0] == 2
+    assert checked_answers[0] == 3
 
 
-def test_a_nan_in_a_padded_key_still_stays_out_on_the_one_call_path(direct_calls):
+def test_a_nan_in_a_padded_key_still_stays_out_on_the_one_call_path(checked_answers):
     q, k, v = _qkv(lq=1)
     pad = torch.zeros(2, 13, dtype=torch.bool)
     pad[:, :2] = True
     gate = Toeplitz(torch.rand(4, 25, **F64) + 0.5)
     with torch.no_grad():
-        attention(q, k, v, gate=gate, key_padding_mask=pad)  # the plan
+        attention(q, k, v, gate=gate, key_padding_mask=pad)  # answered by the checked op
         k[0, 1, 0, 0] = float("nan")  # padded
         v[1, 2, 1, 3] = float("inf")  # padded
         out = attention(q, k, v, gate=gate, key_padding_mask=pad)
@@ -116,32 +114,72 @@ def test_a_nan_in_a_padded_key_still_stays_out_on_the_one_call_path(direct_calls
         q[1, 3, 0, 0] = float("nan")  # a NaN query row gives a NaN output row
         out = attention(q, k, v, gate=gate, key_padding_mask=pad)
     assert out[1, 3].isnan().all() and out[0].isfinite().all()
-    assert direct_calls[0] == 0  # non-finite inputs: the general path, which applies the rule
+    assert checked_answers[0] == 1  # non-finite inputs: the rule, then the unchecked forward
 
 
-def test_calls_that_need_gradients_or_other_forms_take_the_general_path(direct_calls):
+@pytest.mark.parametrize("where", ["bias", "float mask"])
+def test_a_nan_in_a_term_acts_through_the_arithmetic_on_the_no_grad_route(where):
+    """A NaN in a bias or float mask makes the checked op's outputs non-finite although q, k
+    and v are finite: the call then runs unchecked, and gives the reference's NaN rows."""
+    q, k, v = _qkv(lq=1)
+    term = torch.zeros(2, 4, 1, 13, **F64)
+    term[1, 2, 0, 5] = float("nan")
+    call = dict(bias=term) if where == "bias" else dict(attn_mask=term)
+    gate = Toeplitz(torch.rand(4, 25, **F64) + 0.5)
+    with torch.no_grad():
+        for _ in range(2):
+            out = attention(q, k, v, gate=gate, **call)
+    want = attention(q, k, v, gate=gate, **call, backend="reference")
+    torch.testing.assert_close(out, want, equal_nan=True)
+    assert out[1, 2].isnan().all() and out[0].isfinite().all()
+
+
+def test_a_noncontiguous_or_expanded_toeplitz_table_works_on_every_call():
+    """A column view and a (1 -> H) expanded table are valid tables: the first and every later
+    call (no gradient, where the table may be read in place) take them (issue 39, item 24)."""
+    q, k, v = _qkv(lq=1, lk=5)
+    wide = torch.rand(25, 4, **F64).t()  # (4, 25), a transposed view
+    shared = (torch.rand(1, 25, **F64) + 0.5).expand(4, 25)
+    narrow = torch.rand(4, 9, 2, **F64)[..., 0]  # strided
+    with torch.no_grad():
+        for table in (wide, shared, narrow):
+            assert not table.is_contiguous()
+            want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
+            for _ in range(3):
+                torch.testing.assert_close(attention(q, k, v, gate=Toeplitz(table)), want)
+
+
+def test_calls_with_gradients_take_the_autograd_route_and_calls_without_the_checked_op(
+    checked_answers,
+):
     q, k, v = _qkv(lq=1)
     table = torch.rand(4, 25, **F64, requires_grad=True)
     for _ in range(2):
-        out = attention(q, k, v, gate=Toeplitz(table))  # records the graph: not direct
+        out = attention(q, k, v, gate=Toeplitz(table))  # records the graph: not the checked op
         (grad,) = torch.autograd.grad(out.sum(), table)
         want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
         (want_grad,) = torch.autograd.grad(want.sum(), table)
         torch.testing.assert_close(grad, want_grad)
-    with torch.no_grad():
-        for normalization in ("exp", "relu2"):  # counted up front, or overflow-checked
-            for _ in range(2):
-                attention(q, k, v, gate=Toeplitz(table), normalization=normalization)
-        half = [t.to(torch.bfloat16) for t in (q, k, v)]
-        for _ in range(2):
-            attention(*half, gate=Toeplitz(table.detach().to(torch.bfloat16)))
-        for _ in range(2):
-            attention(q[None], k[None], v[None], gate=Toeplitz(table))  # two batch dims
-    assert direct_calls[0] == 0
-    with torch.no_grad():  # the plan made with gradients serves calls without them
+    assert checked_answers[0] == 0
+    with torch.no_grad():  # the same kind of call without gradients: the checked op
         for _ in range(2):
             attention(q, k, v, gate=Toeplitz(table))
-    assert direct_calls[0] == 2
+        half = [t.to(torch.bfloat16) for t in (q, k, v)]
+        attention(*half, gate=Toeplitz(table.detach().to(torch.bfloat16)))
+        attention(q[None], k[None], v[None], gate=Toeplitz(table))  # two batch dims
+    assert checked_answers[0] == 4
+    with torch.no_grad():  # arguments it takes none for: checked up front, then the forward
+        for normalization in ("exp", "relu2"):
+            out = attention(q, k, v, gate=Toeplitz(table), normalization=normalization)
+            want = attention(
+                q, k, v, gate=Toeplitz(table), normalization=normalization, backend="reference"
+            )
+            torch.testing.assert_close(out, want)
+        ids = torch.tensor([0] * 6 + [1] * 7)
+        out = attention(q, k, v, gate=Toeplitz(table), document_ids=ids)
+        want = attention(q, k, v, gate=Toeplitz(table), document_ids=ids, backend="reference")
+        torch.testing.assert_close(out, want)
+    assert checked_answers[0] == 4
 
 
 def _compiled_calls(fn):
@@ -196,7 +234,7 @@ def test_under_compile_a_call_with_gradients_keeps_the_differentiable_path():
     assert OPAQUE not in ops()
 
 
-def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
+def test_under_compile_a_relation_gate_takes_the_one_call_path(checked_answers):
     """A static KV cache gives tensor positions, so the gate is a Relation: the opaque op runs it
     in one call too (not the general eager path)."""
     q, k, v = _qkv(lq=1)
@@ -212,41 +250,13 @@ def test_under_compile_a_relation_gate_takes_the_one_call_path(direct_calls):
     want = attention(q, k, v, gate=Relation(table, index), backend="reference")
     torch.testing.assert_close(out, want)
     assert OPAQUE in ops()
-    assert direct_calls[0] == 1
-
-
-def test_under_compile_the_opaque_op_builds_its_one_call_path_once_per_signature(
-    direct_calls, monkeypatch
-):
-    """Decoding steps call the opaque op with the same kind of arguments in every layer and
-    step: its body looks the one-call path up by signature instead of rebuilding the spec and
-    the closure on each call (a new signature builds its own)."""
-    from urpe.kernels.cpp import direct
-
-    builds = []
-    made = direct.raw_direct_call
-    monkeypatch.setattr(direct, "raw_direct_call", lambda *a: builds.append(1) or made(*a))
-    table = torch.rand(4, 9, **F64) + 0.5
-    compiled, _ = _compiled_calls(lambda q, k, v, t: attention(q, k, v, gate=Toeplitz(t)))
-    with torch.no_grad():
-        for seed in range(3):
-            q, k, v = _qkv(lq=1, seed=seed)
-            want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
-            torch.testing.assert_close(compiled(q, k, v, table), want)
-        assert (len(builds), direct_calls[0]) == (1, 3)
-        q, k, v = _qkv(lq=1, lk=7)
-        want = attention(q, k, v, gate=Toeplitz(table), backend="reference")
-        torch.testing.assert_close(compiled(q, k, v, table), want)
-    assert (len(builds), direct_calls[0]) == (2, 4)
+    assert checked_answers[0] == 1
 
 
 @pytest.mark.parametrize(("lq", "lk"), [(1, 13), (3, 11), (11, 11), (7, 4)])
-def test_under_compile_a_toeplitz_term_reaches_the_opaque_op_read_out_in_the_graph(lq, lk):
-    """The graph reads the table out at the call's offsets (the rows the C++ loops read), so
-    the op's body gathers nothing per call; where the rule needs the general path (a NaN
-    query, a NaN key) the table comes back from the rows: the same results as the reference."""
-    from urpe.kernels.cpp.direct import ROWS
-
+def test_under_compile_toeplitz_terms_reach_the_opaque_op_as_tables(lq, lk):
+    """The opaque op takes the tables as they are and keeps the rule where it must apply it (a
+    NaN query, a NaN key): the same results as the reference."""
     gen = torch.Generator().manual_seed(3)
     gate = torch.rand(4, 2 * 6 + 1, generator=gen, **F64) + 0.5
     bias = torch.randn(4, 2 * 2 + 1, generator=gen, **F64)
@@ -275,7 +285,7 @@ def test_under_compile_a_toeplitz_term_reaches_the_opaque_op_read_out_in_the_gra
             torch.testing.assert_close(out, want, equal_nan=True)
             assert out.isnan().any() == poison
     (call,) = [n for n in graphs[0].graph.nodes if str(n.target) == OPAQUE]
-    assert (call.args[11], call.args[12]) == (ROWS, ROWS)  # bias_kind, gate_kind
+    assert (call.args[11], call.args[12]) == ("toeplitz", "toeplitz")  # bias_kind, gate_kind
 
 
 def _term_cases(lq: int, lk: int) -> dict:

@@ -1,0 +1,281 @@
+"""Prepared calls: an attention call checked and its backend chosen once, then run many times.
+
+    prepared = urpe.kernels.prepare(q, k, v, gate=gate, is_causal=True)  # checks, chooses
+    out = prepared(q2, k2, v2, gate=gate2)       # other tensors of the same kind: runs at once
+
+What `resolve` checks and "auto" chooses depends only on a call's *kind* (`call_kind`): the
+shapes, dtypes and devices of its tensors, the kinds of its terms (`Term.signature`) and its
+scalar arguments, never on tensor values. The keys' length Lk is not part of a kind (each
+tensor's last dim, where it is Lk, reads `ANY_LENGTH`), so one prepared call serves a KV cache
+that grows by a key per decoding step; backends may not decide on Lk alone (`backends`).
+Values that must be read (a `Relation`'s range, a `Decay`'s sign) are checked on every call.
+
+The route from a call to a kernel, the same for a first call and every later one:
+
+    urpe.attention(...)                      dispatch.py: autocast, then the memo below
+      AttentionCalls(...)                    the call's kind -> its PreparedAttention
+        PreparedAttention.run(tensors)       build_spec: the call's spec (spec.py)
+          PreparedAttention.execute(spec)    the chosen backend (chosen again after a registry
+                                             change or a backend failure)
+            execute(backend.run, spec)       empty calls, the non-finite rule, overflow, batch
+              backend.run(spec)              the backend's layers: one route per mode (no
+                                             gradient, gradient, compiled), see its module
+
+`urpe.attention` keeps the prepared calls of the last `CAPACITY` kinds in one such memo; the
+library's owners of repeated calls hold their own (`AttentionCalls(capacity)`): a forward
+pass's `AttentionContext`, a `KVCache` while decoding, each module `urpe.hf` patches. A memo is
+safe to share between threads, holds no tensors, and its prepared calls choose their backend
+again when a watched registry changes (`watched.generation`).
+
+Never kept (prepared anew on every call): calls while torch.compile traces or a torch.func
+transform or forward-mode AD is active, tensor subclasses, and arguments of unusual types
+(`scale=1`, `is_causal=0`, ...: the full checks accept or refuse those).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor
+
+from .backends import BackendFailure, choose_backend, current_backend_name, mark_broken
+from .execute import execute
+from .host import forward_ad_active, plain_tensors, tracing
+from .spec import Arguments, AttentionSpec, build_spec
+from .terms import ANY_LENGTH, PositionTerm, Term, tensor_signature
+from .watched import generation
+
+CAPACITY = 64  # urpe.attention's memo: a model's calls are of a few kinds
+_UNKEYED = object()  # a part of a call no kind can stand for: the call is not kept
+
+
+def _tensor_kind(t, lk: int):
+    if t is None:
+        return None
+    if not isinstance(t, Tensor) or not plain_tensors(t):
+        return _UNKEYED
+    return tensor_signature(t, lk)
+
+
+def _term_kind(term, lk: int):
+    if term is None:
+        return None
+    if isinstance(term, Term):
+        return term.signature(lk)
+    if isinstance(term, Tensor) and plain_tensors(term):
+        return ("dense", tensor_signature(term, lk))
+    return _UNKEYED
+
+
+def _seed_kind(seed):
+    if seed is None:
+        return None
+    if type(seed) is int:
+        return int
+    if isinstance(seed, Tensor) and plain_tensors(seed) and seed.dim() == 0:
+        return tensor_signature(seed, -1)
+    return _UNKEYED
+
+
+def call_kind(a: Arguments) -> tuple | None:
+    """The kind of a call (module docstring): equal for two calls whose checks and backend
+    choice come out the same at any Lk; None where the call is never kept."""
+    q, k, v = a.q, a.k, a.v
+    if (
+        not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor))
+        or not plain_tensors(q, k, v)
+        or min(q.dim(), k.dim(), v.dim()) < 3
+        or (a.is_causal is not True and a.is_causal is not False)
+        or (a.enable_gqa is not True and a.enable_gqa is not False)
+        or (a.scale is not None and type(a.scale) is not float)
+        or type(a.dropout_p) is not float
+        or type(a.normalization) is not str
+        or type(a.backend) is not str
+        or tracing()
+        or forward_ad_active()
+    ):
+        return None
+    lk = k.shape[-2]
+    kind = (
+        q.shape,
+        (*k.shape[:-2], ANY_LENGTH, k.shape[-1]),
+        (*v.shape[:-2], ANY_LENGTH, v.shape[-1]) if v.shape[-2] == lk else v.shape,
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        q.device,
+        k.device,
+        v.device,
+        _tensor_kind(a.attn_mask, lk),
+        _tensor_kind(a.key_padding_mask, lk),
+        _term_kind(a.bias, lk),
+        _term_kind(a.gate, lk),
+        _tensor_kind(a.document_ids, lk),
+        _seed_kind(a.dropout_seed),
+        a.dropout_p,
+        a.is_causal,
+        a.scale,
+        a.enable_gqa,
+        a.normalization,
+        a.backend,
+        # Lk itself where something may weigh it: no key at all (an empty call), and dropout
+        # (a kernel's counter covers Lq * Lk entries)
+        lk if a.dropout_p != 0.0 or lk == 0 else ANY_LENGTH,
+    )
+    return None if _UNKEYED in kind[9:15] else kind
+
+
+class PreparedAttention:
+    """An attention call checked and its backend chosen once (module docstring).
+
+    Made by `prepare(q, k, v, **kwargs)` with `urpe.attention`'s arguments; calling it runs
+    `urpe.attention` on new tensors of the same kind with the scalar arguments it was prepared
+    with (any number of keys Lk). A call of another kind raises ValueError. Holds no tensors.
+    """
+
+    def __init__(self, arguments: Arguments, spec: AttentionSpec, kind: tuple | None):
+        self.kind = kind
+        # the scalar arguments as given (the tensors dropped: none is kept alive)
+        self._scalars = arguments._replace(q=None, k=None, v=None, attn_mask=None, bias=None,
+                                           gate=None, key_padding_mask=None, dropout_seed=None,
+                                           document_ids=None)  # fmt: skip
+        self._fixed = dict(
+            batch_shape=spec.batch_shape,
+            is_causal=spec.is_causal,
+            normalization=spec.normalization,
+            scale=spec.scale,
+            dropout_p=spec.dropout_p,
+        )
+        self._choose(spec)
+
+    @property
+    def backend(self):
+        """The backend it runs on (`urpe.kernels.Backend`)."""
+        return self._choice[0]
+
+    def _choose(self, spec: AttentionSpec):
+        now = generation()  # read first: a registry change while choosing makes it stale
+        backend = choose_backend(self._scalars.backend, spec)
+        self._choice = (backend, now)  # one assignment: another thread sees old or new
+        return backend
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None = None,
+        *,
+        bias: PositionTerm | None = None,
+        gate: PositionTerm | None = None,
+        key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        dropout_seed: int | Tensor | None = None,
+    ) -> Tensor:
+        """(..., H, Lq, Dv): `urpe.attention` on these tensors with the prepared arguments."""
+        a = self._scalars._replace(
+            q=q, k=k, v=v, attn_mask=attn_mask, bias=bias, gate=gate,
+            key_padding_mask=key_padding_mask, document_ids=document_ids,
+            dropout_seed=dropout_seed,
+        )  # fmt: skip
+        cast = a.autocast()
+        if cast is not None:
+            with torch.autocast(q.device.type, enabled=False):
+                return self(cast.q, cast.k, cast.v, cast.attn_mask, bias=bias, gate=gate,
+                            key_padding_mask=key_padding_mask, document_ids=document_ids,
+                            dropout_seed=dropout_seed)  # fmt: skip
+        kind = call_kind(a)
+        if kind is None:  # not a kind that can be compared (tracing, unusual types): in full
+            spec = a.spec()
+            return PreparedAttention(a, spec, None).execute(spec)
+        if kind != self.kind:
+            raise ValueError(
+                "this prepared attention call was made for other shapes, dtypes, devices or "
+                "term kinds than these tensors (only the number of keys may change): prepare "
+                "one for them with urpe.kernels.prepare, or call urpe.attention"
+            )
+        return self.run(a)
+
+    def run(self, a: Arguments) -> Tensor:
+        """The call on arguments whose kind is this call's (the caller knows: a memo found it by
+        that kind); unchecked otherwise."""
+        spec = build_spec(
+            a.q, a.k, a.v, a.attn_mask, a.bias, a.gate, a.key_padding_mask, a.document_ids,
+            a.dropout_seed, **self._fixed,
+        )  # fmt: skip
+        return self.execute(spec)
+
+    def execute(self, spec: AttentionSpec) -> Tensor:
+        """The spec on the chosen backend (chosen again where a registry changed since)."""
+        backend, chosen_at = self._choice
+        if chosen_at != generation():
+            backend = self._choose(spec)
+        try:
+            return execute(backend.run, spec, backend.capabilities.finds_nonfinite)
+        except BackendFailure as failure:
+            if self._scalars.backend != "auto":
+                raise
+            mark_broken(backend, spec, failure)  # a registry change: the next try chooses again
+            return self.execute(spec)
+
+
+def prepare(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs) -> PreparedAttention:
+    """Check `urpe.attention(q, k, v, *args, **kwargs)`'s arguments once and choose the
+    backend: a `PreparedAttention` that runs calls of this kind (the same scalar arguments,
+    other tensors of the same shapes, dtypes and term kinds, any number of keys) without doing
+    either again."""
+    a = Arguments.of((q, k, v, *args), kwargs)
+    a = a._replace(backend=current_backend_name(a.backend))
+    return PreparedAttention(a, a.spec(), call_kind(a))
+
+
+class AttentionCalls:
+    """Prepared calls kept by kind: calling it is calling `urpe.attention` (same arguments),
+    preparing a call the first time its kind is met and keeping the last `capacity` kinds.
+    Safe to share between threads; holds no tensors."""
+
+    def __init__(self, capacity: int = 4) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._prepared: dict[tuple, PreparedAttention] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._prepared)
+
+    def __reduce__(self):
+        # A copy (copy.deepcopy of a model or a cache, pickling) starts empty: prepared calls
+        # are cheap to make again, and a lock cannot be copied.
+        return (type(self), (self.capacity,))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._prepared.clear()
+
+    def __call__(self, *args, **kwargs) -> Tensor:
+        """`urpe.attention(*args, **kwargs)` through the prepared calls kept here."""
+        return self.call(Arguments.of(args, kwargs))
+
+    def call(self, a: Arguments) -> Tensor:
+        cast = a.autocast()
+        if cast is not None:  # SDPA's autocast policy, then the kernels with autocast off
+            with torch.autocast(a.q.device.type, enabled=False):
+                return self.call(cast)
+        kind = call_kind(a)
+        prepared = None if kind is None else self._prepared.get(kind)
+        if prepared is not None:
+            return prepared.run(a)
+        a = a._replace(backend=current_backend_name(a.backend))  # (an old name: warned once)
+        spec = a.spec()
+        prepared = PreparedAttention(a, spec, kind)
+        if kind is not None:
+            self._keep(kind, prepared)
+        return prepared.execute(spec)
+
+    def _keep(self, kind: tuple, prepared: PreparedAttention) -> None:
+        with self._lock:
+            if kind not in self._prepared and len(self._prepared) >= self.capacity:
+                del self._prepared[next(iter(self._prepared))]  # the oldest kind
+            self._prepared[kind] = prepared
