@@ -82,8 +82,8 @@ def _kind(term: str | None) -> str | None:
 def _accepts(name: str, terms: tuple) -> bool:
     table = BACKENDS[name].capabilities
     return all(
-        _kind(term) is None or _kind(term) in allowed
-        for term, allowed in zip(terms, (table.bias, table.gate), strict=True)
+        _kind(term) is None or table.takes(role, _kind(term))
+        for term, role in zip(terms, ("bias", "gate"), strict=True)
     )
 
 

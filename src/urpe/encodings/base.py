@@ -8,6 +8,7 @@ which. Every method reads where queries and keys sit from a `Positions` object.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -35,6 +36,13 @@ class RelativeEncoding(nn.Module):
     value_side: bool = False
     shift_invariant: bool = True
     query_independent: bool = False
+    # whether `attend` takes `calls=` (set per class: an encoding written before it existed
+    # forwards its keywords to urpe.attention, and is given none)
+    takes_calls: bool = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.takes_calls = "calls" in inspect.signature(cls.attend).parameters
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Applied to q and k as they are produced.

@@ -87,6 +87,11 @@ class Capabilities:
                 f"{unknown or self.dropout!r}"
             )
 
+    def takes(self, role: str, kind: str) -> bool:
+        """Whether it runs a "bias" or "gate" of this term kind (`ANY_KIND`: every kind)."""
+        kinds = self.bias if role == "bias" else self.gate
+        return kinds is ANY_KIND or kind in kinds
+
     def implements(self, norm: Normalization) -> bool:
         return self.normalizations is None or any(norm is n for n in self.normalizations)
 
@@ -100,15 +105,13 @@ class Capabilities:
             return f"{self.label} runs on {where} devices, not {device}"
         for role, kinds in (("bias", self.bias), ("gate", self.gate)):
             term = getattr(spec, role)
-            if term is None or kinds is ANY_KIND:
+            if term is None or self.takes(role, term.kind):
                 continue
-            kind = term.kind
-            if kind not in kinds:
-                if not kinds:
-                    return f"{self.label} takes no {role}" + (
-                        " (it has no post-normalisation gate)" if role == "gate" else ""
-                    )
-                return f"{self.label} takes a {role} as {' or '.join(kinds)}, not {kind}"
+            if not kinds:
+                return f"{self.label} takes no {role}" + (
+                    " (it has no post-normalisation gate)" if role == "gate" else ""
+                )
+            return f"{self.label} takes a {role} as {' or '.join(kinds)}, not {term.kind}"
         if self.dtypes is not None and spec.q.dtype not in self.dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
             return f"dtype {spec.q.dtype} is not one of {names}"

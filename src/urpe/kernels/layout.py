@@ -28,17 +28,18 @@ from typing import NamedTuple
 from torch import Tensor
 
 from .spec import AttentionSpec
-from .terms import TERM_KINDS, Term
+from .terms import TERM_KINDS, PositionTerm, Term, as_term
 
 # Kinds whose tensor is a per-head table shared by the batch (a vmap must not fold a batched one)
 TABLE_KINDS = ("toeplitz", "relation")
 BUILT_IN_KINDS = ("none", "dense", "toeplitz", "relation", "decay")
 
 
-def term_arguments(term: Term | None) -> tuple[Tensor | None, Tensor | None, str]:
-    """A bias or gate as the raw ops' (tensor, index, kind)."""
+def term_arguments(term: PositionTerm | None) -> tuple[Tensor | None, Tensor | None, str]:
+    """A bias or gate (a `Term`, or a tensor: dense) as the raw ops' (tensor, index, kind)."""
     if term is None:
         return None, None, "none"
+    term = as_term(term)
     tensor, index = term.raw()
     return tensor, index, term.kind
 

@@ -47,6 +47,9 @@ from .terms import ANY_LENGTH, PositionTerm, Term, tensor_signature
 from .watched import generation
 
 CAPACITY = 64  # urpe.attention's memo: a model's calls are of a few kinds
+# Held while a memo changes (lookups take none): one for every memo, made at import, so that a
+# memo made where torch.compile traces (a KV cache of segment memory) makes no lock
+_KEEPING = threading.Lock()
 _UNKEYED = object()  # a part of a call no kind can stand for: the call is not kept
 
 
@@ -187,13 +190,13 @@ class PreparedAttention:
                             dropout_seed=dropout_seed)  # fmt: skip
         kind = call_kind(a)
         if kind is None:  # not a kind that can be compared (tracing, unusual types): in full
-            spec = a.spec()
-            return PreparedAttention(a, spec, None).execute(spec)
+            return PreparedAttention(a, a.spec(), None).run(a)
         if kind != self.kind:
             raise ValueError(
                 "this prepared attention call was made for other shapes, dtypes, devices or "
-                "term kinds than these tensors (only the number of keys may change): prepare "
-                "one for them with urpe.kernels.prepare, or call urpe.attention"
+                "term kinds than these tensors (only the number of keys may change; under "
+                "autocast the dtype is autocast's): prepare one for them with "
+                "urpe.kernels.prepare, or call urpe.attention"
             )
         return self.run(a)
 
@@ -227,6 +230,10 @@ def prepare(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs) -> PreparedAttenti
     either again."""
     a = Arguments.of((q, k, v, *args), kwargs)
     a = a._replace(backend=current_backend_name(a.backend))
+    cast = a.autocast()  # under autocast: the kind of the tensors the kernels will see
+    if cast is not None:
+        with torch.autocast(q.device.type, enabled=False):
+            return PreparedAttention(cast, cast.spec(), call_kind(cast))
     return PreparedAttention(a, a.spec(), call_kind(a))
 
 
@@ -240,18 +247,17 @@ class AttentionCalls:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
         self._prepared: dict[tuple, PreparedAttention] = {}
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._prepared)
 
     def __reduce__(self):
         # A copy (copy.deepcopy of a model or a cache, pickling) starts empty: prepared calls
-        # are cheap to make again, and a lock cannot be copied.
+        # are cheap to make again.
         return (type(self), (self.capacity,))
 
     def clear(self) -> None:
-        with self._lock:
+        with _KEEPING:
             self._prepared.clear()
 
     def __call__(self, *args, **kwargs) -> Tensor:
@@ -268,14 +274,13 @@ class AttentionCalls:
         if prepared is not None:
             return prepared.run(a)
         a = a._replace(backend=current_backend_name(a.backend))  # (an old name: warned once)
-        spec = a.spec()
-        prepared = PreparedAttention(a, spec, kind)
+        prepared = PreparedAttention(a, a.spec(), kind)
         if kind is not None:
             self._keep(kind, prepared)
-        return prepared.execute(spec)
+        return prepared.run(a)  # the route every later call of this kind takes
 
     def _keep(self, kind: tuple, prepared: PreparedAttention) -> None:
-        with self._lock:
+        with _KEEPING:
             if kind not in self._prepared and len(self._prepared) >= self.capacity:
                 del self._prepared[next(iter(self._prepared))]  # the oldest kind
             self._prepared[kind] = prepared

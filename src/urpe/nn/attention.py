@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 from torch import Tensor, nn
 
 from ..encodings import NoPosition, RelativeEncoding
@@ -130,7 +127,7 @@ class MultiheadAttention(nn.Module):
             extra["document_ids"] = documents
         if key_state is not None:
             extra["key_state"] = key_state
-        if calls is not attention and takes_calls(type(self.position)):
+        if calls is not attention and self.position.takes_calls:
             extra["calls"] = calls
         bias = context.bias
         if bias is None and self.position.query_independent:  # one term per pass (and tie)
@@ -211,9 +208,3 @@ def split_memory_padding(
         )
     return mask[:, :memory], mask[:, memory:]
 
-
-@functools.cache
-def takes_calls(encoding: type) -> bool:
-    """Whether an encoding's `attend` names the `calls` argument (the library's encodings do;
-    one written before it existed forwards its keywords to `urpe.attention` and gets none)."""
-    return "calls" in inspect.signature(encoding.attend).parameters

@@ -1,0 +1,92 @@
+"""One visible route from a call to the C++ kernel's ops: traced at run time, each mode (calls
+without gradients, first and later; forward and backward; decoding with a growing cache; a
+patched Hugging Face model) reaches each op by one Python route (issue 38)."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+import urpe
+from urpe.kernels.cpp import unavailable
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
+
+PACKAGE = Path(urpe.__file__).parent
+ATTENTION_OPS = ("forward", "forward_if_finite", "backward")
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """op name -> the distinct routes (urpe's frames, outermost first) that reached it."""
+    from urpe.kernels.cpp import ops
+
+    seen: dict[str, set[tuple]] = {}
+    lookup = ops._op
+
+    def recording(name: str):
+        op = lookup(name)
+        if name not in ATTENTION_OPS:
+            return op
+
+        def recorded(*arguments):
+            frames = traceback.extract_stack()[:-1]
+            route = tuple(
+                (Path(f.filename).relative_to(PACKAGE).as_posix(), f.name)
+                for f in frames
+                if Path(f.filename).is_relative_to(PACKAGE)
+            )
+            seen.setdefault(name, set()).add(route)
+            return op(*arguments)
+
+        return recorded
+
+    monkeypatch.setattr(ops, "_op", recording)
+    urpe.kernels.dispatch.CALLS.clear()
+    return seen
+
+
+def _config(**changes) -> urpe.TransformerConfig:
+    settings = dict(
+        vocab_size=30, num_layers=3, dim=32, num_heads=4, max_len=64, position="rpe",
+        gate="toeplitz", dropout=0.0,
+    )  # fmt: skip
+    return urpe.TransformerConfig(**{**settings, **changes})
+
+
+def _one_route_each(routes: dict, names: tuple[str, ...]) -> None:
+    assert set(routes) == set(names), routes.keys()
+    for name in names:
+        assert len(routes[name]) == 1, f"{name}: {len(routes[name])} routes\n" + "\n".join(
+            " > ".join(f"{file}:{fn}" for file, fn in route) for route in routes[name]
+        )
+
+
+def test_calls_without_gradients_take_one_route_first_and_later(routes):
+    model = urpe.TransformerEncoder(_config()).eval()
+    with torch.no_grad():
+        for length in (40, 40, 40):  # the first pass prepares, the others reuse
+            model(torch.randint(0, 30, (2, length)))
+    _one_route_each(routes, ("forward_if_finite",))
+
+
+def test_a_training_step_takes_one_route_forward_and_one_backward(routes):
+    model = urpe.TransformerEncoder(_config()).train()
+    for _ in range(2):
+        model(torch.randint(0, 30, (2, 40))).sum().backward()
+    _one_route_each(routes, ("forward", "backward"))
+
+
+@pytest.mark.parametrize("position", ["rpe", "fox"])
+def test_decoding_with_a_growing_cache_takes_one_route(routes, position):
+    model = urpe.TransformerDecoder(_config(position=position)).eval()
+    tokens = torch.randint(0, 30, (1, 20))
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens[:, :8], cache=cache)  # the prompt
+        for step in range(8, 20):  # one token a step
+            model(tokens[:, step : step + 1], cache=cache)
+    _one_route_each(routes, ("forward_if_finite",))
