@@ -31,6 +31,7 @@ from ..encodings import (
     resolve,
 )
 from ..kernels import Decay
+from .cache_argument import cache_argument
 from .forget_history import ForgetHistory, check_cache_layer
 
 FORGET = "urpe_forget"
@@ -79,7 +80,7 @@ def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
     # float32 at least: a cumulative sum of ~1e-4 steps in bfloat16 would lose them.
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     log_forget = forget.key_state(hidden).to(dtype)  # (B, H, L)
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    cache = cache_argument(args, kwargs)
     layer = getattr(module, "layer_idx", None)
     if cache is not None and layer is not None:
         check_cache_layer(cache, layer)

@@ -20,6 +20,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..encodings import Positions
+from .cache_argument import cache_argument
 
 _LAYOUT = "_urpe_cache_layout"
 
@@ -28,7 +29,7 @@ def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: store (query start, key start) for this call, or None where the keys
     start at 0 and end with the queries (no cache, or a plain dynamic cache: the usual
     `generate`, asked nothing more, as this runs in every layer of every step)."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    cache = cache_argument(args, kwargs)
     layer = getattr(module, "layer_idx", None)
     hidden = args[0] if args else kwargs.get("hidden_states")
     layout = None
