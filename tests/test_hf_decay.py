@@ -5,6 +5,8 @@ saves, loads and packs like the gates."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -134,6 +136,28 @@ def test_left_padding_leaves_each_prompt_as_it_is_alone():
     )
     for row, want in zip(batch[:, 5:], alone, strict=True):
         assert torch.equal(row, want)
+
+
+def test_a_deep_copied_prompt_cache_is_a_cache_of_its_own():
+    """transformers' prompt reuse: fill a cache with a shared prefix once, then copy.deepcopy it
+    per continuation. Cropping a copy leaves the original as it was, and beam search from a copy
+    (repeated for the beams, then reordered at every step) gives the beams of generation without
+    a cache."""
+    model = fox_model("llama")
+    ids = torch.randint(2, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    prefix = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :5], past_key_values=prefix, use_cache=True)
+    common = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, num_beams=3)
+    for length in (7, 9):  # two continuations of the same prefix
+        prompt = ids[:, :length]
+        beams = copy.deepcopy(prefix)
+        beams.batch_repeat_interleave(3)
+        reused = model.generate(prompt, past_key_values=beams, **common)
+        assert torch.equal(reused, model.generate(prompt, use_cache=False, **common)), length
+    cropped = copy.deepcopy(prefix)
+    cropped.crop(-2)
+    assert prefix.get_seq_length() == 5 and cropped.get_seq_length() == 3
 
 
 def test_a_cache_filled_without_the_decay_is_refused():

@@ -136,12 +136,22 @@ def _layer_of(cache, layer: int):
 
 def _follow(cache, name: str, also) -> None:
     own = getattr(cache, name, None)
-    if own is None:
-        return
+    if own is not None:
+        cache.__dict__[name] = _Followed(own, also)
 
-    def followed(*args, **kwargs):
-        result = own(*args, **kwargs)
-        also(*args, **kwargs)
+
+class _Followed:
+    """The cache's method `own`, then the history's `also` with the same arguments.
+
+    An object holding two bound methods, not a closure: copy.deepcopy(cache) (transformers'
+    recipe for reusing a prompt's cache) then binds both to the copies, so cropping or
+    reordering the copy leaves the original and its gates alone."""
+
+    def __init__(self, own, also) -> None:
+        self.own = own
+        self.also = also
+
+    def __call__(self, *args, **kwargs):
+        result = self.own(*args, **kwargs)
+        self.also(*args, **kwargs)
         return result
-
-    cache.__dict__[name] = followed
