@@ -202,6 +202,16 @@ def test_gradients_reach_the_forget_gates_and_the_init_is_near_the_base_model():
     assert 0 < diff < 1e-3
 
 
+def test_a_model_deep_copies_after_a_training_step():
+    """Nothing with autograd history stays on the modules after a forward with gradients."""
+    model = fox_model("llama").train()
+    ids = torch.randint(2, VOCAB, (2, 8))
+    model(ids, labels=ids).loss.backward()
+    copied = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(copied(ids).logits, model.eval()(ids).logits)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -27,13 +27,22 @@ from ..encodings import (
     resolve,
 )
 from .attention import base_of, implementation_name, register
-from .decay import FORGET, PRETRAINED_INIT_BIAS, decay_entry, new_forget, record_log_forget
+from .decay import (
+    FORGET,
+    LOG_FORGET,
+    PRETRAINED_INIT_BIAS,
+    decay_entry,
+    new_forget,
+    record_log_forget,
+)
 from .discovery import select_layers
 from .guards import install, load_note, route_through_urpe
 from .options import BASE_IMPLEMENTATIONS, UrpeOptions, bucket_reach, default_max_distance
-from .positions import record_cache_layout
+from .positions import LAYOUT, record_cache_layout
 
 GATE = "urpe_gate"
+# What the pre-hooks leave on a module for one call's attention (see positions, decay).
+CALL_STATE = (LAYOUT, LOG_FORGET)
 
 
 def _num_heads(module: nn.Module, config) -> int:
@@ -237,11 +246,20 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
         if options.decay is not None:
             module.add_module(FORGET, _new_forget(options, model, module))
             module.register_forward_pre_hook(record_log_forget, with_kwargs=True)
+        module.register_forward_hook(end_of_call, always_call=True)
     register()
     model.config.urpe = {**options.to_dict(), "load": load_note(model)}
     model.set_attn_implementation(implementation_name(options.attn_implementation))
     route_through_urpe(model)
     install(model)
+
+
+def end_of_call(module: nn.Module, args: tuple, output) -> None:
+    """Forward hook, also after an exception: drop this call's state, so that no tensor with
+    autograd history (log f in training) stays on the module, where copy.deepcopy(model)
+    would refuse it, and no call reads another's."""
+    for key in CALL_STATE:
+        module.__dict__.pop(key, None)
 
 
 def gate_parameters(model: nn.Module) -> list[nn.Parameter]:
