@@ -5,6 +5,7 @@ gate checked against a hand-written softmax(.) * C, cached generation, and the r
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -268,6 +269,23 @@ def test_unsupported_model_raises_one_error_naming_the_class():
     model = transformers.DebertaModel(config)
     with pytest.raises(urpe.hf.UnsupportedModelError, match="DebertaModel"):
         urpe.hf.add_urpe(model)
+
+
+def test_a_config_shared_with_another_model_stays_as_it_was(tmp_path):
+    """Two models built from one config object: add_urpe on one leaves the other (and the
+    config) as they were; every module of the gated one reads its own copy."""
+    config = copy.deepcopy(FAMILIES["llama"].config)
+    config._attn_implementation = "sdpa"
+    gated, baseline = transformers.LlamaForCausalLM(config), transformers.LlamaForCausalLM(config)
+    urpe.hf.add_urpe(gated)
+    for model in (baseline, None):
+        seen = config if model is None else model.config
+        assert not hasattr(seen, "urpe") and seen._attn_implementation == "sdpa"
+    assert gated.model.layers[0].self_attn.config is gated.config is not config
+    assert gated.config._attn_implementation == "urpe_sdpa"
+    baseline.save_pretrained(tmp_path)
+    assert "urpe" not in json.loads((tmp_path / "config.json").read_text())
+    urpe.hf.add_urpe(baseline)  # not "already has URPE gates"
 
 
 def test_refusals():

@@ -10,6 +10,7 @@ URPE multiplies the attention weights by C after the softmax, as in the paper; a
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterable
 from dataclasses import replace
@@ -248,10 +249,24 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
             module.register_forward_pre_hook(record_log_forget, with_kwargs=True)
         module.register_forward_hook(end_of_call, always_call=True)
     register()
+    own_config(model)
     model.config.urpe = {**options.to_dict(), "load": load_note(model)}
     model.set_attn_implementation(implementation_name(options.attn_implementation))
     route_through_urpe(model)
     install(model)
+
+
+def own_config(model: nn.Module) -> None:
+    """Give the model a config object of its own before add_urpe writes to it (its `urpe` entry,
+    the attention implementation): one config may be shared by several models
+    (`LlamaForCausalLM(config)` twice), and the others must stay as they are. Every module of
+    the model that held the config, or one of its sub-configs, gets the copy."""
+    copies: dict[int, object] = {}
+    copy.deepcopy(model.config, copies)
+    for module in model.modules():
+        own = module.__dict__.get("config")
+        if own is not None and id(own) in copies:
+            module.config = copies[id(own)]
 
 
 def end_of_call(module: nn.Module, args: tuple, output) -> None:
