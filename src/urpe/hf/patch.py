@@ -39,6 +39,7 @@ from .decay import (
 from .discovery import select_layers
 from .guards import install, load_note, route_through_urpe
 from .options import BASE_IMPLEMENTATIONS, UrpeOptions, bucket_reach, default_max_distance
+from .packing import READS, DocumentReads
 from .positions import LAYOUT, record_cache_layout
 
 GATE = "urpe_gate"
@@ -237,7 +238,11 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
         if len(heads) != 1:
             raise ValueError(f"a shared gate needs one head count, the layers have {heads}")
         model.add_module(GATE, _new_gate(options, model, first))
+    reads = DocumentReads()  # packed batches' document ids, read once per pass of the model
+    model.register_forward_pre_hook(reads.begin)
+    model.register_forward_hook(reads.end, always_call=True)
     for _, module in chosen:
+        module.__dict__[READS] = reads
         if options.gate is not None and options.shared:
             # A plain reference (not a submodule): the gate is saved once, under the model.
             module.__dict__["_urpe_owner"] = model
