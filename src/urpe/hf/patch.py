@@ -43,6 +43,9 @@ from .packing import READS, DocumentReads
 from .positions import LAYOUT, record_cache_layout
 
 GATE = "urpe_gate"
+# The module names add_urpe attaches: what PEFT's modules_to_save must name to train and save
+# them beside adapters.
+MODULE_NAMES = (GATE, FORGET)
 # What the pre-hooks leave on a module for one call's attention (see positions, decay).
 CALL_STATE = (LAYOUT, LOG_FORGET)
 
@@ -131,7 +134,21 @@ def _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance) -> Encodi
     return EncodingSpec("t5", {"num_buckets": num_buckets, **given})
 
 
+def _refuse_peft(model: nn.Module) -> None:
+    """PEFT's save_pretrained writes the adapters and the modules named in modules_to_save only:
+    gates added to a model PEFT already wraps would train, then be lost silently."""
+    wrapped = next((m for m in model.modules() if type(m).__module__.startswith("peft.")), None)
+    if wrapped is not None:
+        raise ValueError(
+            f"{type(model).__name__} already holds PEFT modules ({type(wrapped).__name__}), whose "
+            "save_pretrained would drop URPE gates added now: call add_urpe on the base model "
+            "first, then get_peft_model(model, LoraConfig(..., modules_to_save="
+            f"{list(MODULE_NAMES)})) (urpe.hf.MODULE_NAMES)"
+        )
+
+
 def _base_implementation(model: nn.Module) -> str:
+    _refuse_peft(model)
     current = model.config._attn_implementation
     if base_of(current) is not None or any(GATE in n for n, _ in model.named_modules()):
         raise ValueError(f"{type(model).__name__} already has URPE gates (add_urpe was called)")
@@ -187,7 +204,10 @@ def add_urpe(
     Gate parameters have "urpe" in their names. Cross-attention keeps the model's own attention;
     naming it in `layers` raises ValueError. Models that do not route attention through the
     interface, or that use soft-capping or attention sinks, raise `urpe.hf.UnsupportedModelError`
-    naming their class. The options are stored in `model.config.urpe`, so `save_pretrained` +
+    naming their class; so does a model PEFT already wraps (ValueError: add the gates first,
+    then name `MODULE_NAMES` in modules_to_save). The options are stored in a copy of
+    `model.config` (a config shared with other models stays as it was), `config.urpe`, so
+    `save_pretrained` +
     `urpe.hf.from_pretrained` rebuild the gates (transformers' own `from_pretrained` drops them;
     the saved README.md and config.urpe["load"] say so). Afterwards the model's
     `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see `guards`).
