@@ -41,6 +41,9 @@ class Family:
 def families() -> dict[str, Family]:
     t = transformers
     small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    # GPT-2's names for the sizes (GPTBigCode shares them), no dropout.
+    gpt2_sizes = dict(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    gpt2_sizes.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     return {
         "llama": Family(
             "llama",
@@ -63,16 +66,7 @@ def families() -> dict[str, Family]:
         "gpt2": Family(
             "gpt2",
             t.GPT2LMHeadModel,
-            t.GPT2Config(
-                vocab_size=VOCAB,
-                n_positions=64,
-                n_embd=32,
-                n_layer=2,
-                n_head=4,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-            ),
+            t.GPT2Config(**gpt2_sizes),
             causal=True,
         ),
         "bert": Family(
@@ -174,16 +168,7 @@ def families() -> dict[str, Family]:
         "gpt_bigcode": Family(  # multi-query attention: one key/value head
             "gpt_bigcode",
             t.GPTBigCodeForCausalLM,
-            t.GPTBigCodeConfig(
-                vocab_size=VOCAB,
-                n_positions=64,
-                n_embd=32,
-                n_layer=2,
-                n_head=4,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-            ),
+            t.GPTBigCodeConfig(**gpt2_sizes),
             causal=True,
             float32_eager=True,
         ),
