@@ -204,13 +204,13 @@ def add_urpe(
     Gate parameters have "urpe" in their names. Cross-attention keeps the model's own attention;
     naming it in `layers` raises ValueError. Models that do not route attention through the
     interface, or that use soft-capping or attention sinks, raise `urpe.hf.UnsupportedModelError`
-    naming their class; so does a model PEFT already wraps (ValueError: add the gates first,
-    then name `MODULE_NAMES` in modules_to_save). The options are stored in a copy of
-    `model.config` (a config shared with other models stays as it was), `config.urpe`, so
-    `save_pretrained` +
-    `urpe.hf.from_pretrained` rebuild the gates (transformers' own `from_pretrained` drops them;
-    the saved README.md and config.urpe["load"] say so). Afterwards the model's
-    `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see `guards`).
+    naming their class; a model PEFT already wraps raises ValueError (add the gates first, then
+    name `MODULE_NAMES` in PEFT's modules_to_save). The model gets a config of its own (one
+    shared with other models stays as it was) whose `urpe` entry holds the options, so
+    `save_pretrained` + `urpe.hf.from_pretrained` rebuild the gates (transformers' own
+    `from_pretrained` drops them; the saved README.md and config.urpe["load"] say so). Afterwards
+    the model's `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see
+    `guards`).
     """
     base = _base_implementation(model)
     chosen, indices = select_layers(model, layers)
