@@ -30,8 +30,9 @@ class Family:
         return model.to(dtype)
 
     def dtype(self, attn_implementation: str) -> torch.dtype:
-        # Llama/Qwen2's eager softmax is computed in float32, and in float64 its float64-min mask
-        # turns into -inf rows (NaN) under padding: float32 there, float64 everywhere else.
+        # Llama/Qwen2/Mistral/GPT-NeoX/GPTBigCode's eager softmax is computed in float32, and
+        # in float64 its float64-min mask turns into -inf rows (NaN) under padding: float32
+        # there, float64 everywhere else.
         if attn_implementation == "eager" and self.float32_eager:
             return torch.float32
         return torch.float64
@@ -40,6 +41,9 @@ class Family:
 def families() -> dict[str, Family]:
     t = transformers
     small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    # GPT-2's names for the sizes (GPTBigCode shares them), no dropout.
+    gpt2_sizes = dict(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    gpt2_sizes.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     return {
         "llama": Family(
             "llama",
@@ -62,16 +66,7 @@ def families() -> dict[str, Family]:
         "gpt2": Family(
             "gpt2",
             t.GPT2LMHeadModel,
-            t.GPT2Config(
-                vocab_size=VOCAB,
-                n_positions=64,
-                n_embd=32,
-                n_layer=2,
-                n_head=4,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-            ),
+            t.GPT2Config(**gpt2_sizes),
             causal=True,
         ),
         "bert": Family(
@@ -156,6 +151,26 @@ def families() -> dict[str, Family]:
             ),
             causal=False,
             seq2seq=True,
+        ),
+        "gpt_neox": Family(
+            "gpt_neox",
+            t.GPTNeoXForCausalLM,
+            t.GPTNeoXConfig(
+                **small,
+                num_attention_heads=4,
+                max_position_embeddings=64,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+            ),
+            causal=True,
+            float32_eager=True,
+        ),
+        "gpt_bigcode": Family(  # multi-query attention: one key/value head
+            "gpt_bigcode",
+            t.GPTBigCodeForCausalLM,
+            t.GPTBigCodeConfig(**gpt2_sizes),
+            causal=True,
+            float32_eager=True,
         ),
     }
 

@@ -5,6 +5,7 @@ gate checked against a hand-written softmax(.) * C, cached generation, and the r
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -32,10 +33,15 @@ def pair(name: str, implementation: str, **options):
 
 
 def perturb(model, scale: float = 0.3) -> None:
+    """Gates away from 1 and forget gates (FoX, if any) far from 1: a wrong offset or a wrong
+    decay would change the outputs."""
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        for p in urpe.hf.gate_parameters(model):
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+        for n, p in model.named_parameters():
+            if "urpe_forget" in n and n.endswith("bias"):
+                p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) * 3)
+            elif "urpe" in n:
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
 
 
 @pytest.mark.parametrize("mode", ["eval", "train"])
@@ -146,7 +152,8 @@ def generate_both(model, feed, **kwargs):
         max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True
     )
     with_cache = model.generate(**feed, **common, **kwargs)
-    without = model.generate(**feed, **common, use_cache=False)
+    kwargs.pop("cache_implementation", None)
+    without = model.generate(**feed, **common, **kwargs, use_cache=False)
     return with_cache, without
 
 
@@ -155,34 +162,38 @@ def score_error(first, second) -> float:
     return max((a - b).abs().max().item() for a, b in pairs)
 
 
-CACHES = [(n, c, True) for n in ("llama", "qwen2", "gpt2") for c in ("dynamic", "static")]
+GENERATING = [n for n, f in FAMILIES.items() if f.causal or f.seq2seq]
 
 
-@pytest.mark.parametrize(
-    ("name", "cache", "padded"),
-    # Unpadded prompts: an empty static cache's prefill runs without a mask (the causal flag).
-    [
-        *CACHES,
-        ("t5", "dynamic", True),
-        ("bart", "dynamic", True),
-        ("mistral", "dynamic", True),
-        ("llama", "static", False),
-        ("gpt2", "dynamic", False),
-    ],
-)
-def test_cached_generate_equals_uncached(name, cache, padded):
-    family, _, gated = pair(name, "sdpa")
+def _generate_cached_and_uncached(gated, feed, cache: str):
     gated.eval()
     perturb(gated)
-    feed, _ = inputs(family)
-    feed = {k: v for k, v in feed.items() if k != "decoder_input_ids"}
-    if not padded:
-        feed = {"input_ids": feed["input_ids"][1:]}
     extra = {"cache_implementation": "static"} if cache == "static" else {}
     with_cache, without = generate_both(gated, feed, pad_token_id=0, **extra)
     assert torch.equal(with_cache.sequences, without.sequences)
     error = score_error(with_cache, without)
     assert error <= 1e-9, error
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("decay", [None, "fox"])
+@pytest.mark.parametrize("name", GENERATING)
+def test_cached_generate_equals_uncached_in_every_family(name, decay, cache):
+    """Greedy generation with a KV cache gives the scores generation without one gives, in every
+    family, with a gate and with FoX forget gates too, however the family passes the cache to
+    its attention (GPT-NeoX and GPTBigCode: layer_past=); prompts with padding."""
+    family, _, gated = pair(name, "sdpa", decay=decay)
+    feed, _ = inputs(family)
+    feed = {k: v for k, v in feed.items() if k != "decoder_input_ids"}
+    _generate_cached_and_uncached(gated, feed, cache)
+
+
+# Unpadded prompts: an empty static cache's prefill runs without a mask (the causal flag).
+@pytest.mark.parametrize(("name", "cache"), [("llama", "static"), ("gpt2", "dynamic")])
+def test_cached_generate_equals_uncached_without_padding(name, cache):
+    family, _, gated = pair(name, "sdpa")
+    feed, _ = inputs(family)
+    _generate_cached_and_uncached(gated, {"input_ids": feed["input_ids"][1:]}, cache)
 
 
 def test_sliding_window_is_honoured_and_cached_generate_matches():
@@ -258,6 +269,23 @@ def test_unsupported_model_raises_one_error_naming_the_class():
     model = transformers.DebertaModel(config)
     with pytest.raises(urpe.hf.UnsupportedModelError, match="DebertaModel"):
         urpe.hf.add_urpe(model)
+
+
+def test_a_config_shared_with_another_model_stays_as_it_was(tmp_path):
+    """Two models built from one config object: add_urpe on one leaves the other (and the
+    config) as they were; every module of the gated one reads its own copy."""
+    config = copy.deepcopy(FAMILIES["llama"].config)
+    config._attn_implementation = "sdpa"
+    gated, baseline = transformers.LlamaForCausalLM(config), transformers.LlamaForCausalLM(config)
+    urpe.hf.add_urpe(gated)
+    for model in (baseline, None):
+        seen = config if model is None else model.config
+        assert not hasattr(seen, "urpe") and seen._attn_implementation == "sdpa"
+    assert gated.model.layers[0].self_attn.config is gated.config is not config
+    assert gated.config._attn_implementation == "urpe_sdpa"
+    baseline.save_pretrained(tmp_path)
+    assert "urpe" not in json.loads((tmp_path / "config.json").read_text())
+    urpe.hf.add_urpe(baseline)  # not "already has URPE gates"
 
 
 def test_refusals():

@@ -5,6 +5,8 @@ saves, loads and packs like the gates."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -136,6 +138,28 @@ def test_left_padding_leaves_each_prompt_as_it_is_alone():
         assert torch.equal(row, want)
 
 
+def test_a_deep_copied_prompt_cache_is_a_cache_of_its_own():
+    """transformers' prompt reuse: fill a cache with a shared prefix once, then copy.deepcopy it
+    per continuation. Cropping a copy leaves the original as it was, and beam search from a copy
+    (repeated for the beams, then reordered at every step) gives the beams of generation without
+    a cache."""
+    model = fox_model("llama")
+    ids = torch.randint(2, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    prefix = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :5], past_key_values=prefix, use_cache=True)
+    common = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, num_beams=3)
+    for length in (7, 9):  # two continuations of the same prefix
+        prompt = ids[:, :length]
+        beams = copy.deepcopy(prefix)
+        beams.batch_repeat_interleave(3)
+        reused = model.generate(prompt, past_key_values=beams, **common)
+        assert torch.equal(reused, model.generate(prompt, use_cache=False, **common)), length
+    cropped = copy.deepcopy(prefix)
+    cropped.crop(-2)
+    assert prefix.get_seq_length() == 5 and cropped.get_seq_length() == 3
+
+
 def test_a_cache_filled_without_the_decay_is_refused():
     model = fox_model("llama")
     cache = DynamicCache(config=model.config)
@@ -178,6 +202,16 @@ def test_gradients_reach_the_forget_gates_and_the_init_is_near_the_base_model():
     assert 0 < diff < 1e-3
 
 
+def test_a_model_deep_copies_after_a_training_step():
+    """Nothing with autograd history stays on the modules after a forward with gradients."""
+    model = fox_model("llama").train()
+    ids = torch.randint(2, VOCAB, (2, 8))
+    model(ids, labels=ids).loss.backward()
+    copied = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(copied(ids).logits, model.eval()(ids).logits)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -194,10 +228,10 @@ def test_bad_decay_options_are_refused_in_one_line(options, message):
 
 @pytest.mark.parametrize("name", [n for n in FAMILIES if n not in DECODERS])
 def test_every_supported_family_takes_a_decay(name):
-    """GPT-2, Mistral, BART and T5 (T5's own bias joins the decay) generate the same with and
-    without a cache (dynamic, static: an encoder-decoder keeps its self-attention keys in an
-    inner cache, beam search); the encoders (BERT, RoBERTa: the decay mirrored for keys after
-    the query) run; every family runs in bfloat16 too."""
+    """GPT-2, Mistral, BART, T5 (T5's own bias joins the decay), GPT-NeoX and GPTBigCode give
+    the same beams with and without a cache (greedy decoding with dynamic and static caches:
+    test_hf.py); the encoders (BERT, RoBERTa: the decay mirrored for keys after the query) run;
+    every family runs in bfloat16 too."""
     family = FAMILIES[name]
     model = fox_model(name)
     ids = torch.randint(2, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6))
@@ -205,10 +239,10 @@ def test_every_supported_family_takes_a_decay(name):
         if family.causal or family.seq2seq:
             prompt = ids if family.seq2seq else ids[:, :4]
             common = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
-            for extra in ({}, {"cache_implementation": "static"}, {"num_beams": 2}):
-                cached = model.generate(prompt, **common, **extra)
-                uncached = model.generate(prompt, **common, **extra, use_cache=False)
-                assert torch.equal(cached, uncached), extra
+            cached = model.generate(prompt, **common, num_beams=2)
+            assert torch.equal(
+                cached, model.generate(prompt, **common, num_beams=2, use_cache=False)
+            )
         else:
             hidden = model(ids).last_hidden_state
             assert hidden.isfinite().all()

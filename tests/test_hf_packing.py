@@ -13,6 +13,7 @@ from transformers import DataCollatorWithFlattening
 import urpe.hf
 from tests.hf_families import VOCAB, families
 from urpe.hf import attention as hf_attention
+from urpe.hf import packing as hf_packing
 from urpe.hf.packing import document_ids_of
 
 FAMILIES = families()
@@ -143,13 +144,28 @@ def test_document_ids_from_positions_and_cu_seq_lens():
     shifted = {"position_ids": positions + 2}
     torch.testing.assert_close(document_ids_of(shifted, 8, 8), expected)
     assert document_ids_of({"position_ids": positions.expand(3, 1, 8)}, 8, 8) is None  # mrope
-    # Read once per tensor, but again when it changed in place.
-    reused = torch.arange(4)[None]
-    assert document_ids_of({"position_ids": reused}, 4, 4) is None
-    reused[0, 2:] = torch.tensor([0, 1])
-    torch.testing.assert_close(
-        document_ids_of({"position_ids": reused}, 4, 4), torch.tensor([[0, 0, 1, 1]])
-    )
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_reused_positions_buffer_is_read_again_in_every_pass(mode, monkeypatch):
+    """A caller that rewrites one position_ids buffer in place between batches (also under
+    torch.inference_mode, whose tensors count no versions) gets each batch's own documents;
+    within one pass the documents are read once, not once per layer."""
+    model = gated_model("llama").eval()
+    docs = documents()
+    batch = DataCollatorWithFlattening()([{"input_ids": d.tolist()} for d in docs])
+    ids, packed = batch["input_ids"], batch["position_ids"]
+    reads = []
+    original = hf_packing._from_position_ids
+    monkeypatch.setattr(hf_packing, "_from_position_ids", lambda p: reads.append(1) or original(p))
+    with mode():
+        want_packed = model(ids, position_ids=packed.clone()).logits
+        want_plain = model(ids, position_ids=torch.arange(ids.shape[1])[None]).logits
+        buffer = torch.arange(ids.shape[1])[None]
+        for positions, want in [(packed, want_packed), (buffer.clone(), want_plain)] * 2:
+            buffer.copy_(positions)
+            torch.testing.assert_close(model(ids, position_ids=buffer).logits, want)
+    assert len(reads) == 6  # one per pass, not one per layer (2 layers)
 
 
 def test_cu_seq_lens_that_do_not_cover_the_row_are_one_error():

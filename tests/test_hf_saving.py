@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import logging
+import re
+from pathlib import Path
 
 import peft
 import pytest
@@ -69,18 +72,35 @@ def test_from_pretrained_refuses_a_folder_without_urpe(tmp_path):
         urpe.hf.from_pretrained(tmp_path, transformers.AutoModelForCausalLM)
 
 
-def test_lora_and_gates_train_together_and_save(tmp_path):
-    family, model = perturbed("llama")
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "huggingface.md"
+
+
+def guide_modules_to_save() -> list[str]:
+    """The modules_to_save list of the Hugging Face guide's PEFT example."""
+    found = re.search(r"modules_to_save=(\[[^\]]*\])", GUIDE.read_text())
+    assert found, "the guide's PEFT example names no modules_to_save"
+    return ast.literal_eval(found.group(1))
+
+
+@pytest.mark.parametrize("decay", [None, "fox"])
+def test_lora_and_gates_train_together_and_save(tmp_path, decay):
+    """With the guide's modules_to_save, every URPE parameter (gates C, FoX forget gates) trains
+    beside the LoRA adapters, is saved with them and reloads to the same outputs."""
+    family, model = perturbed("llama", decay=decay)
     model = model.float().train()
-    initial_gates = [p.detach().clone() for p in urpe.hf.gate_parameters(model)]
+    initial = [p.detach().clone() for p in urpe.hf.gate_parameters(model)]
+    assert set(guide_modules_to_save()) == set(urpe.hf.MODULE_NAMES)
     lora = peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["urpe_gate"]
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        modules_to_save=guide_modules_to_save(),
     )
     tuned = peft.get_peft_model(model, lora)
     trainable = {n for n, p in tuned.named_parameters() if p.requires_grad}
-    gate_names = {n for n in trainable if "urpe_gate" in n}
-    assert len(gate_names) == 2 and any("lora_" in n for n in trainable)
-    assert all("lora_" in n or "urpe_gate" in n for n in trainable)
+    urpe_names = {n for n in trainable if "urpe" in n}
+    assert len(urpe_names) == len(initial) and any("lora_" in n for n in trainable)
+    assert all("lora_" in n or "urpe" in n for n in trainable)
 
     before = {n: p.detach().clone() for n, p in tuned.named_parameters()}
     optimizer = torch.optim.Adam([p for p in tuned.parameters() if p.requires_grad], lr=1e-2)
@@ -89,24 +109,36 @@ def test_lora_and_gates_train_together_and_save(tmp_path):
     loss.backward()
     optimizer.step()
     changed = {n for n, p in tuned.named_parameters() if not torch.equal(p, before[n])}
-    assert gate_names <= changed  # the gates train ...
+    assert urpe_names <= changed  # the gates (and forget gates) train ...
     assert changed <= trainable  # ... and nothing frozen moved
     tuned.eval()
     expected = tuned(input_ids=ids).logits
 
     tuned.save_pretrained(tmp_path)
     with safe_open(str(tmp_path / "adapter_model.safetensors"), framework="pt") as handle:
-        assert sum("urpe_gate" in k for k in handle.keys()) == 2
+        assert sum("urpe" in k for k in handle.keys()) == len(initial)
     # Reload: the same base weights, gates added with the same options, then the adapter.
-    base = urpe.hf.add_urpe(family.build("sdpa", torch.float64)).float()
+    base = urpe.hf.add_urpe(family.build("sdpa", torch.float64), decay=decay).float()
     with torch.no_grad():  # the perturbed gates were part of the base before LoRA was added
-        for p, q in zip(urpe.hf.gate_parameters(base), initial_gates, strict=True):
+        for p, q in zip(urpe.hf.gate_parameters(base), initial, strict=True):
             p.copy_(q)
     reloaded = peft.PeftModel.from_pretrained(base, tmp_path).eval()
     assert torch.allclose(reloaded(input_ids=ids).logits, expected, atol=1e-6)
     merged = reloaded.merge_and_unload()
     assert torch.allclose(merged(input_ids=ids).logits, expected, atol=1e-5)
-    assert len(urpe.hf.gate_parameters(merged)) == 2
+    assert len(urpe.hf.gate_parameters(merged)) == len(initial)
+
+
+def test_add_urpe_after_peft_is_refused_with_the_order_that_works():
+    """Gates added to a model PEFT already wraps would train and then be left out of
+    PeftModel.save_pretrained: refused, naming the order and modules_to_save."""
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    tuned = peft.get_peft_model(FAMILIES["llama"].build("sdpa", torch.float32), lora)
+    for model in (tuned, tuned.base_model.model):  # the PeftModel, and the model inside it
+        with pytest.raises(ValueError, match="add_urpe on the base model first") as caught:
+            urpe.hf.add_urpe(model, decay="fox")
+        assert "urpe_forget" in str(caught.value)
+    assert not urpe.hf.gate_parameters(tuned)
 
 
 def test_gates_follow_dtype_changes_and_deepcopy():

@@ -17,12 +17,13 @@ from .attention import gate_of, register
 from .discovery import UnsupportedModelError, attention_modules, self_attention_modules
 from .finetune import evaluate_loss, train_steps
 from .options import UrpeOptions, default_max_distance
-from .patch import add_urpe, gate_parameters
+from .patch import MODULE_NAMES, add_urpe, gate_parameters
 from .pretrained import from_pretrained, load_gates
 
 register()
 
 __all__ = [
+    "MODULE_NAMES",
     "TRANSFORMERS_VERSION",
     "UnsupportedModelError",
     "UrpeOptions",

@@ -111,7 +111,7 @@ def urpe_attention_forward(
         key, value = key[:, :, :lq], value[:, :, :lq]
         bias = None if bias is None else bias[..., :lq]
         lk = lq
-    documents = document_ids_of(kwargs, lk, lq)
+    documents = document_ids_of(kwargs, lk, lq, module)
     positions = call_positions(module, lq, lk, query.device)
     gate = None if gate_module is None else gate_module(positions)
     bias = with_decay(bias, call_decay(module, lq, lk), lq, lk)

@@ -31,10 +31,13 @@ from ..encodings import (
     resolve,
 )
 from ..kernels import Decay
+from .cache_argument import cache_argument
 from .forget_history import ForgetHistory, check_cache_layer
+from .positions import LAYOUT
 
 FORGET = "urpe_forget"
-_NOW = "_urpe_call_log_forget"
+# Where the pre-hook leaves log f for the attention call (dropped when the call ends).
+LOG_FORGET = "_urpe_call_log_forget"
 # f = sigmoid(10) = 0.99995 at init (see the module docstring).
 PRETRAINED_INIT_BIAS = 10.0
 
@@ -73,30 +76,30 @@ def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
     and, with a cache, of every token before them (kept beside the cache)."""
     forget = forget_of(module)
     if forget is None:  # a wrapper replaced or removed it
-        module.__dict__[_NOW] = None
+        module.__dict__[LOG_FORGET] = None
         return
     hidden = args[0] if args else kwargs.get("hidden_states")
     # float32 at least: a cumulative sum of ~1e-4 steps in bfloat16 would lose them.
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     log_forget = forget.key_state(hidden).to(dtype)  # (B, H, L)
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    cache = cache_argument(args, kwargs)
     layer = getattr(module, "layer_idx", None)
     if cache is not None and layer is not None:
         check_cache_layer(cache, layer)
-        layout = module.__dict__.get("_urpe_cache_layout")
+        layout = module.__dict__.get(LAYOUT)
         query_start = 0 if layout is None else layout[0]
         log_forget = ForgetHistory.of(cache).extend(layer, log_forget, query_start)
-    module.__dict__[_NOW] = log_forget
+    module.__dict__[LOG_FORGET] = log_forget
 
 
 def call_decay(module: nn.Module, query_length: int, key_length: int) -> Decay | Tensor | None:
     """The decay term of this call: `Decay` over the call's keys where the queries are the last
     keys (no cache, dynamic caches), else the dense (B, H, Lq, Lk) bias at the queries' slots
     (a static buffer, whose queries sit inside it at a tensor offset)."""
-    log_forget = module.__dict__.get(_NOW)  # (B, H, positions)
+    log_forget = module.__dict__.get(LOG_FORGET)  # (B, H, positions)
     if log_forget is None:
         return None
-    layout = module.__dict__.get("_urpe_cache_layout")
+    layout = module.__dict__.get(LAYOUT)
     if layout is None:  # keys are positions 0 .. Lk - 1, the queries the last Lq of them
         return Decay(log_forget[..., :key_length])
     query_start, key_start = layout

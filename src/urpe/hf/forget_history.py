@@ -40,7 +40,7 @@ class ForgetHistory:
             history = cls(cache)
             cache.__dict__[_HISTORY] = history
             for name in FOLLOWED:
-                _follow(cache, name, getattr(history, "_" + name))
+                _follow(cache, history, name)
         return history
 
     def extend(self, layer: int, log_forget: Tensor, query_start) -> Tensor:
@@ -134,14 +134,29 @@ def _layer_of(cache, layer: int):
     return layers[layer]
 
 
-def _follow(cache, name: str, also) -> None:
-    own = getattr(cache, name, None)
-    if own is None:
-        return
+def _follow(cache, history: ForgetHistory, name: str) -> None:
+    if callable(getattr(cache, name, None)):
+        cache.__dict__[name] = _Followed(cache, history, name)
 
-    def followed(*args, **kwargs):
-        result = own(*args, **kwargs)
-        also(*args, **kwargs)
+
+class _Followed:
+    """The cache's method `name`, then the history's `_<name>` with the same arguments.
+
+    It holds the objects and the name, never a closure or a bound method: copy.deepcopy(cache)
+    (transformers' recipe for reusing a prompt's cache) then binds the copy's method to the
+    copy, so cropping or reordering it leaves the original and its gates alone, and a cache
+    made inside torch.compile can be handed back out of the graph."""
+
+    def __init__(self, cache, history: ForgetHistory, name: str) -> None:
+        self.cache = cache
+        self.history = history
+        self.name = name
+        self.replaced = cache.__dict__.get(name)  # a method set on this object, if any
+
+    def __call__(self, *args, **kwargs):
+        if self.replaced is None:
+            result = getattr(type(self.cache), self.name)(self.cache, *args, **kwargs)
+        else:
+            result = self.replaced(*args, **kwargs)
+        getattr(self.history, "_" + self.name)(*args, **kwargs)
         return result
-
-    cache.__dict__[name] = followed

@@ -20,41 +20,70 @@ counted from the document's start, and pairs across documents are never attended
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-# The position ids (or cu_seq_lens) of one forward pass are the same tensor in every layer: the
-# documents are read from the data once per pass, not once per layer (a host sync on a GPU).
-_last_read: dict[str, tuple[weakref.ref, tuple, Tensor | None]] = {}
+# Where each gated module finds the reads of the pass it runs in (set by add_urpe).
+READS = "_urpe_document_reads"
 
 
-def _once_per_tensor(kind: str, tensor: Tensor, key: tuple, read: Callable[[], Tensor | None]):
-    """read(), or its result for the same tensor, unchanged, asked with the same key."""
-    # Inference tensors keep no version counter (and cannot change outside inference mode).
-    stamp = (-1 if tensor.is_inference() else tensor._version, *key)
-    last = _last_read.get(kind)
-    if last is not None and last[0]() is tensor and last[1] == stamp:
-        return last[2]
-    result = read()
-    _last_read[kind] = (weakref.ref(tensor), stamp, result)
-    return result
+class DocumentReads:
+    """The document ids read during one forward pass of a gated model, by the tensor read.
+
+    A pass hands every layer the same position ids (or cu_seq_lens) tensor: reading it once
+    per pass, not once per layer, spares a host sync per layer on a GPU. Reads are kept only
+    while the model's forward runs (its pre-hook `begin` and hook `end`): a buffer the caller
+    rewrites in place between passes (also under torch.inference_mode, where tensors count no
+    versions) is read again. Under torch.compile nothing is kept: the reads are traced ops.
+    """
+
+    def __init__(self) -> None:
+        self.reads: dict[str, tuple[Tensor, tuple, Tensor | None]] | None = None
+
+    def begin(self, model: nn.Module, args: tuple) -> None:
+        if not torch.compiler.is_compiling():
+            self.reads = {}
+
+    def end(self, model: nn.Module, args: tuple, output) -> None:
+        if not torch.compiler.is_compiling():
+            self.reads = None
+
+    def get(self, kind: str, tensor: Tensor, key: tuple, read: Callable[[], Tensor | None]):
+        """read(), or its result when this pass already read the same tensor with this key."""
+        if torch.compiler.is_compiling():
+            return read()
+        reads = self.reads
+        if reads is None:  # a module called outside the model's forward: nothing to share
+            return read()
+        last = reads.get(kind)
+        if last is not None and last[0] is tensor and last[1] == key:
+            return last[2]
+        result = read()
+        reads[kind] = (tensor, key, result)
+        return result
+
+
+def _read(module: nn.Module | None, kind: str, tensor: Tensor, key: tuple, read: Callable):
+    reads = None if module is None else module.__dict__.get(READS)
+    return read() if reads is None else reads.get(kind, tensor, key, read)
 
 
 def _from_cu_seq_lens(cu_seq_lens: Tensor, key_length: int) -> Tensor:
     """(1, Lk) document index of each key from cumulative lengths [0, ..., Lk]."""
     cu_seq_lens = cu_seq_lens.reshape(-1).long()
-    total = int(cu_seq_lens[-1])
-    if total != key_length or int(cu_seq_lens[0]) != 0:
-        raise ValueError(
-            f"cu_seq_lens_k ends at {total} but the row has {key_length} keys (and must start "
-            "at 0): pass the collator's cu_seq_lens with the input_ids it made"
-        )
+    # Checked where the data can be asked (not while torch.compile traces).
+    if not torch.compiler.is_compiling():
+        total = int(cu_seq_lens[-1])
+        if total != key_length or int(cu_seq_lens[0]) != 0:
+            raise ValueError(
+                f"cu_seq_lens_k ends at {total} but the row has {key_length} keys (and must "
+                "start at 0): pass the collator's cu_seq_lens with the input_ids it made"
+            )
     lengths = cu_seq_lens.diff()  # (documents,)
     documents = torch.arange(len(lengths), device=cu_seq_lens.device)
-    return torch.repeat_interleave(documents, lengths)[None]
+    return torch.repeat_interleave(documents, lengths, output_size=key_length)[None]
 
 
 def _from_position_ids(position_ids: Tensor) -> Tensor | None:
@@ -73,9 +102,12 @@ def _from_position_ids(position_ids: Tensor) -> Tensor | None:
     return documents if bool(packed) else None
 
 
-def document_ids_of(kwargs: dict, key_length: int, query_length: int) -> Tensor | None:
-    """(B or 1, Lk) int64 document index of every key of this attention call, or None when the
-    call is not packed (one document per row).
+def document_ids_of(
+    kwargs: dict, key_length: int, query_length: int, module: nn.Module | None = None
+) -> Tensor | None:
+    """(B or 1, Lk) int64 document index of every key of this attention call (of `module`: the
+    ids are then read once per pass of its model), or None when the call is not packed (one
+    document per row).
 
     cu_seq_lens_k wins when given. Position ids are read only for self-attention over the call's
     own tokens (Lq = Lk: no cached keys), whatever mask came with them (the eager mask builders
@@ -84,13 +116,11 @@ def document_ids_of(kwargs: dict, key_length: int, query_length: int) -> Tensor 
     cu_seq_lens = kwargs.get("cu_seq_lens_k")
     if cu_seq_lens is not None:
         read = lambda: _from_cu_seq_lens(cu_seq_lens, key_length)  # noqa: E731
-        return _once_per_tensor("cu_seq_lens", cu_seq_lens, (key_length,), read)
+        return _read(module, "cu_seq_lens", cu_seq_lens, (key_length,), read)
     position_ids = kwargs.get("position_ids")
     # (B, L) only: multimodal rope's (3, B, L) positions are not one position per token.
     if position_ids is None or position_ids.dim() > 2:
         return None
     if not position_ids.shape[-1] == query_length == key_length:
         return None
-    return _once_per_tensor(
-        "position_ids", position_ids, (), lambda: _from_position_ids(position_ids)
-    )
+    return _read(module, "position_ids", position_ids, (), lambda: _from_position_ids(position_ids))

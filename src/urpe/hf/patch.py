@@ -10,6 +10,7 @@ URPE multiplies the attention weights by C after the softmax, as in the paper; a
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterable
 from dataclasses import replace
@@ -27,13 +28,26 @@ from ..encodings import (
     resolve,
 )
 from .attention import base_of, implementation_name, register
-from .decay import FORGET, PRETRAINED_INIT_BIAS, decay_entry, new_forget, record_log_forget
+from .decay import (
+    FORGET,
+    LOG_FORGET,
+    PRETRAINED_INIT_BIAS,
+    decay_entry,
+    new_forget,
+    record_log_forget,
+)
 from .discovery import select_layers
 from .guards import install, load_note, route_through_urpe
 from .options import BASE_IMPLEMENTATIONS, UrpeOptions, bucket_reach, default_max_distance
-from .positions import record_cache_layout
+from .packing import READS, DocumentReads
+from .positions import LAYOUT, record_cache_layout
 
 GATE = "urpe_gate"
+# The module names add_urpe attaches: what PEFT's modules_to_save must name to train and save
+# them beside adapters.
+MODULE_NAMES = (GATE, FORGET)
+# What the pre-hooks leave on a module for one call's attention (see positions, decay).
+CALL_STATE = (LAYOUT, LOG_FORGET)
 
 
 def _num_heads(module: nn.Module, config) -> int:
@@ -120,7 +134,21 @@ def _legacy_gate(gate, max_distance, num_buckets, bucket_max_distance) -> Encodi
     return EncodingSpec("t5", {"num_buckets": num_buckets, **given})
 
 
+def _refuse_peft(model: nn.Module) -> None:
+    """PEFT's save_pretrained writes the adapters and the modules named in modules_to_save only:
+    gates added to a model PEFT already wraps would train, then be lost silently."""
+    wrapped = next((m for m in model.modules() if type(m).__module__.startswith("peft.")), None)
+    if wrapped is not None:
+        raise ValueError(
+            f"{type(model).__name__} already holds PEFT modules ({type(wrapped).__name__}), whose "
+            "save_pretrained would drop URPE gates added now: call add_urpe on the base model "
+            "first, then get_peft_model(model, LoraConfig(..., modules_to_save="
+            f"{list(MODULE_NAMES)})) (urpe.hf.MODULE_NAMES)"
+        )
+
+
 def _base_implementation(model: nn.Module) -> str:
+    _refuse_peft(model)
     current = model.config._attn_implementation
     if base_of(current) is not None or any(GATE in n for n, _ in model.named_modules()):
         raise ValueError(f"{type(model).__name__} already has URPE gates (add_urpe was called)")
@@ -176,10 +204,13 @@ def add_urpe(
     Gate parameters have "urpe" in their names. Cross-attention keeps the model's own attention;
     naming it in `layers` raises ValueError. Models that do not route attention through the
     interface, or that use soft-capping or attention sinks, raise `urpe.hf.UnsupportedModelError`
-    naming their class. The options are stored in `model.config.urpe`, so `save_pretrained` +
-    `urpe.hf.from_pretrained` rebuild the gates (transformers' own `from_pretrained` drops them;
-    the saved README.md and config.urpe["load"] say so). Afterwards the model's
-    `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see `guards`).
+    naming their class; a model PEFT already wraps raises ValueError (add the gates first, then
+    name `MODULE_NAMES` in PEFT's modules_to_save). The model gets a config of its own (one
+    shared with other models stays as it was) whose `urpe` entry holds the options, so
+    `save_pretrained` + `urpe.hf.from_pretrained` rebuild the gates (transformers' own
+    `from_pretrained` drops them; the saved README.md and config.urpe["load"] say so). Afterwards
+    the model's `set_attn_implementation` keeps the gates ("eager", "sdpa") or refuses (see
+    `guards`).
     """
     base = _base_implementation(model)
     chosen, indices = select_layers(model, layers)
@@ -227,7 +258,11 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
         if len(heads) != 1:
             raise ValueError(f"a shared gate needs one head count, the layers have {heads}")
         model.add_module(GATE, _new_gate(options, model, first))
+    reads = DocumentReads()  # packed batches' document ids, read once per pass of the model
+    model.register_forward_pre_hook(reads.begin)
+    model.register_forward_hook(reads.end, always_call=True)
     for _, module in chosen:
+        module.__dict__[READS] = reads
         if options.gate is not None and options.shared:
             # A plain reference (not a submodule): the gate is saved once, under the model.
             module.__dict__["_urpe_owner"] = model
@@ -237,11 +272,34 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
         if options.decay is not None:
             module.add_module(FORGET, _new_forget(options, model, module))
             module.register_forward_pre_hook(record_log_forget, with_kwargs=True)
+        module.register_forward_hook(end_of_call, always_call=True)
     register()
+    own_config(model)
     model.config.urpe = {**options.to_dict(), "load": load_note(model)}
     model.set_attn_implementation(implementation_name(options.attn_implementation))
     route_through_urpe(model)
     install(model)
+
+
+def own_config(model: nn.Module) -> None:
+    """Give the model a config object of its own before add_urpe writes to it (its `urpe` entry,
+    the attention implementation): one config may be shared by several models
+    (`LlamaForCausalLM(config)` twice), and the others must stay as they are. Every module of
+    the model that held the config, or one of its sub-configs, gets the copy."""
+    copies: dict[int, object] = {}
+    copy.deepcopy(model.config, copies)
+    for module in model.modules():
+        own = module.__dict__.get("config")
+        if own is not None and id(own) in copies:
+            module.config = copies[id(own)]
+
+
+def end_of_call(module: nn.Module, args: tuple, output) -> None:
+    """Forward hook, also after an exception: drop this call's state, so that no tensor with
+    autograd history (log f in training) stays on the module, where copy.deepcopy(model)
+    would refuse it, and no call reads another's."""
+    for key in CALL_STATE:
+        module.__dict__.pop(key, None)
 
 
 def gate_parameters(model: nn.Module) -> list[nn.Parameter]:

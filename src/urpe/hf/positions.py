@@ -20,15 +20,17 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..encodings import Positions
+from .cache_argument import cache_argument
 
-_LAYOUT = "_urpe_cache_layout"
+# Where the pre-hook leaves the layout for the attention call (dropped when the call ends).
+LAYOUT = "_urpe_cache_layout"
 
 
 def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: store (query start, key start) for this call, or None where the keys
     start at 0 and end with the queries (no cache, or a plain dynamic cache: the usual
     `generate`, asked nothing more, as this runs in every layer of every step)."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    cache = cache_argument(args, kwargs)
     layer = getattr(module, "layer_idx", None)
     hidden = args[0] if args else kwargs.get("hidden_states")
     layout = None
@@ -40,7 +42,7 @@ def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
         layout = tuple(
             x.clone() if isinstance(x, torch.Tensor) else x for x in (query_start, key_start)
         )
-    module.__dict__[_LAYOUT] = layout
+    module.__dict__[LAYOUT] = layout
 
 
 def _plain(cache, layer: int) -> bool:
@@ -55,7 +57,7 @@ def call_positions(
     module: nn.Module, query_length: int, key_length: int, device: torch.device
 ) -> Positions:
     """Positions of this call's queries and keys (see the module docstring)."""
-    layout = module.__dict__.get(_LAYOUT)
+    layout = module.__dict__.get(LAYOUT)
     if layout is None:
         return Positions.aligned(query_length, key_length, device=device)
     query_start, key_start = layout
