@@ -90,3 +90,20 @@ def test_decoding_with_a_growing_cache_takes_one_route(routes, position):
         for step in range(8, 20):  # one token a step
             model(tokens[:, step : step + 1], cache=cache)
     _one_route_each(routes, ("forward_if_finite",))
+
+
+def test_a_patched_hugging_face_model_takes_one_route(routes):
+    """Prompt and decoding steps of a gated Llama (each patched module keeps its own prepared
+    calls): one route to the checked op; a training step: one forward, one backward."""
+    pytest.importorskip("transformers")
+    from tests.test_hf_positions import VOCAB, gated_llama
+
+    model = gated_llama(torch.float32).eval()
+    ids = torch.randint(3, VOCAB, (1, 8))
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=6, do_sample=False)
+    _one_route_each(routes, ("forward_if_finite",))
+    routes.clear()
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    _one_route_each(routes, ("forward", "backward"))

@@ -13,7 +13,9 @@ Triton on CUDA), with C the module's gate at
 this call's positions (see `positions`). T5's `position_bias` travels as urpe's `bias`, so its
 gradient reaches T5's bias table. A decay (`add_urpe(decay="fox")`) joins the bias (see `decay`).
 Packed batches (transformers' DataCollatorWithFlattening) travel
-as `document_ids` (see `packing`), each document attending only to itself.
+as `document_ids` (see `packing`), each document attending only to itself. Each patched module
+keeps its own prepared calls (`CALLS`): a decoding step neither checks its arguments nor
+chooses a backend again.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from .packing import document_ids_of
 from .positions import call_positions
 
 PREFIX = "urpe_"
+# The attribute under which a patched module keeps its prepared attention calls (an
+# `urpe.kernels.AttentionCalls`: the prompt's and the decoding steps' kinds)
+CALLS = "_urpe_calls"
 MASKS = {"eager": eager_mask, "sdpa": sdpa_mask}
 # Arguments of attention variants urpe does not compute; refused rather than silently ignored.
 REFUSED = {
@@ -115,7 +120,8 @@ def urpe_attention_forward(
     positions = call_positions(module, lq, lk, query.device)
     gate = None if gate_module is None else gate_module(positions)
     bias = with_decay(bias, call_decay(module, lq, lk), lq, lk)
-    out = attention(
+    calls = module.__dict__.get(CALLS, attention)  # the module's own prepared calls
+    out = calls(
         query,
         key,
         value,

@@ -27,7 +27,8 @@ from ..encodings import (
     check_runs,
     resolve,
 )
-from .attention import base_of, implementation_name, register
+from ..kernels import AttentionCalls
+from .attention import CALLS, base_of, implementation_name, register
 from .decay import (
     FORGET,
     LOG_FORGET,
@@ -263,6 +264,7 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
     model.register_forward_hook(reads.end, always_call=True)
     for _, module in chosen:
         module.__dict__[READS] = reads
+        module.__dict__[CALLS] = AttentionCalls(capacity=2)  # (a copy of the model: a new one)
         if options.gate is not None and options.shared:
             # A plain reference (not a submodule): the gate is saved once, under the model.
             module.__dict__["_urpe_owner"] = model
