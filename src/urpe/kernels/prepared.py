@@ -265,7 +265,7 @@ class AttentionCalls:
         return self.call(Arguments.of(args, kwargs))
 
     def call(self, a: Arguments) -> Tensor:
-        cast = a.autocast()
+        cast = a.autocast() if torch._C._is_any_autocast_enabled() else None
         if cast is not None:  # SDPA's autocast policy, then the kernels with autocast off
             with torch.autocast(a.q.device.type, enabled=False):
                 return self.call(cast)

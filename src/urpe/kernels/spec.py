@@ -120,7 +120,7 @@ class AttentionSpec:
     @property
     def records_grad(self) -> bool:
         """Whether autograd records this call (grad mode on and some input requires grad)."""
-        return records_grad(*self.differentiable)
+        return torch.is_grad_enabled() and records_grad(*self.differentiable)
 
     def replace(self, **changes) -> AttentionSpec:
         return replace(self, **changes)

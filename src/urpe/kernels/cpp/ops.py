@@ -205,7 +205,12 @@ def _has_bf16_products() -> bool:
 def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
     dtype = call.q.dtype if _bf16_products(call.q.dtype) else compute_dtype(call.q.dtype)
     in_place = reads_in_place(call.q, call.k)
-    return tuple(_as_operand(t, dtype, in_place) for t in (call.q, call.k, call.v))
+    q, k, v = call.q, call.k, call.v
+    return (
+        _as_operand(q, dtype, in_place),
+        _as_operand(k, dtype, in_place),
+        _as_operand(v, dtype, in_place),
+    )
 
 
 def reads_in_place(q: Tensor, k: Tensor) -> bool:
@@ -220,7 +225,9 @@ def _as_operand(t: Tensor, dtype: torch.dtype, in_place: bool) -> Tensor:
     layout), else contiguous."""
     if t.dtype != dtype:
         t = t.to(dtype)
-    return t if (in_place or t.is_contiguous()) and readable_rows(t) else t.contiguous()
+    if t.is_contiguous():
+        return t
+    return t if in_place and readable_rows(t) else t.contiguous()
 
 
 def readable_rows(t: Tensor) -> bool:
