@@ -134,3 +134,33 @@ def test_bench_help_offers_the_built_in_rows_and_groups():
     heavy, stdout = _heavy_after(["bench", "model", "--help"])
     assert heavy == [] and OFFERED_GROUPS == GROUP_NAMES
     assert all(name in stdout for name in GROUP_NAMES)
+
+
+def test_predict_and_evaluate_import_neither_pyg_nor_lightning(molecule_model, tmp_path):
+    """A trained graph model's `predict` and `evaluate` never import PyTorch Geometric or
+    Lightning (most of their start-up before), and predict what the PyG route predicts."""
+    import csv
+
+    from torch_geometric.data import Batch
+
+    import urpe
+
+    smiles = ["CCO", "c1ccccc1O", "C1CC", "CC(=O)[O-].[Na+]", "C#N"]
+    table = tmp_path / "molecules.csv"
+    table.write_text("smiles,heavy\n" + "".join(f"{s},{i + 2}\n" for i, s in enumerate(smiles)))
+    heavy, stdout = _heavy_after(["predict", str(molecule_model), str(table), "--no-progress"])
+    assert not {"torch_geometric", "lightning", "pytorch_lightning"} & set(heavy), heavy
+    rows = list(csv.DictReader(stdout.splitlines()))
+    assert [r["smiles"] for r in rows] == smiles and rows[2]["predicted_heavy"] == ""
+
+    model = urpe.load_model(molecule_model)
+    graphs = [g for g in model.graphs(smiles) if g is not None]  # PyG's Data, PyG's Batch
+    expected = model.model(Batch.from_data_list(graphs)).tolist()
+    got = [float(r["predicted_heavy"]) for r in rows if r["predicted_heavy"]]
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+    heavy, stdout = _heavy_after(["evaluate", str(molecule_model), str(table), "--json"])
+    assert not {"torch_geometric", "lightning", "pytorch_lightning"} & set(heavy), heavy
+    truths = [2, 3, 5, 6]  # the readable rows' values
+    mae = sum(abs(p - t) for p, t in zip(expected, truths, strict=True)) / len(truths)
+    assert json.loads(stdout)["mae"] == pytest.approx(mae, rel=1e-5)

@@ -151,7 +151,7 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
-    from ..data.molecules.files import MoleculeFileError, finite_number, read_molecule_table
+    from ..data.molecules.tables import MoleculeFileError, finite_number, read_molecule_table
     from ..training.bundles import MoleculeModel
 
     model = _bundle(
