@@ -164,3 +164,49 @@ def test_predict_and_evaluate_import_neither_pyg_nor_lightning(molecule_model, t
     truths = [2, 3, 5, 6]  # the readable rows' values
     mae = sum(abs(p - t) for p, t in zip(expected, truths, strict=True)) / len(truths)
     assert json.loads(stdout)["mae"] == pytest.approx(mae, rel=1e-5)
+
+
+TRAINING = sorted({name for group, name in COMMANDS if group == "reproduce"} | {"finetune"})
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_commands_say_a_line_before_importing_torch(name, tmp_path):
+    """The first line of a training command comes before PyTorch is imported (seconds of
+    silence before): here torch cannot be imported at all, and the line is there anyway."""
+    argv = ["finetune"] if name == "finetune" else ["reproduce", name]
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # importing torch fails\n"
+        "from urpe.cli import main\n"
+        f"main({argv + ['--out', str(tmp_path / 'out')]!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "torch" in done.stderr  # it did stop at torch
+    prog = " ".join(["urpe", *argv])
+    assert done.stderr.splitlines()[0] == f"{prog}: starting (loading PyTorch and Lightning)"
+
+
+def test_a_language_models_evaluate_and_generate_import_no_lightning(tmp_path):
+    """Scoring and sampling a trained language model need torch alone: no Lightning, no
+    torchmetrics (whose imports were most of `urpe evaluate`'s time)."""
+    from urpe import save_model
+    from urpe.data.text import CharTokenizer
+    from urpe.models import LanguageModel, TransformerConfig
+
+    tokenizer = CharTokenizer("abcdefgh \n")
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, num_layers=1, dim=16, num_heads=2)
+    save_model(LanguageModel(config, 16), tmp_path / "lm", tokenizer=tokenizer)
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefgh " * 20)
+    lm = str(tmp_path / "lm")
+    for argv in (
+        ["evaluate", lm, str(text), "--json", "--no-progress"],
+        ["generate", lm, "--prompt", "ab", "--max-new-tokens", "4", "--temperature", "0"],
+    ):
+        heavy, stdout = _heavy_after(argv)
+        assert not {"lightning", "pytorch_lightning", "torchmetrics", "torch_geometric"} & set(
+            heavy
+        ), (argv[0], heavy)
+        assert stdout.strip()

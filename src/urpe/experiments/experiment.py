@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -70,6 +72,11 @@ class CommandLine:
         add_arguments(self, parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        # Importing PyTorch and Lightning takes seconds (tens on a busy machine): say so at once,
+        # before any of it, instead of leaving the terminal blank.
+        if all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "SLURM_PROCID")):
+            prog = getattr(args, "prog", None) or f"urpe reproduce {self.name}"
+            print(f"{prog}: starting (loading PyTorch and Lightning)", file=sys.stderr, flush=True)
         return self.load().run(args)
 
     def load(self) -> Experiment:

@@ -190,7 +190,7 @@ class TextModel(_Bundle):
         with the trained memory carried across ("memory"). A byte-level model also takes
         bytes (a file in any encoding, as it trained). Returns {"loss" (nats per token),
         "tokens", <metric>}."""
-        from .lm import evaluate, report_metric
+        from .lm_scoring import evaluate, report_metric
 
         if mode not in ("sliding", "chunks", "memory"):
             raise ValueError(f"mode must be sliding, chunks or memory, got {mode!r}")
