@@ -127,3 +127,32 @@ def test_a_missing_extra_says_what_to_install(module, tmp_path):
         "not installed: pip install 'urpe[train]'"
     ]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, hidden, extras",
+    [
+        (["predict", "MODEL", "CCO"], ["safetensors", "rdkit", "scipy"], "graph,train"),
+        (["evaluate", "MODEL", "x.csv"], ["safetensors", "scipy"], "graph,train"),
+        (["reproduce", "graph"], ["lightning", "torch_geometric", "rdkit"], "graph,train"),
+    ],
+    ids=["predict", "evaluate", "reproduce graph"],
+)
+def test_every_missing_extra_is_named_at_once(argv, hidden, extras, molecule_model, tmp_path):
+    """A wheel-only install: one line names every missing module and the one pip command."""
+    argv = [str(molecule_model) if a == "MODEL" else a for a in argv]
+    if argv[0] == "reproduce":
+        argv += ["--out", str(tmp_path / "o")]
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({hidden!r}))\n"
+        "from urpe.cli import main\n"
+        f"sys.exit(main({argv!r}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    prog = " ".join(["urpe", *argv[: 2 if argv[0] == "reproduce" else 1]])
+    names = ", ".join(map(repr, hidden))
+    assert done.stderr.strip().splitlines() == [
+        f"{prog}: error: this command needs the modules {names}, which are not installed: "
+        f"pip install 'urpe[{extras}]'"
+    ]

@@ -38,7 +38,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..extras import require
 from .execution import RunOne
+from .options import TRAIN_MODULES
 from .records import RunSpec
 from .settings import Names, Option, Preset, variants_option
 
@@ -60,6 +62,9 @@ class CommandLine:
     implementation: str = ""
     description: str | None = None  # the --help text, when longer than the command's help
     preset_help: str = "base settings; any flag given below overrides them"
+    # Modules it imports beyond the `train` extra's, checked with those before anything runs so
+    # that one line names every missing extra.
+    needs: tuple[str, ...] = ()
 
     @property
     def out(self) -> str:
@@ -72,6 +77,7 @@ class CommandLine:
         add_arguments(self, parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        require(*TRAIN_MODULES, *self.needs)
         # Importing PyTorch and Lightning takes seconds (tens on a busy machine): say so at once,
         # before any of it, instead of leaving the terminal blank.
         if all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "SLURM_PROCID")):

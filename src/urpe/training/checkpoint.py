@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from ..models import TransformerConfig
@@ -70,6 +68,8 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
     """Write a state dict as safetensors. Tensors that are the same tensor (tied embeddings) are
     stored once and recorded as aliases in the file's metadata; views that merely overlap are
     copied, since safetensors stores each tensor in its own bytes."""
+    from safetensors.torch import save_file  # here: finding a checkpoint needs no safetensors
+
     tensors: dict[str, Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
@@ -101,6 +101,9 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
 
 def load_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Tensor]:
     """Read `save_weights`' file back into a state dict (aliases restored)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     path = Path(path)
     try:
         tensors = load_file(str(path), device=str(device))
