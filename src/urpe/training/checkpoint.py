@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pickle
 import random
 import re
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..files import current_umask
 from ..models import TransformerConfig
 from .files import CorruptFileError, atomic_directory, read_json
 from .inputs import InputEncoding, encoding_to_save
@@ -97,6 +99,7 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
         storages.add(storage)
         tensors[name] = copy.contiguous()
     save_file(tensors, str(path), metadata={"format": "pt", "aliases": json.dumps(aliases)})
+    os.chmod(path, 0o666 & ~current_umask())  # safetensors makes it private (0600): as open would
 
 
 def load_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Tensor]:
