@@ -175,6 +175,7 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
         [row.smiles for row in rows],
         batch_size=args.batch_size or 256,
         progress=not args.no_progress,
+        label="evaluate",
     )
     pairs = [(p, t) for p, t in zip(values, truths, strict=True) if p is not None and t is not None]
     if not pairs:

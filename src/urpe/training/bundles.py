@@ -252,10 +252,14 @@ class MoleculeModel(_Bundle):
 
     @torch.no_grad()
     def predict(
-        self, smiles: str | Sequence[str], batch_size: int = PREDICT_BATCH, progress: bool = False
+        self,
+        smiles: str | Sequence[str],
+        batch_size: int = PREDICT_BATCH,
+        progress: bool = False,
+        label: str = "predict",
     ) -> list[float | None]:
         """Predicted target per SMILES, in the target's units; None for a SMILES RDKit cannot
-        read."""
+        read. `label` names the progress bar (`urpe evaluate` shows "evaluate")."""
         from ..graph import collate_graphs
         from ..progress import progress_bar
 
@@ -268,7 +272,7 @@ class MoleculeModel(_Bundle):
         self.model.eval()
         device = self.device
         for start in progress_bar(
-            range(0, len(valid), batch_size), desc="predict", unit="batch", enabled=progress
+            range(0, len(valid), batch_size), desc=label, unit="batch", enabled=progress
         ):
             chosen = valid[start : start + batch_size]
             batch = collate_graphs([graphs[i] for i in chosen]).to(device)
