@@ -96,9 +96,15 @@ class TextModel(_Bundle):
     def prompt_ids(self, prompt: Prompt) -> tuple[torch.Tensor, bool]:
         """The prompt as ids (B, P), and whether it was given as a batch. Text is encoded
         (B = 1); ids come as a (P,) or (B, P) integer tensor, a list of ints, or a list of
-        equally long lists (or 1-D tensors) of ints. ValueError naming what is wrong otherwise."""
+        equally long lists (or 1-D tensors) of ints. TypeError for anything else (a number,
+        None); ValueError naming what is wrong with ids."""
         if isinstance(prompt, str):
             return self.encode_prompt(prompt)[None, :], False
+        if not isinstance(prompt, torch.Tensor | Sequence):
+            raise TypeError(
+                "a prompt is text (a str) or token ids: a (P,) or (B, P) integer tensor, a list "
+                f"of ints, or a list of equally long lists of ints; got {type(prompt).__name__}"
+            )
         if not isinstance(prompt, torch.Tensor):
             rows = [row.tolist() if isinstance(row, torch.Tensor) else row for row in prompt]
             if rows and all(isinstance(row, str) for row in rows):

@@ -368,7 +368,9 @@ def load_molecule_file(
         target=payload["info"]["target"],
         unit="",  # the file's own units, unnamed
         featurizer=featurizer,
-        info={**payload["info"], "path": str(path)},
+        # The entry is shared by files of the same content: name the file given, not the first
+        # one cached under another name.
+        info={**payload["info"], "file": path.name, "path": str(path)},
         path=entry,
         **splits,
     )
