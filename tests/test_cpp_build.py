@@ -356,3 +356,58 @@ def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path,
     compiling = [line for line in lines if "urpe: compiling the C++ CPU" in line]
     assert len(compiling) == 1 and compiling[0].startswith("urpe: compiling"), done.stderr
     assert done.stderr.count("the C++ CPU attention kernel is unavailable") == 1, done.stderr
+
+
+@pytest.mark.skipif(not shutil.which("readelf"), reason="needs binutils' readelf")
+def test_the_elf_reader_reads_what_readelf_reads(built_library):
+    import re
+
+    from urpe.kernels.cpp.packaged import elf_needs
+
+    needed, versions = elf_needs(built_library)
+    dynamic = subprocess.run(
+        ["readelf", "-dW", str(built_library)], capture_output=True, text=True, check=True
+    ).stdout
+    assert needed == set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic))
+    symbols = subprocess.run(
+        ["readelf", "-VW", str(built_library)], capture_output=True, text=True, check=True
+    ).stdout
+    need_section = symbols[symbols.index(".gnu.version_r") :]
+    assert versions == set(re.findall(r"Name: (\S+)\s+Flags", need_section))
+    assert "libc10.so" in needed and any(v.startswith("GLIBC_2.") for v in versions)
+
+
+def test_a_wheel_is_tagged_manylinux_only_where_its_library_allows(built_library, monkeypatch):
+    """manylinux_2_<N>: N the newer of the library's glibc and torch's wheel's; the plain tag
+    where the library needs a library nobody brings, or a libstdc++ newer than torch's."""
+    from urpe.kernels.cpp import packaged
+
+    if sys.platform != "linux" or build.platform.machine().lower() not in ("x86_64", "aarch64"):
+        pytest.skip("manylinux tags are for x86-64 and aarch64 Linux")
+    machine = build.platform.machine().lower()
+    real = packaged.elf_needs
+    glibc = max(int(v.split(".")[1]) for v in real(built_library)[1] if v.startswith("GLIBC_2."))
+    torch_level = packaged.torch_manylinux_level() or 17
+    tag, _ = packaged.wheel_platform(built_library, "linux_x")
+    assert tag == f"manylinux_2_{max(glibc, torch_level)}_{machine}"
+
+    def needing(extra_library=None, extra_version=None):
+        def fake(path):
+            needed, versions = real(path)
+            if path == built_library:
+                needed = needed | ({extra_library} if extra_library else set())
+                versions = versions | ({extra_version} if extra_version else set())
+            return needed, versions
+
+        return fake
+
+    monkeypatch.setattr(packaged, "elf_needs", needing("libfoo.so.3"))
+    assert packaged.wheel_platform(built_library, "linux_x") == (
+        "linux_x",
+        "it needs libfoo.so.3, which neither torch nor manylinux brings",
+    )
+    monkeypatch.setattr(packaged, "elf_needs", needing(extra_version="GLIBCXX_3.4.99"))
+    tag, why = packaged.wheel_platform(built_library, "linux_x")
+    assert tag == "linux_x" and "GLIBCXX_3.4.99, newer than torch's own" in why
+    monkeypatch.setattr(packaged, "elf_needs", needing(extra_version="GLIBC_2.99"))
+    assert packaged.wheel_platform(built_library, "linux_x")[0] == f"manylinux_2_99_{machine}"

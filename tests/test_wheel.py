@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -94,6 +96,17 @@ def installed(tmp_path_factory) -> Path:
     assert wheel.name.endswith(".whl") and f"-{py}-{py}-" in wheel.name  # a platform wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert "urpe/kernels/cpp/packaged/kernel.json" in names
+    if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64"):
+        # tagged for the glibc its kernel needs, not the plain linux_<machine> of a local build
+        from urpe.kernels.cpp.packaged import wheel_platform
+
+        record = json.loads(zipfile.ZipFile(wheel).read("urpe/kernels/cpp/packaged/kernel.json"))
+        with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory() as scratch:
+            library = Path(
+                archive.extract(f"urpe/kernels/cpp/packaged/{record['library']}", scratch)
+            )
+            expected, _ = wheel_platform(library, f"linux_{platform.machine()}")
+        assert expected.startswith("manylinux_2_") and wheel.name.endswith(f"-{expected}.whl")
 
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
