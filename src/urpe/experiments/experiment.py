@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import require
+from ..progress import on_terminal
 from .execution import RunOne
 from .options import TRAIN_MODULES
 from .records import RunSpec
@@ -78,9 +79,11 @@ class CommandLine:
 
     def run(self, args: argparse.Namespace) -> int:
         require(*TRAIN_MODULES, *self.needs)
-        # Importing PyTorch and Lightning takes seconds (tens on a busy machine): say so at once,
-        # before any of it, instead of leaving the terminal blank.
-        if all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "SLURM_PROCID")):
+        # Importing PyTorch and Lightning takes seconds (tens on a busy machine): on a terminal,
+        # say so at once instead of leaving it blank. Not in a log or a pipe, where the command's
+        # output stays as it was (a bad flag found later: one line).
+        first = all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "SLURM_PROCID"))
+        if first and on_terminal():
             prog = getattr(args, "prog", None) or f"urpe reproduce {self.name}"
             print(f"{prog}: starting (loading PyTorch and Lightning)", file=sys.stderr, flush=True)
         return self.load().run(args)
