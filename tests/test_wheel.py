@@ -11,6 +11,7 @@ Slow (a real compile of the kernel, then torch installed into a new environment)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -98,8 +99,10 @@ def installed(tmp_path_factory) -> Path:
     assert "urpe/kernels/cpp/packaged/kernel.json" in names
     if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64"):
         # tagged for the glibc its kernel needs, not the plain linux_<machine> of a local build
-        from urpe.kernels.cpp.packaged import wheel_platform
-
+        spec = importlib.util.spec_from_file_location("urpe_setup", ROOT / "setup.py")
+        setup_py = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(setup_py)
+        wheel_platform = setup_py.wheel_platform
         record = json.loads(zipfile.ZipFile(wheel).read("urpe/kernels/cpp/packaged/kernel.json"))
         with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory() as scratch:
             library = Path(
