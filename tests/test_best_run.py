@@ -69,3 +69,23 @@ def test_other_targets_of_one_file_are_other_data(tmp_path):
         best_run(tmp_path, "graph")
     assert "(mols.csv, heavy, finished" in str(refusal.value)
     assert "(mols.csv, logP, finished" in str(refusal.value)
+
+
+@pytest.mark.parametrize(
+    "metric, shown", [("bpc", "val bpc 5.221"), ("perplexity", "val perplexity 37.3")]
+)
+def test_a_language_models_result_is_named_in_its_reports_unit(tmp_path, metric, shown):
+    """The reports give bits per character (or perplexity); the line naming the best run said
+    "val_loss 3.619" (nats) for the same run."""
+    config = {"experiment": "lm", "dataset": "text:a", "tokenizer": "char", "seed": 0}
+    run = finish(tmp_path, "lm", config, val_loss=3.619, metric=metric)
+    _, note = best_run(tmp_path, "lm")
+    assert note == f"using run {run} ({shown}, the best of 1 on text:a, char)"
+
+
+def test_evaluating_a_graph_model_says_evaluate(molecule_model, tmp_path, capsys):
+    table = tmp_path / "m.csv"
+    table.write_text("smiles,heavy\nCCO,3\nc1ccccc1,6\n")
+    assert main(["evaluate", str(molecule_model), str(table)]) == 0
+    progress = capsys.readouterr().err.splitlines()
+    assert progress and all(line.startswith("evaluate: ") for line in progress), progress

@@ -113,17 +113,35 @@ def test_version_and_python_dash_m():
         assert flag in done.stdout
 
 
-@pytest.mark.parametrize("module", ["lightning", "tqdm"])
-def test_a_missing_extra_says_what_to_install(module, tmp_path):
+@pytest.mark.parametrize(
+    "argv, hidden, extras",
+    [
+        (["reproduce", "synthetic"], ["lightning"], "train"),
+        (["reproduce", "synthetic"], ["tqdm"], "train"),
+        (["predict", "MODEL", "CCO"], ["safetensors", "rdkit", "scipy"], "graph,train"),
+        (["evaluate", "MODEL", "x.csv"], ["safetensors", "scipy"], "graph,train"),
+        (["reproduce", "graph"], ["lightning", "torch_geometric", "rdkit"], "graph,train"),
+    ],
+    ids=["lightning", "tqdm", "predict", "evaluate", "reproduce graph"],
+)
+def test_missing_extras_are_named_at_once(argv, hidden, extras, molecule_model, tmp_path):
+    """A wheel-only install: one line names every missing module and the one pip command
+    that installs them all; nothing is created."""
+    argv = [str(molecule_model) if a == "MODEL" else a for a in argv]
+    if argv[0] == "reproduce":
+        argv += ["--out", str(tmp_path / "o")]
     code = (
-        f"import sys; sys.modules[{module!r}] = None\n"
+        f"import sys; sys.modules.update(dict.fromkeys({hidden!r}))\n"
         "from urpe.cli import main\n"
-        f"sys.exit(main(['reproduce', 'synthetic', '--out', {str(tmp_path / 'o')!r}]))"
+        f"sys.exit(main({argv!r}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
+    prog = " ".join(["urpe", *argv[: 2 if argv[0] == "reproduce" else 1]])
+    names = ", ".join(map(repr, hidden))
+    one = len(hidden) == 1
+    what = f"the module {names}, which is" if one else f"the modules {names}, which are"
     assert done.stderr.strip().splitlines() == [
-        f"urpe reproduce synthetic: error: this command needs the module '{module}', which is "
-        "not installed: pip install 'urpe[train]'"
+        f"{prog}: error: this command needs {what} not installed: pip install 'urpe[{extras}]'"
     ]
     assert not (tmp_path / "o").exists()

@@ -134,3 +134,74 @@ def test_bench_help_offers_the_built_in_rows_and_groups():
     heavy, stdout = _heavy_after(["bench", "model", "--help"])
     assert heavy == [] and OFFERED_GROUPS == GROUP_NAMES
     assert all(name in stdout for name in GROUP_NAMES)
+
+
+def test_predict_and_evaluate_import_neither_pyg_nor_lightning(molecule_model, tmp_path):
+    """A trained graph model's `predict` and `evaluate` never import PyTorch Geometric or
+    Lightning (most of their start-up before), and predict what the PyG route predicts."""
+    import csv
+
+    from torch_geometric.data import Batch
+
+    import urpe
+
+    smiles = ["CCO", "c1ccccc1O", "C1CC", "CC(=O)[O-].[Na+]", "C#N"]
+    table = tmp_path / "molecules.csv"
+    table.write_text("smiles,heavy\n" + "".join(f"{s},{i + 2}\n" for i, s in enumerate(smiles)))
+    heavy, stdout = _heavy_after(["predict", str(molecule_model), str(table), "--no-progress"])
+    assert not {"torch_geometric", "lightning", "pytorch_lightning"} & set(heavy), heavy
+    rows = list(csv.DictReader(stdout.splitlines()))
+    assert [r["smiles"] for r in rows] == smiles and rows[2]["predicted_heavy"] == ""
+
+    model = urpe.load_model(molecule_model)
+    graphs = [g for g in model.graphs(smiles) if g is not None]  # PyG's Data, PyG's Batch
+    expected = model.model(Batch.from_data_list(graphs)).tolist()
+    got = [float(r["predicted_heavy"]) for r in rows if r["predicted_heavy"]]
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+    heavy, stdout = _heavy_after(["evaluate", str(molecule_model), str(table), "--json"])
+    assert not {"torch_geometric", "lightning", "pytorch_lightning"} & set(heavy), heavy
+    truths = [2, 3, 5, 6]  # the readable rows' values
+    mae = sum(abs(p - t) for p, t in zip(expected, truths, strict=True)) / len(truths)
+    assert json.loads(stdout)["mae"] == pytest.approx(mae, rel=1e-5)
+
+
+TRAINING = sorted({name for group, name in COMMANDS if group == "reproduce"} | {"finetune"})
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_commands_say_a_line_before_importing_torch(name, tmp_path):
+    """On a terminal, the first line of a training command comes before PyTorch is imported
+    (seconds of silence before): here torch cannot be imported at all, and the line is there
+    anyway. In a log or a pipe the output is as before (a bad flag: one line)."""
+    import os
+    import pty
+
+    argv = ["finetune"] if name == "finetune" else ["reproduce", name]
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # importing torch fails\n"
+        "from urpe.cli import main\n"
+        f"main({argv + ['--out', str(tmp_path / 'out')]!r})\n"
+    )
+    prog = " ".join(["urpe", *argv])
+    terminal, attached = pty.openpty()  # stderr a terminal
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=attached)
+    os.close(attached)  # the child holds it; read until it closes
+    said = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:  # the terminal's other end is closed: all read
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(terminal)
+    lines = said.decode().splitlines()
+    assert process.wait(timeout=120) != 0 and "torch" in said.decode()  # it stopped at torch
+    assert lines[0] == f"{prog}: starting (loading PyTorch and Lightning)"
+    piped = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert "starting" not in piped.stderr and "torch" in piped.stderr

@@ -240,14 +240,18 @@ build.packaged_kernel = lambda: (Path(sys.argv[1]), json.loads(Path(sys.argv[2])
 """
 
 
-@pytest.mark.parametrize("case", ["fits", "damaged", "other torch", "other cpu"])
+@pytest.mark.parametrize("case", ["fits", "damaged", "other torch", "other cpu", "cached"])
 def test_a_packaged_kernel_comes_first_where_it_fits(tmp_path, built_library, case):
+    """Where the packaged kernel does not fit, why is said once, in the reason no kernel runs
+    (here: no compiler); where a cached build loads instead, nothing is said at all."""
     library = tmp_path / "packaged" / "urpe_cpp.so"
     library.parent.mkdir()
     shutil.copyfile(built_library, library)
     facts = {**this_torch(), "cpu_features": ["sse2"]}
-    if case == "other torch":
+    if case in ("other torch", "cached"):
         facts["torch"] = "0.0.0"
+    if case == "cached":  # a build from an earlier process of this machine
+        install_cached(built_library, cache_directories(tmp_path, None)[0])
     if case == "other cpu":
         facts["cpu_features"] = ["avx2", "a-set-no-cpu-has"]
     write_record(tmp_path / "kernel.json", library, **facts)
@@ -268,13 +272,14 @@ def test_a_packaged_kernel_comes_first_where_it_fits(tmp_path, built_library, ca
         timeout=60,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    said = [line for line in done.stderr.splitlines() if line.startswith("urpe: not loading")]
-    if case == "fits":
-        assert f"'source': 'packaged', 'library': '{library}'" in done.stdout
-        assert done.stderr == ""
+    said = [line for line in done.stderr.splitlines() if "packaged with urpe" in line]
+    if case in ("fits", "cached"):
+        source = "packaged" if case == "fits" else "cache"
+        assert f"'source': '{source}'" in done.stdout and done.stderr == ""
         return
     assert "LOADED None" in done.stdout and len(said) == 1, done.stderr
-    assert said[0].startswith("urpe: not loading the C++ kernel packaged with urpe (")
+    assert "C++ CPU attention kernel is unavailable (" in said[0]  # no compiler, no ninja
+    assert "; the kernel packaged with urpe does not fit here: " in said[0]
     assert {
         "damaged": "(damaged)",
         "other torch": "built for torch 0.0.0; this is",

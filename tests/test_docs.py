@@ -26,30 +26,32 @@ DOCUMENTED = [
 ]
 
 
+def make_docs_command() -> list[str]:
+    """The sphinx arguments of `make docs` (its recipe in the Makefile), paths as there."""
+    import shlex
+
+    recipe = ROOT.joinpath("Makefile").read_text().split("\ndocs:", 1)[1].splitlines()[1]
+    words = shlex.split(recipe.strip())
+    return words[words.index("sphinx") + 1 :]
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
+    """The site built with `make docs`'s arguments, its output folders moved into a tmp dir."""
     out = tmp_path_factory.mktemp("docs")
+    arguments = [
+        str(out / Path(a).relative_to("docs/_build")) if a.startswith("docs/_build") else a
+        for a in make_docs_command()
+    ]
+    arguments = [str(ROOT / "docs") if a == "docs" else a for a in arguments]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sphinx",
-            "-W",
-            "--keep-going",
-            "-n",
-            "-E",
-            "-q",
-            "-b",
-            "html",
-            str(ROOT / "docs"),
-            str(out),
-        ],
+        [sys.executable, "-m", "sphinx", "-q", *arguments],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-5000:]
-    return out
+    return out / "html"
 
 
 def _inventory(built: Path) -> set[str]:
@@ -99,3 +101,58 @@ def test_the_guides_are_all_in_the_site(built):
     guides = sorted(p.stem for p in (ROOT / "docs" / "guides").glob("*.md"))
     assert guides == sorted(p.stem for p in (built / "guides").glob("*.html"))
     assert (built / "porting.html").exists() and (built / "getting-started.html").exists()
+
+
+def test_the_site_holds_no_doctrees(built):
+    """Sphinx's pickled doctrees go beside the site (`-d`), not into what is published."""
+    assert make_docs_command()[-1] == "docs/_build/html"
+    assert not (built / ".doctrees").exists() and (built.parent / "doctrees").is_dir()
+
+
+def test_long_help_lines_wrap_instead_of_being_cut(built):
+    page = (built / "cli.html").read_text()
+    assert page.count('class="urpe-help') >= 10  # every command's --help block
+    assert "white-space: pre-wrap" in (built / "_static" / "urpe.css").read_text()
+    assert 'href="_static/urpe.css' in page
+
+
+def _text(built: Path, page: str, anchor: str, length: int = 3000) -> str:
+    """The words of `page` from the element with id `anchor` on, tags removed."""
+    import html
+    import re
+
+    source = (built / page).read_text()
+    start = source.index(f'id="{anchor}"')
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", source[start : start + length])).split())
+
+
+def test_a_propertys_first_line_is_not_read_as_its_type(built):
+    """Napoleon read "Nothing to compute: the output ..." as type "Nothing to compute"."""
+    text = _text(built, "api/kernels.html", "urpe.kernels.AttentionSpec.is_empty", 1500)
+    assert "Nothing to compute: the output is empty" in text
+
+
+def test_a_dataclass_lists_its_fields_once(built):
+    """A dataclass's fields are its parameters (with their types); they were listed a second
+    time as bare attributes."""
+    page = (built / "api" / "kernels.html").read_text()
+    assert 'id="urpe.kernels.AttentionSpec.q"' not in page
+    assert 'id="urpe.kernels.AttentionSpec.is_empty"' in page  # its properties stay
+    assert "q ( Tensor )" in _text(built, "api/kernels.html", "urpe.kernels.AttentionSpec", 20000)
+
+
+def test_every_documented_class_and_function_has_a_docstring():
+    """TransformerXLRelative, FeedForward and get_task had none (the reference showed the bare
+    signature)."""
+    import importlib
+    import inspect
+
+    missing = [
+        f"{package}.{name}"
+        for package in DOCUMENTED
+        for name, value in vars(importlib.import_module(package)).items()
+        if name in importlib.import_module(package).__all__
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and not (value.__doc__ or "").strip()
+    ]
+    assert missing == []

@@ -67,3 +67,83 @@ def test_a_dataset_is_made_by_its_featurizer_and_keeps_it(tmp_path):
     # cache entries keep the key they had before the featuriser named their transform
     key = data.info["key_inputs"]
     assert key["transform"] == "ShortestPaths(max_distance=6, use_edge_attr=True)"
+
+
+# Molecules whose atoms and bonds reach the lists' ends: charges, radicals, stereo bonds and
+# centres, a triple bond, a salt, an aromatic heterocycle, hypervalent S and P, a metal, and ones
+# outside a list (charge +7, a dative bond) or without a Kekulé form.
+EDGE_CASES = [
+    "C[C@H](N)C(=O)O",
+    "F/C=C/F",
+    "C#N",
+    "[CH2]C",
+    "[C]",
+    "[NH4+].[Cl-]",
+    "c1ccncc1",
+    "CS(=O)(=O)O",
+    "OP(=O)(O)O",
+    "[Fe+2]",
+    "[Cr+7]",
+    "[NH3]->[Cu]",
+    "c1cccc1",
+]
+
+
+def pyg_reference(smiles, features):
+    """The graph PyG's own `from_rdmol` makes (the "zinc" columns derived from it as before)."""
+    from rdkit import Chem
+    from torch_geometric.utils.smiles import e_map, from_rdmol
+
+    from urpe.data.molecules.featurize import OTHER_BOND, ZINC_BOND_TYPES, zinc_atom_type
+
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        return None
+    try:
+        if features == "rdkit":
+            return from_rdmol(mol)
+        Chem.Kekulize(mol, clearAromaticFlags=True)
+        data = from_rdmol(mol)
+    except ValueError:  # a value outside PyG's lists; KekulizeException is a ValueError
+        return None
+    data.x = torch.tensor([[zinc_atom_type(a)] for a in mol.GetAtoms()]).view(-1, 1)
+    codes = torch.tensor([ZINC_BOND_TYPES.get(n, OTHER_BOND) for n in e_map["bond_type"]])
+    data.edge_attr = codes[data.edge_attr[:, 0]].view(-1, 1)
+    return data
+
+
+@pytest.mark.parametrize("features", ["zinc", "rdkit"])
+def test_tensors_are_pyg_from_rdmol_made_without_pyg(features):
+    """`molecule_tensors` (torch and RDKit only) equals PyG's `from_rdmol` column by column, on
+    MOSES molecules and edge cases, and refuses what it refuses."""
+    from rdkit import Chem, RDLogger
+    from torch_geometric.utils.smiles import e_map, x_map
+
+    from urpe.data.molecules import FEATURIZATIONS, molecule_tensors
+
+    from .test_graph_paths import moses_sample
+
+    RDLogger.DisableLog("rdApp.*")
+    spec = FEATURIZATIONS["rdkit"]
+    assert spec.node_cardinalities == tuple(len(v) for v in x_map.values())
+    assert spec.edge_cardinalities == tuple(len(v) for v in e_map.values())
+    refused = 0
+    for smiles in SMILES + EDGE_CASES + moses_sample(60, seed=3):
+        expected = pyg_reference(smiles, features)
+        mol = Chem.MolFromSmiles(smiles)
+        got = None if mol is None else molecule_tensors(mol, features)
+        if expected is None:
+            assert got is None, smiles
+            refused += 1
+            continue
+        for name in ("x", "edge_index", "edge_attr"):
+            assert torch.equal(getattr(got, name), getattr(expected, name)), (smiles, name)
+    assert refused >= 2  # "[Cr+7]" and the dative bond, at least
+
+
+def test_tensors_are_the_graphs_with_their_paths():
+    featurizer = MoleculeFeaturizer("rdkit", max_distance=3)
+    graphs, tensors = featurizer.graphs(SMILES + ["C1CC"]), featurizer.tensors(SMILES + ["C1CC"])
+    assert tensors[-1] is None and graphs[-1] is None
+    for graph, plain in zip(graphs[:-1], tensors[:-1], strict=True):
+        assert type(plain).__module__ == "urpe.graph.batching" and same_graph(plain, graph)

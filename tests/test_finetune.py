@@ -14,9 +14,15 @@ import transformers
 
 import urpe.hf
 from urpe.cli import OneLineParser, main
+from urpe.data.text import ByteTokenizer, load_tokenizer
 from urpe.data.text.shakespeare import convert_play, play_files
 from urpe.experiments.command import resolve
-from urpe.experiments.finetune.data import DataError, load_tokens, tokenizer_source
+from urpe.experiments.finetune.data import (
+    DataError,
+    load_tokens,
+    save_tokenizer,
+    tokenizer_source,
+)
 from urpe.experiments.finetune.experiment import EXPERIMENT, plan
 
 SMALL = [
@@ -108,6 +114,9 @@ def test_two_variants_train_report_and_resume(workspace, capsys):
     moved = max((p - 1).abs().max().item() for p in urpe.hf.gate_parameters(loaded))
     assert moved == pytest.approx(gated["gate_max_change"])
     assert (out / "records" / f"{results['urpe']['id']}.safetensors").is_file()
+    # ... with the tokenizer its ids came from (here urpe's byte tokenizer of the corpus)
+    assert tokenizer_source(run / "model") == "urpe"
+    assert load_tokenizer(run / "model") == ByteTokenizer()
     text = (out / "results.md").read_text()
     assert "| urpe |" in text and "sha256" in text and "### chunks" in text
     # The run's checkpoint rebuilds the same model without the folder (from its config alone).
@@ -285,6 +294,16 @@ def test_a_tokenizer_that_does_not_fit_the_vocabulary_is_one_error(workspace, tm
     assert "more than the model's vocabulary of 32" in err
 
 
+def assert_saved_tokenizer_makes_the_same_ids(folder, dataset, tokens, run_model):
+    """A fine-tuned model's folder (`save_tokenizer` into it) holds the tokenizer that made
+    its training ids: used as a model folder, it makes the same ids."""
+    run_model.mkdir()
+    save_tokenizer(folder, dataset, None, None, run_model)
+    again = load_tokens(dataset, None, None, run_model, "digest-" + run_model.name, 300)
+    assert tokenizer_source(run_model) == tokenizer_source(folder)
+    assert torch.equal(again.train, tokens.train) and again.metric == tokens.metric
+
+
 def test_a_tokenizer_in_the_model_folder_is_used(workspace, tmp_path):
     from tokenizers import ByteLevelBPETokenizer
 
@@ -299,6 +318,7 @@ def test_a_tokenizer_in_the_model_folder_is_used(workspace, tmp_path):
     tokens = load_tokens(dataset, None, None, folder, "digest-urpe", 256)
     text = (workspace / "play.txt").read_bytes()
     assert tokens.metric == "bpc" and tokens.train[:50].tolist() == list(text[:50])
+    assert_saved_tokenizer_makes_the_same_ids(folder, dataset, tokens, tmp_path / "run-urpe")
     with pytest.raises(DataError, match="has its own tokenizer"):
         load_tokens(dataset, "char", None, folder, "digest-urpe", 256)
     (folder / "tokenizer.json").unlink()
@@ -312,6 +332,7 @@ def test_a_tokenizer_in_the_model_folder_is_used(workspace, tmp_path):
     decoded = fast.decode(tokens.train[:40].tolist())
     assert len(decoded) > 40 and text.decode().startswith(decoded)
     assert len(tokens.train) < 0.9 * 0.9 * len(text)  # merges: fewer tokens than bytes
+    assert_saved_tokenizer_makes_the_same_ids(folder, dataset, tokens, tmp_path / "run-hf")
     with pytest.raises(DataError, match="more than the model's vocabulary of 100"):
         load_tokens(dataset, None, None, folder, "digest-hf", 100)
 

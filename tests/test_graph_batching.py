@@ -117,3 +117,32 @@ def test_graph_without_edges_in_a_batch():
     dense = to_dense_graph_batch(Batch.from_data_list([lonely, *data]))
     assert dense.spd[0, :2, :2].tolist() == [[0, -1], [-1, 0]]
     assert (dense.path_edges[0] == NO_EDGE).all()
+
+
+def test_pad_nodes_is_pygs_to_dense_batch():
+    from torch_geometric.utils import to_dense_batch
+
+    from urpe.graph.batching import pad_nodes
+
+    generator = torch.Generator().manual_seed(0)
+    for sizes in ([3, 0, 5, 1], [1], [0, 2], [4, 4]):
+        node_graph = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+        values = torch.randn(sum(sizes), 2, 3, generator=generator)
+        dense, real = pad_nodes(values, node_graph, len(sizes))
+        expected, expected_real = to_dense_batch(values, node_graph, batch_size=len(sizes))
+        assert torch.equal(dense, expected) and torch.equal(real, expected_real)
+
+
+def test_collate_graphs_batches_as_pyg_does():
+    """`collate_graphs` of `Graph`s gives the dense batch that PyG's `Batch` of the same graphs
+    gives, on every field, paths included."""
+    from urpe.graph import Graph, collate_graphs
+
+    data = graphs()
+    plain = [Graph(d.x, d.edge_index, d.edge_attr, d.spd, d.path_next_edge) for d in data]
+    ours = to_dense_graph_batch(collate_graphs(plain), max_hops=4)
+    theirs = to_dense_graph_batch(Batch.from_data_list(data), max_hops=4)
+    for name in ("x", "padding_mask", "in_degree", "out_degree", "spd", "path_edges", "edge_attr"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    with pytest.raises(ValueError, match="at least one graph"):
+        collate_graphs([])

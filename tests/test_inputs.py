@@ -85,6 +85,18 @@ def test_a_training_checkpoint_carries_its_tokenizer_and_metric(tmp_path):
     assert isinstance(loaded.generate("abc", 3, temperature=0), str)
 
 
+def test_a_prompt_that_is_neither_text_nor_ids_is_named(tmp_path):
+    """`generate(3.5)` said "'float' object is not iterable"."""
+    model, tokenizer = language_model()
+    save_model(model, tmp_path / "lm", tokenizer=tokenizer)
+    loaded = load_model(tmp_path / "lm")
+    for prompt in (3.5, None, 7, {"text": "abc"}):
+        with pytest.raises(TypeError, match=r"a prompt is text \(a str\) or token ids: .* got "):
+            loaded.generate(prompt, 3)
+    ids = torch.tensor([1, 2])
+    assert loaded.generate([1, 2], 3, temperature=0) == loaded.generate(ids, 3, temperature=0)
+
+
 def test_a_training_checkpoint_carries_its_featurizer_target_and_unit(tmp_path):
     model = graphormer()
     featurizer = MoleculeFeaturizer("zinc", max_distance=5)

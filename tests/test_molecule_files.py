@@ -21,6 +21,7 @@ from urpe.data.molecules import load_molecules, skipped_summary
 from urpe.data.molecules.files import read_molecule_table
 from urpe.data.molecules.sources import moses_file, read_moses_smiles
 from urpe.experiments import runner
+from urpe.experiments.graph.molecule_files import file_facts
 
 BAD_LINES = {5: "not_a_smiles", 9: "C1CC"}  # 1-based file lines (line 1 is the header)
 
@@ -70,6 +71,10 @@ def test_cache_is_keyed_by_content_not_path(tmp_path):
     copy.write_bytes(path.read_bytes())
     again = load_molecules(f"csv:{copy}", target="heavy", progress=False)
     assert again.path == first.path  # the same entry, found by content
+    # ... and named by the file given, not by the first one cached (reports, skip lines)
+    assert first.info["file"] == "a.csv" and again.info["file"] == "b.csv"
+    assert "of b.csv: 2 invalid SMILES" in skipped_summary(again)
+    assert file_facts(again)["data_file"]["name"] == "b.csv"
     write_csv(copy, count=30, start=30)  # edited: other molecules
     edited = load_molecules(f"csv:{copy}", target="heavy", progress=False)
     assert edited.path != first.path

@@ -114,6 +114,34 @@ def test_learned_heatmaps_name_query_and_key_and_the_offsets_direction(saved, tm
     assert unreadable(figure) == []
 
 
+# The width of a documentation page's text column (furo: 46em of 16 px): wider figures are
+# shown scaled down to it.
+PAGE_WIDTH_PX = 736
+
+
+@pytest.mark.parametrize("heads", [4, 3])
+def test_learned_heatmaps_stay_legible_at_a_pages_width(saved, tmp_path, heads):
+    """The reproducing guide shows learned_BC_pi.png in a page's column: its smallest text must
+    still show at 9 px there (8 px and less: illegible). It was 1,488 px wide, its ticks 5 px."""
+    import torch
+    from matplotlib.text import Text
+
+    from urpe.experiments.synthetic.plots import learned_matrices_chart
+
+    matrices = {"B": torch.randn(heads, 24, 24), "C": torch.rand(heads, 24, 24)}
+    learned_matrices_chart(
+        matrices, "learned B and C of a run with a long title " * 3, tmp_path / "b.png"
+    )
+    (figure,) = saved
+    width_px = figure.get_figwidth() * figure.dpi
+    shrink = min(1.0, PAGE_WIDTH_PX / width_px)
+    texts = [t for t in figure.findobj(Text) if t.get_text().strip() and t.get_visible()]
+    smallest = min(t.get_fontsize() for t in texts) * figure.dpi / 72 * shrink
+    assert smallest >= 9, f"{smallest:.1f} px at {PAGE_WIDTH_PX} px"
+    assert len([ax for ax in figure.axes if ax.get_title()]) == 2 * heads
+    assert unreadable(figure) == []
+
+
 @pytest.mark.parametrize("dataset", ["moses-plogp", "qm9"])
 def test_graph_figures_are_readable_alone(saved, tmp_path, dataset):
     from urpe.experiments.graph.plots import figures

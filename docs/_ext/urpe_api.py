@@ -12,6 +12,10 @@ reference documents it (the subpackage that defines it, e.g. `urpe.attention` ->
 documents the package's data in `__all__` (registries, constants, type aliases), which autodoc
 leaves out when they are imported from a submodule: each with the comment that introduces it
 in the source, and its keys (a registry) or its value (a small constant).
+
+A dataclass's fields are documented once, as the parameters of its class (with their types, and
+the descriptions of its docstring's Args: section): a field without a doc comment of its own
+(`#:`) is not listed again as a bare attribute.
 """
 
 from __future__ import annotations
@@ -96,7 +100,39 @@ class PackageData(SphinxDirective):
         return self.parse_text_to_nodes("\n".join(lines))
 
 
+def _class_being_documented() -> type | None:
+    """The class whose members autodoc is choosing: the `props` of its member filter, up the
+    stack (the event does not name the parent). None where this autodoc has no such frame."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        owner = getattr(frame.f_locals.get("props"), "_obj", None)
+        if inspect.isclass(owner):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def skip_bare_field(app, what, name, obj, skip, options):
+    import dataclasses
+
+    from sphinx.pycode import ModuleAnalyzer
+
+    cls = _class_being_documented() if what == "class" else None
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    if name not in {field.name for field in dataclasses.fields(cls)}:
+        return None
+    try:
+        commented = (cls.__qualname__, name) in ModuleAnalyzer.for_module(
+            cls.__module__
+        ).find_attr_docs()
+    except Exception:  # noqa: BLE001 - no source to read: keep autodoc's choice
+        return None
+    return True if not commented else None
+
+
 def setup(app):
     app.add_directive("urpe-namespace", NamespaceSummary)
     app.add_directive("urpe-data", PackageData)
+    app.connect("autodoc-skip-member", skip_bare_field)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -89,7 +89,8 @@ class CommandLineReference(SphinxDirective):
             section = nodes.section(ids=[nodes.make_id(title)], names=[name])
             section += nodes.title(text=title)
             section += nodes.paragraph(text=summary)
-            section += nodes.literal_block(text, text, language="text")
+            # urpe-help: wrapped, not cut, where a line is wider than the page (_static/urpe.css)
+            section += nodes.literal_block(text, text, language="text", classes=["urpe-help"])
             self.state.document.note_implicit_target(section)
             sections.append(section)
         return sections

@@ -12,6 +12,14 @@ Before napoleon turns the Google-style sections (Args:, Returns:, ...) into fiel
   paragraph, as the source shows it, instead of an unfinished definition list.
 
 Lines inside the Google-style sections are left to napoleon.
+
+A dataclass's "Attributes:" section is read as its "Args:" (its fields are the parameters of its
+class, listed once with their types, `urpe_api`), an entry naming several fields ("name, target,
+unit: ...") as one entry per field with the same text.
+
+After napoleon, a property's or attribute's first line "Nothing to compute: the output is empty"
+is put back as written: napoleon reads the text before its first colon as the type ("TYPE:
+Nothing to compute"), but urpe's types come from the annotations, never from the docstring.
 """
 
 from __future__ import annotations
@@ -116,10 +124,67 @@ def normalize(lines: list[str]) -> list[str]:
     return [line if k in literal else _escape(line) for k, line in enumerate(out)]
 
 
+def fields_as_args(lines: list[str]) -> list[str]:
+    """An "Attributes:" section as "Args:", with an entry "a, b: text" (and the lines under it)
+    written once per name."""
+    out: list[str] = []
+    header = None  # the section's indent while inside it
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if re.fullmatch(r"\s*Attributes:\s*", line):
+            header = _indent(line)
+            out.append(line.replace("Attributes:", "Args:"))
+            i += 1
+            continue
+        if header is not None and line.strip() and _indent(line) <= header:
+            header = None
+        entry = re.match(r"(\s+)(\w+(?:, \w+)+):(\s.*)?$", line) if header is not None else None
+        if entry is None:
+            out.append(line)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > _indent(line)):
+            j += 1
+        for field in entry.group(2).split(", "):
+            out += [f"{entry.group(1)}{field}:{entry.group(3) or ''}", *lines[i + 1 : j]]
+        i = j
+    return out
+
+
 def process_docstring(app, what, name, obj, options, lines: list[str]) -> None:
+    import dataclasses
+
+    if what == "class" and dataclasses.is_dataclass(obj):
+        lines[:] = fields_as_args(lines)
     lines[:] = normalize(lines)
+
+
+def restore_inline_type(lines: list[str]) -> list[str]:
+    """Napoleon's attribute docstring (the description, "", ":type: TEXT") with TEXT put back
+    in front of the description, as the docstring has it."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(":type: "):
+            prose = lines[i][len(":type: ") :]
+            rest = lines[:i]
+            while rest and not rest[-1].strip():
+                rest.pop()
+            first = next((k for k, line in enumerate(rest) if line.strip()), None)
+            if first is None:
+                return [prose, *lines[i + 1 :]]
+            line = rest[first]
+            rest[first] = f"{line[: len(line) - len(line.lstrip())]}{prose}: {line.lstrip()}"
+            return [*rest, *lines[i + 1 :]]
+    return lines
+
+
+def process_attribute(app, what, name, obj, options, lines: list[str]) -> None:
+    if what in ("attribute", "property", "data"):
+        lines[:] = restore_inline_type(lines)
 
 
 def setup(app):
     app.connect("autodoc-process-docstring", process_docstring, priority=100)  # before napoleon
+    app.connect("autodoc-process-docstring", process_attribute, priority=900)  # after napoleon
     return {"parallel_read_safe": True, "parallel_write_safe": True}

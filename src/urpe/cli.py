@@ -21,6 +21,7 @@ import sys
 
 from . import __version__
 from .cli_types import UsageError
+from .extras import what_to_install
 
 # (group, name) -> (module, one-line help)
 COMMANDS = {
@@ -83,22 +84,6 @@ GROUP_HELP = {
     "bench": "measure speed and memory",
 }
 
-# Top-level modules of each extra: a command that needs one of them names the extra to install.
-EXTRAS = {
-    "lightning": "train",
-    "pytorch_lightning": "train",
-    "torchmetrics": "train",
-    "safetensors": "train",
-    "tqdm": "train",
-    "matplotlib": "train",
-    "tensorboard": "train",
-    "x_transformers": "bench",
-    "torch_geometric": "graph",
-    "rdkit": "graph",
-    "scipy": "graph",
-    "transformers": "hf",
-}
-
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line ("prog: error: ...") instead of the usage block."""
@@ -137,12 +122,6 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if argv[:2] == [group, name]:
             _command(module).add_arguments(sub)
     return parser
-
-
-def _missing_extra(error: ModuleNotFoundError) -> str | None:
-    top = (error.name or "").split(".")[0]
-    extra = EXTRAS.get(top)
-    return None if extra is None else f"pip install 'urpe[{extra}]'"
 
 
 def _reader_gone(stream) -> bool:
@@ -201,14 +180,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"{prog}: error: {error} (see {prog} --help)", file=sys.stderr)
         return 2
     except ModuleNotFoundError as error:
-        fix = _missing_extra(error)
-        if fix is None:
+        problem = what_to_install(error)
+        if problem is None:
             raise
-        print(
-            f"{prog}: error: this command needs the module {error.name!r}, which is not "
-            f"installed: {fix}",
-            file=sys.stderr,
-        )
+        print(f"{prog}: error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -5,7 +5,9 @@ the reports all write through here.
 A kill (SIGKILL, power loss, preemption) can stop a process at any instruction. Every file the
 runner and the checkpoints write is first written to a temporary name in the same directory,
 flushed to disk, then renamed over its final name with `os.replace`, which is atomic on POSIX:
-a reader sees the old file or the new one, never half of one.
+a reader sees the old file or the new one, never half of one. The temporary names are made
+private (mode 0600, 0700); before the rename a file gets the mode a plain `open` would have
+given it (0666 less the umask; an existing file's own mode), a directory 0777 less the umask.
 
 Derived data (tokenised corpora, featurised molecules) is cached under one root: the
 `cache_dir` argument, else `$URPE_CACHE_DIR`, else `$XDG_CACHE_HOME/urpe`, else `~/.cache/urpe`;
@@ -19,8 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,32 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux's
+    /proc/self/status); elsewhere set and restored at once, under a lock."""
+    try:
+        found = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        found = None
+    if found:
+        return int(found.group(1), 8)
+    with _umask_lock:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def _file_mode(path: Path) -> int:
+    """The mode `open(path, "w")` would leave: an existing file's own, else 0666 less the umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~current_umask()
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call `write(temporary_path)`, then rename the result onto `path` atomically."""
     path = Path(path)
@@ -60,6 +91,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(temporary)
         with open(temporary, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(temporary, _file_mode(path))
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -96,6 +128,7 @@ def atomic_directory(path: str | Path, fill: Callable[[Path], None]) -> Path:
                 with open(child, "rb+") as handle:
                     os.fsync(handle.fileno())
         _fsync_directory(temporary)
+        os.chmod(temporary, 0o777 & ~current_umask())
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")

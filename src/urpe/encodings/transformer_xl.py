@@ -25,6 +25,22 @@ from .registry import register_position
     "txl", lambda s: TransformerXLRelative(s.dim, s.num_heads, s.head_dim), uses_order=True
 )
 class TransformerXLRelative(RelativeEncoding):
+    """Transformer-XL's relative attention: s_ij = scale * [(q_i + u) . k_j + (q_i + v) . W_R
+    r(i - j)], per head (Dai et al. 2019; `position="txl"` in a config).
+
+    Args:
+        dim: the model width, the size of the sinusoids r(i - j) that W_R projects.
+        num_heads: H; u, v and W_R's output are per head.
+        head_dim: D, the size of q and k per head.
+        init_std: standard deviation of the normal initialisation of u and v.
+
+    Its position term depends on the query, so it reaches the kernel as a dense (B, H, Lq, Lk)
+    bias (any backend that takes one runs it): built from the 2K + 1 offsets of aligned
+    positions, or, for arbitrary `Positions` (a cache, packed rows), from the positions
+    themselves without an (Lq, Lk, dim) tensor. Parameters: `project` (W_R, a linear map from
+    dim to H * D, no bias), `content_bias` (u) and `position_bias` (v), each (H, 1, D).
+    """
+
     def __init__(self, dim: int, num_heads: int, head_dim: int, init_std: float = 0.02):
         super().__init__()
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim

@@ -151,7 +151,7 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
-    from ..data.molecules.files import MoleculeFileError, finite_number, read_molecule_table
+    from ..data.molecules.tables import MoleculeFileError, finite_number, read_molecule_table
     from ..training.bundles import MoleculeModel
 
     model = _bundle(
@@ -175,6 +175,7 @@ def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
         [row.smiles for row in rows],
         batch_size=args.batch_size or 256,
         progress=not args.no_progress,
+        label="evaluate",
     )
     pairs = [(p, t) for p, t in zip(values, truths, strict=True) if p is not None and t is not None]
     if not pairs:

@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..extras import require
+from ..progress import on_terminal
 from .execution import RunOne
+from .options import TRAIN_MODULES
 from .records import RunSpec
 from .settings import Names, Option, Preset, variants_option
 
@@ -58,6 +63,9 @@ class CommandLine:
     implementation: str = ""
     description: str | None = None  # the --help text, when longer than the command's help
     preset_help: str = "base settings; any flag given below overrides them"
+    # Modules it imports beyond the `train` extra's, checked with those before anything runs so
+    # that one line names every missing extra.
+    needs: tuple[str, ...] = ()
 
     @property
     def out(self) -> str:
@@ -70,6 +78,14 @@ class CommandLine:
         add_arguments(self, parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        require(*TRAIN_MODULES, *self.needs)
+        # Importing PyTorch and Lightning takes seconds (tens on a busy machine): on a terminal,
+        # say so at once instead of leaving it blank. Not in a log or a pipe, where the command's
+        # output stays as it was (a bad flag found later: one line).
+        first = all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "SLURM_PROCID"))
+        if first and on_terminal():
+            prog = getattr(args, "prog", None) or f"urpe reproduce {self.name}"
+            print(f"{prog}: starting (loading PyTorch and Lightning)", file=sys.stderr, flush=True)
         return self.load().run(args)
 
     def load(self) -> Experiment:

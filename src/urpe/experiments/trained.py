@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_types import UsageError
+from ..extras import require
+
+# Modules a trained model needs: to load its weights, and by what it reads (molecules: RDKit,
+# and SciPy for the shortest paths; text needs the `tokenizers` package only for BPE or word
+# tokens, which the tokenizer itself asks for).
+LOADING_NEEDS = ("safetensors",)
+READING_NEEDS = {"molecules": ("rdkit", "scipy")}
 
 
 @dataclass
@@ -41,8 +48,8 @@ def find_trained(
     path: Path, experiment: str | None = None, say=None, argument: str = "RUN"
 ) -> Trained:
     """The trained model `path` points at (see the module docstring); UsageError if none."""
-    from ..training.bundles import load_model
     from ..training.checkpoint import CheckpointError, read_checkpoint_config, resolve_checkpoint
+    from ..training.inputs import input_record
 
     path = Path(path)
     if not path.exists():
@@ -51,6 +58,10 @@ def find_trained(
     try:
         directory = resolve_checkpoint(path, experiment, lambda note, runs: say(note))
         config = read_checkpoint_config(directory)
+        # Every module the model needs, named in one line when some are missing.
+        require(*LOADING_NEEDS, *READING_NEEDS.get(input_record(config)["kind"], ()))
+        from ..training.bundles import load_model
+
         model = load_model(directory)
     except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:
         raise UsageError(argument, str(error).splitlines()[0]) from None

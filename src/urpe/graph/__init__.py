@@ -1,11 +1,12 @@
 """Graph Transformers (Graphormer) with URPE on graphs.
 
-Torch-only parts (importable without PyTorch Geometric): `Graphormer`, `GraphormerConfig`
-(presets in `GRAPHORMER_PRESETS`: "slim", Graphormer's ZINC model, and "tiny"),
-`GraphEncodingConfig`,
-`GraphormerEncodings` and its pieces, `DenseGraphBatch`, `relation_index`.
-Parts that need PyTorch Geometric and SciPy (the `graph` extra), loaded on first use:
-`ShortestPaths` (a PyG transform), `shortest_paths`, `to_dense_graph_batch`.
+Nothing here imports PyTorch Geometric; PyG's `Data`, `Batch` and DataLoaders work with all of
+it. Torch-only parts: `Graphormer`, `GraphormerConfig` (presets in `GRAPHORMER_PRESETS`: "slim",
+Graphormer's ZINC model, and "tiny"), `GraphEncodingConfig`, `GraphormerEncodings` and its
+pieces, `DenseGraphBatch`, `relation_index`, `to_dense_graph_batch`, and `Graph`,
+`GraphBatch`, `collate_graphs` (graphs and their batches without PyG). Parts that need SciPy
+(the `graph` extra), loaded on first use: `ShortestPaths` (a transform, PyG's kind),
+`shortest_paths`.
 
     from torch_geometric.loader import DataLoader
     dataset = SomePyGDataset(..., pre_transform=urpe.graph.ShortestPaths())
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .batching import Graph, GraphBatch, collate_graphs, to_dense_graph_batch
 from .config import GraphEncodingConfig
 from .dense import FAR, NO_EDGE, UNREACHABLE, DenseGraphBatch
 from .encodings import (
@@ -32,12 +34,8 @@ from .encodings import (
 )
 from .model import GRAPHORMER_PRESETS, READOUTS, Graphormer, GraphormerConfig
 
-# Names that need torch_geometric / scipy: imported when first asked for.
-_LAZY = {
-    "ShortestPaths": ".paths",
-    "shortest_paths": ".paths",
-    "to_dense_graph_batch": ".batching",
-}
+# Names that need scipy: imported when first asked for.
+_LAZY = {"ShortestPaths": ".paths", "shortest_paths": ".paths"}
 
 
 def __getattr__(name: str) -> Any:
@@ -46,8 +44,7 @@ def __getattr__(name: str) -> Any:
             module = importlib.import_module(_LAZY[name], __name__)
         except ImportError as error:
             raise ImportError(
-                f"urpe.graph.{name} needs PyTorch Geometric and SciPy: "
-                f"pip install 'urpe[graph]' ({error})"
+                f"urpe.graph.{name} needs SciPy: pip install 'urpe[graph]' ({error})"
             ) from error
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -67,6 +64,8 @@ __all__ = [
     "UNREACHABLE",
     "DegreeEncoding",
     "DenseGraphBatch",
+    "Graph",
+    "GraphBatch",
     "EdgePathBias",
     "FeatureEncoder",
     "GraphEncodingConfig",
@@ -74,6 +73,7 @@ __all__ = [
     "GraphormerEncodings",
     "ShortestPaths",
     "SpatialBias",
+    "collate_graphs",
     "relation_index",
     "shortest_paths",
     "to_dense_graph_batch",

@@ -1,5 +1,5 @@
 """Shortest paths of a graph, computed once per graph: distances and one canonical shortest path
-per pair, as a PyTorch Geometric transform.
+per pair, as a transform in PyTorch Geometric's manner (without importing it: SciPy and numpy).
 
 For every ordered pair (i, j) the transform stores
 - `spd[i, j]`: the number of edges on a shortest path from i to j (0 on the diagonal),
@@ -29,13 +29,14 @@ where rank(v, j) orders the best remaining feature sequences of all pairs one le
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import numpy as np
 import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import shortest_path
 from torch import Tensor
-from torch_geometric.data import Data
-from torch_geometric.transforms import BaseTransform
 
 from .dense import FAR, UNREACHABLE
 
@@ -128,9 +129,13 @@ def shortest_paths(
     return spd, next_edge
 
 
-class ShortestPaths(BaseTransform):
+class ShortestPaths:
     """Adds `spd` and `path_next_edge` to a graph: its shortest-path distances and the first edge
     of one canonical shortest path per pair (see the module docstring).
+
+    A transform as PyTorch Geometric's are (its datasets take it as `pre_transform` or
+    `transform`): called on a graph (a PyG `Data`, or a `urpe.graph.Graph`), it returns a shallow
+    copy with the two added and leaves its input as it was; `forward` adds them in place.
 
     Both are stored flattened, shape (N * N,) in row-major (i, j) order, dtype int16, so that
     PyTorch Geometric's batching concatenates graphs of different sizes; `path_next_edge` holds
@@ -152,7 +157,10 @@ class ShortestPaths(BaseTransform):
         self.max_distance = max_distance
         self.use_edge_attr = use_edge_attr
 
-    def forward(self, data: Data) -> Data:
+    def __call__(self, data: Any) -> Any:
+        return self.forward(copy.copy(data))
+
+    def forward(self, data: Any) -> Any:
         n = data.num_nodes
         if n is None:
             raise ValueError("ShortestPaths needs a graph with a known number of nodes")

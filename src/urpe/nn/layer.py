@@ -11,6 +11,9 @@ ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 class FeedForward(nn.Sequential):
+    """A Transformer layer's position-wise feed-forward block: x (..., dim) -> Linear(dim,
+    hidden) -> activation (a name in `ACTIVATIONS`) -> dropout -> Linear(hidden, dim)."""
+
     def __init__(self, dim: int, hidden: int, activation: str = "gelu", dropout: float = 0.0):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")

@@ -128,6 +128,8 @@ TASKS: dict[str, SyntheticTask] = {
 
 
 def get_task(name: str) -> SyntheticTask:
+    """The synthetic task registered in `TASKS` under `name` ("pi", "etp", "probe"); ValueError
+    naming the choices for any other name."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     return TASKS[name]

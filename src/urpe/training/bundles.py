@@ -96,9 +96,15 @@ class TextModel(_Bundle):
     def prompt_ids(self, prompt: Prompt) -> tuple[torch.Tensor, bool]:
         """The prompt as ids (B, P), and whether it was given as a batch. Text is encoded
         (B = 1); ids come as a (P,) or (B, P) integer tensor, a list of ints, or a list of
-        equally long lists (or 1-D tensors) of ints. ValueError naming what is wrong otherwise."""
+        equally long lists (or 1-D tensors) of ints. TypeError for anything else (a number,
+        None); ValueError naming what is wrong with ids."""
         if isinstance(prompt, str):
             return self.encode_prompt(prompt)[None, :], False
+        if not isinstance(prompt, torch.Tensor | Sequence):
+            raise TypeError(
+                "a prompt is text (a str) or token ids: a (P,) or (B, P) integer tensor, a list "
+                f"of ints, or a list of equally long lists of ints; got {type(prompt).__name__}"
+            )
         if not isinstance(prompt, torch.Tensor):
             rows = [row.tolist() if isinstance(row, torch.Tensor) else row for row in prompt]
             if rows and all(isinstance(row, str) for row in rows):
@@ -190,7 +196,7 @@ class TextModel(_Bundle):
         with the trained memory carried across ("memory"). A byte-level model also takes
         bytes (a file in any encoding, as it trained). Returns {"loss" (nats per token),
         "tokens", <metric>}."""
-        from .lm import evaluate, report_metric
+        from .lm_scoring import evaluate, report_metric
 
         if mode not in ("sliding", "chunks", "memory"):
             raise ValueError(f"mode must be sliding, chunks or memory, got {mode!r}")
@@ -252,27 +258,30 @@ class MoleculeModel(_Bundle):
 
     @torch.no_grad()
     def predict(
-        self, smiles: str | Sequence[str], batch_size: int = PREDICT_BATCH, progress: bool = False
+        self,
+        smiles: str | Sequence[str],
+        batch_size: int = PREDICT_BATCH,
+        progress: bool = False,
+        label: str = "predict",
     ) -> list[float | None]:
         """Predicted target per SMILES, in the target's units; None for a SMILES RDKit cannot
-        read."""
-        from torch_geometric.data import Batch
-
+        read. `label` names the progress bar (`urpe evaluate` shows "evaluate")."""
+        from ..graph import collate_graphs
         from ..progress import progress_bar
 
         if isinstance(smiles, str):
             smiles = [smiles]
-        graphs = self.graphs(smiles)
+        graphs = self.featurizer.tensors(smiles)  # no PyTorch Geometric: seconds of start-up
         valid = [i for i, g in enumerate(graphs) if g is not None]
         out: list[float | None] = [None] * len(graphs)
         was_training = self.model.training
         self.model.eval()
         device = self.device
         for start in progress_bar(
-            range(0, len(valid), batch_size), desc="predict", unit="batch", enabled=progress
+            range(0, len(valid), batch_size), desc=label, unit="batch", enabled=progress
         ):
             chosen = valid[start : start + batch_size]
-            batch = Batch.from_data_list([graphs[i] for i in chosen]).to(device)
+            batch = collate_graphs([graphs[i] for i in chosen]).to(device)
             for i, value in zip(chosen, self.model(batch).float().cpu().tolist(), strict=True):
                 out[i] = value
         self.model.train(was_training)

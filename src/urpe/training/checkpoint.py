@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pickle
 import random
 import re
@@ -44,10 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from ..files import current_umask
 from ..models import TransformerConfig
 from .files import CorruptFileError, atomic_directory, read_json
 from .inputs import InputEncoding, encoding_to_save
@@ -70,6 +70,8 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
     """Write a state dict as safetensors. Tensors that are the same tensor (tied embeddings) are
     stored once and recorded as aliases in the file's metadata; views that merely overlap are
     copied, since safetensors stores each tensor in its own bytes."""
+    from safetensors.torch import save_file  # here: finding a checkpoint needs no safetensors
+
     tensors: dict[str, Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
@@ -97,10 +99,14 @@ def save_weights(state_dict: dict[str, Tensor], path: str | Path) -> None:
         storages.add(storage)
         tensors[name] = copy.contiguous()
     save_file(tensors, str(path), metadata={"format": "pt", "aliases": json.dumps(aliases)})
+    os.chmod(path, 0o666 & ~current_umask())  # safetensors makes it private (0600): as open would
 
 
 def load_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Tensor]:
     """Read `save_weights`' file back into a state dict (aliases restored)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     path = Path(path)
     try:
         tensors = load_file(str(path), device=str(device))

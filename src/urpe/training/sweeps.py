@@ -74,6 +74,17 @@ def _data_label(config: dict[str, Any], labels: dict[str, str]) -> str:
     return f"{shown}, {detail}" if detail else shown
 
 
+def _result_text(key: str, value: float, record: dict[str, Any]) -> str:
+    """A run's validation result as its reports show it: a language model's loss (nats per
+    token) in its metric, "val bpc 1.234" or "val perplexity 56.7"; others as recorded."""
+    metric = record["result"].get("metric")
+    if key == "val_loss" and metric in ("bpc", "perplexity"):
+        from .lm_scoring import report_metric
+
+        return f"val {metric} {report_metric(value, metric):.4g}"
+    return f"{key} {value:.4g}"
+
+
 def _records(out: Path) -> Iterator[dict[str, Any]]:
     """The sweep's readable records; a damaged one is skipped here (`--resume` names it)."""
     for path in sorted((out / "records").glob("*.json")):
@@ -114,14 +125,15 @@ def best_run(out: str | Path, experiment: str | None = None) -> tuple[Path, str,
         (candidates,) = groups.values()
         _, run_id, run_dir, key, value, record = min(candidates)
         on = _data_label(record["config"], labels)
-        note = f"using run {run_id} ({key} {value:.4g}, the best of {len(candidates)} on {on})"
+        result = _result_text(key, value, record)
+        note = f"using run {run_id} ({result}, the best of {len(candidates)} on {on})"
         return run_dir, note, len(candidates)
     best = sorted(
         (min(c) for c in groups.values()), key=lambda c: c[5].get("finished", ""), reverse=True
     )
     runs = "; ".join(
         f"{run_dir} ({_data_label(record['config'], labels)}, finished "
-        f"{record.get('finished', '?')}, {key} {value:.4g})"
+        f"{record.get('finished', '?')}, {_result_text(key, value, record)})"
         for _, _, run_dir, key, value, record in best
     )
     raise SweepChoiceError(

@@ -4,31 +4,37 @@ datasets (`load_molecules`), the user's files (`load_molecule_file`), and a trai
 
     featurizer = MoleculeFeaturizer("zinc")      # the featurisation, then the shortest paths
     graph = featurizer("CCO")                    # Data, or None where RDKit cannot read it
+    featurizer.tensors(["CCO", "c1ccccc1"])      # urpe.graph.Graph each: no PyG needed
     featurizer.to_dict()                         # {"features": "zinc", "max_distance": None,
                                                  #  "shortest_paths": True}: what a checkpoint keeps
 
-A PyTorch Geometric transform in two steps: SMILES -> the molecule's graph with categorical atom
-and bond features (`featurize.smiles_to_graph`, `features` names which) -> the relation between
-every pair of atoms (`urpe.graph.ShortestPaths`: distances and one canonical path per pair).
-`parse` and `relate` are the two steps, for a dataset that computes its target from the parsed
-molecule before the relation; a graph that is already featurised (PyG's ZINC) takes `relate`
-alone, or the featuriser itself.
+A transform in PyTorch Geometric's manner, in two steps: SMILES -> the molecule's graph with
+categorical atom and bond features (`featurize.smiles_to_graph`, `features` names which) -> the
+relation between every pair of atoms (`urpe.graph.ShortestPaths`: distances and one canonical
+path per pair). `parse` and `relate` are the two steps, for a dataset that computes its target
+from the parsed molecule before the relation; a graph that is already featurised (PyG's ZINC)
+takes `relate` alone, or the featuriser itself. `tensors` makes the same graphs as
+`urpe.graph.Graph`s, for a trained model's predictions, which never import PyTorch Geometric
+(seconds of start-up).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdkit import Chem, rdBase
-from torch_geometric.data import Data
-from torch_geometric.transforms import BaseTransform
 
+from ...graph.batching import Graph
 from ...graph.paths import ShortestPaths
-from .featurize import FEATURIZATIONS, FeatureSpec, smiles_to_graph
+from .featurize import FEATURIZATIONS, FeatureSpec, molecule_tensors, parse_smiles, smiles_to_graph
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Data
 
 
-class MoleculeFeaturizer(BaseTransform):
+class MoleculeFeaturizer:
     """SMILES (or a featurised graph) -> the model's input graph.
 
     Args:
@@ -68,6 +74,10 @@ class MoleculeFeaturizer(BaseTransform):
         """The graph with the relation of every pair of its nodes added."""
         return data if self.paths is None else self.paths(data)
 
+    def __call__(self, item: str | Data) -> Data | None:
+        """The graph of a SMILES, or a graph's copy with the relation (as PyG transforms do)."""
+        return self.forward(item if isinstance(item, str) else copy.copy(item))
+
     def forward(self, item: str | Data) -> Data | None:
         if not isinstance(item, str):
             return self.relate(item)
@@ -82,6 +92,16 @@ class MoleculeFeaturizer(BaseTransform):
         """Each SMILES as the model's input, None where RDKit cannot read it (RDKit quiet)."""
         with rdBase.BlockLogs():
             return [self(text) for text in smiles]
+
+    def tensors(self, smiles: Iterable[str]) -> list[Graph | None]:
+        """`graphs` as `urpe.graph.Graph`s (the same tensors), made without PyTorch Geometric."""
+        out: list[Graph | None] = []
+        with rdBase.BlockLogs():
+            for text in smiles:
+                mol = parse_smiles(text) if text else None
+                graph = None if mol is None else molecule_tensors(mol, self.features)
+                out.append(None if graph is None else self.relate(graph))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: what `from_dict` needs to make the same featuriser."""

@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -44,7 +43,14 @@ from .cache import cache_key, cache_root, load_entry, save_entry
 from .featurize import FEATURIZATIONS
 from .featurizer import MoleculeFeaturizer
 from .splits import SPLITS, GraphSplit, MoleculeDataset, target_stats
-from .tables import MoleculeFileError, MoleculeRow, MoleculeTable, load_table, read_molecule_table
+from .tables import (
+    MoleculeFileError,
+    MoleculeRow,
+    MoleculeTable,
+    finite_number,
+    load_table,
+    read_molecule_table,
+)
 
 __all__ = [
     "MoleculeFile",
@@ -105,15 +111,6 @@ def read_molecule_file(path: str | os.PathLike) -> MoleculeFile:
         raise MoleculeFileError(f"no such file: {path}")
     content = path.read_bytes()
     return MoleculeFile(path, content, hashlib.sha256(content).hexdigest())
-
-
-def finite_number(text: str) -> float | None:
-    """A target cell as a finite number; None for an empty cell, text, inf or nan."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def molecule_keys(rows: Sequence[MoleculeRow]) -> list[str | None]:
@@ -371,7 +368,9 @@ def load_molecule_file(
         target=payload["info"]["target"],
         unit="",  # the file's own units, unnamed
         featurizer=featurizer,
-        info={**payload["info"], "path": str(path)},
+        # The entry is shared by files of the same content: name the file given, not the first
+        # one cached under another name.
+        info={**payload["info"], "file": path.name, "path": str(path)},
         path=entry,
         **splits,
     )

@@ -28,6 +28,7 @@ import codecs
 import csv
 import gzip
 import io
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -71,6 +72,15 @@ class MoleculeTable:
     targets: list[str]
     split_column: str | None
     separator: str | None  # None: a SMILES file or SDF
+
+
+def finite_number(text: str) -> float | None:
+    """A target cell as a finite number; None for an empty cell, text, inf or nan."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _decode(raw: bytes, path: Path) -> str:

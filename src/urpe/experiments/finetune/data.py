@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from functools import cached_property
@@ -195,6 +196,25 @@ def load_tokens(
             raise DataError(f"{too_many}: the folder's tokenizer does not belong to its model")
         raise DataError(f"{too_many}; what fits: {fitting_tokenizers(dataset, model_vocab)}")
     return tokens
+
+
+def save_tokenizer(
+    model: Path, dataset: str, tokenizer: str | None, vocab_size: int | None, destination: Path
+) -> None:
+    """Write the tokenizer that made a run's ids (the rule above) into `destination`, the
+    fine-tuned model's folder, so that it is used as a model folder is: the folder's own (urpe's
+    tokenizer.json copied, a Hugging Face one saved by its `save_pretrained`), else urpe's
+    tokenizer for the corpus (a tokenizer.json that `tokenizer_source` reads as urpe's)."""
+    source = tokenizer_source(model)
+    if source == "urpe":
+        shutil.copyfile(model / "tokenizer.json", destination / "tokenizer.json")
+    elif source == "hf":
+        _Encoder(model, source).hf.save_pretrained(destination)
+    else:
+        from ...data.text import load_corpus
+
+        corpus = load_corpus(dataset, tokenizer=tokenizer, vocab_size=vocab_size, progress=False)
+        corpus.tokenizer.save(destination)
 
 
 def fitting_tokenizers(dataset: str, model_vocab: int) -> str:

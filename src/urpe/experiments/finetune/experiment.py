@@ -19,7 +19,9 @@ the first `eval_tokens` tokens of the validation and test splits:
 - how far the gates moved from 1 (max |C - 1|), and the gate tensors, saved beside the record.
 
 The fine-tuned model is saved with `save_pretrained` in `runs/<id>/model/`
-(`urpe.hf.from_pretrained(path, AutoModelForCausalLM)` loads it, gates included).
+(`urpe.hf.from_pretrained(path, AutoModelForCausalLM)` loads it, gates included), with the
+tokenizer that made its training ids (`data.save_tokenizer`), so that the folder fine-tunes or
+generates as the model folder did.
 """
 
 from __future__ import annotations
@@ -221,7 +223,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     """Fine-tune one variant and evaluate it."""
     from ...hf import gate_parameters
     from ...training.lm import evaluate
-    from .data import load_tokens
+    from .data import load_tokens, save_tokenizer
     from .model_folder import HuggingFaceLM, folder_digest, load_model
     from .objective import FineTuningLM
 
@@ -266,6 +268,13 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     fit_text(context, objective, stream, tokens.valid, config, length, log_every=5)
     model = model.float().eval()
     hf_model.save_pretrained(context.run_dir / "model")  # first: no measurement can lose it
+    save_tokenizer(
+        path,
+        config["dataset"],
+        config["tokenizer"],
+        config["tokenizer_vocab_size"],
+        context.run_dir / "model",
+    )
     model = model.to(device)
     val = evaluate(model, val_tokens, length, batch_size=ev["batch_size"])
     test = evaluate(model, test_tokens, length, batch_size=ev["batch_size"])

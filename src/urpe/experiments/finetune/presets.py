@@ -134,4 +134,5 @@ COMMAND = CommandLine(
     "downloaded) on a text data set with and without URPE gates; report validation loss, "
     "learning curves and length extrapolation.",
     implementation="urpe.experiments.finetune.experiment:EXPERIMENT",
+    needs=("transformers",),
 )

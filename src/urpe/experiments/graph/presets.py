@@ -167,4 +167,5 @@ COMMAND = CommandLine(
     preset_help=PRESET_HELP,
     description=DESCRIPTION,
     implementation="urpe.experiments.graph.experiment:EXPERIMENT",
+    needs=("torch_geometric", "rdkit", "scipy"),
 )

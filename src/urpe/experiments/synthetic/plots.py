@@ -88,38 +88,53 @@ def _mark_diagonal(ax, n: int) -> None:
     ax.set_ylim(limits[1])
 
 
+# Panels per row of the learned-matrix figure: two keep it about 800 px wide, so that at the
+# width of a documentation page (about 740 px) its smallest text still shows at 9 px or more.
+HEATMAP_COLUMNS = 2
+
+
 def learned_matrices_chart(
     matrices: dict[str, torch.Tensor], title: str, path: Path, max_heads: int = 4
 ) -> None:
-    """matrices: {"B": (H, L, L), "C": (H, L, L)} (either may be missing). One row per matrix,
-    one column per head (up to max_heads); rows are queries i, columns keys j, both counted
-    from the first token; each panel dots the diagonal j = i, and the title says on which side
-    the offset j - i is positive."""
+    """matrices: {"B": (H, L, L), "C": (H, L, L)} (either may be missing). Each matrix's heads
+    (up to max_heads) in rows of `HEATMAP_COLUMNS` panels; rows are queries i, columns keys j,
+    both counted from the first token; each panel dots the diagonal j = i, and the title says
+    on which side the offset j - i is positive."""
+    import textwrap
+
     from matplotlib.ticker import MaxNLocator
 
     names = [n for n in ("B", "C") if matrices.get(n) is not None]
     if not names:
         return
     heads = min(max_heads, max(matrices[n].shape[0] for n in names))
+    columns = min(heads, HEATMAP_COLUMNS)
+    rows_per_matrix = -(-heads // columns)
+    rows = len(names) * rows_per_matrix
     fig, axes = plt.subplots(
-        len(names), heads, figsize=(2.9 * heads + 0.8, 2.8 * len(names) + 0.5), squeeze=False
+        rows, columns, figsize=(3.3 * columns + 0.4, 3.0 * rows + 1.0), squeeze=False
     )
+    used = set()
     for r, name in enumerate(names):
         m = matrices[name].float()
         for h in range(heads):
-            ax = axes[r, h]
+            ax = axes[r * rows_per_matrix + h // columns, h % columns]
+            used.add(ax)
             image = ax.imshow(m[h].numpy(), cmap="viridis")
-            ax.set_title(f"{name}, head {h}", fontsize=9)
-            ax.set_xlabel("key j", fontsize=8)
-            ax.set_ylabel("query i", fontsize=8)
+            ax.set_title(f"{name}, head {h}", fontsize=10)
+            ax.set_xlabel("key j", fontsize=9)
+            ax.set_ylabel("query i", fontsize=9)
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_major_locator(MaxNLocator(nbins=5, integer=True))
-            ax.tick_params(labelsize=7)
+            ax.tick_params(labelsize=8)
             _mark_diagonal(ax, m.shape[-1])
             bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
-            bar.set_label(MATRIX_MEANINGS[name], fontsize=7)
-            bar.ax.tick_params(labelsize=6)
-    fig.suptitle(f"{title}\n{OFFSETS_NOTE}", fontsize=9)
+            bar.set_label(MATRIX_MEANINGS[name], fontsize=8)
+            bar.ax.tick_params(labelsize=8)
+    for ax in set(axes.flat) - used:  # an odd number of heads leaves a slot empty
+        fig.delaxes(ax)
+    lines = [*textwrap.wrap(title, 80), *OFFSETS_NOTE.split("; ")]
+    fig.suptitle("\n".join(lines), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

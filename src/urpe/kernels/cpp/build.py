@@ -3,6 +3,8 @@
 In order, the first that works:
 1. **Packaged**: a platform wheel built with `make wheel` carries the compiled kernel
    (`packaged`); it loads where torch's version and C++ ABI are those it was built against.
+   Where it does not fit, that is said once, on the line of the build that replaces it (or in
+   the reason no kernel runs), not by every process that then loads the cached build.
 2. **Cached**: a kernel compiled earlier on this machine, in the urpe cache
    (`urpe.files.cache_root() / "cpp-kernel" / <key>`, or $URPE_KERNEL_CACHE_DIR / <key>: a
    data cache moved elsewhere need not compile the kernel again). No compiler is needed to
@@ -53,7 +55,7 @@ RECORD = "ready"  # beside a cached library: its size and hash (`verified`)
 _lock = threading.Lock()
 # "reason": None once loaded, else why not; "error": the build's error in full; "source" and
 # "library": where the loaded kernel came from; "compiling": said once; "threaded": see
-# `threaded`.
+# `threaded`; "packaged": why the wheel's kernel does not fit ("" where there is none).
 _state: dict[str, str | bool | None] = {}
 
 
@@ -241,9 +243,10 @@ def _build_and_load(flags: list[str]) -> None:
             unverified.unlink(missing_ok=True)  # relinked, never trusted without a record
         if "compiling" not in _state:
             _state["compiling"] = str(directory)
+            note = _packaged_note()
             _say(
                 f"urpe: compiling the C++ CPU attention kernel (once per machine, about 20 s) "
-                f"in {directory}"
+                f"in {directory}" + (f" ({note})" if note else "")
             )
         try:
             compile_library(
@@ -316,8 +319,10 @@ def _load_reason() -> str | None:
     packaged = _load_packaged()
     if packaged is None:
         return None
-    if packaged:  # the next step says what comes instead (or a cached kernel loads quietly)
-        _say(f"urpe: not loading the C++ kernel packaged with urpe ({packaged})")
+    # Why the wheel's kernel does not fit is said only where it matters: when a kernel is
+    # compiled instead (once per machine), or in the reason none runs. A cached build, which
+    # every later process loads, loads quietly.
+    _state["packaged"] = packaged
     unusable = ""
     for build in BUILDS:  # a good build in the cache needs no compiler
         cached = _load_cached(compile_flags(**build))
@@ -326,7 +331,7 @@ def _load_reason() -> str | None:
         unusable = unusable or cached
     missing = _missing_tools()
     if missing is not None:
-        return f"{missing}; {unusable}" if unusable else missing
+        return _and_packaged(f"{missing}; {unusable}" if unusable else missing)
     first_error = None
     for build in BUILDS:
         try:
@@ -334,12 +339,23 @@ def _load_reason() -> str | None:
             return None
         except BuildTimeout as error:  # the next build would wait or hang as long
             _state["error"] = str(error)
-            return str(error)
+            return _and_packaged(str(error))
         except Exception as error:  # noqa: BLE001 - the next, plainer build may work
             first_error = first_error or error
     _state["error"] = getattr(first_error, "details", "") or str(first_error)
     said = str(first_error) if isinstance(first_error, BuildError) else _first_line(first_error)
-    return f"the build failed: {said}"
+    return _and_packaged(f"the build failed: {said}")
+
+
+def _packaged_note() -> str:
+    """Why the kernel packaged with urpe is not used here ("" where there is none)."""
+    why = _state.get("packaged")
+    return f"the kernel packaged with urpe does not fit here: {why}" if why else ""
+
+
+def _and_packaged(reason: str) -> str:
+    note = _packaged_note()
+    return f"{reason}; {note}" if note else reason
 
 
 def _constant_for_compile(fn):
