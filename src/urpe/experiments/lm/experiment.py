@@ -92,16 +92,24 @@ def run_config(
 def fit_text(context, objective, stream, valid, config: dict, length: int, log_every: int) -> None:
     """Train on `stream` for the config's steps, validating on the head of the `valid` tokens
     (the learning curves); shared with `urpe finetune`."""
-    from ...training import StepDataModule
     from ...training.lm import held_out_segments
 
-    train, ev = config["train"], config["eval"]
+    ev = config["eval"]
     curve = held_out_segments(_head(valid, ev["curve_tokens"]), ev["batch_size"], length)
+    fit_stream(context, objective, stream, curve, config, log_every)
+
+
+def fit_stream(context, objective, stream, held_out: list, config: dict, log_every: int) -> None:
+    """Train on `stream` for the config's steps, validating every `config["eval"]["val_every"]`
+    updates on `held_out` (a list of `CausalLM` batches); shared by the text experiments."""
+    from ...training import StepDataModule
+
+    train = config["train"]
     context.fit(
         objective,
-        StepDataModule(stream, curve, eval_batch_size=None),
+        StepDataModule(stream, held_out, eval_batch_size=None),
         max_steps=train["steps"],
-        val_every=ev["val_every"],
+        val_every=config["eval"]["val_every"],
         seed=config["seed"],
         precision=train["precision"],
         gradient_clip_val=train["gradient_clip"],

@@ -30,7 +30,7 @@ from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
 from ..lm.data_files import canonical_dataset, locate_data
-from ..lm.experiment import CURVE_TOKENS, fit_text, load_run_corpus
+from ..lm.experiment import CURVE_TOKENS, fit_stream, fit_text, load_run_corpus
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
 from .evaluation import Reader, accuracies, perplexities, reading_limit
@@ -237,7 +237,6 @@ class TaskStream:
 
 
 def _fit_tasks(config: dict, context: RunContext, objective, pieces: Pieces) -> None:
-    from ...training import StepDataModule
     from ...training.lm import segment_batch
 
     tasks = [TASKS[name] for name in config["tasks"]]
@@ -245,16 +244,7 @@ def _fit_tasks(config: dict, context: RunContext, objective, pieces: Pieces) -> 
     stream = TaskStream(tasks, pieces, length, train["batch_size"], config["seed"])
     generator = torch.Generator().manual_seed(config["seed"] + HELD_OUT_SEED_OFFSET)
     held_out = [segment_batch(*stream.draw(ev["held_out"], generator), reset=True)]
-    context.fit(
-        objective,
-        StepDataModule(stream, held_out, eval_batch_size=None),
-        max_steps=train["steps"],
-        val_every=ev["val_every"],
-        seed=config["seed"],
-        precision=train["precision"],
-        gradient_clip_val=train["gradient_clip"],
-        log_every=10,
-    )
+    fit_stream(context, objective, stream, held_out, config, log_every=10)
 
 
 def _task_run(config: dict, context: RunContext, model, objective_for) -> dict[str, Any]:

@@ -80,12 +80,12 @@ def accuracy_chart(results: dict[str, Any], path: Path, title: str) -> None:
             ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel("accuracy")
         else:
-            ax.set_yscale("log")
-            ax.set_ylabel("perplexity per token")
+            _perplexity_axis(ax)
         ax.set_title(task, fontsize=11)
         ax.set_xlabel("context length (tokens)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(tasks) :]:
+    spare = list(axes.flat)[len(tasks) :]
+    for ax in spare:
         ax.axis("off")
     handles, names = [], []
     for ax in axes.flat:
@@ -93,15 +93,44 @@ def accuracy_chart(results: dict[str, Any], path: Path, title: str) -> None:
             if name not in names:
                 handles.append(handle)
                 names.append(name)
-    fig.legend(handles, names, loc="center right", fontsize=9, frameon=False)
+    if spare:  # the legend in the first empty panel
+        spare[0].legend(handles, names, loc="center", fontsize=9, ncol=1 + len(names) // 9)
+    else:
+        fig.legend(handles, names, loc="center right", fontsize=9, frameon=False)
     fig.suptitle(
         f"{title}\ndotted: chance (horizontal) and training length (vertical); "
         "dashed: with URPE's gate",
         fontsize=11,
     )
-    fig.tight_layout(rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
+    right = 1 if spare else 1 - 2.0 / fig.get_figwidth()
+    fig.tight_layout(rect=(0, 0, right, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _perplexity_axis(ax) -> None:
+    """Log scale where perplexities differ by more than 4x (a blow-up past the training
+    length), linear otherwise; plain numbers either way."""
+    from matplotlib.ticker import FuncFormatter
+
+    values = [
+        y
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+        for y in line.get_ydata()
+    ]
+    if values and max(values) > 4 * min(values):
+        ax.set_yscale("log")
+
+        def minor(y: float, _) -> str:  # 2x and 5x of each power of ten
+            mantissa = y / 10 ** math.floor(math.log10(y))
+            return f"{y:.3g}" if round(mantissa) in (2, 5) else ""
+
+        ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.4g}"))
+    else:
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+    ax.set_ylabel("perplexity per token")
 
 
 def needle_chart(results: dict[str, Any], task: str, path: Path, title: str) -> None:
@@ -134,7 +163,7 @@ def needle_chart(results: dict[str, Any], task: str, path: Path, title: str) -> 
         for i in range(len(depths)):
             for j in range(len(lengths)):
                 value = grid[i, j]
-                text = "n/a" if np.isnan(value) else f"{value:.2f}".lstrip("0") or "0"
+                text = "n/a" if np.isnan(value) else f"{value:.2f}".removeprefix("0")
                 colour = "white" if np.isnan(value) or value < 0.6 else "black"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
         ax.set_xticks(range(len(lengths)), lengths, fontsize=7)

@@ -91,7 +91,7 @@ PRESETS: dict[str, Preset] = {
     "quick": Preset(
         variants=ALL_ENCODINGS, tasks=TASKS, corpora=("shakespeare",), seeds=(0,),
         train_length=64, factors=(1, 2, 4, 8), depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples=32,
-        eval_tokens=16384, steps=1200, text_steps=300, batch_size=32, lr=3e-3, warmup=60,
+        eval_tokens=16384, steps=1000, text_steps=200, batch_size=32, lr=3e-3, warmup=50,
         num_layers=2, dim=64, num_heads=4, ffn_dim=256,
     ),
     "paper": Preset(

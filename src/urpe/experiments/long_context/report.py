@@ -206,11 +206,21 @@ def gate_markdown(results: dict[str, Any]) -> str:
 
 
 def variant_order(results: dict[str, Any]) -> list[str]:
-    """Labels in the order the runs came (the preset's), each once."""
-    seen = dict.fromkeys(run["variant"] for run in results.get("runs", []))
-    for cells in results["results"].values():
-        seen.update(dict.fromkeys(cells))
-    return list(seen)
+    """Labels by encoding (the order of `urpe.experiments.lm.variants.BASES`), each base
+    before its gated variant; labels that name no variant (a model folder) last."""
+    from ..lm.variants import BASES, parse_variant
+
+    order = list(BASES)
+
+    def key(label: str) -> tuple:
+        try:
+            variant = parse_variant(label.split(" (")[0])
+        except ValueError:
+            return (len(order), 0, label)
+        return (order.index(variant.base), variant.gate, label)
+
+    labels = {label for cells in results["results"].values() for label in cells}
+    return sorted(labels, key=key)
 
 
 def markdown(results: dict[str, Any], title: str, footer: str = "") -> str:
@@ -254,7 +264,7 @@ def write_results(
     footer = f"This command's wall time: {wall_seconds:.0f} s."
     if records:
         total = sum(r.get("seconds", 0.0) for r in records)
-        footer = f"{len(records)} runs, {total:.0f} s of training and evaluation; " + footer
+        footer = f"{len(records)} runs, {total:.0f} s of training and evaluation. " + footer
     text = markdown(results, "How far each encoding reaches: long-context tasks", footer)
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "results.md", text + "\n")

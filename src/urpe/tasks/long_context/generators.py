@@ -113,23 +113,26 @@ def _asked_at_end(
     generator: torch.Generator,
     needles: list[tuple[float, tuple[int, ...]]],
     query: tuple[int, ...],
-    answer: tuple[int, ...],
+    answers: list[tuple[int, ...]],
     depth: float | None,
 ) -> Sample:
-    """Needles in filler, then the query and its answer: the shape of the needle tasks."""
-    region = length - len(query) - len(answer)
-    if region < sum(len(ids) for _, ids in needles):
+    """Needles in filler, then the query and its answer units: the shape of every task asked
+    at the end."""
+    fixed = len(query) + sum(len(ids) for ids in answers)
+    region = length - fixed
+    needed = sum(len(ids) for _, ids in needles)
+    if region < needed:
         raise TooShort(
-            f"length {length} is too short: needles, query and answer take "
-            f"{length - region + sum(len(ids) for _, ids in needles)} tokens"
+            f"length {length} is too short: needles, query and answer take {needed + fixed} tokens"
         )
-    filled = region - sum(len(ids) for _, ids in needles)
-    tokens, starts = haystack(region, needles, _filler(pieces, filled, generator))
+    tokens, starts = haystack(region, needles, _filler(pieces, region - needed, generator))
+    spans = []
+    start = region + len(query)
+    for ids in answers:
+        spans.append((start, start + len(ids)))
+        start += len(ids)
     return Sample(
-        join([tokens, query, answer]),
-        answers=((length - len(answer), length),),
-        needles=tuple(starts),
-        depth=depth,
+        join([tokens, query, *answers]), answers=tuple(spans), needles=tuple(starts), depth=depth
     )
 
 
@@ -149,7 +152,7 @@ class Passkey(LongContextTask):
         needle = pieces(f"the pass key is {number} . remember it .")
         query = pieces("what is the pass key ? the pass key is")
         return _asked_at_end(
-            pieces, length, generator, [(depth, needle)], query, pieces(number), depth
+            pieces, length, generator, [(depth, needle)], query, [pieces(number)], depth
         )
 
 
@@ -177,7 +180,8 @@ class Needle(LongContextTask):
             )
         ]
         query = pieces(f"what is the number for {keys[0]} ? the number for {keys[0]} is")
-        return _asked_at_end(pieces, length, generator, needles, query, pieces(values[0]), depth)
+        answer = [pieces(values[0])]
+        return _asked_at_end(pieces, length, generator, needles, query, answer, depth)
 
 
 @dataclass(frozen=True)
@@ -283,21 +287,7 @@ class VariableTracking(LongContextTask):
                 statements.append((at, pieces(text)))
         query = pieces(f"which variables hold {values[0]} :")
         answer = [pieces(name) for name in names[:size]]
-        fixed = len(query) + sum(len(ids) for ids in answer)
-        region = length - fixed
-        needed = sum(len(ids) for _, ids in statements)
-        if region < needed:
-            raise TooShort(
-                f"length {length} is too short: assignments, query and answer take "
-                f"{needed + fixed} tokens"
-            )
-        tokens, _ = haystack(region, statements, _filler(pieces, region - needed, generator))
-        answers = []
-        start = region + len(query)
-        for ids in answer:
-            answers.append((start, start + len(ids)))
-            start += len(ids)
-        return Sample(join([tokens, query, *answer]), answers=tuple(answers))
+        return _asked_at_end(pieces, length, generator, statements, query, answer, None)
 
 
 TASKS: dict[str, LongContextTask] = {

@@ -22,8 +22,9 @@ Ids = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Sample:
-    """tokens (L,) int64; answers: [start, end) spans of the scored units; needles: the start
-    of each needle (the queried one first), for tasks with a depth; depth: the queried needle's."""
+    """tokens (L,) int64; answers: [start, end) spans of the scored units; needles: where each
+    needle (or assignment) starts, the queried one first; depth: the queried needle's, for the
+    tasks placed by depth."""
 
     tokens: Tensor
     answers: tuple[tuple[int, int], ...]
