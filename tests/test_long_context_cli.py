@@ -75,6 +75,7 @@ def sweep(text_file, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # trains 4 tiny models through Lightning: ~25 CPU-seconds with the next test
 def test_a_sweep_writes_results_in_the_documented_shape(sweep, text_file):
     results = json.loads((sweep / "results.json").read_text())
     table = results["results"]
@@ -106,6 +107,7 @@ def test_a_sweep_writes_results_in_the_documented_shape(sweep, text_file):
     assert "## passkey" in text and "| ape | " in text and "n/a" in text
 
 
+@pytest.mark.slow
 def test_evaluating_a_task_run_gives_its_recorded_numbers(sweep, tmp_path, capsys):
     (run,) = [p for p in (sweep / "runs").iterdir() if p.name.startswith("tasks-rope+urpe")]
     (record,) = [

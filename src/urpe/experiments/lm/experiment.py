@@ -49,23 +49,29 @@ def run_name(variant: str, seed: int, preset: Preset) -> str:
     return f"{dataset}-{variant}{packed}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
 
 
+def decoder_base(vocab_size: int, length: int, preset: Any, dropout: float) -> TransformerConfig:
+    """The decoder a text run starts from, before its variant's fields: pre-LN, tied input and
+    output embeddings, no LayerNorm on the embeddings; sizes from the preset."""
+    return TransformerConfig(
+        vocab_size=vocab_size,
+        max_len=length,
+        num_layers=preset.num_layers,
+        dim=preset.dim,
+        num_heads=preset.num_heads,
+        ffn_dim=preset.ffn_dim,
+        dropout=dropout,
+        norm_first=True,
+        embedding_norm=False,
+        tie_embeddings=True,
+    )
+
+
 def run_config(
     variant: str, seed: int, preset: Preset, precision: str, vocab_size: int, metric: str
 ) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     v = parse_variant(variant)
-    base = TransformerConfig(
-        vocab_size=vocab_size,
-        max_len=preset.segment_length,
-        num_layers=preset.num_layers,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        ffn_dim=preset.ffn_dim,
-        dropout=preset.dropout,
-        norm_first=True,
-        embedding_norm=False,
-        tie_embeddings=True,
-    )
+    base = decoder_base(vocab_size, preset.segment_length, preset, preset.dropout)
     memory = preset.memory_length if v.memory else 0
     optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     config = {

@@ -141,12 +141,7 @@ def _hugging_face(path: Path) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..finetune.data import tokenizer_source
-    from ..finetune.model_folder import (
-        HuggingFaceLM,
-        ModelFolderError,
-        bidirectional,
-        context_limit,
-    )
+    from ..finetune.model_folder import HuggingFaceLM, bidirectional, context_limit
 
     source = tokenizer_source(path)
     if source is None:
@@ -183,7 +178,8 @@ def _hugging_face(path: Path) -> LoadedModel:
     try:
         hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, TypeError) as error:
-        raise ModelFolderError(f"the tokenizer in {path} cannot be loaded: {error}") from None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError("MODEL", f"the tokenizer in {path} cannot be loaded: {first}") from None
 
     def encode(text: str) -> list[int]:
         return list(hf(text, add_special_tokens=False, verbose=False)["input_ids"])
@@ -216,8 +212,8 @@ def _corpus_encoder(tokenizer):
 
 
 def _urpe(path: Path) -> LoadedModel:
-    from ...experiments.trained import find_trained
     from ...training.bundles import TextModel
+    from ..trained import find_trained
 
     trained = find_trained(path, None, lambda line: print(f"{PROG}: {line}", file=sys.stderr))
     if not isinstance(trained.model, TextModel):

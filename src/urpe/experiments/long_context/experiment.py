@@ -24,13 +24,12 @@ from typing import Any
 import torch
 
 from ...cli_types import UsageError
-from ...models import TransformerConfig
 from ...tasks.long_context import TASK_WORDS, TASKS, Pieces, TooShort
 from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
 from ..lm.data_files import canonical_dataset, locate_data
-from ..lm.experiment import CURVE_TOKENS, fit_stream, fit_text, load_run_corpus
+from ..lm.experiment import CURVE_TOKENS, decoder_base, fit_stream, fit_text, load_run_corpus
 from ..model_choices import apply_model_choices
 from ..records import RunResult, RunSpec
 from .evaluation import Reader, accuracies, perplexities, reading_limit
@@ -78,18 +77,7 @@ def run_name(kind: str, variant: str, seed: int, preset: Preset, steps: int) -> 
 
 
 def _transformer(variant: str, preset: Preset, vocab_size: int) -> dict[str, Any]:
-    base = TransformerConfig(
-        vocab_size=vocab_size,
-        max_len=preset.train_length,
-        num_layers=preset.num_layers,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        ffn_dim=preset.ffn_dim,
-        dropout=0.0,
-        norm_first=True,
-        embedding_norm=False,
-        tie_embeddings=True,
-    )
+    base = decoder_base(vocab_size, preset.train_length, preset, dropout=0.0)
     config = parse_long_context_variant(variant).config(base)
     return apply_model_choices(config, preset).to_dict()
 

@@ -164,7 +164,7 @@ def needle_chart(results: dict[str, Any], task: str, path: Path, title: str) -> 
             for j in range(len(lengths)):
                 value = grid[i, j]
                 text = "n/a" if np.isnan(value) else f"{value:.2f}".removeprefix("0")
-                colour = "white" if np.isnan(value) or value < 0.6 else "black"
+                colour = "black" if np.isnan(value) or value >= 0.6 else "white"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
         ax.set_xticks(range(len(lengths)), lengths, fontsize=7)
         ax.set_yticks(range(len(depths)), depths, fontsize=7)

@@ -232,7 +232,8 @@ def markdown(results: dict[str, Any], title: str, footer: str = "") -> str:
             "Accuracy: the share of answers right in every token (teacher forcing: equal to "
             "greedy decoding), at each context length in tokens; (L) marks the training "
             "length. Needle tasks (passkey, needle, multikey): the mean over needle depths "
-            "(the heatmaps show each depth). n/a: the model cannot read that length."
+            "(the heatmaps show each depth). n/a: the model cannot read that length, or the "
+            "task does not fit in it (see Not measured)."
         )
     for task in results["results"]:
         parts += [f"## {task}", task_table(results, task, order)]

@@ -54,8 +54,6 @@ def task_words() -> tuple[str, ...]:
 
 TASK_WORDS = task_words()
 
-Encode = Callable[[str], Sequence[int]]
-
 
 def spaced_digits(number: Sequence[int]) -> str:
     """[7, 1, 4] -> "7 1 4"."""
@@ -71,7 +69,7 @@ class Pieces:
     placed or scored).
     """
 
-    def __init__(self, encode: Encode):
+    def __init__(self, encode: Callable[[str], Sequence[int]]):
         self._encode = encode
         self._cache: dict[str, tuple[int, ...]] = {}
 
