@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from urpe.cli import COMMANDS, GROUP_HELP, SINGLE_COMMANDS
+from urpe.cli import COMMAND_MODES, COMMANDS, GROUP_HELP, SINGLE_COMMANDS
 from urpe.experiments.model_choices import BUILT_IN, REGISTERED
 
 HEAVY = (
@@ -37,6 +37,7 @@ HELP_LINES = [
     *([group, "--help"] for group in GROUP_HELP),
     *([name, "--help"] for name in SINGLE_COMMANDS),
     *([group, name, "--help"] for group, name in COMMANDS),
+    *([name, mode, "--help"] for name, mode in COMMAND_MODES),
 ]
 
 

@@ -13,7 +13,8 @@ checkpoint, or a folder written by `urpe.save_model`. What DATA is depends on th
   accuracy on freshly drawn sequences (by default the run's own held-out set, so the number
   equals the recorded one).
 
-One line of results, or JSON with --json.
+One line of results, or JSON with --json. `urpe evaluate long-context MODEL` (its own --help)
+measures a language model on long-context tasks and perplexity at many lengths.
 """
 
 from __future__ import annotations

@@ -49,23 +49,29 @@ def run_name(variant: str, seed: int, preset: Preset) -> str:
     return f"{dataset}-{variant}{packed}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
 
 
+def decoder_base(vocab_size: int, length: int, preset: Any, dropout: float) -> TransformerConfig:
+    """The decoder a text run starts from, before its variant's fields: pre-LN, tied input and
+    output embeddings, no LayerNorm on the embeddings; sizes from the preset."""
+    return TransformerConfig(
+        vocab_size=vocab_size,
+        max_len=length,
+        num_layers=preset.num_layers,
+        dim=preset.dim,
+        num_heads=preset.num_heads,
+        ffn_dim=preset.ffn_dim,
+        dropout=dropout,
+        norm_first=True,
+        embedding_norm=False,
+        tie_embeddings=True,
+    )
+
+
 def run_config(
     variant: str, seed: int, preset: Preset, precision: str, vocab_size: int, metric: str
 ) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     v = parse_variant(variant)
-    base = TransformerConfig(
-        vocab_size=vocab_size,
-        max_len=preset.segment_length,
-        num_layers=preset.num_layers,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        ffn_dim=preset.ffn_dim,
-        dropout=preset.dropout,
-        norm_first=True,
-        embedding_norm=False,
-        tie_embeddings=True,
-    )
+    base = decoder_base(vocab_size, preset.segment_length, preset, preset.dropout)
     memory = preset.memory_length if v.memory else 0
     optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     config = {
@@ -92,16 +98,24 @@ def run_config(
 def fit_text(context, objective, stream, valid, config: dict, length: int, log_every: int) -> None:
     """Train on `stream` for the config's steps, validating on the head of the `valid` tokens
     (the learning curves); shared with `urpe finetune`."""
-    from ...training import StepDataModule
     from ...training.lm import held_out_segments
 
-    train, ev = config["train"], config["eval"]
+    ev = config["eval"]
     curve = held_out_segments(_head(valid, ev["curve_tokens"]), ev["batch_size"], length)
+    fit_stream(context, objective, stream, curve, config, log_every)
+
+
+def fit_stream(context, objective, stream, held_out: list, config: dict, log_every: int) -> None:
+    """Train on `stream` for the config's steps, validating every `config["eval"]["val_every"]`
+    updates on `held_out` (a list of `CausalLM` batches); shared by the text experiments."""
+    from ...training import StepDataModule
+
+    train = config["train"]
     context.fit(
         objective,
-        StepDataModule(stream, curve, eval_batch_size=None),
+        StepDataModule(stream, held_out, eval_batch_size=None),
         max_steps=train["steps"],
-        val_every=ev["val_every"],
+        val_every=config["eval"]["val_every"],
         seed=config["seed"],
         precision=train["precision"],
         gradient_clip_val=train["gradient_clip"],
