@@ -88,12 +88,12 @@ void check_broadcasts(const at::Tensor& t, at::IntArrayRef full, const char* nam
               expected_shape(full, exact_from), ", got ", t.sizes());
 }
 
-// BLAS takes sizes and leading dimensions as int: a (B, H, L, E) operand's rows must be
-// shorter, and lie closer together, than 2^31 entries.
+// BLAS takes sizes and leading dimensions as int: a (B, H, L, E) operand's rows (`rows`, E
+// entries each) must be shorter, and lie closer together, than 2^31 entries.
 constexpr int64_t kMaxBlas = std::numeric_limits<int>::max();
 
-void check_blas_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.size(3) <= kMaxBlas && rows_of(t).si <= kMaxBlas, "urpe_cpp: ", name,
+void check_blas_rows(const at::Tensor& t, const Rows& rows, int64_t width, const char* name) {
+  TORCH_CHECK(width <= kMaxBlas && rows.si <= kMaxBlas, "urpe_cpp: ", name,
               "'s rows must hold fewer than 2^31 entries and lie fewer than 2^31 apart (BLAS "
               "takes int sizes), got shape ", t.sizes(), " with strides ", t.strides());
 }
@@ -250,9 +250,6 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                 "urpe_cpp: q, k, v must share the compute dtype (or bfloat16), got ",
                 q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   }
-  check_blas_rows(q, "q");
-  check_blas_rows(k, "k");
-  check_blas_rows(v, "v");
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && v.size(1) == k.size(1) &&
                   v.size(2) == k.size(2) && k.size(3) == q.size(3),
               "urpe_cpp: q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) do not agree: "
@@ -278,6 +275,9 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   P.q_rows = rows_of(q);
   P.k_rows = rows_of(k);
   P.v_rows = rows_of(v);
+  check_blas_rows(q, P.q_rows, P.dim, "q");
+  check_blas_rows(k, P.k_rows, P.dim, "k");
+  check_blas_rows(v, P.v_rows, P.vdim, "v");
   if (bf16) {
     P.q16 = reinterpret_cast<const uint16_t*>(q.const_data_ptr<at::BFloat16>());
     P.k16 = reinterpret_cast<const uint16_t*>(k.const_data_ptr<at::BFloat16>());
@@ -494,7 +494,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 "urpe_cpp: grad_out must be (B, H, Lq, Dv) like the output, with a contiguous "
                 "last dim and rows at least a row apart, got shape ", grad_out.sizes(),
                 " with strides ", grad_out.strides());
-    check_blas_rows(grad_out, "grad_out");
     check_rows(stat, rows, compute_type(q), "stat", "(B, H, Lq)");
     check_cpu(out, "out");
     TORCH_CHECK(out.scalar_type() == compute_type(q), "urpe_cpp: out must be ", compute_type(q),
@@ -504,7 +503,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 "urpe_cpp: out must be the forward's (B, H, Lq, Dv) output, with a contiguous "
                 "last dim and rows at least a row apart, got shape ", out.sizes(),
                 " with strides ", out.strides());
-    check_blas_rows(out, "out");
     Gradients<scalar_t> G;
     if (P.bf16()) {
       G.grad_out16 = reinterpret_cast<const uint16_t*>(grad_out.const_data_ptr<at::BFloat16>());
@@ -515,6 +513,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     G.out = out.data_ptr<scalar_t>();
     G.out_rows = rows_of(out);
     G.grad_out_rows = rows_of(grad_out);
+    check_blas_rows(out, G.out_rows, P.vdim, "out");
+    check_blas_rows(grad_out, G.grad_out_rows, P.vdim, "grad_out");
     G.dq = dq.data_ptr<scalar_t>();
     G.dq_rows = rows_of(dq);
     // a dense gradient broadcast over a dim keeps that dim inside one work item
