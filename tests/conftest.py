@@ -1,7 +1,13 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The project's measurement harness (benchmarks/harness) is not installed with urpe: its tests
+# import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 # Triton decides when it is imported whether to run its CPU interpreter. Without a GPU the Triton
 # kernel's tests run under the interpreter, so turn it on before anything imports triton.
