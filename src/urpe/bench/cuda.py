@@ -44,14 +44,8 @@ def check_outputs(rows: list[Row], inputs, causal: bool, records: list[dict]) ->
 
 def time_setting(args, rows, length, head_dim, causal, dtype, progress) -> list[dict]:
     inputs = make_inputs(args.batch, args.heads, length, head_dim, getattr(torch, dtype), "cuda")
-    setting = dict(
-        length=length,
-        head_dim=head_dim,
-        causal=causal,
-        dtype=dtype,
-        batch=args.batch,
-        heads=args.heads,
-    )
+    shape = dict(batch=args.batch, heads=args.heads)
+    setting = dict(length=length, head_dim=head_dim, causal=causal, dtype=dtype, **shape)
     records = measure_setting(rows, inputs, setting, Method("cuda", args, progress=progress))
     for r in records:
         if "time_ms" in r:
