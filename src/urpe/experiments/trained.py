@@ -51,7 +51,7 @@ def find_trained(
     try:
         directory = resolve_checkpoint(path, experiment, lambda note, runs: say(note))
         config = read_checkpoint_config(directory)
-        model = load_model(directory)
+        model = load_model(directory, config=config)  # read once, passed down
     except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:
         raise UsageError(argument, str(error).splitlines()[0]) from None
     return Trained(directory, config, model)
