@@ -47,15 +47,6 @@ COMMANDS = {
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
     ),
-    ("bench", "model"): (
-        "urpe.bench.model_options",
-        "what URPE costs inside a model: one decoding call, short rows, generation (library "
-        "decoder, Hugging Face), training steps, each against the model without it",
-    ),
-    ("bench", "compile"): (
-        "urpe.bench.compile_options",
-        "compile the Triton kernels for real GPUs without one: registers, spills, shared memory",
-    ),
 }
 
 # Top-level commands: name -> (module, one-line help).

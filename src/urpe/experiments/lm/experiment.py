@@ -30,6 +30,7 @@ from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
+from ..recipes import preset_optim, sized_transformer
 from ..records import RunResult, RunSpec
 from .data_files import canonical_dataset, dataset_spec, locate_data
 from .presets import COMMAND, Preset
@@ -51,19 +52,9 @@ def run_name(variant: str, seed: int, preset: Preset) -> str:
 
 def decoder_base(vocab_size: int, length: int, preset: Any, dropout: float) -> TransformerConfig:
     """The decoder a text run starts from, before its variant's fields: pre-LN, tied input and
-    output embeddings, no LayerNorm on the embeddings; sizes from the preset."""
-    return TransformerConfig(
-        vocab_size=vocab_size,
-        max_len=length,
-        num_layers=preset.num_layers,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        ffn_dim=preset.ffn_dim,
-        dropout=dropout,
-        norm_first=True,
-        embedding_norm=False,
-        tie_embeddings=True,
-    )
+    output embeddings, no LayerNorm on the embeddings (Transformer-XL's); sizes from the preset."""
+    layout = dict(norm_first=True, embedding_norm=False, tie_embeddings=True)
+    return sized_transformer(preset, vocab_size, max_len=length, dropout=dropout, **layout)
 
 
 def run_config(
@@ -73,7 +64,6 @@ def run_config(
     v = parse_variant(variant)
     base = decoder_base(vocab_size, preset.segment_length, preset, preset.dropout)
     memory = preset.memory_length if v.memory else 0
-    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     config = {
         "experiment": "lm",
         "dataset": preset.dataset,
@@ -87,7 +77,7 @@ def run_config(
             "segment_length": preset.segment_length,
             "memory_length": memory,
         },
-        "optim": optim.to_dict(),
+        "optim": preset_optim(preset).to_dict(),
         **schedule_sections(preset, precision, PACKED_STREAM if preset.pack else DATA_STREAM),
     }
     if preset.pack:
@@ -229,6 +219,17 @@ def _head(tokens: torch.Tensor, count: int) -> torch.Tensor:
     return tokens if count <= 0 else tokens[: count + 1]  # count targets need count + 1 tokens
 
 
+def held_out_scores(metric: str, val: dict, test: dict) -> dict[str, Any]:
+    """What a text run records of its scores on the validation and test splits (mean loss in
+    nats, tokens scored), shared with `urpe finetune`."""
+    splits = {"val": val, "test": test}
+    return {
+        "metric": metric,
+        **{f"{name}_loss": split["loss"] for name, split in splits.items()},
+        **{f"{name}_tokens": int(split["tokens"]) for name, split in splits.items()},
+    }
+
+
 def extrapolation(model, tokens: torch.Tensor, factors: list[int]) -> dict[str, dict[str, float]]:
     """{mode: {factor: loss in nats}} at contexts factor x segment_length (see the module doc).
     A context the model cannot run (a learned absolute table too short) is left out."""
@@ -293,11 +294,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     median = statistics.median(steps) if steps else float("nan")
     tokens_per_step = train["batch_size"] * length
     record = {
-        "metric": config["metric"],
-        "val_loss": val["loss"],
-        "test_loss": test["loss"],
-        "val_tokens": int(val["tokens"]),
-        "test_tokens": int(test["tokens"]),
+        **held_out_scores(config["metric"], val, test),
         "params": sum(p.numel() for p in model.parameters()),
         "step_seconds_median": median,
         "train_seconds": sum(steps),
@@ -335,11 +332,5 @@ def check(preset: Preset) -> None:
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND,
-    plan=plan,
-    run_one=run_one,
-    describe=describe,
-    report=write_report,
-    check=check,
-    sweep=("variants", "seeds"),
+    COMMAND, plan, run_one, describe, write_report, sweep=("variants", "seeds"), check=check
 )

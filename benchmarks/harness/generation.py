@@ -1,5 +1,5 @@
 """Greedy generation with the library's own decoder (`urpe.models.LanguageModel` and its KV
-cache), for `urpe bench model`: the same model with URPE's gate ("urpe"), without it ("rpe":
+cache), for the model benchmark: the same model with URPE's gate ("urpe"), without it ("rpe":
 the Toeplitz bias alone, the baseline) and without positions ("nope"), at each batch size.
 
 The models share their weights (one seed) but for the bias and gate tables; the window holds
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models import LanguageModel, TransformerConfig
+from urpe.models import LanguageModel, TransformerConfig
+
 from .model_sizes import DecoderSize, Sizes
 from .timed import Timed
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .memory import MEMORY_ROWS, fit_quadratic
+from urpe.bench.memory import MEMORY_ROWS
+
+from .targets import fit_quadratic
 
 
 def plot_memory(memory: list[dict], path: Path, shape: dict) -> None:

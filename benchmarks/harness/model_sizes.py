@@ -1,4 +1,4 @@
-"""The sizes `urpe bench model` measures at: issue 28's ("full") and a tiny set for a smoke run
+"""The sizes the model benchmark measures at: issue 28's ("full") and a tiny set for a smoke run
 ("quick", seconds). Case names stay the same at every size, so targets and reports read both."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Sizes:
     decoder: DecoderSize
     # One training step of the Hugging Face Llama: (batch, length).
     train: tuple[int, int]
-    # Whole steps of `urpe bench attention`'s end-to-end rows, and of the LM experiment.
+    # Whole steps of the attention report's end-to-end rows, and of the LM experiment.
     steps: tuple[Size, ...]
     lm_steps: int
     lm_warmup: int

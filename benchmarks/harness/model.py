@@ -1,10 +1,11 @@
-"""`urpe bench model`: what URPE costs inside a model, not in one long call (issue 28).
+"""The model benchmark (`make bench-model`, benchmarks/bench_model.py): what URPE costs inside
+a model, not in one long call (issue 28).
 
 One run measures, on the CPU, every group of `model_groups` as ratios to a baseline measured
 in the same run: one decoding call against SDPA (microseconds over it), short rows forward and
 backward, bfloat16 long rows, greedy generation with the library's decoder and with a Hugging
 Face Llama (eager, and static cache under torch.compile), a training step of that Llama, the
-end-to-end rows of `urpe bench attention` and the LM experiment's step times. Each group is
+end-to-end steps of the attention report and the LM experiment's step times. Each group is
 built once, then timed idle and with another process spinning on one core. The targets are
 printed (measured, limit, met); the report goes between markers into BENCHMARKS.md (the rest of
 the file stays), every number into a JSON file. See benchmarks/README.md.
@@ -18,27 +19,78 @@ import os
 import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
-from ..cli_types import UsageError
+from urpe.bench.machine import cpu_info
+from urpe.bench.measure import failure_reason
+from urpe.cli_types import UsageError, non_negative_int, positive_int
+
 from .contention import Condition, busy_core_index
-from .machine import cpu_info
-from .measure import failure_reason
-from .model_groups import groups
-from .model_options import add_arguments
+from .model_groups import GROUP_NAMES, groups
 from .model_report import section_markdown
 from .model_sizes import FULL, QUICK
 from .model_targets import judge
 from .sections import MODEL
 from .timed import compare
 
+CONDITIONS = ("idle", "busy")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and few repeats: a smoke run of every group in seconds (plus the "
+        "compile of hf_compiled; see --compile-backend); its numbers mean nothing",
+    )
+    add(
+        "--groups",
+        nargs="+",
+        choices=GROUP_NAMES,
+        default=list(GROUP_NAMES),
+        metavar="GROUP",
+        help=f"what to measure (default: all): {', '.join(GROUP_NAMES)}",
+    )
+    add(
+        "--conditions",
+        nargs="+",
+        choices=CONDITIONS,
+        default=list(CONDITIONS),
+        help="idle, and/or with a child process spinning on one core (default: both)",
+    )
+    add(
+        "--repeats",
+        type=positive_int,
+        default=None,
+        help="timed repeats per row, median (default: 9, with --quick 2)",
+    )
+    add(
+        "--threads",
+        type=non_negative_int,
+        default=0,
+        help="torch threads (default 0: torch's default)",
+    )
+    add(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of hf_compiled (default inductor: what transformers "
+        "uses; 'eager' traces without generating code, for a fast smoke run)",
+    )
+    add("--json", type=Path, help="write every record, the sizes and the targets here")
+    add(
+        "--markdown",
+        type=Path,
+        help="write the model section into this file (BENCHMARKS.md), "
+        "between its markers; the rest of the file stays",
+    )
+
 
 def command_line() -> str:
-    argv = sys.argv[1:]
-    if argv[:2] == ["bench", "model"]:
-        argv = argv[2:]
-    return " ".join(["urpe bench model", *argv])
+    """The command as typed, for the report."""
+    return " ".join(["python benchmarks/bench_model.py", *sys.argv[1:]])
 
 
 def progress(message: str) -> None:
@@ -138,8 +190,3 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_arguments", "run"]
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="urpe bench model")
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))

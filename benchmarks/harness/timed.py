@@ -1,6 +1,6 @@
-"""Calls built once and timed under every condition of a run (`urpe bench model`).
+"""Calls built once and timed under every condition of a run (the model benchmark).
 
-A group of `urpe bench model` is built once (models, compiled graphs, warmed-up calls) and
+A group of the model benchmark is built once (models, compiled graphs, warmed-up calls) and
 then timed under each condition (idle, one core busy). Its calls come in cases (one shape or
 batch size each); the calls of one case are interleaved (`clocks.interleaved_medians`) and each
 is compared with its baseline in the same case, mode and condition.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .clocks import interleaved_medians
+from urpe.bench.clocks import interleaved_medians
 
 Key = tuple[str, str]  # (row name, mode)
 # Fields that make two records comparable: a ratio divides records equal in all of them.

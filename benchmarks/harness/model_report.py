@@ -1,4 +1,4 @@
-"""The model section of BENCHMARKS.md (`urpe bench model`), written from the results of one
+"""The model section of BENCHMARKS.md (the model benchmark), written from the results of one
 run (what `model.json` holds), between markers so that the rest of the file stays."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Whole training steps measured by code that has its own loop, rebuilt under each condition
-of `urpe bench model`:
+of the model benchmark:
 
-    end_to_end   `urpe bench attention`'s end-to-end rows (`end_to_end`): one optimizer step
+    end_to_end   the attention report's end-to-end rows (`end_to_end`): one optimizer step
                  of small encoders, URPE on "auto" against no positions on SDPA
     lm_speed     the LM experiment's step time of every URPE variant against its base
                  (`urpe.experiments.lm.speed`: the two models of a pair step in alternation)
@@ -42,7 +42,7 @@ class EndToEnd:
 
 def lm_pairs() -> list[tuple[str, str]]:
     """(base, URPE variant) for every URPE variant of the LM experiment's speed check."""
-    from ..experiments.lm.speed import PAIRS
+    from urpe.experiments.lm.speed import PAIRS
 
     return [tuple(pair.split(":")) for pair in PAIRS.split(",")]
 
@@ -60,7 +60,7 @@ class LanguageModelSteps:
         )
 
     def measure(self, repeats: int, progress: Callable[[str], None]) -> list[dict]:
-        from ..experiments.lm.speed import measure
+        from urpe.experiments.lm.speed import measure
 
         rows = measure(lm_pairs(), self.sizes.lm_steps, warmup=self.sizes.lm_warmup)
         return [

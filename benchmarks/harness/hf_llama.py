@@ -1,4 +1,4 @@
-"""A small Hugging Face Llama with and without `urpe.hf.add_urpe`, for `urpe bench model`.
+"""A small Hugging Face Llama with and without `urpe.hf.add_urpe`, for the model benchmark.
 
 The model is built from a config (random weights, nothing downloaded); "urpe" is a copy of
 "base" with a URPE gate per layer (ones at init, so both generate the same tokens). Three groups:

@@ -1,4 +1,4 @@
-"""Issue 28's targets for `urpe bench model`, as data, judged under every condition measured.
+"""Issue 28's targets for the model benchmark, as data, judged under every condition measured.
 
 A target names one record (group, case, row, mode) and the measure compared with its limit:
 `ratio` (time over the group's baseline in the same case, mode and condition) or `extra_us`

@@ -1,6 +1,6 @@
 """Sections of BENCHMARKS.md that commands other than the CPU report write, each between its
-own markers: the GPU section (`urpe bench attention --gpu-report`) and the model section
-(`urpe bench model`). Writing one replaces it and keeps the rest of the file; the CPU report,
+own markers: the GPU section (`bench_attention.py --gpu-report`) and the model section
+(the model benchmark). Writing one replaces it and keeps the rest of the file; the CPU report,
 which rewrites the file, carries every section over."""
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class Section:
         path.write_text(text)
 
 
-GPU = Section("gpu-section", "urpe bench attention --gpu-report")
-MODEL = Section("model-section", "urpe bench model")
+GPU = Section("gpu-section", "benchmarks/bench_attention.py --gpu-report")
+MODEL = Section("model-section", "benchmarks/bench_model.py")
 SECTIONS = (GPU, MODEL)  # the order they follow the CPU report in
 
 

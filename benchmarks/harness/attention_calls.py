@@ -1,4 +1,4 @@
-"""Attention calls where what surrounds the kernel shows (issue 28), for `urpe bench model`.
+"""Attention calls where what surrounds the kernel shows (issue 28), for the model benchmark.
 
     calls   one decoding call: B=1, one query against a KV cache (the main case, a
             grouped-query case and a long cache), forward under no_grad as in generation:
@@ -19,11 +19,12 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from ..kernels import Toeplitz, attention, select_backend
-from .inputs import make_inputs
-from .measure import Method, build_calls
+from urpe.bench.inputs import make_inputs
+from urpe.bench.measure import Method, build_calls
+from urpe.bench.rows import Row, backend_row, rows_for
+from urpe.kernels import Toeplitz, attention, select_backend
+
 from .model_sizes import Sizes
-from .rows import Row, backend_row, rows_for
 from .timed import Timed
 
 # term name -> (bias, gate)

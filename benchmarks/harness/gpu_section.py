@@ -7,10 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from .clocks import MODES
-from .measure import add_ratios
+from urpe.bench.clocks import MODES
+from urpe.bench.measure import add_ratios
+from urpe.bench.rows import RENAMED
+
 from .report import MET, cell, find, fmt, table
-from .rows import RENAMED
 from .sections import GPU
 from .targets import gpu_targets
 
@@ -169,11 +170,11 @@ def report(paths: list[Path], markdown: Path | None) -> int:
         try:
             run = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as error:
-            print(f"urpe bench attention: error: --gpu-report {path}: {error}", file=sys.stderr)
+            print(f"bench_attention.py: error: --gpu-report {path}: {error}", file=sys.stderr)
             return 2
         if not isinstance(run, dict) or "times" not in run or "device" not in run:
             print(
-                f"urpe bench attention: error: --gpu-report {path}: not a GPU results file",
+                f"bench_attention.py: error: --gpu-report {path}: not a GPU results file",
                 file=sys.stderr,
             )
             return 2

@@ -8,11 +8,11 @@ Memory and end-to-end targets follow. Every target becomes a record
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
-from .measure import SETTING_FIELDS
-from .memory import fit_quadratic
-from .rows import current_names
+from urpe.bench.measure import SETTING_FIELDS
+from urpe.bench.rows import current_names
 
 CONDITION_FIELDS = ("threads", "busy")
 SETTING_LABELS = dict(
@@ -150,6 +150,18 @@ TARGETS = {"cpu": CPU_TARGETS + CONTENTION_TARGETS, "cuda": GPU_TARGETS}
 def named_rows(device: str) -> set[str]:
     """Every row a target of this device compares."""
     return {name for t in TARGETS[device] for name in t.rows()}
+
+
+def fit_quadratic(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """Least-squares a + b L^2 through (L, MB) points; None with fewer than two points."""
+    if len(points) < 2:
+        return None
+    xs = [length**2 for length, _ in points]
+    ys = [mb for _, mb in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    b /= sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
 
 
 def _peaks(memory: list[dict], name: str) -> dict[int, float]:

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..kernels import Toeplitz, select_backend
-from ..models import TransformerConfig, TransformerEncoder
-from .clocks import interleaved_medians
+from urpe.bench.clocks import interleaved_medians
+from urpe.kernels import Toeplitz, select_backend
+from urpe.models import TransformerConfig, TransformerEncoder
 
 
 @dataclass(frozen=True)

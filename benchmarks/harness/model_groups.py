@@ -1,4 +1,4 @@
-"""What `urpe bench model` measures: its groups, each built once and timed under every
+"""What the model benchmark measures: its groups, each built once and timed under every
 condition, with the baseline its rows are compared with."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def groups(compile_backend: str = "inductor") -> dict[str, Group]:
             hf_llama.hf_training,
         ),
         "end_to_end": Group(
-            "`urpe bench attention`'s end-to-end step (ms, ratio to no-PE SDPA)",
+            "the attention report's end-to-end step (ms, ratio to no-PE SDPA)",
             "nope_sdpa",
             whole_steps.end_to_end_steps,
         ),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .clocks import interleaved_medians
+from urpe.bench.clocks import interleaved_medians
 
 BASELINE = "padded"
 ONE_ROW = 10**9  # a row length beyond any batch: the whole batch in one row
@@ -47,7 +47,7 @@ def molecule_batches(settings: GraphBenchSettings) -> list:
     """`batches` PyG batches of `batch_size` training molecules (ShortestPaths applied)."""
     from torch_geometric.data import Batch
 
-    from ..data.molecules import load_molecules
+    from urpe.data.molecules import load_molecules
 
     count = settings.batch_size * settings.batches
     data = load_molecules(
@@ -60,8 +60,8 @@ def molecule_batches(settings: GraphBenchSettings) -> list:
 
 def graphormer_routes(model: str, pack_lengths) -> dict[str, torch.nn.Module]:
     """{"padded": Graphormer with the URPE gate, route_name(P): the same weights packed}."""
-    from ..data.molecules import FEATURIZATIONS
-    from ..graph import Graphormer, GraphormerConfig
+    from urpe.data.molecules import FEATURIZATIONS
+    from urpe.graph import Graphormer, GraphormerConfig
 
     spec = FEATURIZATIONS["zinc"]
     routes = {
@@ -98,8 +98,8 @@ def _training_step(model: torch.nn.Module, batches: list) -> Callable[[], None]:
 def layout_facts(batches: list, max_hops: int, pack_lengths) -> dict:
     """Per route: rows, inputs (tokens) and attention pairs (per head) of a batch, averaged;
     and the molecules' mean and largest node counts."""
-    from ..graph import to_dense_graph_batch
-    from ..graph.packing import pack_layout
+    from urpe.graph import to_dense_graph_batch
+    from urpe.graph.packing import pack_layout
 
     facts: dict[str, dict[str, list[float]]] = {}
 

@@ -3,9 +3,9 @@ holds), and the table helpers the GPU section shares."""
 
 from __future__ import annotations
 
-from .clocks import MODES
-from .memory import MEMORY_ROWS
-from .rows import RENAMED, current_names
+from urpe.bench.clocks import MODES
+from urpe.bench.memory import MEMORY_ROWS
+from urpe.bench.rows import RENAMED, current_names
 
 RECORD_LISTS = ("times", "memory", "contention", "end_to_end")  # each record named by its row
 
