@@ -103,9 +103,9 @@ PRESET_HELP = (
     "and seeds, for a GPU"
 )
 VARIANTS_OPTION = variants_option(
+    Names("variant", (), parse=parse_long_context_variant),
     f"comma-separated BASE[+urpe], BASE one of {', '.join(b for b in BASES if b != 'txl')}; "
     "'urpe' = rpe+urpe ({presets})",
-    Names("variant", (), parse=parse_long_context_variant),
 )
 OPTIONS = (
     Option(
@@ -167,11 +167,7 @@ OPTIONS = (
     *MODEL_SIZE,
     *MODEL_OPTIONS,
 )
+IMPLEMENTATION = "urpe.experiments.long_context.experiment:EXPERIMENT"  # imported when it runs
 COMMAND = CommandLine(
-    name="long-context",
-    presets=PRESETS,
-    variants=VARIANTS_OPTION,
-    options=OPTIONS,
-    preset_help=PRESET_HELP,
-    implementation="urpe.experiments.long_context.experiment:EXPERIMENT",
+    "long-context", PRESETS, VARIANTS_OPTION, OPTIONS, IMPLEMENTATION, preset_help=PRESET_HELP
 )
