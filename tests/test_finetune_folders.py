@@ -197,14 +197,17 @@ def test_which_models_have_a_table_of_positions():
         name: position_table_limit(family.build("sdpa", torch.float32))
         for name, family in families().items()
     }
-    # RoPE (Llama, Qwen2, Mistral) and T5's relative bias take any length; the others have one
-    # learned row per position, as many as their config's max_position_embeddings / n_positions.
+    # RoPE (Llama, Qwen2, Mistral, GPT-NeoX) and T5's relative bias take any length; the others
+    # have one learned row per position, as many as their config's max_position_embeddings /
+    # n_positions.
     assert limits == {
         "llama": None,
         "qwen2": None,
         "mistral": None,
+        "gpt_neox": None,
         "t5": None,
         "gpt2": 64,
+        "gpt_bigcode": 64,
         "bert": 64,
         "roberta": 70,
         "bart": 64,

@@ -25,7 +25,7 @@ from .normalization import NORMALIZATIONS, Normalization, register_normalization
 from .offsets import query_positions, relative_offsets
 from .prepared import AttentionCalls, PreparedAttention, prepare
 from .reference import reference_weights
-from .spec import AttentionSpec, resolve
+from .spec import Arguments, AttentionSpec, resolve
 from .terms import (
     TERM_KINDS,
     CallShape,
@@ -55,6 +55,7 @@ __all__ = [
     "BACKENDS",
     "NORMALIZATIONS",
     "TERM_KINDS",
+    "Arguments",
     "AttentionCalls",
     "AttentionSpec",
     "Backend",
