@@ -29,6 +29,7 @@ from .spec import AttentionSpec, resolve
 from .terms import (
     TERM_KINDS,
     CallShape,
+    CrossDecay,
     Decay,
     Dense,
     Documents,
@@ -61,6 +62,7 @@ __all__ = [
     "BackendFailure",
     "CallShape",
     "Capabilities",
+    "CrossDecay",
     "Decay",
     "Dense",
     "Documents",
