@@ -1,0 +1,203 @@
+"""Run by tests/test_distributed.py in spawned processes: context-parallel attention on each rank
+against one process's attention on the whole sequence, case by case.
+
+Every rank builds the same global tensors from a case's seed, computes the one-process output
+and gradients with `urpe.attention` (backend "reference", the specification), then its own
+shard with `context_parallel_attention`, and records the largest differences: its output and
+q, k, v, log_forget gradients against its shard of the one-process ones, and the tables'
+gradients summed over the group against the one-process table gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import urpe
+from urpe.distributed import context_parallel_attention, shard
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: str = "zigzag"
+    causal: bool = True
+    normalization: str = "softmax"
+    bias: str | None = "toeplitz"  # "toeplitz", "decay", "rows" (dense per query) or None
+    gate: bool = True
+    documents: bool = False
+    padding: bool = False
+    gqa: bool = False
+    dropout: float = 0.0
+    dtype: str = "float64"
+    backend: str = "auto"
+    batch: int = 2
+    heads: int = 4
+    chunk: int = 3  # positions per chunk of the layout
+    dim: int = 8
+
+    def name(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+def _global_inputs(case: Case, length: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, case.dtype)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+    b, h = case.batch, case.heads
+    kv = h // 2 if case.gqa else h
+    x = {
+        "q": rand(b, h, length, case.dim),
+        "k": rand(b, kv, length, case.dim),
+        "v": rand(b, kv, length, case.dim),
+        "grad": rand(b, h, length, case.dim),
+    }
+    if case.bias == "toeplitz":
+        x["bias_table"] = rand(h, 2 * 4 + 1)  # K = 4: offsets beyond it clamp, across chunks
+    elif case.bias == "decay":
+        x["log_forget"] = -torch.rand(b, h, length, generator=gen, dtype=torch.float64).to(dtype)
+    elif case.bias == "rows":
+        x["rows"] = rand(b, 1, length, 1)
+    if case.gate:
+        x["gate_table"] = 1.0 + rand(1 if case.gqa else h, 2 * 5 + 1, scale=0.3)
+    if case.documents:  # runs of 2..(2 chunks + 1) positions: documents cross chunk borders
+        ids = torch.zeros(b, length, dtype=torch.int64)
+        for row in range(b):
+            position, doc = 0, 0
+            while position < length:
+                width = int(torch.randint(2, 2 * case.chunk + 2, (1,), generator=gen))
+                ids[row, position : position + width] = doc
+                position, doc = position + width, doc + 1
+        x["document_ids"] = ids
+    if case.padding:
+        padded = torch.rand(b, length, generator=gen) < 0.3
+        padded[0, : case.chunk] = True  # a whole chunk, and (causal) queries that see nothing
+        x["key_padding_mask"] = padded
+    return x
+
+
+def _arguments(case: Case, x: dict, cut) -> tuple[dict, dict]:
+    """(tensors that get gradients, keyword arguments) with `cut` applied to the sequence."""
+    leaves = {name: cut(x[name], -2).clone().requires_grad_() for name in ("q", "k", "v")}
+    kwargs = dict(
+        is_causal=case.causal,
+        normalization=case.normalization,
+        enable_gqa=case.gqa,
+    )
+    if case.bias == "toeplitz":
+        leaves["bias_table"] = x["bias_table"].clone().requires_grad_()
+        kwargs["bias"] = urpe.Toeplitz(leaves["bias_table"])
+    elif case.bias == "decay":
+        leaves["log_forget"] = cut(x["log_forget"], -1).clone().requires_grad_()
+        kwargs["bias"] = urpe.Decay(leaves["log_forget"])
+    elif case.bias == "rows":
+        leaves["rows"] = cut(x["rows"], -2).clone().requires_grad_()
+        kwargs["bias"] = leaves["rows"]
+    if case.gate:
+        leaves["gate_table"] = x["gate_table"].clone().requires_grad_()
+        kwargs["gate"] = urpe.Toeplitz(leaves["gate_table"])
+    for name in ("document_ids", "key_padding_mask"):
+        if name in x:
+            kwargs[name] = cut(x[name], -1)
+    if case.dropout:
+        kwargs.update(dropout_p=case.dropout, dropout_seed=1234)
+    return leaves, kwargs
+
+
+TABLES = ("bias_table", "gate_table")
+
+
+def run_case(case: Case, seed: int, group=None) -> tuple[dict[str, float], dict[str, float]]:
+    """The largest difference per compared tensor on this rank, and the largest magnitude of
+    each expected tensor (the scale of unbounded exp weights)."""
+    size = dist.get_world_size(group)
+    chunks = size if case.layout == "contiguous" else 2 * size
+    length = chunks * case.chunk
+    x = _global_inputs(case, length, seed)
+
+    def whole(t, dim):
+        return t
+
+    def part(t, dim):
+        return shard(t, layout=case.layout, group=group, dim=dim)
+
+    leaves, kwargs = _arguments(case, x, whole)
+    expected = urpe.attention(leaves["q"], leaves["k"], leaves["v"], backend="reference", **kwargs)
+    expected.backward(x["grad"])
+    mine, my_kwargs = _arguments(case, x, part)
+    out = context_parallel_attention(
+        mine["q"], mine["k"], mine["v"], group=group, layout=case.layout,
+        backend=case.backend, **my_kwargs,
+    )  # fmt: skip
+    out.backward(part(x["grad"], -2))
+    want = part(expected.detach(), -2)
+    errors = {"out": (out - want).abs().max().item()}
+    scales = {"out": want.abs().max().item()}
+    for name, leaf in mine.items():
+        if name in TABLES:  # each rank's part; the group's sum is the gradient
+            grad = leaf.grad.clone()
+            dist.all_reduce(grad, group=group)
+            want = leaves[name].grad
+        else:
+            grad = leaf.grad
+            want = part(leaves[name].grad, -1 if name == "log_forget" else -2)
+        errors[name] = (grad - want).abs().max().item()
+        scales[name] = want.abs().max().item()
+    return errors, scales
+
+
+def worker(rank: int, size: int, port: int, cases: list[dict], out: str, refusals: bool) -> None:
+    """The cases' differences to rank<rank>.json; with `refusals`, the messages of bad use
+    too (`refusals`)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    try:
+        results = []
+        for index, fields in enumerate(cases):
+            case = Case(**fields)
+            errors, scales = run_case(case, seed=index)
+            results.append({"case": case.name(), "errors": errors, "scale": scales})
+        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+        if refusals:
+            Path(out, f"refusals{rank}.json").write_text(json.dumps(bad_use_messages(rank)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _refusal(call) -> str:
+    try:
+        call()
+    except ValueError as error:
+        return str(error)
+    return "(accepted)"
+
+
+def bad_use_messages(rank: int) -> dict[str, str]:
+    """The message of each kind of bad use (a collective: every rank runs it)."""
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    table = torch.randn(2, 5, dtype=torch.float64)
+    uneven = torch.randn(1, 2, 4 + 2 * rank, 8, dtype=torch.float64)
+    index = torch.zeros(1, 4, 4, dtype=torch.long)
+    return {
+        "unequal shards": _refusal(lambda: context_parallel_attention(uneven, uneven, uneven)),
+        "layout does not divide": _refusal(lambda: shard(torch.zeros(1, 2, 6, 8))),
+        "dense term": _refusal(
+            lambda: context_parallel_attention(q, q, q, bias=torch.zeros(1, 2, 4, 4))
+        ),
+        "attn_mask": _refusal(
+            lambda: context_parallel_attention(q, q, q, attn_mask=torch.ones(4, 4).bool())
+        ),
+        "relation": _refusal(
+            lambda: context_parallel_attention(q, q, q, gate=urpe.Relation(table, index))
+        ),
+    }
