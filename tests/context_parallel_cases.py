@@ -201,3 +201,67 @@ def bad_use_messages(rank: int) -> dict[str, str]:
             lambda: context_parallel_attention(q, q, q, gate=urpe.Relation(table, index))
         ),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: a Transformer given `context_parallel=` equals the same model on the whole sequence
+
+MODELS = [
+    dict(position="rpe", gate="toeplitz", causal=True, documents=True),
+    dict(position="rope", gate="toeplitz", causal=True, documents=False),
+    dict(position="fox", gate=None, causal=True, documents=True),
+    dict(position="alibi", gate="toeplitz", causal=False, documents=False),
+    dict(position="t5", gate=None, causal=False, documents=True),
+]
+
+
+def run_model(setting: dict, seed: int, cp) -> dict[str, float]:
+    """The largest differences of logits (or hidden states) and of parameter gradients."""
+    from urpe.models import TransformerConfig, TransformerDecoder, TransformerEncoder
+
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        vocab_size=11, max_len=64, num_layers=2, dim=16, num_heads=2, position=setting["position"],
+        gate=setting["gate"], absolute="sinusoidal" if setting["position"] == "rpe" else None,
+    )  # fmt: skip
+    model = (TransformerDecoder if setting["causal"] else TransformerEncoder)(config).double()
+    length = 4 * cp.size * 3
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 11, (2, length), generator=gen)
+    extra = {}
+    if setting["documents"]:
+        extra["document_ids"] = torch.arange(length).div(5, rounding_mode="floor").repeat(2, 1)
+    if not setting["causal"]:
+        padding = torch.zeros(2, length, dtype=torch.bool)
+        padding[1, -5:] = True
+        extra["key_padding_mask"] = padding
+    whole = model(tokens, **extra)
+    weights = torch.randn(whole.shape, generator=gen, dtype=whole.dtype)
+    (whole * weights).sum().backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    mine = model(cp.shard(tokens), **{k: cp.shard(v) for k, v in extra.items()},
+                 context_parallel=cp)  # fmt: skip
+    (mine * cp.shard(weights, dim=1)).sum().backward()
+    errors = {"output": (mine - cp.shard(whole.detach(), dim=1)).abs().max().item()}
+    for name, param in model.named_parameters():
+        if name in expected:
+            grad = param.grad.clone()
+            dist.all_reduce(grad, group=cp.group)  # each rank's part
+            errors[name] = (grad - expected[name]).abs().max().item()
+    return errors
+
+
+def model_worker(rank: int, size: int, port: int, layout: str, out: str) -> None:
+    from urpe.distributed import ContextParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    try:
+        cp = ContextParallel(layout=layout)
+        results = [run_model(setting, seed, cp) for seed, setting in enumerate(MODELS)]
+        Path(out, f"models{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()

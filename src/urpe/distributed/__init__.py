@@ -21,13 +21,17 @@ guide, docs/guides/context-parallel.md.
 """
 
 from .attention import context_parallel_attention
+from .group import ContextParallel, ContextParallelMesh, context_parallel_mesh
 from .layout import LAYOUTS, Segment, ShardLayout, shard, unshard
 
 __all__ = [
     "LAYOUTS",
+    "ContextParallel",
+    "ContextParallelMesh",
     "Segment",
     "ShardLayout",
     "context_parallel_attention",
+    "context_parallel_mesh",
     "shard",
     "unshard",
 ]
