@@ -7,7 +7,7 @@ python benchmarks/bench_graph_packing.py --datasets zinc --zinc-dir DIR --json o
 Prints, per dataset and route (padded; packed in rows of the largest molecule, of fixed
 lengths, and in one row per batch), the step time (median, interleaved), its ratio to padded,
 the rows, tokens and attention pairs a batch takes, and the largest difference from the padded
-predictions (every route computes the same function). See urpe.bench.graph_packing.
+predictions (every route computes the same function). See harness/graph_packing.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from urpe.bench.graph_packing import ONE_ROW, GraphBenchSettings, run_graph_bench
+from harness.graph_packing import ONE_ROW, GraphBenchSettings, run_graph_bench
 
 
 def main(argv: list[str] | None = None) -> int:

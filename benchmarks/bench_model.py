@@ -1,24 +1,23 @@
-"""Run `urpe bench model` and refresh its section of BENCHMARKS.md and benchmarks/model.json.
+"""Refresh the model section of BENCHMARKS.md and benchmarks/model.json: what URPE costs inside
+a model (harness/model.py).
 
-python benchmarks/bench_model.py            # the full run, idle and with a busy core (minutes)
-python benchmarks/bench_model.py --quick    # a smoke run at tiny sizes (its numbers mean nothing)
+python benchmarks/bench_model.py            # `make bench-model`: idle and one core busy
+python benchmarks/bench_model.py --quick --compile-backend eager   # every group at tiny sizes
+python benchmarks/bench_model.py --groups calls decoder --conditions idle   # a few groups
 python benchmarks/bench_model.py --help     # groups, conditions, repeats
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from urpe.bench import model
+from harness import model, scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        prog="bench_model.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = scripts.parser("bench_model.py", __doc__.splitlines()[0])
     model.add_arguments(parser)
     parser.set_defaults(json=ROOT / "benchmarks" / "model.json", markdown=ROOT / "BENCHMARKS.md")
-    sys.exit(model.run(parser.parse_args()))
+    sys.exit(scripts.main(parser, model.run))

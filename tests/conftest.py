@@ -1,7 +1,13 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The project's measurement harness (benchmarks/harness) is not installed with urpe: its tests
+# import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 # Triton decides when it is imported whether to run its CPU interpreter. Without a GPU the Triton
 # kernel's tests run under the interpreter, so turn it on before anything imports triton.
@@ -23,6 +29,8 @@ if not os.environ.get("URPE_KERNEL_CACHE_DIR"):
     from urpe.kernels.cpp.build import kernel_cache
 
     os.environ["URPE_KERNEL_CACHE_DIR"] = str(kernel_cache())
+
+from .tiny import run_tiny  # noqa: E402 - imports urpe: after TRITON_INTERPRET is decided
 
 
 @pytest.fixture(autouse=True)
@@ -48,46 +56,23 @@ def pytest_configure(config):
 # session, in well under a second, and only read afterwards (tests that change a run make their
 # own).
 
-LM_SWEEP_FLAGS = [
-    "--variants",
-    "rpe+urpe",
-    "--seeds",
-    "0,1",
-    "--steps",
-    "10",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "32",
-    "--segment-length",
-    "16",
-    "--batch-size",
-    "4",
-    "--eval-tokens",
-    "0",
-    "--factors",
-    "1",
-    "--val-every",
-    "10",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--no-progress",
-    "--checkpoint-every",
-    "0",
-]
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """Run a tiny `urpe reproduce EXPERIMENT` (tests/tiny.py) into a fresh folder:
+    `tiny_run("synthetic", steps=2)` returns the folder."""
+    count = iter(range(1_000_000))
+
+    def run(experiment: str, *more: str, **changes) -> Path:
+        return run_tiny(experiment, tmp_path / f"{experiment}-{next(count)}", *more, **changes)
+
+    return run
 
 
 @pytest.fixture(scope="session")
 def lm_sweep(tmp_path_factory):
     """A sweep folder of `urpe reproduce lm` on a small byte-level text: two runs (seeds 0 and
     1). Returns (sweep folder, a short text to evaluate)."""
-    from urpe.cli import main
     from urpe.kernels.cpp import build
 
     # The C++ kernel is loaded once per process, from the usual cache (where `make setup` built
@@ -105,11 +90,7 @@ def lm_sweep(tmp_path_factory):
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("URPE_CACHE_DIR", str(root / "cache"))
-        out = root / "out"
-        assert (
-            main(["reproduce", "lm", "--dataset", str(text), *LM_SWEEP_FLAGS, "--out", str(out)])
-            == 0
-        )
+        out = run_tiny("lm", root / "out", "--dataset", str(text), seeds="0,1")
     short = root / "short.txt"
     short.write_text(text.read_text()[:300])
     return out, short

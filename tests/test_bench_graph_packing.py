@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from urpe.bench import graph_packing
+from harness import graph_packing
 
 from .test_graph_model import molecules
 

@@ -1,7 +1,7 @@
-"""`urpe bench model` (issue 28): a tiny real run measures every row of every group under both
-conditions and reports every target; baselines compute the same thing as the rows they are
-compared with; ratios and targets follow from known records; the model section goes between
-its markers and survives the other reports.
+"""The model benchmark (benchmarks/bench_model.py, issue 28): a tiny real run measures every
+row of every group under both conditions and reports every target; baselines compute the same
+thing as the rows they are compared with; ratios and targets follow from known records; the
+model section goes between its markers and survives the other reports.
 
 No speed is asserted (timings on a shared machine are noise); the numbers live in
 BENCHMARKS.md, written by the full run (`make bench-model`).
@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from urpe.bench import attention_calls, generation, model, model_report, model_targets, timed
-from urpe.bench.contention import Condition
-from urpe.bench.model_groups import GROUP_NAMES, Group
-from urpe.bench.model_sizes import QUICK
-from urpe.bench.sections import GPU, MODEL, keep_sections
-from urpe.cli import main
+from harness import attention_calls, generation, model, model_report, model_targets, scripts, timed
+from harness.contention import Condition
+from harness.model_groups import GROUP_NAMES, Group
+from harness.model_sizes import QUICK
+from harness.sections import GPU, MODEL, keep_sections
 from urpe.kernels import Toeplitz, native_backends, reference_attention
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,15 +72,20 @@ BASELINES = dict(
 PRELUDE = "# Benchmarks\n\nthe CPU report\n"
 
 
+def bench_model(argv: list[str]) -> int:
+    """benchmarks/bench_model.py with these arguments (its defaults write no files)."""
+    parser = scripts.parser("bench_model.py", "the model benchmark")
+    model.add_arguments(parser)
+    return scripts.main(parser, model.run, argv)
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("bench_model")
     (out / "BENCH.md").write_text(PRELUDE + "\n" + GPU.begin + "\nGPU figures\n" + GPU.end + "\n")
-    code = main(
+    code = bench_model(
         [
-            "bench",
-            "model",
             "--quick",
             "--threads",
             "1",
@@ -221,7 +225,7 @@ def test_the_gated_decoder_starts_as_its_baseline():
 
 def test_the_hf_pair_differs_only_by_add_urpe():
     pytest.importorskip("transformers")
-    from urpe.bench.hf_llama import llama_pair
+    from harness.hf_llama import llama_pair
 
     pair = llama_pair(QUICK.decoder, context=32)
     base, gated = (dict(m.named_parameters()) for m in (pair["base"], pair["urpe"]))
@@ -336,7 +340,7 @@ def test_a_failing_group_is_reported_and_the_rest_measured():
 )
 def test_bad_arguments_are_one_line_errors(flag, capsys):
     try:
-        code = main(["bench", "model", *flag])
+        code = bench_model(flag)
     except SystemExit as exit_info:
         code = exit_info.code
     assert code == 2
@@ -363,10 +367,8 @@ def test_the_compiled_group_runs_transformers_static_cache_path(tmp_path):
     """hf_compiled through torch.compile's eager backend (traced, no code generated)."""
     pytest.importorskip("transformers")
     path = tmp_path / "model.json"
-    code = main(
+    code = bench_model(
         [
-            "bench",
-            "model",
             "--quick",
             "--threads",
             "1",

@@ -19,6 +19,8 @@ from urpe.training.checkpoint import (
 )
 from urpe.training.files import atomic_write_json, read_json
 
+from .tiny import tiny_flags
+
 
 class _Payload:
     """Unpickling this would create the file named `marker` (standing in for any code)."""
@@ -121,33 +123,7 @@ def test_config_json_cannot_name_code_outside_urpe(tmp_path):
         load_model(directory)
 
 
-TINY = [
-    "--tasks",
-    "probe",
-    "--variants",
-    "urpe",
-    "--seq-len",
-    "6",
-    "--steps",
-    "8",
-    "--batch-size",
-    "8",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "16",
-    "--eval-sequences",
-    "16",
-    "--no-progress",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-]
+TINY = tiny_flags("synthetic", tasks="probe", checkpoint_every=None)
 
 
 def test_malicious_files_in_a_results_folder_are_named_and_never_run(tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""Covering arrays (urpe.bench.covering): every combination of any t factors' values, in few
-rows. The Triton compile matrix rests on them (`urpe bench compile`)."""
+"""Covering arrays (benchmarks/harness/covering.py): every combination of any t factors'
+values, in few rows. The Triton compile matrix rests on them (benchmarks/compile_kernels.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from urpe.bench.covering import all_combinations, covered, covering_rows
+from harness.covering import all_combinations, covered, covering_rows
 
 FACTORS = dict(
     a=(0, 1, 2, 3),

@@ -10,41 +10,13 @@ import torch
 
 from urpe.cli import main
 
-FLAGS = [
-    "--tasks",
-    "etp",
-    "--variants",
-    "urpe",
-    "--seq-len",
-    "8",
-    "--steps",
-    "40",
-    "--batch-size",
-    "16",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "32",
-    "--eval-sequences",
-    "64",
-    "--no-progress",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--checkpoint-every",
-    "0",
-]
+from .tiny import LEARNS, run_tiny
 
 
 @pytest.fixture(scope="module")
 def synthetic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
-    assert main(["reproduce", "synthetic", "--out", str(out), *FLAGS]) == 0
+    run_tiny("synthetic", out, **LEARNS, steps=40)
     (record,) = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
     return out, record
 

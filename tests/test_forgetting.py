@@ -14,6 +14,8 @@ import torch.nn.functional as F
 import urpe
 from urpe.encodings import POSITION_REGISTRY, EncodingSettings, ForgetGate
 
+from .tiny import tiny_config
+
 E, H = 8, 2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -120,15 +122,8 @@ def test_fox_from_config_and_cli():
 
 def test_a_tiny_fox_model_trains():
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(
-        vocab_size=8,
-        max_len=16,
-        num_layers=1,
-        dim=16,
-        num_heads=2,
-        position="fox",
-        gate="toeplitz",
-        norm_first=True,
+    config = tiny_config(
+        vocab_size=8, ffn_dim=None, max_len=16, position="fox", gate="toeplitz", norm_first=True
     )
     model = urpe.TransformerDecoder(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -21,6 +21,7 @@ from urpe.encodings import GATE_REGISTRY, EncodingSpec, register_gate, registere
 from urpe.graph import Graphormer, GraphormerConfig, ShortestPaths
 
 from .graph_reference import SMILES
+from .tiny import tiny_config
 
 DOORS = ("transformer", "graphormer", "hf")
 LLAMA = families()["llama"]
@@ -35,15 +36,8 @@ def refused(door: str, name: str) -> bool:
 
 def transformer(gate):
     """(gated, ungated with the same weights, forward) for a Transformer encoder."""
-    config = urpe.TransformerConfig(
-        vocab_size=11,
-        max_len=6,
-        num_layers=2,
-        dim=8,
-        num_heads=2,
-        position="rpe",
-        gate=gate,
-        num_relations=4,
+    config = tiny_config(
+        num_layers=2, dim=8, ffn_dim=None, max_len=6, position="rpe", gate=gate, num_relations=4
     )
     gated = urpe.TransformerEncoder(config).double()
     plain = urpe.TransformerEncoder(replace(config, gate=None)).double()

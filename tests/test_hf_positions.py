@@ -58,7 +58,7 @@ def test_a_static_cache_keeps_the_gate_toeplitz_and_generates_as_a_dynamic_one()
 @pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 def test_compiled_static_cache_gives_the_opaque_op_a_toeplitz_gate():
     """transformers' fast path (a static cache, decoding steps compiled whole, as
-    `urpe bench model`'s hf_compiled): the queries' start is a tensor, never read on the host;
+    the model benchmark's hf_compiled): the queries' start is a tensor, never read on the host;
     each layer's one opaque op takes the gate as a Toeplitz table, with no (Lq, Lk) index built
     in the graph, and generation equals eager."""
     from transformers import CompileConfig

@@ -15,35 +15,9 @@ import torch
 from urpe.cli import main
 from urpe.training.checkpoint import load_weights
 
-FLAGS = [
-    "--tasks",
-    "etp",
-    "--variants",
-    "urpe",
-    "--seq-len",
-    "8",
-    "--steps",
-    "250",
-    "--batch-size",
-    "16",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "32",
-    "--eval-sequences",
-    "64",
-    "--no-progress",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--checkpoint-every",
-    "10",
-]
+from .tiny import LEARNS, tiny_flags
+
+FLAGS = tiny_flags("synthetic", **LEARNS, steps=250, checkpoint_every=10)
 
 
 def _start(out: Path) -> subprocess.Popen:

@@ -15,39 +15,9 @@ from urpe.cli import main
 from urpe.data.text import ByteTokenizer, WordTokenizer, load_tokenizer
 from urpe.training.bundles import TextModel, load_model
 
-TINY = [
-    "--variants",
-    "rpe+urpe",
-    "--seeds",
-    "0",
-    "--steps",
-    "20",
-    "--layers",
-    "1",
-    "--dim",
-    "32",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "64",
-    "--segment-length",
-    "32",
-    "--batch-size",
-    "4",
-    "--eval-tokens",
-    "0",
-    "--factors",
-    "1",
-    "--val-every",
-    "10",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--no-progress",
-    "--checkpoint-every",
-    "10",
-]
+from .tiny import tiny_flags
+
+TINY = tiny_flags("lm", steps=20, dim=32, ffn_dim=64, segment_length=32, checkpoint_every=10)
 
 
 def _text(words: int = 3000, seed: int = 0) -> str:

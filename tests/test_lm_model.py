@@ -8,16 +8,12 @@ from urpe.experiments.lm.variants import DEFAULT_VARIANTS, parse_variant
 from urpe.models import TransformerConfig
 from urpe.models.lm import IncrementalState, LanguageModel
 
+from .tiny import tiny_config
+
 VOCAB, L = 13, 5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: a second thread only adds synchronisation, very slow on a loaded CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.py)
 
 
 VARIANTS = [
@@ -38,15 +34,7 @@ def build(variant: str, memory: int | None = None, norm_first: bool = True) -> L
     """A small float64 model whose gate, bias and every other table hold random values (a gate
     of ones would hide a wrong C)."""
     v = parse_variant(variant)
-    base = TransformerConfig(
-        vocab_size=VOCAB,
-        num_layers=2,
-        dim=16,
-        num_heads=2,
-        ffn_dim=32,
-        norm_first=norm_first,
-        tie_embeddings=False,
-    )
+    base = tiny_config(vocab_size=VOCAB, num_layers=2, norm_first=norm_first, tie_embeddings=False)
     m = (L if v.memory else 0) if memory is None else memory
     model = LanguageModel(v.config(base), L, m).double().eval()
     with torch.no_grad():

@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import urpe
 from urpe.data.text import IGNORE_INDEX
 from urpe.data.text.documents import document_ends, packed_documents
 from urpe.models.lm import LanguageModel
 from urpe.training.lm import SegmentStream
+
+from .tiny import tiny_config, tiny_flags
 
 SEPARATOR = torch.tensor([1, 1])  # a "blank line": two newline tokens
 
@@ -49,14 +50,8 @@ def pieces(ids_row):
 )
 def test_packed_loss_equals_each_document_alone(position, gate):
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(
-        vocab_size=10,
-        num_layers=2,
-        dim=16,
-        num_heads=2,
-        norm_first=True,
-        position=position,
-        gate=gate,
+    config = tiny_config(
+        vocab_size=10, num_layers=2, ffn_dim=None, norm_first=True, position=position, gate=gate
     )
     model = LanguageModel(config, segment_length=24).double().eval()
     batch = SegmentStream(stream(), batch_size=3, segment_length=24, separator=SEPARATOR).batch(
@@ -87,37 +82,7 @@ def test_packed_loss_equals_each_document_alone(position, gate):
     torch.testing.assert_close(mean_packed, mean_alone, rtol=1e-12, atol=1e-12)
 
 
-TINY = [
-    "--seeds",
-    "0",
-    "--steps",
-    "4",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "32",
-    "--segment-length",
-    "16",
-    "--batch-size",
-    "2",
-    "--eval-tokens",
-    "64",
-    "--factors",
-    "1",
-    "--val-every",
-    "4",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--no-progress",
-    "--checkpoint-every",
-    "0",
-]
+TINY = tiny_flags("lm", variants=None, steps=4, batch_size=2, eval_tokens=64, val_every=4)
 
 
 def corpus_file(tmp_path):

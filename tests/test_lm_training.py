@@ -15,47 +15,25 @@ from urpe.models import TransformerConfig
 from urpe.models.lm import LanguageModel
 from urpe.training.lm import CausalLM, SegmentStream, evaluate, held_out_segments
 
+from .tiny import tiny_config, tiny_flags
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: a second thread only adds synchronisation, very slow on a loaded CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (conftest.py)
 
 
-SMALL = [
-    "--seeds",
-    "0",
-    "--steps",
-    "40",
-    "--layers",
-    "1",
-    "--dim",
-    "32",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "64",
-    "--segment-length",
-    "32",
-    "--memory-length",
-    "16",
-    "--batch-size",
-    "8",
-    "--eval-tokens",
-    "1500",
-    "--factors",
-    "1,2",
-    "--val-every",
-    "20",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--no-progress",
-]
+SMALL = tiny_flags(
+    "lm",
+    variants=None,
+    steps=40,
+    dim=32,
+    ffn_dim=64,
+    segment_length=32,
+    memory_length=16,
+    batch_size=8,
+    eval_tokens=1500,
+    factors="1,2",
+    val_every=20,
+    checkpoint_every=None,
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,16 +120,7 @@ def _fit(run_dir, steps, total, tokens, memory_restore=True, monkeypatch=None):
 
     quiet_lightning()
     L.seed_everything(0, verbose=False)
-    config = TransformerConfig(
-        vocab_size=11,
-        num_layers=1,
-        dim=16,
-        num_heads=2,
-        ffn_dim=32,
-        position="txl",
-        gate="toeplitz",
-        norm_first=True,
-    )
+    config = tiny_config(position="txl", gate="toeplitz", norm_first=True)
     model = LanguageModel(config, 8, 8)
     objective = CausalLM(model, OptimConfig(lr=1e-2, total_steps=total))
     data = StepDataModule(

@@ -106,3 +106,25 @@ def test_generate_names_a_prompt_it_cannot_take(prompt, fragment, text_model):
     with pytest.raises(ValueError) as error:
         text_model.generate(prompt, 2)
     assert fragment in str(error.value)
+
+
+def test_loading_a_trained_model_reads_its_config_once(lm_sweep, monkeypatch):
+    """`urpe.load_model` and the commands' `find_trained` resolve a checkpoint once and pass its
+    config.json down, instead of reading it again at every layer (three times before)."""
+    from urpe.experiments.trained import find_trained
+    from urpe.training import checkpoint
+
+    out, _ = lm_sweep
+    run = out / "runs" / _best_lm_run(out)["id"]
+    reads = []
+    read_json = checkpoint.read_json
+
+    def counting(path, *args, **kwargs):
+        reads.append(path.name)
+        return read_json(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "read_json", counting)
+    trained = find_trained(run, "lm", say=lambda line: None)
+    assert isinstance(trained.model, TextModel) and reads.count("config.json") == 1
+    reads.clear()
+    assert isinstance(urpe.load_model(run), TextModel) and reads.count("config.json") == 1

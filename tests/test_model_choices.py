@@ -11,32 +11,10 @@ from urpe.cli import _command, build_parser, main
 from urpe.experiments.command import resolve
 from urpe.kernels import NORMALIZATIONS, register_normalization, registered
 
+from .tiny import tiny_flags
+
 SYNTHETIC = ["reproduce", "synthetic", "--tasks", "probe", "--variants", "rpe,urpe"]
-TINY = [
-    "--seq-len",
-    "6",
-    "--steps",
-    "2",
-    "--batch-size",
-    "8",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "16",
-    "--eval-sequences",
-    "8",
-    "--no-progress",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-    "--checkpoint-every",
-    "0",
-]
+TINY = tiny_flags("synthetic", tasks=None, variants=None, steps=2, eval_sequences=8)
 
 
 def _configs(argv: list[str]) -> list[dict]:

@@ -20,6 +20,8 @@ from urpe.encodings import EncodingSpec, RelativeEncoding, register_position, re
 from urpe.graph import Graphormer
 from urpe.training.checkpoint import load_module, load_weights
 
+from .tiny import tiny_config
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = ROOT / "results/lm/checkpoint-txl+urpe-seed0"  # saved before encoding specs
 
@@ -126,12 +128,11 @@ def test_old_keyword_arguments_warn_and_build_the_same_model():
         vocab_size=11, max_len=6, num_layers=2, dim=8, num_heads=2, gate=spec
     )
     with pytest.warns(DeprecationWarning, match="gate_init, num_buckets are deprecated"):
-        old = urpe.TransformerConfig(
-            vocab_size=11,
-            max_len=6,
+        old = tiny_config(
             num_layers=2,
             dim=8,
-            num_heads=2,
+            ffn_dim=None,
+            max_len=6,
             gate="t5",
             gate_init="normal",
             num_buckets=8,

@@ -10,6 +10,7 @@ from urpe.encodings import GATE_REGISTRY, POSITION_REGISTRY
 
 from .test_packed_positions import document_ids, spans
 from .test_positions import randomized
+from .tiny import tiny_config
 
 TOKEN_ENCODINGS = [n for n, r in POSITION_REGISTRY.items() if not r.uses_relation]
 TOKEN_GATES = [None, *(n for n, r in GATE_REGISTRY.items() if not r.uses_relation)]
@@ -25,15 +26,8 @@ def packed_row():
 
 def decoder(position, gate, **changes):
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(
-        vocab_size=11,
-        max_len=8,
-        num_layers=2,
-        dim=8,
-        num_heads=2,
-        position=position,
-        gate=gate,
-        **changes,
+    config = tiny_config(
+        num_layers=2, dim=8, ffn_dim=None, max_len=8, position=position, gate=gate, **changes
     )
     return randomized(urpe.TransformerDecoder(config)).eval()  # tables away from their init
 
@@ -92,12 +86,11 @@ def test_attention_module_takes_document_ids_per_call():
 @pytest.mark.parametrize("position", ["fire", "fox"])
 def test_packed_encoder_rows_equal_each_document_alone(position):
     torch.manual_seed(0)
-    config = urpe.TransformerConfig(
-        vocab_size=11,
-        max_len=8,
+    config = tiny_config(
         num_layers=2,
         dim=8,
-        num_heads=2,
+        ffn_dim=None,
+        max_len=8,
         position=position,
         gate="toeplitz",
         absolute="learned",

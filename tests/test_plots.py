@@ -167,7 +167,7 @@ def test_language_model_figures_are_readable_alone(saved, tmp_path, folder):
 
 
 def test_benchmark_memory_figure_is_readable_alone(saved, tmp_path):
-    from urpe.bench.plots import plot_memory
+    from harness.plots import plot_memory
 
     results = json.loads((ROOT / "benchmarks/attention.json").read_text())
     plot_memory(results["memory"], tmp_path / "memory.png", results["shape"])

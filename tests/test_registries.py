@@ -28,6 +28,7 @@ from urpe.kernels.cpp import unavailable
 from urpe.kernels.reference import reference_run
 
 from .kernel_cases import sigmoid_normalization
+from .tiny import tiny_config
 
 # The first CPU backend "auto" gives a gate to: the C++ kernel where it is built, else blockwise.
 GATED_ON_CPU = "cpp" if unavailable() is None else "blockwise"
@@ -147,12 +148,12 @@ def test_a_registered_normalization_builds_and_trains_a_model():
 
 
 def _check_a_sigmoid_model():
-    config = TransformerConfig(
+    config = tiny_config(
         vocab_size=7,
-        max_len=6,
         num_layers=2,
         dim=8,
-        num_heads=2,
+        ffn_dim=None,
+        max_len=6,
         position="rpe",
         gate="toeplitz",
         normalization="sigmoid",

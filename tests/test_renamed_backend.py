@@ -11,7 +11,7 @@ import torch
 
 from urpe import TransformerConfig
 from urpe.cli import build_parser
-from urpe.kernels import Toeplitz, attention, dispatch, select_backend
+from urpe.kernels import Toeplitz, attention, backends, select_backend
 
 F64 = dict(dtype=torch.float64)
 
@@ -19,7 +19,7 @@ F64 = dict(dtype=torch.float64)
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     """Forget which deprecations were already announced in this process."""
-    monkeypatch.setattr(dispatch, "_WARNED", set())
+    monkeypatch.setattr(backends, "_WARNED", set())
 
 
 def test_the_old_name_runs_the_blockwise_kernel_and_warns_once(fresh_warnings):

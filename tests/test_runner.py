@@ -9,33 +9,11 @@ from urpe.cli import main
 from urpe.experiments.runner import RunSpec, config_digest
 from urpe.experiments.synthetic.report import rows, summarize
 
-TINY = [
-    "--tasks",
-    "pi,probe",
-    "--variants",
-    "nope,urpe",
-    "--seq-len",
-    "6",
-    "--steps",
-    "12",
-    "--batch-size",
-    "8",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "16",
-    "--eval-sequences",
-    "32",
-    "--no-progress",
-    "--threads",
-    "1",
-    "--checkpoint-every",
-    "0",
-]
+from .tiny import tiny_flags
+
+TINY = tiny_flags(
+    "synthetic", tasks="pi,probe", variants="nope,urpe", steps=12, eval_sequences=32, jobs=None
+)
 
 
 def _sweep(out, *flags):

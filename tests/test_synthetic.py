@@ -10,33 +10,25 @@ from urpe.experiments.synthetic.report import claims, summarize
 from urpe.experiments.synthetic.variants import VARIANTS, variant_config
 from urpe.models import TransformerConfig, TransformerEncoder
 
-TINY = [
-    "--seq-len",
-    "8",
-    "--steps",
-    "150",
-    "--batch-size",
-    "32",
-    "--layers",
-    "2",
-    "--dim",
-    "32",
-    "--heads",
-    "4",
-    "--ffn-dim",
-    "64",
-    "--lr",
-    "3e-3",
-    "--warmup",
-    "15",
-    "--eval-sequences",
-    "256",
-    "--no-progress",
-    "--jobs",
-    "1",
-    "--threads",
-    "1",
-]
+from .tiny import tiny_flags
+
+# two layers of width 32 for 150 steps: enough to learn the tasks the tests check
+TINY = tiny_flags(
+    "synthetic",
+    tasks=None,
+    variants=None,
+    seq_len=8,
+    steps=150,
+    batch_size=32,
+    layers=2,
+    dim=32,
+    heads=4,
+    ffn_dim=64,
+    lr="3e-3",
+    warmup=15,
+    eval_sequences=256,
+    checkpoint_every=None,
+)
 
 
 @pytest.fixture(scope="module")

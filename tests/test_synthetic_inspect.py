@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from urpe.cli import main
 from urpe.experiments.synthetic.experiment import plan
 from urpe.experiments.synthetic.inspect import (
     attention_weights,
@@ -82,44 +81,8 @@ def test_position_probe_tells_a_position_code_from_noise():
         position_probe(noise[:1])
 
 
-def test_inspect_command_reports_a_trained_run(tmp_path, capsys):
-    out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "reproduce",
-                "synthetic",
-                "--tasks",
-                "etp",
-                "--variants",
-                "urpe",
-                "--seq-len",
-                "6",
-                "--steps",
-                "4",
-                "--batch-size",
-                "8",
-                "--layers",
-                "1",
-                "--dim",
-                "8",
-                "--heads",
-                "2",
-                "--ffn-dim",
-                "16",
-                "--eval-sequences",
-                "8",
-                "--no-progress",
-                "--jobs",
-                "1",
-                "--threads",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+def test_inspect_command_reports_a_trained_run(tiny_run, tmp_path, capsys):
+    out = tiny_run("synthetic", steps=4, dim=8, eval_sequences=8, checkpoint_every=None)
     run_dir = next((out / "runs").iterdir())
     assert inspect_main([str(run_dir), "--sequences", "4", "--json", str(tmp_path / "i.json")]) == 0
     text = capsys.readouterr().out
@@ -239,46 +202,16 @@ def test_without_the_embedding_norm_all_tokens_start_with_one_shared_value():
     assert max(agreement["urpe"]) < 5 and min(agreement["urpe-raw-embed"]) > 100
 
 
-def test_a_probe_run_is_measured_on_random_tokens(tmp_path):
+def test_a_probe_run_is_measured_on_random_tokens(tiny_run, tmp_path):
     # The probe's own input repeats one token: its values would share everything trivially.
-    out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "reproduce",
-                "synthetic",
-                "--tasks",
-                "probe",
-                "--variants",
-                "urpe",
-                "--seq-len",
-                "6",
-                "--steps",
-                "4",
-                "--batch-size",
-                "8",
-                "--layers",
-                "1",
-                "--dim",
-                "8",
-                "--heads",
-                "2",
-                "--ffn-dim",
-                "16",
-                "--eval-sequences",
-                "8",
-                "--vocab-size",
-                "50",
-                "--no-progress",
-                "--jobs",
-                "1",
-                "--threads",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
+    out = tiny_run(
+        "synthetic",
+        tasks="probe",
+        steps=4,
+        dim=8,
+        eval_sequences=8,
+        vocab_size=50,
+        checkpoint_every=None,
     )
     run_dir = next((out / "runs").iterdir())
     assert (

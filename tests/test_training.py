@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from urpe.models import TransformerConfig
 from urpe.tasks import get_task
 from urpe.training import (
     EncoderTokenClassifier,
@@ -24,6 +23,8 @@ from urpe.training import (
 )
 from urpe.training.checkpoint import latest_checkpoint, load_weights
 from urpe.training.optim import warmup_polynomial_decay
+
+from .tiny import tiny_config
 
 
 def test_schedule_warms_up_then_decays_linearly():
@@ -80,15 +81,8 @@ def test_indexed_stream_visits_every_item_once_per_epoch():
 def _train(out, steps, dropout=0.1, checkpoint_every=5):
     quiet_lightning()
     L.seed_everything(0, verbose=False)
-    config = TransformerConfig(
-        vocab_size=5,
-        max_len=8,
-        num_layers=1,
-        dim=16,
-        num_heads=2,
-        dropout=dropout,
-        position="rpe",
-        gate="toeplitz",
+    config = tiny_config(
+        vocab_size=5, ffn_dim=None, max_len=8, dropout=dropout, position="rpe", gate="toeplitz"
     )
     objective = TokenClassification(
         EncoderTokenClassifier(config, 8), 8, OptimConfig(lr=3e-3, warmup_steps=2, total_steps=20)

@@ -3,9 +3,10 @@ the autotuner's configurations spill nothing in half precision.
 
 Triton's CPU interpreter accepts code that the GPU compiler refuses (it once let the kernels read
 a plain-int module global, which broke every CUDA launch) and knows nothing of registers, so the
-interpreter tests alone cannot show that the kernels build, or build well. `urpe bench compile`
-compiles them down to the cubin with the `ptxas` Triton bundles, in worker processes without
-TRITON_INTERPRET (set by conftest), and reads registers, spills and shared memory back.
+interpreter tests alone cannot show that the kernels build, or build well. The compile matrix
+(benchmarks/harness/compile_matrix.py) compiles what the public call launches down to the cubin
+with the `ptxas` Triton bundles, in worker processes without TRITON_INTERPRET (set by conftest),
+and reads registers, spills and shared memory back.
 """
 
 from __future__ import annotations
@@ -17,20 +18,19 @@ import pytest
 import torch
 import triton
 
-from urpe.bench.compile import (
+from harness.compile_matrix import (
     KERNELS,
-    ONCE_SPILLED,
+    NAMED,
     STRENGTH,
-    Case,
+    calls,
     compile_cases,
-    feature_rows,
+    factors,
     full_matrix,
-    launch_factors,
-    launch_of,
     problems,
     quick_matrix,
 )
-from urpe.bench.covering import all_combinations, covered
+from harness.covering import all_combinations, covered
+from harness.launches import Call, recorded
 from urpe.kernels.triton import launch
 
 
@@ -45,13 +45,15 @@ def _check(cases, jobs=1):
 
 
 def test_quick_subset_compiles_for_sm80_and_sm90_without_spills():
-    """Includes the launches that once spilled (`ONCE_SPILLED`) on sm_80."""
+    """Includes the dK/dV launches of the calls that once spilled (`NAMED`) on sm_80."""
     cases = quick_matrix()
     assert {c.kernel for c in cases} == {"forward", "backward_kv", "backward_q", "dropout_mask"}
     assert {c.arch for c in cases} == {80, 90}
-    for kernel, features in ONCE_SPILLED:
-        sm80 = [c for c in cases if (c.kernel, c.arch, c.dtype) == (kernel, 80, "bfloat16")]
-        assert any(all(getattr(c, n) == v for n, v in features.items()) for c in sm80)
+    for features in NAMED.values():
+        sm80 = [
+            c for c in cases if (c.kernel, c.arch, c.call.dtype) == ("backward_kv", 80, "bfloat16")
+        ]
+        assert any(c.call == Call(dtype="bfloat16", **features) for c in sm80)
     _check(cases)
 
 
@@ -60,48 +62,64 @@ def test_every_autotuner_configuration_compiles_without_spills():
     _check(full_matrix(), jobs=os.cpu_count() or 1)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_matrix_holds_every_pair_of_launch_features(kernel, dtype):
-    """Not a hand list: the rows cover every pair of values of the features `launch_factors`
-    reads off the launch code, and every such row is compiled at every configuration."""
-    factors = launch_factors(kernel, dtype)
-    rows = feature_rows(kernel, dtype)
-    assert covered(rows, factors, STRENGTH) == all_combinations(factors, STRENGTH)
-    cases = full_matrix(archs=(80,), dtypes=(dtype,))
-    for row in rows:
-        variant = (row["bias"] == "decay" and row.get("bias_grad", True), row["documents"])
-        for blocks in launch.configs_for(kernel, 64, launch.dtype_family(dtype), *variant):
-            assert Case(kernel, 80, dtype, 64, blocks, **row) in cases
+def test_the_calls_hold_every_pair_of_call_features(dtype):
+    """Not a hand list: the calls cover every pair of values of the features a user chooses,
+    in every dtype and head-dim bucket, and the NAMED calls stand beside them in half
+    precision."""
+    made = calls(dtypes=(dtype,))
+    for d in (64, 128):
+        chosen = factors(dtype, d)
+        rows = [
+            {name: getattr(c, name) for name in chosen}
+            for c in made
+            if c.head_dim in chosen["head_dim"]
+        ]
+        assert covered(rows, chosen, STRENGTH) == all_combinations(chosen, STRENGTH)
+    named = {Call(dtype=dtype, **features) for features in NAMED.values()}
+    assert named <= set(made) if dtype == "bfloat16" else not named & set(made)
 
 
-# constexpr arguments set by the dtype (accumulator, product precision, interpreter upcast),
-# the head dims and the tile configuration rather than by a feature of the call
-NOT_FEATURES = {"ACC", "PRECISION", "UPCAST", "BLOCK_D", "BLOCK_DV"}
+# constexpr arguments set by the dtype (accumulator, product precision, interpreter upcast)
+# and the head dims rather than by a feature of the call
+NOT_FEATURES = {"ACC", "UPCAST", "BLOCK_D", "BLOCK_DV"}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_every_constexpr_of_a_launch_is_a_feature_of_the_matrix(kernel):
-    """A launch's constexpr flags each follow one of `launch_factors`' features: a new flag in
-    the launch code fails here until the compile matrix varies it."""
-    base = Case(
-        kernel,
-        80,
-        "float32",
-        64,
-        (16, 32, 4, 2),
-        causal=False,
-        dropout=False,
-        padding=False,
-        mask=False,
-    )
-    meta = launch_of(base).meta
+def test_every_constexpr_of_a_launch_is_varied_by_the_calls(kernel):
+    """A launch's constexpr arguments each change with one of `factors`' features: a new flag
+    in the launch code fails here until the calls vary it."""
+    base = Call(dtype="float32", head_dim=16, lq=32, lk=32)
+    skip = ("lq", "lk", "head_dim")  # integers, not constexprs: 32 and 16 keep it quick
+    others = [
+        replace(base, **{name: value})
+        for name, values in factors("float32", 16).items()
+        if name not in skip
+        for value in values
+    ]
+    found = recorded([base, *others])
+    first = next(x for x in found[base] if x.kernel == kernel).constants
     varied = set()
-    for name, values in launch_factors(kernel, "float32").items():
-        for value in values:
-            other = launch_of(replace(base, **{name: value})).meta
-            varied |= {key for key in meta if other[key] != meta[key]}
-    assert varied == set(meta) - NOT_FEATURES
+    for call in others:
+        other = next(x for x in found[call] if x.kernel == kernel).constants
+        varied |= {key for key in first if other[key] != first[key]}
+    assert varied == set(first) - NOT_FEATURES
+
+
+def test_a_launch_is_recorded_as_the_kernel_receives_it():
+    """The recorded launch holds the call's own integers and alignments: a grouped call's
+    heads per kv head, a Toeplitz table's reach, and q, k, v of a (B, L, H, D) projection."""
+    call = Call(dtype="bfloat16", head_dim=40, bias="toeplitz", groups=4, lq=48, lk=48,
+                layout="blhd", table="clamped")  # fmt: skip
+    forward = next(x for x in recorded([call])[call] if x.kernel == "forward")
+    names = [n for n in launch.KERNELS["forward"].arg_names if n not in forward.constants]
+    names = [n for n in names if n not in ("BLOCK_M", "BLOCK_N")]
+    args = dict(zip(names, forward.args, strict=True))
+    assert args["group"] == ("int", 4) and args["heads"] == ("int", 8)
+    assert args["B_K"] == ("int", 128)  # the table's maximum distance
+    assert args["sqm"] == ("int", 8 * 40) and args["sqh"] == ("int", 40)  # (B, L, H, D) strides
+    assert args["q_ptr"] == ("tensor", "bfloat16", True)
+    assert forward.constants["UPCAST"] is False  # as on a GPU, not as the interpreter runs it
 
 
 @pytest.mark.parametrize(
@@ -119,7 +137,7 @@ def test_the_autotuner_tries_exactly_the_checked_configurations(
 ):
     """The autotuner's pruning keeps, per head dim, dtype and variant (a Decay's gradient,
     document ids), the configurations the compile checks above cover (and that list is what
-    `urpe bench compile` reports on)."""
+    the compile matrix reports on)."""
     from urpe.kernels.triton import kernels as K
 
     tuner = launch.tuned(kernel)
@@ -134,4 +152,4 @@ def test_the_autotuner_tries_exactly_the_checked_configurations(
         kernel, block_d, launch.dtype_family(dtype), decay_grad, documents
     )
     assert sorted(shapes) == sorted(expected)
-    assert {c.maxnreg for c in kept} == {launch.MAX_REGISTERS}  # what `urpe bench compile` uses
+    assert {c.maxnreg for c in kept} == {launch.MAX_REGISTERS}  # what the compile matrix uses

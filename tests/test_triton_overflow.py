@@ -85,17 +85,16 @@ def test_lengths_in_one_power_of_two_share_a_tuning_key():
     """The autotuner keys on the next power of two of each length, so a new length in a bucket
     reuses the tuned configuration (and Triton's own specialisation, divisible by 16 or not,
     compiles at most a few variants) instead of tuning and compiling per length."""
-    from urpe.bench.compile import Case, launch_of
+    from harness.launches import Call, recorded
+
+    calls = {n: Call(dtype="bfloat16", lq=n, lk=n) for n in (1000, 1017, 1024, 1025)}
+    found = recorded(list(calls.values()))  # what `urpe.attention` launches at each length
 
     def key(length):
-        original = dict(launch_of.__globals__["SHAPE"])
-        launch_of.__globals__["SHAPE"]["length"] = length
-        try:
-            one = launch_of(Case("forward", 90, "bfloat16", 64, (64, 64, 4, 3)))
-        finally:
-            launch_of.__globals__["SHAPE"].update(original)
-        named = dict(zip(launch.KERNELS["forward"].arg_names, one.args, strict=False))
-        named.update(one.meta)
+        one = next(x for x in found[calls[length]] if x.kernel == "forward")
+        names = launch.KERNELS["forward"].arg_names
+        runtime = [n for n in names if n not in one.constants and n not in ("BLOCK_M", "BLOCK_N")]
+        named = dict(zip(runtime, one.args, strict=True), **one.constants)
         return tuple(named[name] for name in launch.TUNING_KEY)
 
     assert key(1000) == key(1017) == key(1024)

@@ -14,33 +14,11 @@ import pytest
 
 from urpe.cli import main
 
-FLAGS = [
-    "--tasks",
-    "etp",
-    "--variants",
-    "urpe,rpe",
-    "--seq-len",
-    "8",
-    "--steps",
-    "300",
-    "--batch-size",
-    "16",
-    "--layers",
-    "1",
-    "--dim",
-    "16",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "32",
-    "--eval-sequences",
-    "64",
-    "--no-progress",
-    "--threads",
-    "1",
-    "--checkpoint-every",
-    "10",
-]
+from .tiny import LEARNS, tiny_flags
+
+FLAGS = tiny_flags(
+    "synthetic", **LEARNS, variants="urpe,rpe", steps=300, checkpoint_every=10, jobs=None
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

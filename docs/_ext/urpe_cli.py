@@ -60,7 +60,7 @@ def _help(main, argv: list[str]) -> str:
 
 def commands() -> list[tuple[str, str, str]]:
     """(title, one-line summary, --help text) of every command, in the order of `urpe --help`."""
-    from urpe.cli import COMMANDS, GROUP_HELP, SINGLE_COMMANDS, main
+    from urpe.cli import COMMAND_MODES, COMMANDS, GROUP_HELP, SINGLE_COMMANDS, main
 
     entries = [("urpe", "The command; python -m urpe is the same.", [])]
     for group, summary in GROUP_HELP.items():
@@ -72,6 +72,10 @@ def commands() -> list[tuple[str, str, str]]:
         ]
     entries += [
         (f"urpe {name}", help_text, [name]) for name, (_, help_text) in SINGLE_COMMANDS.items()
+    ]
+    entries += [
+        (f"urpe {name} {mode}", help_text, [name, mode])
+        for (name, mode), (_, help_text) in COMMAND_MODES.items()
     ]
     out = [(title, summary, _help(main, argv)) for title, summary, argv in entries]
     for title, (module, summary) in MODULE_TOOLS.items():

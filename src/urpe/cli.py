@@ -34,6 +34,11 @@ COMMANDS = {
         "language modelling on real text: every encoding, Transformer-XL memory, URPE's gate, "
         "length extrapolation",
     ),
+    ("reproduce", "long-context"): (
+        "urpe.experiments.long_context.presets:COMMAND",
+        "how far each encoding reaches: passkey, needles, recall, copying, variable tracking "
+        "and perplexity at 1x-8x the training length",
+    ),
     ("reproduce", "graph"): (
         "urpe.experiments.graph.presets:COMMAND",
         "Graphormer vs Graphormer + URPE on real molecules (MOSES, QM9, or your ZINC files)",
@@ -41,15 +46,6 @@ COMMANDS = {
     ("bench", "attention"): (
         "urpe.bench.attention",
         "time and peak memory of the attention kernels against PyTorch SDPA",
-    ),
-    ("bench", "model"): (
-        "urpe.bench.model_options",
-        "what URPE costs inside a model: one decoding call, short rows, generation (library "
-        "decoder, Hugging Face), training steps, each against the model without it",
-    ),
-    ("bench", "compile"): (
-        "urpe.bench.compile_options",
-        "compile the Triton kernels for real GPUs without one: registers, spills, shared memory",
     ),
 }
 
@@ -72,6 +68,16 @@ SINGLE_COMMANDS = {
         "urpe.experiments.evaluate",
         "score a trained model on new data: bpc/perplexity of a text, MAE on molecules, "
         "accuracy on a task",
+    ),
+}
+
+# Named modes of a top-level command, with flags of their own: (command, mode) -> (module, help).
+# `urpe evaluate long-context MODEL` is not `urpe evaluate RUN DATA` with RUN "long-context".
+COMMAND_MODES = {
+    ("evaluate", "long-context"): (
+        "urpe.experiments.long_context.evaluate",
+        "passkey, needles, recall, copying, variable tracking and perplexity at many lengths, "
+        "on any trained causal LM (urpe or Hugging Face)",
     ),
 }
 
@@ -114,7 +120,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     for name, (module, help_text) in SINGLE_COMMANDS.items():
         sub = groups.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(module=module, prog=sub.prog)
-        if argv[:1] == [name]:
+        mode = COMMAND_MODES.get((name, argv[1])) if argv[:1] == [name] and argv[1:] else None
+        if mode is not None:
+            modes = sub.add_subparsers(dest="mode", metavar="MODE", required=True)
+            mode_parser = modes.add_parser(argv[1], help=mode[1], description=mode[1])
+            mode_parser.set_defaults(module=mode[0], prog=mode_parser.prog)
+            _command(mode[0]).add_arguments(mode_parser)
+        elif argv[:1] == [name]:
             _command(module).add_arguments(sub)
     for (group, name), (module, help_text) in COMMANDS.items():
         sub = subparsers[group].add_parser(name, help=help_text, description=help_text)

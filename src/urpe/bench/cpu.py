@@ -1,53 +1,31 @@
-"""`urpe bench attention` on the CPU: times (idle, and under contention when asked), peak
-memory, a profile, end-to-end steps, targets; JSON, BENCHMARKS.md and the memory plot."""
+"""`urpe bench attention` on the CPU: the rows timed at every length and dtype (interleaved
+medians), peak memory per call in subprocesses, and a profile of one row."""
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timezone
 
 import torch
 
-from .contention import Condition, conditions
-from .end_to_end import end_to_end
-from .gpu_section import print_targets
 from .inputs import make_inputs
 from .machine import cpu_info
 from .measure import Method, measure_setting
 from .memory import memory_curves
-from .plots import plot_memory
 from .profiling import profile_row
-from .report import markdown
 from .rows import rows_for
-from .sections import keep_sections
-from .targets import cpu_targets
 
 
-def time_block(args, length: int, dtype: str, progress, condition: Condition | None = None):
-    """Every --rows row at one length and dtype (under `condition` when given)."""
+def time_block(args, length: int, dtype: str, progress, fields: dict | None = None) -> list[dict]:
+    """Every --rows row at one length and dtype; `fields` (a condition such as threads and
+    load, set by the caller around the call) go into every record and its progress lines."""
     rows = [rows_for("cpu")[name] for name in args.rows]
     inputs = make_inputs(args.batch, args.heads, length, args.head_dim, getattr(torch, dtype))
-    setting = dict(length=length, dtype=dtype, **(condition.fields if condition else {}))
-    where = f"  L={length} {dtype}" + (f" ({condition.label})" if condition else "") + ": "
+    setting = dict(length=length, dtype=dtype, **(fields or {}))
+    label = ", ".join(f"{key} {value}" for key, value in (fields or {}).items())
+    where = f"  L={length} {dtype}" + (f" ({label})" if label else "") + ": "
     method = Method("cpu", args, args.warmup, args.repeats, lambda line: progress(where + line))
     return measure_setting(rows, inputs, setting, method)
-
-
-def contention_blocks(args, progress) -> list[dict]:
-    """The rows at --contention-lengths under every thread count, idle and with one core
-    busy; the conditions of one setting follow each other, so drift in the machine's load
-    hits them alike, and the busy process lives for one block at a time."""
-    records = []
-    for dtype in args.dtypes:
-        for length in args.contention_lengths:
-            for condition in conditions(args.contention_threads):
-                progress(f"timing L={length} {dtype}, {condition.label}")
-                with condition.applied():
-                    block = time_block(args, length, dtype, progress, condition)
-                records += block
-                print_times(block, f"{condition.label}: ")
-    return records
 
 
 def print_times(records: list[dict], prefix: str = "") -> None:
@@ -59,7 +37,8 @@ def print_times(records: list[dict], prefix: str = "") -> None:
             print(f"{where} skipped: {r['skipped']}")
 
 
-def run(args, progress, command: str) -> int:
+def measure(args, progress, command: str) -> dict:
+    """The results of one CPU run (what --json writes): times, memory, profile, machine."""
     if args.threads:
         torch.set_num_threads(args.threads)
     shape = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim)
@@ -72,7 +51,6 @@ def run(args, progress, command: str) -> int:
         load_start=os.getloadavg(),
         times=[],
         memory=[],
-        end_to_end=[],
     )
     for dtype in args.dtypes:
         for length in args.lengths:
@@ -80,8 +58,6 @@ def run(args, progress, command: str) -> int:
             block = time_block(args, length, dtype, progress)
             results["times"] += block
             print_times(block)
-    if args.contention:
-        results["contention"] = contention_blocks(args, progress)
     if args.memory_lengths:
         progress("peak memory (one subprocess per point)")
         results["memory"] = memory_curves(args, progress)
@@ -93,21 +69,5 @@ def run(args, progress, command: str) -> int:
         results["profile"] = dict(
             length=args.profile, row=row, ops=profile_row(row, shape, args.profile)
         )
-    if args.end_to_end:
-        progress("end to end")
-        results["end_to_end"] = end_to_end("cpu", args.repeats, args.warmup, progress)
     results["machine"] = cpu_info()
-    results["targets"] = cpu_targets(
-        results["times"], results["memory"], results["end_to_end"], results.get("contention", [])
-    )
-    if args.plot and any("peak_mb" in r for r in results["memory"]):
-        plot_memory(results["memory"], args.plot, shape)
-        if args.markdown:
-            results["plot"] = os.path.relpath(args.plot, args.markdown.parent)
-    print_targets(results["targets"])
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
-    if args.markdown:  # the GPU and model sections already in the file are carried over
-        args.markdown.write_text(keep_sections(args.markdown, markdown(results)))
-    return 0
+    return results

@@ -1,6 +1,6 @@
 """`urpe bench attention --device cuda`: the rows on one CUDA device over a grid of lengths,
 head dims and causal settings (within a time budget), the forward outputs checked against the
-reference, one training step; JSON and the GPU section of BENCHMARKS.md.
+reference.
 
 TFLOP/s count the two matrix products of attention, 4 B H Lq Lk D per forward (half of it when
 causal), and 2.5 times that for the backward (FlashAttention's convention).
@@ -8,25 +8,16 @@ causal), and 2.5 times that for the backward (FlashAttention's convention).
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from datetime import datetime, timezone
 
 import torch
 
-from .end_to_end import end_to_end
-from .gpu_section import print_targets, section_markdown, write_section
+from ..cli_types import UsageError
 from .inputs import make_inputs
 from .machine import gpu_info
 from .measure import Method, measure_setting
 from .rows import Row, rows_for
-from .targets import gpu_targets
-
-NO_CUDA = (
-    "urpe bench attention: error: --device cuda: no CUDA device is visible "
-    "(torch.cuda.is_available() is False)"
-)
 
 
 def attention_flops(batch, heads, lq, lk, head_dim, causal: bool, mode: str) -> float:
@@ -53,14 +44,8 @@ def check_outputs(rows: list[Row], inputs, causal: bool, records: list[dict]) ->
 
 def time_setting(args, rows, length, head_dim, causal, dtype, progress) -> list[dict]:
     inputs = make_inputs(args.batch, args.heads, length, head_dim, getattr(torch, dtype), "cuda")
-    setting = dict(
-        length=length,
-        head_dim=head_dim,
-        causal=causal,
-        dtype=dtype,
-        batch=args.batch,
-        heads=args.heads,
-    )
+    shape = dict(batch=args.batch, heads=args.heads)
+    setting = dict(length=length, head_dim=head_dim, causal=causal, dtype=dtype, **shape)
     records = measure_setting(rows, inputs, setting, Method("cuda", args, progress=progress))
     for r in records:
         if "time_ms" in r:
@@ -82,11 +67,11 @@ def _progress_line(r: dict) -> str:
     return f"  {where}: skipped ({r['skipped']})"
 
 
-def run(args, progress, command: str) -> int:
+def measure(args, progress, command: str) -> dict:
+    """The results of one CUDA run (what --json writes)."""
     rows = [rows_for("cuda")[name] for name in args.gpu_rows]  # built before the check: names
     if not torch.cuda.is_available():
-        print(NO_CUDA, file=sys.stderr)
-        return 2
+        raise UsageError("--device", "cuda: no CUDA device is visible (torch sees none)")
     started = time.monotonic()
     # FlexAttention compiles per shape and variant: room for the whole grid, so that no row
     # silently falls back to eager (materialising) execution after the default 8 recompiles
@@ -98,7 +83,6 @@ def run(args, progress, command: str) -> int:
         command=command,
         device=gpu_info(),
         times=[],
-        training=[],
     )
     causal_settings = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     grid = [
@@ -116,14 +100,4 @@ def run(args, progress, command: str) -> int:
             continue
         progress(f"timing {setting}")
         results["times"] += time_setting(args, rows, length, head_dim, causal, dtype, progress)
-    if args.end_to_end:
-        progress("training step, paper-sized model")
-        results["training"] = end_to_end("cuda", args.train_steps, 3, progress)
-    results["targets"] = gpu_targets(results["times"])
-    print_targets(results["targets"])
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
-    if args.markdown:
-        write_section(args.markdown, section_markdown([results]))
-    return 0
+    return results

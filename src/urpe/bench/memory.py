@@ -1,5 +1,4 @@
-"""Peak memory of one CPU call, each in a fresh subprocess, and the quadratic fit that
-extrapolates the reference's curve past the lengths it fits in.
+"""Peak memory of one CPU call, each in a fresh subprocess.
 
 Peak memory is the growth of the resident set: the peak resident set during the call (reset
 just before it) minus the resident set just before it (Linux /proc). It counts every
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 
@@ -92,18 +90,6 @@ def memory_curves(args, progress) -> list[dict]:
             records.append(record)
             progress(f"  memory {name} L={length}: {record.get('peak_mb', 0):.0f} MB")
     return records
-
-
-def fit_quadratic(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """Least-squares a + b L^2 through (L, MB) points; None with fewer than two points."""
-    if len(points) < 2:
-        return None
-    xs = [length**2 for length, _ in points]
-    ys = [mb for _, mb in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    b /= sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
 
 
 if __name__ == "__main__":

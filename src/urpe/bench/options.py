@@ -49,8 +49,8 @@ def _rows(parser, flag: str, device: str, text: str) -> None:
         choices=choices,
         type=lambda name: RENAMED.get(name, name),
         metavar="ROW",
-        help=f"{text} (default: the baselines, every URPE row and the RPE rows a target "
-        f"compares with). {_row_help(device)}",
+        help=f"{text} (default: the baselines, every URPE row, and the RPE rows of the kernels "
+        f"'auto' runs, which show what the gate costs). {_row_help(device)}",
     )
 
 
@@ -78,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="cpu: the CPU report (BENCHMARKS.md's main part). cuda: the GPU section (Triton "
-        "kernel, FlexAttention route, SDPA-Flash; see --gpu-rows), written between markers "
-        "so the CPU part stays",
+        help="cpu: the --rows at every --lengths and --dtypes, peak memory per call and a "
+        "profile. cuda: the --gpu-rows (Triton kernel, FlexAttention route, SDPA-Flash) over "
+        "--lengths x --head-dims x --causal",
     )
     _device_default(parser, "--lengths", "sequence lengths to time", type=positive_int, nargs="+")
     _device_default(
@@ -120,20 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fused-max-length",
         type=positive_int,
     )
-    add(
-        "--train-steps",
-        type=positive_int,
-        default=10,
-        help="--device cuda: timed training steps of the paper-sized model (median)",
-    )
-    add(
-        "--gpu-report",
-        type=Path,
-        nargs="+",
-        metavar="JSON",
-        help="write the GPU section of --markdown from these results of --device cuda runs "
-        "(merged; no GPU needed), print the targets, and stop",
-    )
     _device_default(parser, "--batch", "batch size B", type=positive_int)
     _device_default(parser, "--heads", "heads H", type=positive_int)
     add("--head-dim", type=positive_int, default=64, help="head width D")
@@ -166,13 +152,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lengths for the peak-memory curves, float32 forward+backward (none: skip)",
     )
     add(
-        "--end-to-end",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also time one training step of small encoders: URPE, RPE, no positions on SDPA "
-        "and x-transformers' T5 bias (if installed)",
-    )
-    add(
         "--profile",
         type=non_negative_int,
         default=2048,
@@ -186,35 +165,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(offered_rows("cpu")),
         help="the CPU row --profile profiles (default: cpp_urpe, what 'auto' runs for URPE on "
         "the CPU, or blockwise_urpe where the C++ kernel is not built; blockwise_urpe shows the "
-        "eager "
-        "kernel's operators)",
+        "eager kernel's operators)",
     )
     add("--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)")
-    add(
-        "--contention",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="CPU: also time the rows at --contention-lengths under each --contention-threads "
-        "count, idle and with a child process spinning on one core (started before each "
-        "block of measurements, stopped after); reported beside the idle ratios",
-    )
-    _lengths(parser, "--contention-threads", [1, 2], "torch thread counts for --contention")
-    _lengths(
-        parser,
-        "--contention-lengths",
-        [2048],
-        "sequence lengths for --contention (each dtype of --dtypes)",
-    )
-    add("--json", type=Path, help="write all results here")
-    add("--markdown", type=Path, help="write the report here (BENCHMARKS.md)")
-    add("--plot", type=Path, help="write the memory curves here (PNG)")
-    add("--memory-probe", help=argparse.SUPPRESS)  # internal: one peak-memory point
+    add("--json", type=Path, help="write every record (times, memory, profile) here")
 
 
 def fill_defaults(args: argparse.Namespace) -> None:
     """Flags left out take the chosen device's defaults; the rows asked for must run here."""
     from .rows import default_rows, rows_for
-    from .targets import named_rows
 
     for name, value in DEVICE_DEFAULTS[args.device].items():
         if not hasattr(args, name):
@@ -222,7 +181,7 @@ def fill_defaults(args: argparse.Namespace) -> None:
     for name, device in ROW_FLAGS.items():
         available = rows_for(device)
         if not hasattr(args, name):
-            setattr(args, name, default_rows(device, named_rows(device)))
+            setattr(args, name, default_rows(device))
         asked = getattr(args, name)
         missing = [
             row

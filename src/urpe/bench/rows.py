@@ -200,11 +200,17 @@ def offered_rows(device: str) -> dict[str, Row]:
     return rows_for_backends(device, None if loaded else BUILT_IN_BACKENDS[device])
 
 
-def default_rows(device: str, named: set[str]) -> list[str]:
+# The RPE rows a run takes unless others are asked for: those of the kernels "auto" runs URPE on
+# (the tiled ones), beside their URPE rows, so that a default run shows what the gate costs.
+DEFAULT_RPE_ROWS = {"cpu": ("blockwise_rpe", "cpp_rpe"), "cuda": ("triton_rpe",)}
+
+
+def default_rows(device: str) -> list[str]:
     """What runs when no rows are asked for: the baselines, every URPE row, and the RPE rows
-    that a target of this device compares with (`named`: the rows the targets name)."""
+    of `DEFAULT_RPE_ROWS`."""
     derived_rpe = {row.name for row in backend_rows(device) if row.name.endswith("_rpe")}
-    return [name for name in rows_for(device) if name not in derived_rpe or name in named]
+    wanted = DEFAULT_RPE_ROWS[device]
+    return [name for name in rows_for(device) if name not in derived_rpe or name in wanted]
 
 
 def skip_reason(row: Row, length: int, limits) -> str | None:

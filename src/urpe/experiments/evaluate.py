@@ -13,7 +13,8 @@ checkpoint, or a folder written by `urpe.save_model`. What DATA is depends on th
   accuracy on freshly drawn sequences (by default the run's own held-out set, so the number
   equals the recorded one).
 
-One line of results, or JSON with --json.
+One line of results, or JSON with --json. `urpe evaluate long-context MODEL` (its own --help)
+measures a language model on long-context tasks and perplexity at many lengths.
 """
 
 from __future__ import annotations
@@ -49,10 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=None,
-        help="sequences, windows or molecules per forward pass",
+        "--batch-size", type=positive_int, help="sequences, windows or molecules per forward pass"
     )
     text = parser.add_argument_group("language models")
     text.add_argument(
@@ -64,7 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     text.add_argument(
         "--context",
         type=positive_int,
-        default=None,
         help="context length in tokens (default: the training length)",
     )
     graph = parser.add_argument_group("graph models")
@@ -95,8 +92,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _bundle(trained, kind: type, problem: str, args: argparse.Namespace, missing: str) -> Any:
-    """The loaded model when it is a `kind` bundle and DATA is given; else a UsageError."""
+def _bundle(trained, reads: str, args: argparse.Namespace) -> Any:
+    """The loaded model when it is the bundle of what it `reads` ("text" or "molecules") and
+    DATA is given; else a UsageError saying which is missing."""
+    from ..training.bundles import MoleculeModel, TextModel
+
+    kind, problem, missing = {
+        "text": (
+            TextModel,
+            f"no tokenizer.json beside {trained.checkpoint}",
+            "give the text file to score",
+        ),
+        "molecules": (
+            MoleculeModel,
+            f"{trained.checkpoint} is not a model of molecules",
+            "give a CSV/SDF file of SMILES with the true values",
+        ),
+    }[reads]
     if not isinstance(trained.model, kind):
         raise UsageError("RUN", problem)
     if args.data is None:
@@ -107,15 +119,8 @@ def _bundle(trained, kind: type, problem: str, args: argparse.Namespace, missing
 def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
     from ..data.text import DatasetError
     from ..data.text.corpora import read_text_file
-    from ..training.bundles import TextModel
 
-    model = _bundle(
-        trained,
-        TextModel,
-        f"no tokenizer.json beside {trained.checkpoint}",
-        args,
-        "give the text file to score",
-    )
+    model = _bundle(trained, "text", args)
     path = Path(args.data).expanduser()
     if not path.is_file():
         raise UsageError("DATA", f"no such file: {path}")
@@ -152,15 +157,8 @@ def _text(trained, args: argparse.Namespace) -> dict[str, Any]:
 
 def _graph(trained, args: argparse.Namespace) -> dict[str, Any]:
     from ..data.molecules.tables import MoleculeFileError, finite_number, read_molecule_table
-    from ..training.bundles import MoleculeModel
 
-    model = _bundle(
-        trained,
-        MoleculeModel,
-        f"{trained.checkpoint} is not a model of molecules",
-        args,
-        "give a CSV/SDF file of SMILES with the true values",
-    )
+    model = _bundle(trained, "molecules", args)
     target = args.target_column or model.target
     try:
         rows, _ = read_molecule_table(Path(args.data).expanduser(), args.smiles_column, [target])

@@ -147,26 +147,20 @@ RunOne = Callable[[dict, RunContext], RunResult]
 
 
 def execute_run(
-    run_one: RunOne,
-    spec: RunSpec,
-    store: RecordStore,
-    execution: Execution,
-    resume: bool,
-    on_step: Callable[[int], None],
-    warn: Callable[[str], None],
+    run_one: RunOne, spec: RunSpec, store: RecordStore, context: RunContext
 ) -> dict | None:
-    """Train one run and write its record (global rank 0 only); return the record."""
-    run_dir = store.run_dir(spec)
-    if not resume and run_dir.exists() and global_rank() == 0:
+    """Train one run in `context.run_dir` (the store's folder of the run, cleared first unless
+    resuming) and write its record (global rank 0 only); return the record (or None)."""
+    run_dir = context.run_dir
+    if not context.resume and run_dir.exists() and global_rank() == 0:
         shutil.rmtree(run_dir)  # a fresh start: no stale checkpoint to continue from
     remove_stale_temporaries(run_dir / "checkpoints")
     run_dir.mkdir(parents=True, exist_ok=True)
-    context = RunContext(run_dir, execution, resume, on_step, warn)
     start = time.perf_counter()
     result = run_one(spec.config, context)
     if global_rank() != 0:
         return None
-    return store.write(spec, result, execution.record(), time.perf_counter() - start)
+    return store.write(spec, result, context.execution.record(), time.perf_counter() - start)
 
 
 def one_line(error: BaseException) -> str:

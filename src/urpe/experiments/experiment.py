@@ -2,16 +2,12 @@
 (`command.py`) drives on the shared runner. Its command line is declared apart, in the
 experiment's presets module, which imports no torch, so that `--help` starts at once:
 
-    # presets.py
-    COMMAND = CommandLine(
-        name="synthetic", presets=PRESETS, variants=VARIANTS_OPTION, options=OPTIONS,
-        implementation="urpe.experiments.synthetic.experiment:EXPERIMENT",
-    )
-    # experiment.py
-    EXPERIMENT = Experiment.of(
-        COMMAND, plan=plan, run_one=run_one, describe=describe, report=report,
-        sweep=("tasks", "variants", "vocab_sizes", "seeds"),
-    )
+    # presets.py: name, presets, the --variants flag, the other flags, what runs it
+    IMPLEMENTATION = "urpe.experiments.synthetic.experiment:EXPERIMENT"
+    COMMAND = CommandLine("synthetic", PRESETS, VARIANTS_OPTION, OPTIONS, IMPLEMENTATION)
+    # experiment.py: the command line, plan, run_one, describe, report; what the runs sweep
+    SWEEP = ("tasks", "variants", "vocab_sizes", "seeds")
+    EXPERIMENT = Experiment.of(COMMAND, plan, run_one, describe, report, sweep=SWEEP)
 
 - `presets`: named `Preset`s, frozen dataclasses of everything a sweep needs. Every `Option`
   sets one preset field; a flag left out keeps the preset's value, so `--help` shows the
@@ -49,7 +45,7 @@ from .settings import Names, Option, Preset, variants_option
 __all__ = ["CommandLine", "Experiment", "Names", "Option", "Preset", "variants_option"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class CommandLine:
     """The command line of `urpe reproduce NAME`: its presets and flags, everything `--help`
     shows. It is declared in the experiment's presets module, which imports no torch, so that
@@ -106,10 +102,13 @@ class Experiment(CommandLine):
     check: Callable[[Any], None] = lambda settings: None  # raises UsageError
 
     @classmethod
-    def of(cls, command_line: CommandLine, **parts: Any) -> Experiment:
-        """The experiment that runs `command_line` with these parts (plan, run_one, ...)."""
+    def of(
+        cls, command_line: CommandLine, plan, run_one, describe, report, **parts: Any
+    ) -> Experiment:
+        """The experiment that runs `command_line` with these parts (and sweep, check)."""
         shared = {f.name: getattr(command_line, f.name) for f in fields(CommandLine)}
-        return cls(**shared, **parts)
+        steps = dict(plan=plan, run_one=run_one, describe=describe, report=report)
+        return cls(**shared, **steps, **parts)
 
     def runs(self, settings: Any) -> int:
         count = 1

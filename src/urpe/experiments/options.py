@@ -273,15 +273,6 @@ def resolve_execution(args: argparse.Namespace, runs: int, batch_size: int) -> E
     elif per_run == "auto":
         # One device per run; with several GPUs, several runs at once (one per GPU).
         devices = 1
-    return Execution(
-        jobs=jobs,
-        threads=threads,
-        accelerator=accelerator,
-        devices=devices,
-        num_nodes=args.num_nodes,
-        strategy=args.strategy,
-        accumulate_grad_batches=args.accumulate_grad_batches,
-        checkpoint_every=args.checkpoint_every or None,
-        progress=not args.no_progress,
-        gpus=gpus,
-    )
+    taken = {f: getattr(args, f) for f in ("num_nodes", "strategy", "accumulate_grad_batches")}
+    more = dict(checkpoint_every=args.checkpoint_every or None, progress=not args.no_progress)
+    return Execution(jobs, threads, accelerator, devices, **taken, **more, gpus=gpus)

@@ -48,6 +48,7 @@ processes), `progress.py` (the bar); this module walks the sweep.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import threading
@@ -207,15 +208,9 @@ def _sequential(run_one, todo, store, execution, resume, progress, describe, out
 def _run_in_turn(run_one, todo, store, execution, resume, progress, describe, outcome) -> None:
     for index, spec in enumerate(todo):
         try:
-            record = execute_run(
-                run_one,
-                spec,
-                store,
-                execution,
-                resume,
-                on_step=lambda step, i=index: progress.step(i, step),
-                warn=progress.line,
-            )
+            on_step = functools.partial(progress.step, index)
+            context = RunContext(store.run_dir(spec), execution, resume, on_step, progress.line)
+            record = execute_run(run_one, spec, store, context)
         except (KeyboardInterrupt, SweepInterrupted):
             raise
         except Exception as error:

@@ -80,6 +80,10 @@ class Option:
         return replace(self, help=help)
 
 
-def variants_option(help: str, names: Names) -> Option:
-    """The `--variants` flag: comma-separated names that `names` checks."""
+def variants_option(names: Names, help: str | None = None) -> Option:
+    """The `--variants` flag: comma-separated names that `names` checks; its help lists them
+    unless `help` says otherwise."""
+    if help is None:
+        every = ", or 'all'" if names.allow_all else ""
+        help = f"comma-separated, from {', '.join(names.known)}{every} ({{presets}})"
     return Option(("--variants",), "variants", help, name_list, names=names)

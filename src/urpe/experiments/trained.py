@@ -62,7 +62,7 @@ def find_trained(
         require(*LOADING_NEEDS, *READING_NEEDS.get(input_record(config)["kind"], ()))
         from ..training.bundles import load_model
 
-        model = load_model(directory)
+        model = load_model(directory, config=config)  # read once, passed down
     except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:
         raise UsageError(argument, str(error).splitlines()[0]) from None
     return Trained(directory, config, model)

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .execution import Execution, RunOne, execute_run, one_line, record_failure
+from .execution import Execution, RunContext, RunOne, execute_run, one_line, record_failure
 from .records import RecordStore
 from .stopping import die_with_parent
 
@@ -52,6 +52,11 @@ def _worker(
         _take_runs(slot, tasks, events, run_one, RecordStore(out), execution, resume)
 
 
+def _reporter(events, kind: str, index: int) -> Callable:
+    """What a run reports (a step, a warning) as an event of run `index` for the parent."""
+    return lambda value: events.put((kind, index, value))
+
+
 def _take_runs(slot, tasks, events, run_one, store, execution, resume) -> None:
     while True:
         item = tasks.get()
@@ -60,15 +65,9 @@ def _take_runs(slot, tasks, events, run_one, store, execution, resume) -> None:
         index, spec = item
         events.put(("start", index, slot))
         try:
-            record = execute_run(
-                run_one,
-                spec,
-                store,
-                execution,
-                resume,
-                on_step=lambda step, index=index: events.put(("step", index, step)),
-                warn=lambda message, index=index: events.put(("warn", index, message)),
-            )
+            step, warn = (_reporter(events, kind, index) for kind in ("step", "warn"))
+            context = RunContext(store.run_dir(spec), execution, resume, step, warn)
+            record = execute_run(run_one, spec, store, context)
             events.put(("done", index, record))
         except Exception as error:  # reported by the parent, which goes on with the others
             events.put(("failed", index, one_line(error), traceback.format_exc()))

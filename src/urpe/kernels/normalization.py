@@ -35,6 +35,24 @@ from .watched import WatchedDict
 
 @dataclass(frozen=True)
 class Normalization:
+    """One row normalisation, with what every kernel needs of it (module docstring).
+
+    Attributes:
+        name: the name `urpe.attention(normalization=...)` takes.
+        formula: the weights in words, for documentation and error messages.
+        weights: (scores (..., Lq, Lk), keep bool or None) -> weights: the reference formula.
+        tile_weights: (logit tile, row statistic r) -> (weights, aux), in place on the tile.
+        grad_logits: (dP, weights, aux, delta, r) -> dS, in place on dP.
+        running_power: 1 (softmax) or 2 (l2): r_i kept online as m_i + log(l_i) / power;
+            None where r_i is known up front (`fixed_statistic`).
+        fixed_statistic: visible-key counts (B, H, Lq, 1) -> r_i, or None.
+        needs_delta: the backward needs delta_i = sum_j a_ij dP_ij (= rowsum(dO * O)).
+        hidden_logit: the value a hidden logit takes before `tile_weights` (its weight is 0).
+        one_shot: a fused whole-row form for a tile that holds the whole row, or None.
+        rows_sum_to_one: every row of weights sums to 1 (softmax only).
+        overflows: the weights have no upper bound (exp): results are checked for overflow.
+    """
+
     name: str
     formula: str
     weights: Callable[[Tensor, Tensor | None], Tensor]

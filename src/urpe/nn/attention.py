@@ -207,4 +207,3 @@ def split_memory_padding(
             f"(B, L) = (B, {length}), got {tuple(mask.shape)}"
         )
     return mask[:, :memory], mask[:, memory:]
-

@@ -297,7 +297,9 @@ def with_inputs(model: nn.Module, inputs: InputEncoding | None) -> Any:
     return model
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", *, config: dict[str, Any] | None = None
+) -> Any:
     """The trained model of a checkpoint, in eval mode: built from config.json, weights from
     model.safetensors (no pickle involved). `path`: see `checkpoint.resolve_checkpoint`; from a
     sweep folder of several runs it takes the one the commands take and says which in a warning.
@@ -308,11 +310,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Any:
     in the target's units); a bundle's `.model` is the module, and it passes calls and
     attributes on to it. Any other model comes as the module itself.
 
+    `config`: the checkpoint's config.json as `read_checkpoint_config` returned it, where the
+    caller has read it already (it is read once either way).
+
     >>> model = load_model("runs/synthetic/runs/pi-urpe-.../checkpoints")  # doctest: +SKIP
     """
     directory = resolve_checkpoint(path, say=_warn_of_choice)
-    inputs = read_inputs(read_checkpoint_config(directory), directory)
-    return with_inputs(load_module(directory, device), inputs)
+    config = read_checkpoint_config(directory) if config is None else config
+    module = load_module(directory, device, config=config)
+    return with_inputs(module, read_inputs(config, directory))
 
 
 def _warn_of_choice(note: str, runs: int) -> None:

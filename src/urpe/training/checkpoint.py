@@ -248,11 +248,14 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def load_module(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+def load_module(
+    path: str | Path, device: str | torch.device = "cpu", *, config: dict[str, Any] | None = None
+) -> nn.Module:
     """The checkpoint's model as a bare `nn.Module` in eval mode (no tokenizer or featuriser
-    attached; `urpe.training.bundles.load_model` attaches them)."""
+    attached; `urpe.training.bundles.load_model` attaches them). `config`: its config.json as
+    `read_checkpoint_config` returned it, where the caller has read it already."""
     directory = resolve_checkpoint(path)
-    config = read_checkpoint_config(directory)
+    config = read_checkpoint_config(directory) if config is None else config
     model = build_model(config["model"])
     prefix = config.get("state_dict_prefix", "")
     weights = load_weights(directory / WEIGHTS, device)

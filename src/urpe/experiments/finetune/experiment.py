@@ -37,7 +37,8 @@ from ...cli_types import UsageError
 from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
-from ..lm.experiment import EVAL_BATCH, fit_text, schedule_sections
+from ..lm.experiment import EVAL_BATCH, fit_text, held_out_scores, schedule_sections
+from ..recipes import preset_optim
 from ..records import RunResult, RunSpec
 from .presets import COMMAND, VARIANTS, Preset
 
@@ -49,12 +50,6 @@ def run_config(
 ) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     v = VARIANTS[variant]
-    optim = OptimConfig(
-        lr=preset.lr,
-        warmup_steps=preset.warmup,
-        total_steps=preset.steps,
-        weight_decay=preset.weight_decay,
-    )
     return {
         "experiment": "finetune",
         "dataset": preset.dataset,
@@ -73,7 +68,7 @@ def run_config(
             "memory_length": 0,
             **({"pack": True} if preset.pack else {}),  # unpacked runs keep their identity
         },
-        "optim": optim.to_dict(),
+        "optim": preset_optim(preset).to_dict(),
         "gate_lr": preset.gate_lr if v.urpe is not None else None,
         **schedule_sections(preset, precision, DATA_STREAM),
     }
@@ -286,12 +281,8 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     steps = objective.step_seconds
     median = statistics.median(steps) if steps else float("nan")
     record = {
-        "metric": config["metric"],
+        **held_out_scores(config["metric"], val, test),
         "val_loss_start": start["loss"],
-        "val_loss": val["loss"],
-        "test_loss": test["loss"],
-        "val_tokens": int(val["tokens"]),
-        "test_tokens": int(test["tokens"]),
         "params": sum(p.numel() for p in hf_model.parameters()),
         "trained_params": sum(p.numel() for p in hf_model.parameters() if p.requires_grad),
         "gate_params": sum(p.numel() for p in gate_parameters(hf_model)),
@@ -322,10 +313,5 @@ def write_report(records: list[dict], out: Path, seconds: float) -> tuple[str, l
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND,
-    plan=plan,
-    run_one=run_one,
-    describe=describe,
-    report=write_report,
-    sweep=("variants", "seeds"),
+    COMMAND, plan, run_one, describe, write_report, sweep=("variants", "seeds")
 )

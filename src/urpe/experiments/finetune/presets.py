@@ -12,10 +12,16 @@ from typing import Any
 
 from ...cli_types import (
     positive_float,
-    positive_int,
 )
 from ..experiment import CommandLine, Names, Option, variants_option
-from ..lm.presets import EVALUATION_OPTIONS, VOCAB_SIZE, TextRun
+from ..lm.presets import (
+    DATASET,
+    EVALUATION_OPTIONS,
+    SEGMENT_LENGTH,
+    TOKENIZER,
+    VOCAB_SIZE,
+    TextRun,
+)
 from ..options import BATCH_SIZE, LR, SEEDS, STEPS, WARMUP
 
 
@@ -69,39 +75,27 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-VARIANTS_OPTION = variants_option(
-    f"comma-separated, from {', '.join(VARIANTS)} ({{presets}})", Names("variant", VARIANTS)
+MODEL = Option(
+    ("--model",),
+    "model",
+    "a local folder written by save_pretrained (config.json and weights) of a transformers "
+    "causal LM; never downloaded",
+    metavar="PATH",
 )
+VARIANTS_OPTION = variants_option(Names("variant", VARIANTS))
 OPTIONS = (
-    Option(
-        ("--model",),
-        "model",
-        "a local folder written by save_pretrained (config.json and "
-        "weights) of a transformers causal LM; never downloaded",
-        metavar="PATH",
+    MODEL,
+    DATASET.with_help(
+        "shakespeare, enwiki-mini, enwik8:PATH, wikitext-103:DIR, text:PATH or a file path "
+        "({presets})"
     ),
-    Option(
-        ("--dataset",),
-        "dataset",
-        "shakespeare, enwiki-mini, enwik8:PATH, "
-        "wikitext-103:DIR, text:PATH or a file path ({presets})",
-    ),
-    Option(
-        ("--tokenizer",),
-        "tokenizer",
-        "urpe tokenisation when the model folder has no "
-        "tokenizer of its own (default: the corpus's own); its ids must fit the model's "
-        "vocabulary",
-        choices=("char", "byte", "bpe", "word"),
+    TOKENIZER.with_help(
+        "urpe tokenisation when the model folder has no tokenizer of its own (default: the "
+        "corpus's own); its ids must fit the model's vocabulary"
     ),
     VOCAB_SIZE,
     SEEDS,
-    Option(
-        ("--segment-length",),
-        "segment_length",
-        "training window length L ({presets})",
-        positive_int,
-    ),
+    SEGMENT_LENGTH.with_help("training window length L ({presets})"),
     STEPS,
     BATCH_SIZE.with_help("windows per update, over all devices ({presets})"),
     LR,
@@ -125,14 +119,18 @@ OPTIONS = (
     ),
     *EVALUATION_OPTIONS,
 )
-COMMAND = CommandLine(
-    name="finetune",
-    presets=PRESETS,
-    variants=VARIANTS_OPTION,
-    options=OPTIONS,
-    description="Fine-tune a local Hugging Face causal LM (a save_pretrained folder; nothing is "
+DESCRIPTION = (
+    "Fine-tune a local Hugging Face causal LM (a save_pretrained folder; nothing is "
     "downloaded) on a text data set with and without URPE gates; report validation loss, "
-    "learning curves and length extrapolation.",
-    implementation="urpe.experiments.finetune.experiment:EXPERIMENT",
+    "learning curves and length extrapolation."
+)
+IMPLEMENTATION = "urpe.experiments.finetune.experiment:EXPERIMENT"  # imported when it runs
+COMMAND = CommandLine(
+    "finetune",
+    PRESETS,
+    VARIANTS_OPTION,
+    OPTIONS,
+    IMPLEMENTATION,
+    description=DESCRIPTION,
     needs=("transformers",),
 )

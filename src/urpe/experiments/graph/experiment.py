@@ -23,6 +23,7 @@ from ...graph.model import GraphormerConfig
 from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
+from ..recipes import preset_optim
 from ..records import LOCATIONS, RunResult, RunSpec
 from . import molecule_files
 from .presets import COMMAND, ZINC_ENV_VAR, Preset
@@ -66,13 +67,6 @@ def run_config(
     if target is None:
         target = MOLECULE_DATASETS[dataset].default_target
     sizes = preset.split_sizes or preset.sizes.get(dataset)
-    optim = OptimConfig(
-        lr=preset.lr,
-        warmup_steps=preset.warmup,
-        total_steps=preset.steps,
-        end_lr=preset.end_lr,
-        weight_decay=preset.weight_decay,
-    )
     return {
         "experiment": "graph",
         "dataset": dataset,
@@ -85,7 +79,7 @@ def run_config(
             "features": FEATURES,
         },
         "model": model_config(variant, preset),
-        "optim": optim.to_dict(),
+        "optim": preset_optim(preset).to_dict(),
         "train": {
             "steps": preset.steps,
             "batch_size": preset.batch_size,
@@ -293,12 +287,6 @@ def check(preset: Preset) -> None:
             raise UsageError("--zinc-dir", f"{zinc_dir} is not a folder")
 
 
-EXPERIMENT = Experiment.of(
-    COMMAND,
-    plan=plan,
-    run_one=run_one,
-    describe=describe,
-    report=report,
-    check=check,
-    sweep=("target_columns", "variants", "seeds"),
-)
+# the preset fields whose values multiply into runs
+SWEEP = ("target_columns", "variants", "seeds")
+EXPERIMENT = Experiment.of(COMMAND, plan, run_one, describe, report, sweep=SWEEP, check=check)

@@ -94,9 +94,7 @@ PRESET_HELP = (
     "quick: the 'tiny' Graphormer (4 layers, width 64) on capped splits, for 2 CPU cores; paper: "
     "Graphormer's ZINC settings ('slim', 400k updates) for a GPU"
 )
-VARIANTS_OPTION = variants_option(
-    f"comma-separated from {','.join(VARIANTS)} (default: both)", Names("variant", VARIANTS)
-)
+VARIANTS_OPTION = variants_option(Names("variant", VARIANTS))
 OPTIONS = (
     Option(
         ("--dataset",),
@@ -159,13 +157,14 @@ OPTIONS = (
         default=None,
     ),
 )
+IMPLEMENTATION = "urpe.experiments.graph.experiment:EXPERIMENT"  # imported when it runs
 COMMAND = CommandLine(
-    name="graph",
-    presets=PRESETS,
-    variants=VARIANTS_OPTION,
-    options=OPTIONS,
-    preset_help=PRESET_HELP,
-    description=DESCRIPTION,
-    implementation="urpe.experiments.graph.experiment:EXPERIMENT",
+    "graph",
+    PRESETS,
+    VARIANTS_OPTION,
+    OPTIONS,
+    IMPLEMENTATION,
+    DESCRIPTION,
+    PRESET_HELP,
     needs=("torch_geometric", "rdkit", "scipy"),
 )

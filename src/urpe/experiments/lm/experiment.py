@@ -30,6 +30,7 @@ from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
+from ..recipes import preset_optim, sized_transformer
 from ..records import RunResult, RunSpec
 from .data_files import canonical_dataset, dataset_spec, locate_data
 from .presets import COMMAND, Preset
@@ -49,25 +50,20 @@ def run_name(variant: str, seed: int, preset: Preset) -> str:
     return f"{dataset}-{variant}{packed}-L{preset.segment_length}-S{preset.steps}-seed{seed}"
 
 
+def decoder_base(vocab_size: int, length: int, preset: Any, dropout: float) -> TransformerConfig:
+    """The decoder a text run starts from, before its variant's fields: pre-LN, tied input and
+    output embeddings, no LayerNorm on the embeddings (Transformer-XL's); sizes from the preset."""
+    layout = dict(norm_first=True, embedding_norm=False, tie_embeddings=True)
+    return sized_transformer(preset, vocab_size, max_len=length, dropout=dropout, **layout)
+
+
 def run_config(
     variant: str, seed: int, preset: Preset, precision: str, vocab_size: int, metric: str
 ) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
     v = parse_variant(variant)
-    base = TransformerConfig(
-        vocab_size=vocab_size,
-        max_len=preset.segment_length,
-        num_layers=preset.num_layers,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        ffn_dim=preset.ffn_dim,
-        dropout=preset.dropout,
-        norm_first=True,
-        embedding_norm=False,
-        tie_embeddings=True,
-    )
+    base = decoder_base(vocab_size, preset.segment_length, preset, preset.dropout)
     memory = preset.memory_length if v.memory else 0
-    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     config = {
         "experiment": "lm",
         "dataset": preset.dataset,
@@ -81,7 +77,7 @@ def run_config(
             "segment_length": preset.segment_length,
             "memory_length": memory,
         },
-        "optim": optim.to_dict(),
+        "optim": preset_optim(preset).to_dict(),
         **schedule_sections(preset, precision, PACKED_STREAM if preset.pack else DATA_STREAM),
     }
     if preset.pack:
@@ -92,16 +88,24 @@ def run_config(
 def fit_text(context, objective, stream, valid, config: dict, length: int, log_every: int) -> None:
     """Train on `stream` for the config's steps, validating on the head of the `valid` tokens
     (the learning curves); shared with `urpe finetune`."""
-    from ...training import StepDataModule
     from ...training.lm import held_out_segments
 
-    train, ev = config["train"], config["eval"]
+    ev = config["eval"]
     curve = held_out_segments(_head(valid, ev["curve_tokens"]), ev["batch_size"], length)
+    fit_stream(context, objective, stream, curve, config, log_every)
+
+
+def fit_stream(context, objective, stream, held_out: list, config: dict, log_every: int) -> None:
+    """Train on `stream` for the config's steps, validating every `config["eval"]["val_every"]`
+    updates on `held_out` (a list of `CausalLM` batches); shared by the text experiments."""
+    from ...training import StepDataModule
+
+    train = config["train"]
     context.fit(
         objective,
-        StepDataModule(stream, curve, eval_batch_size=None),
+        StepDataModule(stream, held_out, eval_batch_size=None),
         max_steps=train["steps"],
-        val_every=ev["val_every"],
+        val_every=config["eval"]["val_every"],
         seed=config["seed"],
         precision=train["precision"],
         gradient_clip_val=train["gradient_clip"],
@@ -215,6 +219,17 @@ def _head(tokens: torch.Tensor, count: int) -> torch.Tensor:
     return tokens if count <= 0 else tokens[: count + 1]  # count targets need count + 1 tokens
 
 
+def held_out_scores(metric: str, val: dict, test: dict) -> dict[str, Any]:
+    """What a text run records of its scores on the validation and test splits (mean loss in
+    nats, tokens scored), shared with `urpe finetune`."""
+    splits = {"val": val, "test": test}
+    return {
+        "metric": metric,
+        **{f"{name}_loss": split["loss"] for name, split in splits.items()},
+        **{f"{name}_tokens": int(split["tokens"]) for name, split in splits.items()},
+    }
+
+
 def extrapolation(model, tokens: torch.Tensor, factors: list[int]) -> dict[str, dict[str, float]]:
     """{mode: {factor: loss in nats}} at contexts factor x segment_length (see the module doc).
     A context the model cannot run (a learned absolute table too short) is left out."""
@@ -279,11 +294,7 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
     median = statistics.median(steps) if steps else float("nan")
     tokens_per_step = train["batch_size"] * length
     record = {
-        "metric": config["metric"],
-        "val_loss": val["loss"],
-        "test_loss": test["loss"],
-        "val_tokens": int(val["tokens"]),
-        "test_tokens": int(test["tokens"]),
+        **held_out_scores(config["metric"], val, test),
         "params": sum(p.numel() for p in model.parameters()),
         "step_seconds_median": median,
         "train_seconds": sum(steps),
@@ -321,11 +332,5 @@ def check(preset: Preset) -> None:
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND,
-    plan=plan,
-    run_one=run_one,
-    describe=describe,
-    report=write_report,
-    check=check,
-    sweep=("variants", "seeds"),
+    COMMAND, plan, run_one, describe, write_report, sweep=("variants", "seeds"), check=check
 )

@@ -17,6 +17,15 @@ def _pyplot():
     return plt
 
 
+def _mean_lines(ax, points: dict[str, dict[float, list[float]]], colours: dict, **style) -> None:
+    """One line per variant through the mean of its values at each x (dashed: with URPE)."""
+    for variant in sorted(points):
+        xs = sorted(points[variant])
+        means = [sum(points[variant][x]) / len(points[variant][x]) for x in xs]
+        dashes = "--" if "urpe" in variant else "-"
+        ax.plot(xs, means, label=variant, color=colours[variant], linestyle=dashes, **style)
+
+
 def _colours(variants) -> dict[str, object]:
     """One colour per variant, the same in every panel and figure."""
     import matplotlib
@@ -36,16 +45,7 @@ def curves_chart(records: list[dict], path: Path) -> None:
         for record in records:
             for step, loss in record["result"]["curve"].get(split, []):
                 series[record["config"]["variant"]][step].append(report_metric(loss, metric))
-        for variant in sorted(series):
-            steps = sorted(series[variant])
-            values = [sum(series[variant][s]) / len(series[variant][s]) for s in steps]
-            ax.plot(
-                steps,
-                values,
-                label=variant,
-                color=colours[variant],
-                linestyle="--" if "urpe" in variant else "-",
-            )
+        _mean_lines(ax, series, colours)
         ax.set_xlabel("update")
         ax.set_ylabel(metric)
         ax.set_title(f"{split} ({'first 8k validation tokens' if split == 'val' else 'batches'})")
@@ -69,17 +69,7 @@ def extrapolation_chart(table: list[dict], path: Path) -> None:
         for row in table:
             for factor, loss in row["extrapolation"].get(mode, {}).items():
                 values[row["variant"]][int(factor)].append(loss)
-        for variant in sorted(values):
-            factors = sorted(values[variant])
-            means = [sum(values[variant][f]) / len(values[variant][f]) for f in factors]
-            ax.plot(
-                factors,
-                means,
-                marker="o",
-                label=variant,
-                color=colours[variant],
-                linestyle="--" if "urpe" in variant else "-",
-            )
+        _mean_lines(ax, values, colours, marker="o")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context / training length")
         ax.set_ylabel(table[0]["metric"])

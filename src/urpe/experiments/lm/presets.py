@@ -100,9 +100,9 @@ EVALUATION_OPTIONS = (  # TextRun's flags
     ),
 )
 VARIANTS_OPTION = variants_option(
+    Names("variant", (), parse=parse_variant),
     f"comma-separated BASE[+urpe][+mem], BASE one of {', '.join(BASES)}; 'urpe' = rpe+urpe; txl "
     "carries memory by itself ({presets})",
-    Names("variant", (), parse=parse_variant),
 )
 PACK = Option(
     ("--pack",),
@@ -114,27 +114,28 @@ PACK = Option(
     "Variants with memory cannot pack (default: off)",
     action="store_true",
 )
+# The text flags `urpe finetune` shares (with its own help).
+DATASET = Option(
+    ("--dataset",),
+    "dataset",
+    "shakespeare (char), enwiki-mini (byte), enwik8:PATH, wikitext-103:DIR, text:PATH or a file "
+    "path ({presets})",
+)
+TOKENIZER = Option(
+    ("--tokenizer",),
+    "tokenizer",
+    "tokenisation (default: the corpus's own)",
+    choices=("char", "byte", "bpe", "word"),
+)
+SEGMENT_LENGTH = Option(
+    ("--segment-length",), "segment_length", "training segment length L ({presets})", positive_int
+)
 OPTIONS = (
-    Option(
-        ("--dataset",),
-        "dataset",
-        "shakespeare (char), enwiki-mini (byte), enwik8:PATH, "
-        "wikitext-103:DIR, text:PATH or a file path ({presets})",
-    ),
-    Option(
-        ("--tokenizer",),
-        "tokenizer",
-        "tokenisation (default: the corpus's own)",
-        choices=("char", "byte", "bpe", "word"),
-    ),
+    DATASET,
+    TOKENIZER,
     VOCAB_SIZE,
     SEEDS,
-    Option(
-        ("--segment-length",),
-        "segment_length",
-        "training segment length L ({presets})",
-        positive_int,
-    ),
+    SEGMENT_LENGTH,
     Option(
         ("--memory-length",),
         "memory_length",
@@ -153,11 +154,7 @@ OPTIONS = (
     PACK,
     *MODEL_OPTIONS,
 )
+IMPLEMENTATION = "urpe.experiments.lm.experiment:EXPERIMENT"  # imported when it runs
 COMMAND = CommandLine(
-    name="lm",
-    presets=PRESETS,
-    variants=VARIANTS_OPTION,
-    options=OPTIONS,
-    preset_help=PRESET_HELP,
-    implementation="urpe.experiments.lm.experiment:EXPERIMENT",
+    "lm", PRESETS, VARIANTS_OPTION, OPTIONS, IMPLEMENTATION, preset_help=PRESET_HELP
 )

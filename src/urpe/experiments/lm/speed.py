@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from ...models import TransformerConfig
 from ...models.lm import LanguageModel
+from ..recipes import sized_transformer
 from .presets import PRESETS
 from .variants import parse_variant
 
@@ -30,15 +30,7 @@ PAIRS = "rpe:urpe,txl:txl+urpe,rope:rope+urpe,alibi:alibi+urpe,t5:t5+urpe"
 def _model(variant: str, vocab: int) -> LanguageModel:
     p = PRESETS["quick"]
     v = parse_variant(variant)
-    base = TransformerConfig(
-        vocab_size=vocab,
-        num_layers=p.num_layers,
-        dim=p.dim,
-        num_heads=p.num_heads,
-        ffn_dim=p.ffn_dim,
-        norm_first=True,
-        embedding_norm=False,
-    )
+    base = sized_transformer(p, vocab, norm_first=True, embedding_norm=False)
     return LanguageModel(v.config(base), p.segment_length, p.memory_length if v.memory else 0)
 
 

@@ -17,12 +17,12 @@ import torch
 from ...cli_types import UsageError
 from ...encodings import Positions
 from ...kernels import dense_term
-from ...models import TransformerConfig
 from ...tasks import get_task
 from ...training.optim import OptimConfig
 from ..execution import RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
+from ..recipes import preset_optim, sized_transformer
 from ..records import RunResult, RunSpec
 from .presets import COMMAND, Preset
 from .report import rows, write_report
@@ -51,18 +51,8 @@ def run_config(
     stream: str = DATA_STREAM,
 ) -> dict[str, Any]:
     """Everything that decides this run's result, JSON-ready."""
-    base = TransformerConfig(
-        vocab_size=vocab,
-        max_len=preset.seq_len,
-        num_layers=preset.num_layers,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        ffn_dim=preset.ffn_dim,
-        dropout=0.0,
-        norm_first=False,
-    )
+    base = sized_transformer(preset, vocab, max_len=preset.seq_len, dropout=0.0, norm_first=False)
     model = apply_model_choices(variant_config(variant, base), preset)
-    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup, total_steps=preset.steps)
     return {
         "experiment": "synthetic",
         "task": task,
@@ -74,7 +64,7 @@ def run_config(
             "transformer": model.to_dict(),
             "num_classes": get_task(task).num_classes(preset.seq_len, vocab),
         },
-        "optim": optim.to_dict(),
+        "optim": preset_optim(preset).to_dict(),
         "train": {"steps": preset.steps, "batch_size": preset.batch_size, "precision": precision},
         "data": {
             "stream": stream,
@@ -205,12 +195,6 @@ def report(records: list[dict], out_dir: Path, wall_seconds: float) -> tuple[str
     return text, figures(records, rows(records), out_dir)
 
 
-EXPERIMENT = Experiment.of(
-    COMMAND,
-    plan=plan,
-    run_one=run_one,
-    describe=describe,
-    report=report,
-    check=check,
-    sweep=("tasks", "variants", "vocab_sizes", "seeds"),
-)
+# the preset fields whose values multiply into runs
+SWEEP = ("tasks", "variants", "vocab_sizes", "seeds")
+EXPERIMENT = Experiment.of(COMMAND, plan, run_one, describe, report, sweep=SWEEP, check=check)

@@ -216,7 +216,7 @@ def inspect_run(run_dir: Path, sequences: int = 256, seed: int = 12345) -> dict[
     directory = resolve_checkpoint(run_dir)
     config = read_checkpoint_config(directory)
     run = config.get("run") or {}
-    model = load_module(directory)  # a synthetic model reads tensors: no bundle
+    model = load_module(directory, config=config)  # a synthetic model reads tensors: no bundle
     task, length, vocab = run["task"], run["seq_len"], run["vocab_size"]
     generator = torch.Generator().manual_seed(seed)
     tokens, targets = get_task(task)(sequences, length, vocab, generator)

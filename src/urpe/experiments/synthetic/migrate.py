@@ -28,6 +28,8 @@ from .experiment import run_config, run_name
 from .presets import PRESETS
 
 OLD_STREAM = "per-process/0"
+# The preset fields an old record states (the rest were the quick preset's).
+RECORDED = "seq_len steps batch_size lr warmup num_layers dim num_heads eval_sequences".split()
 
 
 def _param_count(config: dict) -> int:
@@ -41,19 +43,7 @@ def convert(old: dict) -> tuple[RunSpec, dict]:
     """The new (spec, record) of an old record; ValueError if a setting cannot be recovered."""
     base = PRESETS["quick"]
     for ffn_dim in dict.fromkeys((base.ffn_dim, 4 * old["dim"])):
-        preset = replace(
-            base,
-            seq_len=old["seq_len"],
-            steps=old["steps"],
-            batch_size=old["batch_size"],
-            lr=old["lr"],
-            warmup=old["warmup"],
-            num_layers=old["num_layers"],
-            dim=old["dim"],
-            num_heads=old["num_heads"],
-            ffn_dim=ffn_dim,
-            eval_sequences=old["eval_sequences"],
-        )
+        preset = replace(base, ffn_dim=ffn_dim, **{name: old[name] for name in RECORDED})
         config = run_config(
             old["task"],
             old["variant"],

@@ -70,10 +70,7 @@ PRESET_HELP = (
     "CPU; vocab: the paper's V=10,1000,10000 at length 32 on the quick model, 3 seeds, hours on "
     "a CPU; paper: the paper's model and schedule, for a GPU"
 )
-VARIANTS_OPTION = variants_option(
-    f"comma-separated from {','.join(VARIANTS)}, or 'all' ({{presets}})",
-    Names("variant", VARIANTS, allow_all=True),
-)
+VARIANTS_OPTION = variants_option(Names("variant", VARIANTS, allow_all=True))
 OPTIONS = (
     Option(
         ("--tasks",),
@@ -106,11 +103,7 @@ OPTIONS = (
     ),
     *MODEL_OPTIONS,
 )
+IMPLEMENTATION = "urpe.experiments.synthetic.experiment:EXPERIMENT"  # imported when it runs
 COMMAND = CommandLine(
-    name="synthetic",
-    presets=PRESETS,
-    variants=VARIANTS_OPTION,
-    options=OPTIONS,
-    preset_help=PRESET_HELP,
-    implementation="urpe.experiments.synthetic.experiment:EXPERIMENT",
+    "synthetic", PRESETS, VARIANTS_OPTION, OPTIONS, IMPLEMENTATION, preset_help=PRESET_HELP
 )

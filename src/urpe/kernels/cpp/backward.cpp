@@ -22,12 +22,13 @@ template <typename T>
 struct BackwardScratch {
   std::vector<T> s, da, values, mask_values, dropout, dgate;
   std::vector<T> delta;  // the block's delta_i = sum_e dO_ie O_ie
+  std::vector<T> stat;   // the block's r_i (`row_statistics`)
   std::vector<uint8_t> flags;
   std::vector<uint16_t> s16, da16;  // A and dS in bfloat16, for bfloat16 operands
 
   BackwardScratch(int64_t bq, int64_t bk, bool bf16)
       : s(bq * bk), da(bq * bk), values(bk), mask_values(bk), dropout(bk), dgate(bk), delta(bq),
-        flags(bk), s16(bf16 ? bq * bk : 0), da16(bf16 ? bq * bk : 0) {}
+        stat(bq), flags(bk), s16(bf16 ? bq * bk : 0), da16(bf16 ? bq * bk : 0) {}
 };
 
 // Everything per element of one row once P is known, in one pass: A = dropout(P C) (over s,
@@ -68,8 +69,8 @@ void gradient_loop(int64_t vis, int64_t span, const T* __restrict c, const T* __
         ds = (dp - p * delta) * p;
       } else if constexpr (NORM == kExp) {
         ds = p * dp;
-      } else {
-        ds = dp * x * (T(2) * inv_n);
+      } else {  // relu's gradient is 0 where relu(s) = 0 (even times an inf or NaN dP)
+        ds = x == T(0) ? T(0) : dp * x * (T(2) * inv_n);
       }
       da[j] = ds;
       if constexpr (DBIAS) dbias[j] += ds;
@@ -85,12 +86,23 @@ void weights_row(const Problem<T>& P, T* __restrict s, int64_t span, T r) {
   for (int64_t block = 0; block < span; block += kLanes) {
     T* __restrict x = s + block;
     if (P.norm == kRelu2) {
-#pragma omp simd
-      for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = x[lane] > T(0) ? x[lane] : T(0);
+#pragma omp simd  // (NaN stays NaN, as torch.relu keeps it)
+      for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = x[lane] < T(0) ? T(0) : x[lane];
     } else {
 #pragma omp simd
       for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = exp_value(x[lane] - r);
     }
+  }
+}
+
+// dS (and dC, where given) of a row's hidden pairs set to 0: those the flags hide and those
+// from the causal edge `vis` to its span.
+template <typename T>
+void clear_hidden(int64_t vis, int64_t span, const uint8_t* flags, T* da, T* dgate) {
+  for (int64_t j = 0; j < span; ++j) {
+    if (j < vis && (flags == nullptr || !flags[j])) continue;
+    da[j] = T(0);
+    if (dgate != nullptr) dgate[j] = T(0);
   }
 }
 
@@ -99,6 +111,11 @@ template <typename T>
 void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
                   int64_t worker, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
                   int64_t vis, int64_t span, const uint8_t* flags, T* s, T* da, T r, T delta) {
+  // A hidden pair has P = 0 and dP = 0, so dS = 0 (0 - delta) is 0 too, unless delta is inf or
+  // NaN (an inf or NaN weight, or incoming gradient, in the row): then dS and dC of hidden pairs
+  // are set to 0 after the loop, as the reference's masking gives them, and the term gradients
+  // go through the buffers (rare: the usual row pays one test).
+  const bool clear = !std::isfinite(delta);
   weights_row(P, s, span, r);
   const T* keep = nullptr;
   if (P.dropout.on) {
@@ -110,14 +127,14 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
   if (P.gate.present()) {
     c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
     if (G.gate.present()) {
-      dgate = G.gate.row_target(worker, h, i, j0);
+      dgate = clear ? nullptr : G.gate.row_target(worker, h, i, j0);
       if (dgate == nullptr) {  // not a Toeplitz table: gathered in a buffer, then added
         dgate = W.dgate.data();
         fill_row(dgate, T(0), span);
       }
     }
   }
-  T* dbias = G.bias.present() ? G.bias.row_target(worker, h, i, j0) : nullptr;
+  T* dbias = G.bias.present() && !clear ? G.bias.row_target(worker, h, i, j0) : nullptr;
   const T inv_n = P.norm == kRelu2 ? T(1) / r : T(1);
   with_norm(
       [&](auto norm) {
@@ -129,6 +146,7 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
             c != nullptr, keep != nullptr, dgate != nullptr, dbias != nullptr);
       },
       P.norm);
+  if (clear) clear_hidden(vis, span, flags, da, dgate);
   if (dgate == W.dgate.data()) G.gate.add(worker, b, h, i, j0, vis, dgate);
   if (G.bias.present() && dbias == nullptr) G.bias.add(worker, b, h, i, j0, vis, da);
   if (G.float_mask.present()) G.float_mask.add(worker, b, h, i, j0, vis, da);
@@ -215,13 +233,29 @@ void row_deltas(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& 
   }
 }
 
+// r_i and delta_i of the block's rows into W.stat, W.delta. A softmax or l2 row whose
+// normaliser was NaN (a NaN logit; the forward pass saved r = NaN) is taken as the reference
+// takes it (normalization.py): its denominator replaced by 1 and its shift by 0, so that
+// a_ij = exp(s_ij) with no gradient through the denominator: r = 0, delta = 0.
+template <typename T>
+void row_statistics(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
+                    int64_t b, int64_t h, int64_t i0, int64_t bq) {
+  row_deltas(P, G, W, b, h, i0, bq);
+  const T* stat = G.stat + (b * P.heads + h) * P.lq + i0;
+  const bool running = P.power() != 0;
+  for (int64_t r = 0; r < bq; ++r) {
+    const bool nan_row = running && std::isnan(stat[r]);
+    W.stat[r] = nan_row ? T(0) : stat[r];
+    if (nan_row) W.delta[r] = T(0);
+  }
+}
+
 // One query block of one query head against its visible keys.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
                     int64_t worker, int64_t split, int64_t b, int64_t h, int64_t i0,
                     int64_t i1) {
   const int64_t bq = i1 - i0, d = P.dim, hk = h / P.groups;
-  const int64_t row0 = (b * P.heads + h) * P.lq + i0;  // flat: the row statistics' index
   const TileProducts<T> products{P,
                                  G,
                                  W,
@@ -233,7 +267,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
   T* dv_rows = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
   T* dq = G.dq + G.dq_rows.at(b, h, i0);
-  row_deltas(P, G, W, b, h, i0, bq);
+  row_statistics(P, G, W, b, h, i0, bq);
   const int64_t key_end = P.hiding.key_end(i1, P.lk);
   bool first = true;
   for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
@@ -249,7 +283,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
       logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s);
       backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
-                   G.stat[row0 + r], W.delta[r]);
+                   W.stat[r], W.delta[r]);
     }
     products.after(j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
     first = false;

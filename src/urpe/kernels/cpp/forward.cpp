@@ -228,7 +228,7 @@ T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t s
       const int64_t j = block + lane;
       T p;
       if constexpr (NORM == kRelu2) {
-        const T relu = s[j] > T(0) ? s[j] : T(0);
+        const T relu = s[j] < T(0) ? T(0) : s[j];  // NaN stays NaN, as torch.relu keeps it
         p = relu * relu * inv_n;
       } else {
         p = exp_value(s[j] - shift);
@@ -388,8 +388,11 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const T inv = T(1) / norm;
 #pragma omp simd
     for (int64_t e = 0; e < dv; ++e) row[e] *= inv;
-    stat[row0 + r] = l > T(0) ? W.row_max[r] + std::log(l) / T(power)
-                              : std::numeric_limits<T>::infinity();
+    // l = 0: no weight (r = inf gives 0 again in the backward pass); l NaN: a NaN logit, for
+    // which the backward pass takes the reference's arithmetic (`row_statistics`)
+    stat[row0 + r] = l > T(0)    ? W.row_max[r] + std::log(l) / T(power)
+                     : l == T(0) ? std::numeric_limits<T>::infinity()
+                                 : std::numeric_limits<T>::quiet_NaN();
   }
   if (P.nonfinite != nullptr) flag_nonfinite(P, acc, bq, dv, ldo);
 }

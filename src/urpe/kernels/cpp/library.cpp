@@ -14,7 +14,13 @@
 // The ops are public, so every argument is checked here (`make_problem`): a wrong one raises
 // a RuntimeError naming it, never reads or writes out of bounds.
 #include <ATen/ATen.h>
+#include <c10/util/safe_numerics.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <string>
 
 #include "checks.h"
 #include "loops.h"
@@ -60,13 +66,45 @@ void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "urpe_cpp: ", name, " must be a CPU tensor, got ", t.device());
 }
 
-// t has t.dim() == full.size() and each size is 1 (broadcast) or the full one
+// The shape `check_broadcasts` asks for, written out: "(2|1, 4|1, 7)".
+std::string expected_shape(at::IntArrayRef full, int64_t exact_from) {
+  std::string shape = "(";
+  for (int64_t d = 0; d < static_cast<int64_t>(full.size()); ++d) {
+    shape += (d > 0 ? ", " : "") + std::to_string(full[d]) + (d < exact_from ? "|1" : "");
+  }
+  return shape + ")";
+}
+
+// t has t.dim() == full.size() and each size is the full one, or 1 (broadcast) for the dims
+// before `exact_from`: from there on the loops read every entry (a decay's or the document
+// ids' keys), so a dim of 1 there would be read past its end.
 void check_broadcasts(const at::Tensor& t, at::IntArrayRef full, const char* name,
-                      const char* dims) {
+                      const char* dims, int64_t exact_from) {
   bool ok = t.dim() == static_cast<int64_t>(full.size());
-  for (int64_t d = 0; ok && d < t.dim(); ++d) ok = t.size(d) == 1 || t.size(d) == full[d];
-  TORCH_CHECK(ok, "urpe_cpp: ", name, " must have shape ", dims, " broadcastable to ", full,
-              ", got ", t.sizes());
+  for (int64_t d = 0; ok && d < t.dim(); ++d) {
+    ok = t.size(d) == full[d] || (d < exact_from && t.size(d) == 1);
+  }
+  TORCH_CHECK(ok, "urpe_cpp: ", name, " must have shape ", dims, ", here ",
+              expected_shape(full, exact_from), ", got ", t.sizes());
+}
+
+// BLAS takes sizes and leading dimensions as int: a (B, H, L, E) operand's rows (`rows`, E
+// entries each) must be shorter, and lie closer together, than 2^31 entries.
+constexpr int64_t kMaxBlas = std::numeric_limits<int>::max();
+
+void check_blas_rows(const at::Tensor& t, const Rows& rows, int64_t width, const char* name) {
+  TORCH_CHECK(width <= kMaxBlas && rows.si <= kMaxBlas, "urpe_cpp: ", name,
+              "'s rows must hold fewer than 2^31 entries and lie fewer than 2^31 apart (BLAS "
+              "takes int sizes), got shape ", t.sizes(), " with strides ", t.strides());
+}
+
+// whether the product of the sizes (a size of 0 counted as 1) fits in int64
+bool product_fits(std::initializer_list<int64_t> sizes) {
+  int64_t total = 1;
+  for (int64_t size : sizes) {
+    if (c10::mul_overflows(total, std::max<int64_t>(size, 1), &total)) return false;
+  }
+  return true;
 }
 
 // t holds `numel` entries (`what`) of dtype `type`, contiguous, on the CPU
@@ -106,7 +144,7 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   term.data = t.data_ptr<T>();
   term.lq = lq;
   if (kind == kDense) {
-    check_broadcasts(t, {batch, heads, lq, lk}, name, "(B|1, H|1, Lq|1, Lk|1)");
+    check_broadcasts(t, {batch, heads, lq, lk}, name, "(B|1, H|1, Lq|1, Lk|1)", 4);
     term.sb = stride_or_zero(t, 0);
     term.sh = stride_or_zero(t, 1);
     term.si = stride_or_zero(t, 2);
@@ -114,7 +152,8 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
     return term;
   }
   if (kind == kDecay) {
-    check_broadcasts(t, {batch, heads, lk}, name, "(B|1, H|1, Lk) cumulative log_forget");
+    check_broadcasts(t, {batch, heads, lk}, name,
+                     "(B|1, H|1, Lk) as a decay (cumsum(log_forget), one entry per key)", 2);
     TORCH_CHECK(t.is_contiguous(), "urpe_cpp: a decay ", name, " must be contiguous");
     term.sb = stride_or_zero(t, 0);
     term.sh = stride_or_zero(t, 1);
@@ -123,7 +162,7 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   }
   if (kind == kCrossDecay) {
     check_broadcasts(t, {batch, heads, lq + lk}, name,
-                     "(B|1, H|1, Lq + Lk) cumulative log_forget, the queries' first");
+                     "(B|1, H|1, Lq + Lk) cumulative log_forget, the queries' first", 2);
     TORCH_CHECK(t.is_contiguous(), "urpe_cpp: a cross decay ", name, " must be contiguous");
     term.sb = stride_or_zero(t, 0);
     term.sh = stride_or_zero(t, 1);
@@ -153,10 +192,8 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
     TORCH_CHECK(index.has_value() && index->scalar_type() == at::kLong,
                 "urpe_cpp: a relation ", name, " needs a (B|1, Lq, Lk) int64 index");
     check_cpu(*index, "relation index");
-    check_broadcasts(*index, {batch, lq, lk}, "relation index", "(B|1, Lq, Lk)");
-    TORCH_CHECK(index->size(1) == lq && index->size(2) == lk, "urpe_cpp: the ", name,
-                " relation index must be (B|1, Lq, Lk) = (B|1, ", lq, ", ", lk, "), got ",
-                index->sizes());
+    const std::string index_name = std::string("the ") + name + " relation index";
+    check_broadcasts(*index, {batch, lq, lk}, index_name.c_str(), "(B|1, Lq, Lk)", 1);
     check_relation_range(*index, t.size(1), name);
     term.index = index->data_ptr<int64_t>();
     term.ib = stride_or_zero(*index, 0);
@@ -176,7 +213,10 @@ void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t
               "urpe_cpp: documents must be contiguous int64");
   // (B|1, Lq + Lk): the queries' own ids first, then the keys' (queries apart from the keys)
   const bool apart = lq > 0 && ids.dim() == 2 && ids.size(1) == lq + lk;
-  check_broadcasts(ids, {batch, apart ? lq + lk : lk}, "documents", "(B|1, Lk) or (B|1, Lq + Lk)");
+  check_broadcasts(ids, {batch, apart ? lq + lk : lk}, "documents",
+                   apart ? "(B|1, Lq + Lk), the queries' ids then the keys'"
+                         : "(B|1, Lk), one id per key",
+                   1);
   const int64_t rows = ids.size(0), width = ids.size(1);
   const int64_t* data = ids.data_ptr<int64_t>();
   hiding.docs = data + (apart ? lq : 0);
@@ -244,9 +284,18 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(P.kv_heads > 0 && P.heads % P.kv_heads == 0, "urpe_cpp: q's heads (", P.heads,
               ") must be a multiple of k's and v's (", P.kv_heads, ")");
   P.groups = P.heads / P.kv_heads;
+  // the flat index of a weight (b, h, i, j) (the dropout counter) and the work items' counts
+  TORCH_CHECK(product_fits({P.batch, std::max(P.heads, P.kv_heads), P.lq, P.lk}) &&
+                  P.vdim <= kMaxBlas / std::max<int64_t>(P.heads, 1),
+              "urpe_cpp: B * H * Lq * Lk must fit in int64 and H * Dv (the output's row "
+              "stride) in int, got B, H, Hkv, Lq, Lk, Dv = ", P.batch, ", ", P.heads, ", ",
+              P.kv_heads, ", ", P.lq, ", ", P.lk, ", ", P.vdim);
   P.q_rows = rows_of(q);
   P.k_rows = rows_of(k);
   P.v_rows = rows_of(v);
+  check_blas_rows(q, P.q_rows, P.dim, "q");
+  check_blas_rows(k, P.k_rows, P.dim, "k");
+  check_blas_rows(v, P.v_rows, P.vdim, "v");
   if (bf16) {
     P.q16 = reinterpret_cast<const uint16_t*>(q.const_data_ptr<at::BFloat16>());
     P.k16 = reinterpret_cast<const uint16_t*>(k.const_data_ptr<at::BFloat16>());
@@ -267,7 +316,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   if (key_padding.has_value()) {  // any strides: a key dim of 1 stands for every key
     check_cpu(*key_padding, "key_padding");
     TORCH_CHECK(key_padding->scalar_type() == at::kBool, "urpe_cpp: key_padding must be bool");
-    check_broadcasts(*key_padding, {B, lk}, "key_padding", "(B|1, Lk|1)");
+    check_broadcasts(*key_padding, {B, lk}, "key_padding", "(B|1, Lk|1)", 2);
     hiding.pad = key_padding->data_ptr<bool>();
     hiding.pad_sb = stride_or_zero(*key_padding, 0);
     hiding.pad_sj = stride_or_zero(*key_padding, 1);
@@ -275,7 +324,8 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   if (bool_mask.has_value()) {
     check_cpu(*bool_mask, "bool_mask");
     TORCH_CHECK(bool_mask->scalar_type() == at::kBool, "urpe_cpp: bool_mask must be bool");
-    check_broadcasts(*bool_mask, {B, H, lq, lk}, "bool_mask", "(B|1, H|1, Lq|1, Lk|1)");
+    check_broadcasts(*bool_mask, {B, H, lq, lk}, "bool_mask", "(B|1, H|1, Lq|1, Lk|1)",
+                     4);
     hiding.keep = bool_mask->data_ptr<bool>();
     hiding.kb = stride_or_zero(*bool_mask, 0);
     hiding.kh = stride_or_zero(*bool_mask, 1);
@@ -294,12 +344,16 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
               dropout_p);
   if (dropout_p > 0.0) {
     P.dropout.on = true;
+    TORCH_CHECK(threshold >= 0 && threshold <= (int64_t{1} << 32),
+                "urpe_cpp: dropout_threshold must lie in [0, 2^32] (keep where 32 random bits "
+                "are below it), got ", threshold);
     P.dropout.threshold = static_cast<uint64_t>(threshold);
     // the seed stays a tensor up to here (no host read in Python); read once, on the CPU
     // the seed alone, or (seed, first row, rows, first column, columns): where the call's
     // weights sit in the larger matrix whose flat indices the counter hashes
     TORCH_CHECK(seed.has_value() && (seed->numel() == 1 || seed->numel() == 5) &&
-                    seed->device().is_cpu() && !at::isFloatingType(seed->scalar_type()),
+                    seed->device().is_cpu() &&
+                    at::isIntegralType(seed->scalar_type(), /*includeBool=*/true),
                 "urpe_cpp: dropout needs its seed as a one-element integer CPU tensor (or five: "
                 "seed, first row, rows, first column, columns)");
     const at::Tensor numbers = seed->reshape(-1).to(at::kLong);
@@ -321,9 +375,14 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   }
   TORCH_CHECK(block_q > 0 && block_k > 0, "urpe_cpp: tile sizes must be positive, got ", block_q,
               " x ", block_k);
-  P.block_q = block_q;
-  P.block_k = block_k;
-  if (documents.has_value()) set_documents(hiding, *documents, B, lq, lk, block_q, block_k);
+  // a tile longer than the call is the whole call (the same tiles; and counts of tiles, which
+  // round up by adding the tile size, cannot overflow)
+  P.block_q = std::min(block_q, std::max<int64_t>(lq, 1));
+  P.block_k = std::min(block_k, std::max<int64_t>(lk, 1));
+  TORCH_CHECK(P.block_k <= kMaxBlas - kPackedKeys && P.block_q <= kMaxBlas,
+              "urpe_cpp: tiles of 2^31 keys or more do not fit BLAS's int sizes, got ", P.block_q,
+              " x ", P.block_k);
+  if (documents.has_value()) set_documents(hiding, *documents, B, lq, lk, P.block_q, P.block_k);
   return P;
 }
 
@@ -389,7 +448,7 @@ std::tuple<at::Tensor, bool> forward_if_finite(
   const int64_t dropout_threshold = 0;
   // where the tiles' products run as loops anyway (one query row): no slower loop is forced
   const bool by_results =
-      q.dim() == 4 && v.dim() == 4 &&
+      q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
       (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
       product_by_loops(std::min(q.size(2), block_q), std::min(k.size(2), block_k),
                        std::max(q.size(3), v.size(3)));
@@ -455,6 +514,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // (a table read in place has no gradient layout here: its offsets start mid-row)
   TORCH_CHECK(bias_kind != kToeplitzTable && gate_kind != kToeplitzTable,
               "urpe_cpp: the backward takes Toeplitz terms as rows (kind 2), not tables (5)");
+  TORCH_CHECK(items_per_thread > 0, "urpe_cpp: items_per_thread must be positive, got ",
+              items_per_thread);
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor dq = gradient_like(q, options);
   at::Tensor dk, dv, dbias, dgate, dmask;
@@ -488,6 +549,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     G.out = out.data_ptr<scalar_t>();
     G.out_rows = rows_of(out);
     G.grad_out_rows = rows_of(grad_out);
+    check_blas_rows(out, G.out_rows, P.vdim, "out");
+    check_blas_rows(grad_out, G.grad_out_rows, P.vdim, "grad_out");
     G.dq = dq.data_ptr<scalar_t>();
     G.dq_rows = rows_of(dq);
     // a dense gradient broadcast over a dim keeps that dim inside one work item
@@ -505,11 +568,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     }
     // Few (batch, kv head) items for the threads: split the query blocks into ranges with
     // their own dk, dv copies (at most kMaxSplits copies), so that a slow thread can be helped.
+    // (No items at B = 0, no blocks at Lq = 0: one split. `wanted` in double: a huge
+    // items_per_thread asks for the most splits, not an overflow.)
     const int64_t blocks = (P.lq + P.block_q - 1) / P.block_q;
     const int64_t items = (G.serial_batch ? 1 : P.batch) * (G.serial_heads ? 1 : P.kv_heads);
-    const int64_t wanted = items_per_thread * workers_for(items * blocks, P.work(), P.lq);
-    G.splits = rows_shared ? 1 : std::clamp<int64_t>((wanted + items - 1) / items, 1,
-                                                     std::min(blocks, kMaxSplits));
+    const double most = static_cast<double>(std::max<int64_t>(1, std::min(blocks, kMaxSplits)));
+    const double wanted = static_cast<double>(items_per_thread) *
+                          static_cast<double>(workers_for(items * blocks, P.work(), P.lq));
+    const double per_item = items > 0 ? std::ceil(wanted / static_cast<double>(items)) : 1.0;
+    G.splits = rows_shared ? 1 : static_cast<int64_t>(std::clamp(per_item, 1.0, most));
     const int64_t workers = workers_for(items * G.splits, P.work(), P.lq);
     dk = gradient_copies(k, G.splits, options, G.dk_rows, G.dk_split);
     dv = gradient_copies(v, G.splits, options, G.dv_rows, G.dv_split);
@@ -538,6 +605,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 // exp as the tile loops compute it, elementwise (for the tests of its accuracy)
 at::Tensor exp_values(const at::Tensor& x) {
+  check_cpu(x, "x");
   at::Tensor in = x.contiguous();
   at::Tensor out = at::empty_like(in);
   AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "urpe_cpp::exp_values", [&] {

@@ -40,13 +40,22 @@ MAX_REGISTERS = 255
 # first. "half": fp16 / bf16; "fp32" and "fp64" multiply exactly ("ieee"). BLOCK_D > 128 uses
 # the 128 entry.
 CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
-    ("forward", 64, "half"): ((128, 32, 8, 3), (64, 32, 4, 3)),
-    # 64 x 64 and 128 x 32 spilled 8 to 48 B at the 255-register cap for relation/relation
-    # and Toeplitz + every mask (sm_80, bf16): 32 keys per tile leave 8 warps room
+    # The forward kernel: 64 x 32 at 8 warps at every head dim. Recorded from the public call
+    # (sm_80 / sm_90, fp16 / bf16), 128 x 32 at 8 warps spilled 8 to 32 B (dense bias and gate
+    # with a bool mask) and 64 x 32 at 4 warps 8 to 288 B (a Toeplitz gate with exp, every
+    # mask, documents and dropout, G=4, D=40); earlier 64 x 64 spilled at D <= 128.
+    ("forward", 64, "half"): ((64, 32, 8, 3),),
     ("forward", 128, "half"): ((64, 32, 8, 3),),
-    ("backward_kv", 64, "half"): ((32, 32, 4, 2),),
-    ("backward_kv", 128, "half"): ((16, 64, 8, 2),),
-    ("backward_q", 64, "half"): ((32, 64, 8, 2), (32, 32, 4, 2)),
+    # The dK/dV kernel: 32 x 32 at 4 warps (D <= 64) and 16 x 64 at 8 warps (D <= 128) reached
+    # the 255-register cap and spilled 8 to 208 B (sm_80 and sm_90, fp16 / bf16, recorded from
+    # the public call): grouped queries with a dense bias, a Relation gate and l2 plus padding,
+    # a mask and dropout; a Toeplitz gate with exp, every mask, documents and dropout; at
+    # D = 40 and 104. 16 x 32 tiles, as the Decay variant had already.
+    ("backward_kv", 64, "half"): ((16, 32, 4, 2),),
+    ("backward_kv", 128, "half"): ((16, 32, 8, 2),),
+    # The dQ kernel: 32 x 32 at 4 warps spilled 32 B (sm_90, the Toeplitz-gate call above);
+    # 32 x 64 at 8 warps reached the 255 cap, 32 x 32 at 8 warps needs at most 233.
+    ("backward_q", 64, "half"): ((32, 32, 8, 2),),
     ("backward_q", 128, "half"): ((32, 32, 8, 2), (16, 64, 8, 2)),
     # exact ("ieee") float32 / float64 products hold more per thread: small tiles, many warps
     ("forward", 64, "fp32"): ((32, 32, 4, 2),),
@@ -56,15 +65,8 @@ CONFIGS: dict[tuple[str, int, str], tuple[tuple[int, int, int, int], ...]] = {
     ("backward_q", 64, "fp32"): ((16, 32, 4, 2),),
     ("backward_q", 128, "fp32"): ((16, 32, 8, 2),),
     # Variants with their own configurations (`configs_for`; other dtypes use the kernel's).
-    # A Decay's gradient (the keys' share of d c) in the dK/dV kernel: 32 x 32 and 16 x 64
-    # spilled 8 to 24 B for Decay + Toeplitz gate + exp + every mask + documents, G=2, odd
-    # lengths (sm_80 and sm_90, bf16): 16 x 32 tiles.
-    ("backward_kv_decay", 64, "half"): ((16, 32, 4, 2),),
-    ("backward_kv_decay", 128, "half"): ((16, 32, 8, 2),),
-    # Documents: 128 x 32 spilled 8 B for a dense bias and gate, G=16, Lk=1000 (sm_90, bf16)
-    ("forward_docs", 64, "half"): ((64, 32, 4, 3),),
-    # and in the dQ kernel 32 x 32 spilled 8 B for a Toeplitz bias's gradient + dropout + every
-    # mask, Lq=1, Lk=1024 (sm_90, bf16, D=128)
+    # Documents: in the dQ kernel 32 x 32 spilled 8 B for a Toeplitz bias's gradient + dropout
+    # + every mask, Lq=1, Lk=1024 (sm_90, bf16, D=128)
     ("backward_q_docs", 128, "half"): ((16, 64, 8, 2),),
 }
 for (_kernel, _d, _family), _shapes in list(CONFIGS.items()):

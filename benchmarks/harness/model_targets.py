@@ -1,0 +1,88 @@
+"""Issue 28's targets for the model benchmark, as data, judged under every condition measured.
+
+A target names one record (group, case, row, mode) and the measure compared with its limit:
+`ratio` (time over the group's baseline in the same case, mode and condition) or `extra_us`
+(microseconds over the baseline). It holds when the measure is at most the limit under every
+condition measured (idle and one core busy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .whole_steps import lm_pairs
+
+BATCHES = ("batch 1", "batch 4")
+
+
+@dataclass(frozen=True)
+class Target:
+    target: str
+    group: str
+    case: str
+    name: str
+    mode: str
+    limit: float
+    measure: str = "ratio"  # or "extra_us"
+
+    def judge(self, records: list[dict], conditions: list[dict]) -> dict:
+        """{target, measure, limit, values: {condition label: value or None}, met}."""
+        values = {}
+        for condition in conditions:
+            record = next((r for r in records if self._matches(r, condition)), None)
+            values[condition_label(condition)] = None if record is None else record[self.measure]
+        measured = [v for v in values.values() if v is not None]
+        met = bool(all(v <= self.limit for v in measured)) if measured else None
+        return dict(
+            target=self.target, measure=self.measure, limit=self.limit, values=values, met=met
+        )
+
+    def _matches(self, r: dict, condition: dict) -> bool:
+        fields = dict(group=self.group, case=self.case, name=self.name, mode=self.mode)
+        return (
+            all(r.get(k) == v for k, v in (fields | condition).items())
+            and r.get(self.measure) is not None
+        )
+
+
+def condition_label(condition: dict) -> str:
+    return "one core busy" if condition["busy"] else "idle"
+
+
+# fmt: off
+TARGETS = (
+    Target("one decoding call, no terms: us over SDPA", "calls", "decode", "auto_none", "fwd",
+           10, "extra_us"),
+    Target("one decoding call, Toeplitz gate: us over SDPA", "calls", "decode", "auto_gate",
+           "fwd", 25, "extra_us"),
+    Target("one decoding call, Toeplitz bias: us over SDPA", "calls", "decode", "auto_bias",
+           "fwd", 25, "extra_us"),
+    *(Target(f"short rows fwd+bwd, {case.replace('_', ' ')}: URPE auto / SDPA", "short", case,
+             "auto_urpe", "fwdbwd", 1.4) for case in ("causal", "not_causal")),
+    Target("bfloat16 forward, long rows: cpp URPE / SDPA", "bf16", "bf16", "cpp_urpe", "fwd",
+           1.4),
+    *(Target(f"library decoder, greedy generation, {case}: URPE / RPE", "decoder", case, "urpe",
+             "generate", 1.15) for case in BATCHES),
+    *(Target(f"HF Llama generate, eager, {case}: add_urpe / base", "hf_generate", case, "urpe",
+             "generate", 1.15) for case in BATCHES),
+    *(Target(f"HF Llama generate, static cache + torch.compile, {case}: add_urpe / base",
+             "hf_compiled", case, "urpe", "generate", 1.1) for case in BATCHES),
+    Target("HF Llama training step: add_urpe / base", "hf_train", "train", "urpe", "train", 1.05),
+    *(Target(f"end-to-end step ({size}): URPE auto / no-PE SDPA", "end_to_end", size,
+             "urpe_auto", "train", 1.1) for size in ("quick", "long")),
+)
+# fmt: on
+
+
+def targets() -> tuple[Target, ...]:
+    """TARGETS and one per pair of the LM experiment's speed check (read when called: the
+    experiment is imported only then)."""
+    steps = tuple(
+        Target(f"LM experiment step: {urpe} / {base}", "lm_speed", urpe, "urpe", "train", 1.1)
+        for base, urpe in lm_pairs()
+    )
+    return TARGETS + steps
+
+
+def judge(records: list[dict], conditions: list[dict]) -> list[dict]:
+    return [t.judge(records, conditions) for t in targets()]
