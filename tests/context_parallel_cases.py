@@ -265,3 +265,73 @@ def model_worker(rank: int, size: int, port: int, layout: str, out: str) -> None
         Path(out, f"models{rank}.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition: a (dp, cp) mesh, the data-parallel wrapper reducing every parameter's gradient
+# over all ranks (DDP, or FSDP2 on the flattened mesh), equals one process on the whole batch
+
+
+def _mean_loss_gradients(model, tokens, targets, cp=None) -> dict:
+    """Parameter gradients of the mean next-token loss over `tokens`' rows; with `cp`, this
+    rank's share: its shard's summed loss over the tokens of the group's rows, times the
+    group's size, so that the mean over all ranks is the one-process gradient."""
+    import torch.nn.functional as F
+
+    given = {} if cp is None else {"context_parallel": cp}
+    if cp is not None:
+        tokens, targets = cp.shard(tokens), cp.shard(targets)
+    logits = model(tokens, **given)
+    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    count = targets.numel() * (1 if cp is None else cp.size)
+    (total * (1 if cp is None else cp.size) / count).backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def mesh_worker(rank: int, size: int, port: int, cp_size: int, wrapper: str, out: str) -> None:
+    """dp = size / cp_size data-parallel groups of cp_size context-parallel ranks each; the
+    largest gradient difference to one process per parameter to mesh<rank>.json."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from urpe.distributed import context_parallel_mesh
+    from urpe.models import TransformerConfig, TransformerDecoder
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    try:
+        meshed = context_parallel_mesh(cp_size)
+        cp, dp, dp_size = meshed.cp, meshed.data_parallel_rank, meshed.data_parallel_size
+        torch.manual_seed(0)
+        config = TransformerConfig(
+            vocab_size=11, max_len=64, num_layers=2, dim=16, num_heads=2, position="rpe",
+            gate="toeplitz",
+        )  # fmt: skip
+        model = TransformerDecoder(config).double()
+        reference = copy.deepcopy(model)
+        gen = torch.Generator().manual_seed(1)
+        rows, length = 2 * dp_size, 4 * cp_size * 3
+        tokens = torch.randint(0, 11, (rows, length), generator=gen)
+        targets = torch.randint(0, 11, (rows, length), generator=gen)
+        expected = _mean_loss_gradients(reference, tokens, targets)
+        mine = slice(2 * dp, 2 * dp + 2)  # this data-parallel rank's rows
+        if wrapper == "ddp":
+            wrapped = DistributedDataParallel(model)
+            got = _mean_loss_gradients(wrapped, tokens[mine], targets[mine], cp)
+            got = {n.removeprefix("module."): g for n, g in got.items()}
+        else:  # FSDP2: parameters sharded over all ranks, gradients reduce-scattered (mean)
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            # one FSDP group for the whole model: the layers share the position tables
+            fully_shard(model, mesh=init_device_mesh("cpu", (size,)))
+            got = _mean_loss_gradients(model, tokens[mine], targets[mine], cp)
+            got = {n: g.full_tensor() for n, g in got.items()}
+        errors = {n: (got[n] - expected[n]).abs().max().item() for n in expected}
+        errors["missing"] = float(len(expected.keys() - got.keys()))
+        Path(out, f"mesh{rank}.json").write_text(json.dumps(errors))
+    finally:
+        dist.destroy_process_group()

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from urpe.distributed import LAYOUTS, ShardLayout
 
-from .context_parallel_cases import MODELS, Case, model_worker, worker
+from .context_parallel_cases import MODELS, Case, mesh_worker, model_worker, worker
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
@@ -124,3 +124,16 @@ def test_models_given_a_context_parallel_group_equal_one_process(tmp_path):
         for setting, errors in zip(MODELS, results, strict=True):
             worst = max(errors, key=errors.get)
             assert errors[worst] < 1e-10, (rank, setting, worst, errors[worst])
+
+
+@pytest.mark.slow  # 4 processes: ~40 s each on a loaded 2-core machine
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_data_parallel_over_context_parallel_groups_equals_one_process(wrapper, tmp_path):
+    # dp = 2 x cp = 2 on 4 gloo processes: every parameter's gradient, reduced by DDP (or
+    # reduce-scattered by FSDP2 over the flattened mesh), is the one-process gradient
+    mp.spawn(mesh_worker, args=(4, _free_port(), 2, wrapper, str(tmp_path)), nprocs=4)
+    for rank in range(4):
+        errors = json.loads((tmp_path / f"mesh{rank}.json").read_text())
+        assert errors.pop("missing") == 0
+        worst = max(errors, key=errors.get)
+        assert errors[worst] < 1e-10, (rank, worst, errors[worst])
