@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import urpe
-from urpe.distributed import context_parallel_attention, shard
+from urpe.distributed import context_parallel_attention, context_parallel_mesh, shard
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,7 @@ def bad_use_messages(rank: int) -> dict[str, str]:
     return {
         "unequal shards": _refusal(lambda: context_parallel_attention(uneven, uneven, uneven)),
         "layout does not divide": _refusal(lambda: shard(torch.zeros(1, 2, 6, 8))),
+        "group does not divide": _refusal(lambda: context_parallel_mesh(3)),
         "dense term": _refusal(
             lambda: context_parallel_attention(q, q, q, bias=torch.zeros(1, 2, 4, 4))
         ),

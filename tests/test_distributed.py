@@ -71,6 +71,7 @@ def test_two_processes_equal_one_and_refuse_bad_use_in_one_line(tmp_path):
             assert "\n" not in message, case
         assert "shards of unequal length" in messages["unequal shards"]
         assert "pad it to a multiple of 4" in messages["layout does not divide"]
+        assert "size of 3 does not divide the 2 processes" in messages["group does not divide"]
         assert "dense (L, L) term" in messages["dense term"]
         assert "urpe.Toeplitz" in messages["dense term"]
         assert "attn_mask" in messages["attn_mask"]
