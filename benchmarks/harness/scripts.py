@@ -11,11 +11,19 @@ from urpe.cli import OneLineParser
 from urpe.cli_types import UsageError
 
 
+class _StatedDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default unless its help already states it or it is a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.nargs == 0:
+            return text
+        return super()._get_help_string(action)
+
+
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A script's parser: defaults shown in --help, errors on one line."""
-    return OneLineParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    return OneLineParser(prog=prog, description=description, formatter_class=_StatedDefaults)
 
 
 def main(

@@ -59,15 +59,31 @@ def _unique(values: tuple, text: str) -> tuple:
     return values
 
 
+def _number_list(text: str, number: type, one: str, expected: str) -> tuple:
+    """Comma-separated distinct numbers of type `number`; `one` and `expected` name them."""
+    try:
+        values = tuple(number(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {expected}, comma-separated: {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one {one}")
+    return _unique(values, text)
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """Comma-separated distinct integers: "10,1000" -> (10, 1000)."""
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers, comma-separated: {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return _unique(values, text)
+    return _number_list(text, int, "integer", "integers")
+
+
+def fraction_list(text: str) -> tuple[float, ...]:
+    """Comma-separated distinct numbers in [0, 1]: "0,0.5,1" -> (0.0, 0.5, 1.0)."""
+    values = _number_list(text, float, "number", "numbers in [0, 1]")
+    bad = [v for v in values if not 0.0 <= v <= 1.0]  # NaN too
+    if bad:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {bad[0]}")
+    return values
 
 
 def positive_int_list(text: str) -> tuple[int, ...]:
@@ -93,6 +109,12 @@ def name_list(text: str) -> tuple[str, ...]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one name")
     return _unique(values, text)
+
+
+def describe(parser: argparse.ArgumentParser, docstring: str) -> None:
+    """`--help` shows the command module's docstring after its first paragraph, as written."""
+    parser.description = docstring.split("\n\n", 1)[1]
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def check_writable_directory(path: Path, argument: str = "--out") -> None:

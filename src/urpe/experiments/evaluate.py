@@ -25,14 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..cli_types import UsageError, non_negative_int, positive_int
+from ..cli_types import UsageError, describe, non_negative_int, positive_int
 
 PROG = "urpe evaluate"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.split("\n\n", 1)[1]
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    describe(parser, __doc__)
     parser.add_argument(
         "run",
         type=Path,

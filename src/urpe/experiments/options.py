@@ -50,6 +50,8 @@ LAYERS = Option(("--layers",), "num_layers", "layers ({presets})", positive_int)
 DIM = Option(("--dim",), "dim", "model width ({presets})", positive_int)
 HEADS = Option(("--heads",), "num_heads", "attention heads ({presets})", positive_int)
 FFN_DIM = Option(("--ffn-dim",), "ffn_dim", "feed-forward width ({presets})", positive_int)
+# the size flags every Transformer preset takes (recipes.sized_transformer reads them)
+MODEL_SIZE = (LAYERS, DIM, HEADS, FFN_DIM)
 
 
 def add_sweep_arguments(

@@ -20,7 +20,7 @@ from ...cli_types import non_negative_int, positive_int, positive_int_list
 from ..experiment import CommandLine, Names, Option, variants_option
 from ..experiment import Preset as BasePreset
 from ..model_choices import MODEL_OPTIONS, ModelChoices
-from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
+from ..options import BATCH_SIZE, LR, MODEL_SIZE, SEEDS, STEPS, WARMUP
 from .variants import BASES, DEFAULT_VARIANTS, parse_variant
 
 
@@ -146,10 +146,7 @@ OPTIONS = (
     BATCH_SIZE.with_help("segments per update, over all devices ({presets})"),
     LR,
     WARMUP,
-    LAYERS,
-    DIM,
-    HEADS,
-    FFN_DIM,
+    *MODEL_SIZE,
     *EVALUATION_OPTIONS,
     PACK,
     *MODEL_OPTIONS,

@@ -28,24 +28,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...cli_types import UsageError, name_list, non_negative_int, positive_int, positive_int_list
+from ...cli_types import (
+    UsageError,
+    describe,
+    name_list,
+    non_negative_int,
+    positive_int,
+    positive_int_list,
+)
 from .presets import DEPTH_TASKS, TASKS, depth_list
 from .report import PERPLEXITY
 
 PROG = "urpe evaluate long-context"
 DEFAULT_FACTORS = (1, 2, 4, 8)
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+MODEL_HELP = "a urpe run folder or checkpoint, or a Hugging Face model folder"
+LENGTHS_HELP = (
+    "context lengths in tokens, comma-separated (default: --factors x the training length)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.split("\n\n", 1)[1]
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "model",
-        type=Path,
-        metavar="MODEL",
-        help="a urpe run folder or checkpoint, or a Hugging Face model folder",
-    )
+    describe(parser, __doc__)
+    parser.add_argument("model", type=Path, metavar="MODEL", help=MODEL_HELP)
     parser.add_argument(
         "--tasks",
         type=name_list,
@@ -57,8 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lengths",
         type=positive_int_list,
         default=None,
-        help="context lengths in tokens, comma-separated (default: --factors x the training "
-        "length)",
+        help=LENGTHS_HELP,
     )
     lengths.add_argument(
         "--factors",

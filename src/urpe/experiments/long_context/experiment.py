@@ -354,12 +354,5 @@ def report(records: list[dict], out, wall_seconds: float):
     return text, figures(results, out)
 
 
-EXPERIMENT = Experiment.of(
-    COMMAND,
-    plan=plan,
-    run_one=run_one,
-    describe=describe,
-    report=report,
-    check=check,
-    sweep=("variants", "seeds"),
-)
+SWEEP = ("variants", "seeds")
+EXPERIMENT = Experiment.of(COMMAND, plan, run_one, describe, report, sweep=SWEEP, check=check)

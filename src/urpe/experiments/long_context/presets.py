@@ -9,14 +9,19 @@ model reads in one context.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
-from ...cli_types import name_list, non_negative_int, positive_int, positive_int_list
+from ...cli_types import (
+    fraction_list,
+    name_list,
+    non_negative_int,
+    positive_int,
+    positive_int_list,
+)
 from ..experiment import CommandLine, Names, Option, variants_option
 from ..lm.variants import BASES, parse_variant
 from ..model_choices import MODEL_OPTIONS, ModelChoices
-from ..options import BATCH_SIZE, DIM, FFN_DIM, HEADS, LAYERS, LR, SEEDS, STEPS, WARMUP
+from ..options import BATCH_SIZE, LR, MODEL_SIZE, SEEDS, STEPS, WARMUP
 
 # The names of `urpe.tasks.long_context.TASKS`, known without importing torch
 # (tests/test_long_context_cli.py checks that they are the same).
@@ -40,20 +45,7 @@ def parse_long_context_variant(name: str):
     return variant
 
 
-def depth_list(text: str) -> tuple[float, ...]:
-    """Comma-separated distinct depths in [0, 1] ("0,0.5,1")."""
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers in [0, 1], got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one depth")
-    bad = [v for v in values if not 0.0 <= v <= 1.0]
-    if bad:
-        raise argparse.ArgumentTypeError(f"depths must lie in [0, 1], got {bad[0]}")
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"a depth is given twice in {text!r}")
-    return values
+depth_list = fraction_list  # depths in the context, 0 its start and 1 its end
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,9 +103,9 @@ PRESET_HELP = (
     "and seeds, for a GPU"
 )
 VARIANTS_OPTION = variants_option(
+    Names("variant", (), parse=parse_long_context_variant),
     f"comma-separated BASE[+urpe], BASE one of {', '.join(b for b in BASES if b != 'txl')}; "
     "'urpe' = rpe+urpe ({presets})",
-    Names("variant", (), parse=parse_long_context_variant),
 )
 OPTIONS = (
     Option(
@@ -172,17 +164,10 @@ OPTIONS = (
     BATCH_SIZE,
     LR,
     WARMUP,
-    LAYERS,
-    DIM,
-    HEADS,
-    FFN_DIM,
+    *MODEL_SIZE,
     *MODEL_OPTIONS,
 )
+IMPLEMENTATION = "urpe.experiments.long_context.experiment:EXPERIMENT"  # imported when it runs
 COMMAND = CommandLine(
-    name="long-context",
-    presets=PRESETS,
-    variants=VARIANTS_OPTION,
-    options=OPTIONS,
-    preset_help=PRESET_HELP,
-    implementation="urpe.experiments.long_context.experiment:EXPERIMENT",
+    "long-context", PRESETS, VARIANTS_OPTION, OPTIONS, IMPLEMENTATION, preset_help=PRESET_HELP
 )

@@ -25,7 +25,8 @@ composes with `torch.func.grad`, `vmap` (per-example gradients included), `funct
 `torch.compile(fullgraph=True)`. See `ops.py` for the autotuning key and cache, for why table
 gradients use atomics and for the deterministic mode (`torch.use_deterministic_algorithms`);
 `launch.py` for the tile configurations, the grid, and the failures that make "auto" fall back;
-`urpe bench compile` for the registers, spills and shared memory of every configuration.
+the repository's `benchmarks/compile_kernels.py` for the registers, spills and shared memory of
+every configuration.
 """
 
 from __future__ import annotations

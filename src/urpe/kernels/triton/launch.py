@@ -2,7 +2,7 @@
 
 A `Launch` is one kernel call with its arguments already laid out (built in `ops.py` from the
 raw ops' `ForwardArgs` / `BackwardArgs`); `run_launch` sends it to the GPU (or the interpreter)
-and `urpe bench compile` compiles the very same argument list ahead of time for sm_80 / sm_90.
+and `compile_kernels.py` compiles the very same argument list ahead of time for sm_80 / sm_90.
 
 Grid. One program per (tile of the walked length, batch * head), folded onto grid axis 0 with
 the tile index fastest: programs of one head run side by side and share its keys and values in
@@ -10,7 +10,7 @@ L2, and axis 0 takes 2^31 - 1 programs, where axes 1 and 2 stop at 65,535 (b * h
 would not fit there).
 
 Tile configurations. (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, per padded head
-dim and per dtype family, each one compiled for sm_80 and sm_90 by `urpe bench compile` (with
+dim and per dtype family, each one compiled for sm_80 and sm_90 by `compile_kernels.py` (with
 every pair of the call features that change the program) and kept only if it spills nothing
 (fp16 / bf16) and fits the shared memory of both. Every configuration states the register cap
 (`MAX_REGISTERS`). The autotuner gets the union and prunes to the entry of the call's
@@ -33,7 +33,7 @@ INTERPRETER_BLOCK = 16
 # Registers a thread may use (ptx .maxnreg), stated for every configuration: the hardware's
 # maximum. Left unstated, ptxas picks its own budget by an occupancy estimate and spills
 # below it: the 32 x 32 dK/dV kernel came out at 128 registers and 8 B of spills for a
-# relation-bias call, 198 registers and none with the cap stated (`urpe bench compile`).
+# relation-bias call, 198 registers and none with the cap stated (`compile_kernels.py`).
 MAX_REGISTERS = 255
 
 # (kernel, BLOCK_D bucket, dtype family) -> (BLOCK_M, BLOCK_N, num_warps, num_stages), best

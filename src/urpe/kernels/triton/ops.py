@@ -13,7 +13,7 @@
    `urpe.attention`'s arguments.
 
 Block sizes. On CUDA the launches are autotuned (`launch.py`: the configurations, pruned per
-head dim and dtype to those `urpe bench compile` found free of spills). The tuning key is (next
+head dim and dtype to those `compile_kernels.py` found free of spills). The tuning key is (next
 power of two of Lq, of Lk, head dim, value dim, normalisation, causal, padding, a boolean
 attn_mask, dropout, the kinds of bias and gate and of their gradients) plus the dtype of every
 tensor argument (Triton adds those itself): a new length bucket, head size, dtype or variant is
