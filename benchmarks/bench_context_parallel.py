@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -57,17 +58,32 @@ def _check(args) -> None:
             )
 
 
-def section(rows: list[dict], settings: ContextParallelSettings, load: str, command: str) -> str:
+def _paragraph(text: str) -> str:
+    return textwrap.fill(" ".join(text.split()), 96, break_on_hyphens=False)
+
+
+def section(rows: list[dict], settings: ContextParallelSettings, load: str, command: str,
+            when: str) -> str:  # fmt: skip
     """The BENCHMARKS.md section, markers included."""
     s = settings
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    setup = _paragraph(
+        f"`{command}` ({when}). One training step (forward and backward) of a causal "
+        f"Transformer with URPE (Toeplitz bias and gate; {s.layers} layers, width {s.dim}, "
+        f"{s.heads} heads, vocabulary {s.vocab}) on one sequence of {s.length} tokens (batch "
+        f"{s.batch}), split across N gloo processes on this machine's CPU by "
+        f"`urpe.distributed` ({s.layout} layout); N = 1 is the same model on one process "
+        f"without a group. {s.threads} thread(s) per process."
+    )
+    machine = _paragraph(
+        f"Machine load when measured (`uptime`): `{load}`. This is a shared 2-core VM with "
+        "other engineers' jobs running: N processes compete for 2 cores with them, so the step "
+        "times above measure contention as much as the method (the ring's work per rank falls "
+        "~1/N, but 4 processes on 2 busy cores cannot run at once). Read the memory columns as "
+        "the result, the step times only as what this machine gave."
+    )
     body = f"""## Context parallel (CPU processes)
 
-`{command}` ({when}). One training step (forward and backward) of a causal Transformer with URPE
-(Toeplitz bias and gate; {s.layers} layers, width {s.dim}, {s.heads} heads, vocabulary
-{s.vocab}) on one sequence of {s.length} tokens (batch {s.batch}), split across N gloo processes
-on this machine's CPU by `urpe.distributed` ({s.layout} layout); N = 1 is the same model on one
-process without a group. {s.threads} thread(s) per process.
+{setup}
 
 - saved activations: what autograd keeps for backward on a rank (distinct storages, parameters
   excluded), on its first step. This is the activation memory that context parallelism divides.
@@ -77,11 +93,7 @@ process without a group. {s.threads} thread(s) per process.
 
 {table(rows)}
 
-Machine load when measured (`uptime`): `{load}`. This is a shared 2-core VM with other
-engineers' jobs running: N processes compete for 2 cores with them, so the step times above
-measure contention as much as the method (the ring's work per rank falls ~1/N, but 4 processes
-on 2 busy cores cannot run at once). Read the memory columns as the result; the step times only
-as what this machine gave.
+{machine}
 """
     return f"{CONTEXT_PARALLEL.begin}\n{body}{CONTEXT_PARALLEL.end}\n"
 
@@ -102,8 +114,11 @@ def run(args) -> int:
     if args.json:
         args.json.write_text(json.dumps({"settings": vars(settings), "rows": rows}, indent=1))
     if args.report:
-        command = "python benchmarks/bench_context_parallel.py " + " ".join(sys.argv[1:])
-        CONTEXT_PARALLEL.write(ROOT / "BENCHMARKS.md", section(rows, settings, load, command))
+        flags = [f for f in sys.argv[1:] if f not in ("--report", "--json", str(args.json))]
+        command = " ".join(["python benchmarks/bench_context_parallel.py", *flags])
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        text = section(rows, settings, load, command, when)
+        CONTEXT_PARALLEL.write(ROOT / "BENCHMARKS.md", text)
         print(f"wrote the section into {ROOT / 'BENCHMARKS.md'}")
     return 0
 

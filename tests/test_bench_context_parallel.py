@@ -24,7 +24,7 @@ def test_saved_activations_per_rank_halve_with_two_processes(tmp_path):
     assert all(r["step_ms"] > 0 and r["rss_rise_mib"] >= 0 for r in (one, two))
     lines = table([one, two]).splitlines()
     assert len(lines) == 4 and lines[3].startswith("| 2 | 256 |")
-    text = script.section([one, two], TINY, "load average: 1.0", "python bench.py")
+    text = script.section([one, two], TINY, "load average: 1.0", "python bench.py", "now")
     assert text.startswith(CONTEXT_PARALLEL.begin) and text.rstrip().endswith(CONTEXT_PARALLEL.end)
     assert "## Context parallel (CPU processes)" in text and "load average: 1.0" in text
 

@@ -118,8 +118,9 @@ def test_layouts_place_every_position_once():
         ShardLayout("striped", 2)
 
 
-def test_models_given_a_context_parallel_group_equal_one_process(tmp_path):
-    mp.spawn(model_worker, args=(2, _free_port(), "zigzag", str(tmp_path)), nprocs=2)
+@pytest.mark.parametrize("layout", ["zigzag", pytest.param("contiguous", marks=pytest.mark.slow)])
+def test_models_given_a_context_parallel_group_equal_one_process(layout, tmp_path):
+    mp.spawn(model_worker, args=(2, _free_port(), layout, str(tmp_path)), nprocs=2)
     for rank in range(2):
         results = json.loads((tmp_path / f"models{rank}.json").read_text())
         for setting, errors in zip(MODELS, results, strict=True):
