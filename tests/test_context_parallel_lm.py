@@ -1,6 +1,7 @@
 """`urpe reproduce lm --context-parallel N`: runs that split each segment across processes
 refuse what they cannot run in one line, and 2 processes (started by the command itself, or by
-torchrun) record the same per-step training and validation losses as one process."""
+torchrun; with 4, two data-parallel groups of 2) record the same per-step training and
+validation losses as one process."""
 
 import json
 import subprocess
@@ -89,9 +90,11 @@ CONTEXT_PARALLEL = ["-m", "urpe", "reproduce", "lm", *RUN, "--context-parallel",
 
 
 @pytest.mark.slow  # two Lightning runs of a minute or two each on a loaded 2-core machine
-def test_two_processes_record_the_losses_of_one(one_process, tmp_path):
-    out = tmp_path / "two"
-    _run([sys.executable, *CONTEXT_PARALLEL, "--out", str(out)], tmp_path)
+@pytest.mark.parametrize("devices", [2, 4])  # 4: data parallel 2 x context parallel 2
+def test_two_processes_per_sequence_record_the_losses_of_one(devices, one_process, tmp_path):
+    out = tmp_path / "split"
+    command = [sys.executable, *CONTEXT_PARALLEL, "--devices", str(devices), "--out", str(out)]
+    _run(command, tmp_path)
     _equal_step_for_step(_losses(out), one_process)
 
 

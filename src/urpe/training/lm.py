@@ -97,10 +97,11 @@ class CausalLM(Objective):
 
     context_parallel: N > 1 processes share each row (context parallelism,
     `urpe.distributed`): consecutive ranks form groups of N (a (dp, cp) mesh made when training
-    starts), each rank runs its shard of every row, and its loss is its share of the row mean,
-    total_r N / (tokens of the whole rows), so that the usual mean of the gradients over all
-    ranks (DDP) is exactly the one-process gradient (the other ranks' queries reach this rank's
-    keys through the ring: every rank's gradient is a part of the whole).
+    starts), each rank runs its shard of every row, and its loss is its share of the mean over
+    the whole batch, total_r W / (tokens of all W ranks' rows), so that the usual mean of the
+    gradients over all ranks (DDP) is exactly the one-process gradient (the other ranks' queries
+    reach this rank's keys through the ring: every rank's gradient is a part of the whole), and
+    train/loss is that mean, the one-process value, on every rank.
     """
 
     def __init__(
@@ -168,12 +169,12 @@ class CausalLM(Objective):
             self._memory[part] = memory
         loss = total / count.clamp(min=1)
         reported = loss.detach()
-        if self._split(batch):  # this rank's share of the mean over the whole rows
+        if self._split(batch):  # this rank's share of the mean over every rank's rows
             import torch.distributed as dist
 
             sums = torch.stack([total.detach(), count.to(total.dtype)])
-            dist.all_reduce(sums, group=self._cp.group)
-            loss = total * self._cp.size / sums[1].clamp(min=1)
+            dist.all_reduce(sums)  # over all ranks: DDP's mean of the gradients is over them
+            loss = total * dist.get_world_size() / sums[1].clamp(min=1)
             reported = sums[0] / sums[1].clamp(min=1)
         self.log("train/loss", reported, prog_bar=True)
         self._window.append(float(reported))
