@@ -16,6 +16,7 @@ DOCUMENTED = [
     "urpe.kernels",
     "urpe.encodings",
     "urpe.nn",
+    "urpe.distributed",
     "urpe.models",
     "urpe.hf",
     "urpe.graph",

@@ -17,6 +17,7 @@ from urpe.kernels import (
     BACKENDS,
     TERM_KINDS,
     CallShape,
+    CrossDecay,
     Decay,
     Dense,
     Documents,
@@ -52,6 +53,7 @@ def test_each_built_in_kind_has_the_code_the_compiled_kernels_read():
         "toeplitz": "kToeplitz",
         "relation": "kRelation",
         "decay": "kDecay",
+        "cross_decay": "kCrossDecay",
     }
     for kind, name in expected.items():
         assert TERM_KINDS[kind].code == cpp[name], kind
@@ -87,6 +89,7 @@ def _built_in_terms(lq=3, lk=5, heads=2):
             torch.randn(heads, 4, generator=gen, **F64), torch.randint(0, 4, (2, lq, lk))
         ),
         "decay": Decay(-torch.rand(2, heads, lk, generator=gen, **F64)),
+        "cross_decay": CrossDecay(torch.randn(2, heads, lq + lk, generator=gen, **F64)),
         "documents": Documents((torch.arange(lk) // 2).repeat(2, 1)),
     }
 

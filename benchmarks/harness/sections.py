@@ -1,7 +1,8 @@
 """Sections of BENCHMARKS.md that commands other than the CPU report write, each between its
-own markers: the GPU section (`bench_attention.py --gpu-report`) and the model section
-(the model benchmark). Writing one replaces it and keeps the rest of the file; the CPU report,
-which rewrites the file, carries every section over."""
+own markers: the GPU section (`bench_attention.py --gpu-report`), the model section (the model
+benchmark) and the context-parallel section (`bench_context_parallel.py --report`). Writing one
+replaces it and keeps the rest of the file; the CPU report, which rewrites the file, carries
+every section over."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ class Section:
 
 GPU = Section("gpu-section", "benchmarks/bench_attention.py --gpu-report")
 MODEL = Section("model-section", "benchmarks/bench_model.py")
-SECTIONS = (GPU, MODEL)  # the order they follow the CPU report in
+CONTEXT_PARALLEL = Section("context-parallel-section", "benchmarks/bench_context_parallel.py")
+SECTIONS = (GPU, MODEL, CONTEXT_PARALLEL)  # the order they follow the CPU report in
 
 
 def keep_sections(path: Path, new_text: str) -> str:

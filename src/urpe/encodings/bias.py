@@ -89,7 +89,7 @@ def bucketed_term(
     shift = positions.toeplitz_shift
     if positions.is_aligned or shift is not None:
         if shift is None:
-            offsets = all_offsets(positions.query_length, positions.key_length, table.device)
+            offsets = all_offsets(*positions.table_lengths, table.device)
         else:  # contiguous positions (a static KV cache): the offsets shifted, still Toeplitz
             offsets = shifted_offsets(positions, shift)
         buckets = t5_buckets(offsets, num_buckets, max_distance, bidirectional)
@@ -125,8 +125,7 @@ class ALiBi(RelativeEncoding):
     def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
         slopes = self.slopes
         if positions.is_aligned:
-            lq, lk = positions.query_length, positions.key_length
-            distance = all_offsets(lq, lk, q.device).abs().to(slopes.dtype)
+            distance = all_offsets(*positions.table_lengths, q.device).abs().to(slopes.dtype)
             return Toeplitz((-slopes[:, None] * distance).to(q.dtype))  # (H, 2K+1)
         # Unbounded in the distance, so no finite table: dense (B or 1, H, Lq, Lk).
         return (-slopes[:, None, None] * distances(positions).to(slopes.dtype)).to(q.dtype)
@@ -196,8 +195,7 @@ class KerpleBias(RelativeEncoding):
     def bias(self, q: Tensor, positions: Positions, scale: float) -> PositionTerm:
         r1, r2 = self._params()  # (H, 1) each
         if positions.is_aligned:
-            lq, lk = positions.query_length, positions.key_length
-            distance = all_offsets(lq, lk, q.device).abs().to(r1.dtype)  # (2K+1,)
+            distance = all_offsets(*positions.table_lengths, q.device).abs().to(r1.dtype)
         else:  # dense (B or 1, H, Lq, Lk): the kernel is unbounded in the distance
             distance = distances(positions).to(r1.dtype)
             r1, r2 = r1[..., None], r2[..., None]  # (H, 1, 1)

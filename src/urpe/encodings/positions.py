@@ -109,6 +109,7 @@ class Positions:
         self._relation_range: tuple[int, int] | None = None
         self._documents: Tensor | None = None
         self._shift: Tensor | int | None = None
+        self._sharded: int | None = None
 
     @property
     def query(self) -> Tensor:
@@ -178,7 +179,28 @@ class Positions:
         positions._relation_range = None
         positions._documents = None
         positions._shift = None
+        positions._sharded = None
         return positions
+
+    @classmethod
+    def sharded(cls, positions: Tensor, length: int) -> Positions:
+        """This process's tokens of one sequence of `length` tokens split across processes
+        (context parallelism, `urpe.distributed`): positions (L/N,) or (B, L/N) are their
+        absolute positions (what RoPE, FIRE and absolute encodings read; packed documents'
+        restart at each document), queries and keys alike.
+
+        The layout counts as aligned over the whole sequence: a Toeplitz-style term keeps its
+        table, which the context-parallel call reads at the global offsets of each pair of
+        chunks. Only a context-parallel call reads such terms right (`urpe.attention` itself
+        would read the table at the shard's own offsets): models build these positions when
+        given `context_parallel=`.
+        """
+        _check_index_tensor("positions", positions, (1, 2))
+        shard = positions.shape[-1]
+        out = cls.aligned(shard, shard, device=positions.device)
+        out._query = out._key = positions
+        out._sharded = length
+        return out
 
     @classmethod
     def contiguous(
@@ -281,6 +303,8 @@ class Positions:
 
     def with_relation(self, relation: Tensor | None) -> Positions:
         """The same positions (and structure) with another relation index."""
+        if self._sharded is not None:
+            raise ValueError("positions of a shard (context parallelism) carry no relation")
         if self._documents is not None:
             return Positions.from_document_ids(self._documents, self.query_length, relation)
         if self.is_aligned:
@@ -306,6 +330,8 @@ class Positions:
         """B when positions are per row, else None (shared by the batch)."""
         if self._documents is not None:
             return self._documents.shape[0] if self._documents.dim() == 2 else None
+        if self._sharded is not None:
+            return self._query.shape[0] if self._query.dim() == 2 else None
         if self.is_aligned:
             return None
         for t in (self.query, self.key):
@@ -326,6 +352,19 @@ class Positions:
         return self._shift
 
     @property
+    def table_lengths(self) -> tuple[int, int]:
+        """(Lq, Lk) whose offsets a Toeplitz table over these aligned positions must span: the
+        call's own, or the whole sequence's for `sharded` positions."""
+        if self._sharded is not None:
+            return self._sharded, self._sharded
+        return self._lengths
+
+    @property
+    def sharded_length(self) -> int | None:
+        """The whole sequence's length for `sharded` positions, else None."""
+        return self._sharded
+
+    @property
     def documents(self) -> Tensor | None:
         """The document ids (Lk,) or (B, Lk) of packed positions (`from_document_ids`), else
         None."""
@@ -335,6 +374,8 @@ class Positions:
     def query_start(self) -> int | None:
         """Position of the first query as a Python int when aligned (one sequence), else None."""
         if self._aligned_start is None or self._documents is not None:
+            return None
+        if self._sharded is not None:  # where the shard's rows sit: `query`
             return None
         return self._aligned_start + self.key_length - self.query_length
 
@@ -418,6 +459,8 @@ class Positions:
             form = "contiguous"
         if self._documents is not None:
             form = "packed documents"
+        if self._sharded is not None:
+            form = f"a shard of {self._sharded}"
         rows = "shared" if self.batch is None else f"per row (B={self.batch})"
         relation = "" if self.relation is None else f", relation {tuple(self.relation.shape)}"
         return f"Positions(Lq={self.query_length}, Lk={self.key_length}, {form}, {rows}{relation})"

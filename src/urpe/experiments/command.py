@@ -69,6 +69,7 @@ def add_arguments(experiment: Any, parser: argparse.ArgumentParser) -> None:
         out=experiment.out,
         precision_help=_preset_values(experiment, "precision") + "; half precision falls back "
         "to 32-true without a GPU",
+        splits_sequences=experiment.splits_sequences,
     )
 
 
@@ -112,6 +113,7 @@ def run(experiment: Any, args: argparse.Namespace) -> int:
             raise UsageError("--out", f"{out}: no records/ folder to report from")
     else:
         execution = resolve_execution(args, experiment.runs(settings), settings.batch_size)
+        experiment.check_execution(settings, execution)
         precision = resolve_precision(args.precision, settings.precision, execution.accelerator)
         check_writable_directory(out)
         specs = experiment.plan(settings, precision, execution.progress)

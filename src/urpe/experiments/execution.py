@@ -56,6 +56,7 @@ class Execution:
     num_nodes: int = 1
     strategy: str = "auto"
     accumulate_grad_batches: int = 1
+    context_parallel: int = 1  # processes per sequence (`urpe.distributed`), of the devices
     checkpoint_every: int | None = None
     progress: bool = True
     gpus: list[int] = field(default_factory=list)  # one worker per id when jobs > 1

@@ -62,6 +62,8 @@ class CommandLine:
     # Modules it imports beyond the `train` extra's, checked with those before anything runs so
     # that one line names every missing extra.
     needs: tuple[str, ...] = ()
+    # Whether its runs can split each sequence across processes (--context-parallel)
+    splits_sequences: bool = False
 
     @property
     def out(self) -> str:
@@ -100,6 +102,8 @@ class Experiment(CommandLine):
     report: Callable[[list[dict], Path, float], tuple[str, list[Path]]]
     sweep: tuple[str, ...]  # preset fields whose lengths multiply to the number of runs
     check: Callable[[Any], None] = lambda settings: None  # raises UsageError
+    # (settings, Execution) -> None, raises UsageError: what the settings cannot run on
+    check_execution: Callable[[Any, Any], None] = lambda settings, execution: None
 
     @classmethod
     def of(

@@ -54,8 +54,11 @@ FFN_DIM = Option(("--ffn-dim",), "ffn_dim", "feed-forward width ({presets})", po
 MODEL_SIZE = (LAYERS, DIM, HEADS, FFN_DIM)
 
 
-def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_help: str) -> None:
-    """Output, resume and execution flags (scale-out flags go straight to Lightning)."""
+def add_sweep_arguments(
+    parser: argparse.ArgumentParser, out: str, precision_help: str, splits_sequences: bool = False
+) -> None:
+    """Output, resume and execution flags (scale-out flags go straight to Lightning);
+    `splits_sequences`: also --context-parallel (experiments whose model takes it)."""
     files = parser.add_argument_group("output and resume")
     files.add_argument(
         "--out",
@@ -136,6 +139,17 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, out: str, precision_hel
         help="split each update's batch into K micro-batches (same result, less "
         "memory; default: 1)",
     )
+    if splits_sequences:
+        run.add_argument(
+            "--context-parallel",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="split each sequence across N processes (context parallelism: ring "
+            "attention, memory per process ~1/N, the same result): runs N local processes "
+            "(gloo on CPUs, NCCL on GPUs; --devices a multiple of N adds data parallelism), "
+            "or takes them from torchrun (default: 1)",
+        )
 
 
 TRAIN_MODULES = ("lightning", "torchmetrics", "safetensors", "tqdm", "matplotlib")
@@ -235,18 +249,33 @@ def resolve_execution(args: argparse.Namespace, runs: int, batch_size: int) -> E
         raise UsageError("--strategy", "fsdp needs GPUs (--accelerator gpu); use ddp on CPU")
     per_run = len(devices) if isinstance(devices, list) else devices
     launched = world_size_from_environment()
+    context_parallel = getattr(args, "context_parallel", 1)
+    if context_parallel > 1 and per_run == "auto" and launched <= 1:
+        per_run = devices = context_parallel  # one group of N local processes
     if launched > 1:
         world = launched
     elif per_run == "auto":
         world = args.num_nodes
     else:
         world = per_run * args.num_nodes
-    parts = world * args.accumulate_grad_batches
+    strategy = args.strategy
+    if context_parallel > 1:
+        if world % context_parallel:
+            raise UsageError(
+                "--context-parallel",
+                f"{context_parallel} processes per sequence do not divide the {world} "
+                "processes of a run: give --devices a multiple of it",
+            )
+        if strategy == "fsdp":
+            raise UsageError("--context-parallel", "runs with --strategy ddp (or auto)")
+        strategy = "ddp"
+    data_parallel = world // context_parallel  # processes that read different rows
+    parts = data_parallel * args.accumulate_grad_batches
     if batch_size % parts:
         raise UsageError(
             "--batch-size",
             f"{batch_size} sequences per update do not split into "
-            f"{world} processes x {args.accumulate_grad_batches} "
+            f"{data_parallel} processes x {args.accumulate_grad_batches} "
             f"accumulated micro-batches",
         )
     distributed = world > 1
@@ -275,6 +304,16 @@ def resolve_execution(args: argparse.Namespace, runs: int, batch_size: int) -> E
     elif per_run == "auto":
         # One device per run; with several GPUs, several runs at once (one per GPU).
         devices = 1
-    taken = {f: getattr(args, f) for f in ("num_nodes", "strategy", "accumulate_grad_batches")}
+    taken = {f: getattr(args, f) for f in ("num_nodes", "accumulate_grad_batches")}
     more = dict(checkpoint_every=args.checkpoint_every or None, progress=not args.no_progress)
-    return Execution(jobs, threads, accelerator, devices, **taken, **more, gpus=gpus)
+    return Execution(
+        jobs,
+        threads,
+        accelerator,
+        devices,
+        strategy=strategy,
+        context_parallel=context_parallel,
+        **taken,
+        **more,
+        gpus=gpus,
+    )

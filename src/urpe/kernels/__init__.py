@@ -29,6 +29,7 @@ from .spec import Arguments, AttentionSpec, resolve
 from .terms import (
     TERM_KINDS,
     CallShape,
+    CrossDecay,
     Decay,
     Dense,
     Documents,
@@ -62,6 +63,7 @@ __all__ = [
     "BackendFailure",
     "CallShape",
     "Capabilities",
+    "CrossDecay",
     "Decay",
     "Dense",
     "Documents",

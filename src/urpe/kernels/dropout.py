@@ -4,6 +4,12 @@ The keep decision for weight (b, h, i, j) is a hash of the seed and of the weigh
 the mask needs no generator state: it is the same in eager, compiled and vmapped code and on every
 device, and a seed passed as a tensor never has to leave the device (.item() would break a
 compiled graph).
+
+A kernel's raw op takes the seed as an int64 tensor: a scalar, or five numbers (seed, first
+row, rows, first column, columns) placing the call's (Lq, Lk) weights inside a larger
+(B, H, rows, columns) matrix whose flat indices the counter hashes (`seed_placement`): a chunk
+of queries against a chunk of keys then draws exactly the entries of the whole call's mask
+(context parallelism, `urpe.distributed`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,16 @@ def uniform_bits(seed: Tensor, counter: Tensor) -> Tensor:
     first = _mix(_fold(seed))
     second = _mix(first ^ 0x5BD1E995)
     return _mix(_mix(_fold(counter) ^ first) ^ second)
+
+
+def seed_placement(seed: Tensor, lq: int, lk: int) -> tuple[Tensor, Tensor | int, ...]:
+    """(seed, first row, rows, first column, columns) of a raw op's seed tensor (module
+    docstring): for a scalar seed the call's own (0, Lq, 0, Lk). The numbers stay tensors (no
+    host read); weight (b, h, i, j)'s counter is ((b H + h) rows + first row + i) columns +
+    first column + j."""
+    if seed.dim() == 0:
+        return seed, 0, lq, 0, lk
+    return seed[0], seed[1], seed[2], seed[3], seed[4]
 
 
 def keep_threshold(p: float) -> int:

@@ -15,8 +15,9 @@ A bias or gate travels as (tensor, index, kind): its `Term.raw()` and its kind's
 for no term), from which an op's body rebuilds the term (`term_of`): "dense" (a (B|1, H|1, Lq|1,
 Lk|1) tensor), "toeplitz" (a table (H|1, 2K+1) over clamped offsets), "relation" (a table
 (H|1, R) with a range-checked (B|1, Lq, Lk) int64 index), "decay" (a `Decay`'s log_forget,
-(B|1, H|1, Lk); a bias only) or a kind registered later (`terms.TERM_KINDS`). `document_ids` is
-(B|1, Lk) integer or None. Every tensor except a table and the seed has the batch as dim 0, B or
+(B|1, H|1, Lk); a bias only), "cross_decay" (a `CrossDecay`'s c, (B|1, H|1, Lq + Lk)) or a kind
+registered later (`terms.TERM_KINDS`). `document_ids` is (B|1, Lk) integer (or (B|1, Lq + Lk):
+see the field) or None. Every tensor except a table and the seed has the batch as dim 0, B or
 1 (broadcast).
 """
 
@@ -32,7 +33,7 @@ from .terms import TERM_KINDS, PositionTerm, Term, as_term
 
 # Kinds whose tensor is a per-head table shared by the batch (a vmap must not fold a batched one)
 TABLE_KINDS = ("toeplitz", "relation")
-BUILT_IN_KINDS = ("none", "dense", "toeplitz", "relation", "decay")
+BUILT_IN_KINDS = ("none", "dense", "toeplitz", "relation", "decay", "cross_decay")
 
 
 def term_arguments(term: PositionTerm | None) -> tuple[Tensor | None, Tensor | None, str]:
@@ -63,8 +64,12 @@ class ForwardArgs(NamedTuple):
     gate_index: Tensor | None
     attn_mask: Tensor | None  # (B|1, H|1, Lq|1, Lk|1): bool (True takes part) or float (added)
     key_padding_mask: Tensor | None  # (B|1, Lk) bool, True = padded
-    document_ids: Tensor | None  # (B|1, Lk) integer: query i sees key j iff same document
-    dropout_seed: Tensor | None  # int64 scalar tensor (no host sync where it is made)
+    # (B|1, Lk) integer: query i sees key j iff same document; or (B|1, Lq + Lk), the queries'
+    # ids given apart (`masks.query_documents`; the blockwise and C++ kernels read that form)
+    document_ids: Tensor | None
+    # int64 tensor (no host sync where it is made): the seed, or (seed, first row, rows, first
+    # column, columns) placing these weights in a larger matrix (`dropout.seed_placement`)
+    dropout_seed: Tensor | None
     bias_kind: str
     gate_kind: str
     is_causal: bool

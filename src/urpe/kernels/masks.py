@@ -23,18 +23,33 @@ def causal_keep(lq: int, lk: int, device: torch.device | None = None) -> Tensor:
     return relative_offsets(lq, lk, device) <= 0
 
 
-def query_documents(document_ids: Tensor, lq: int) -> tuple[Tensor, Tensor]:
+def query_documents(document_ids: Tensor, lq: int, lk: int | None = None) -> tuple[Tensor, Tensor]:
     """The document of each query: ids at pos(i) = i + Lk - Lq, and whether pos(i) >= 0 (a
-    query before the first key belongs to no document). (B|1, Lk) -> (B|1, Lq), (Lq,) bool."""
-    lk = document_ids.shape[-1]
-    positions = torch.arange(lq, device=document_ids.device) + (lk - lq)
+    query before the first key belongs to no document). (B|1, Lk) -> (B|1, Lq), (Lq,) bool.
+
+    Given `lk`, ids of Lq + Lk entries are the queries' own, then the keys' (`key_documents`):
+    queries that are not the last Lq keys (a chunk of a sequence against another chunk of it,
+    `urpe.distributed`), each in the document its id names."""
+    n = document_ids.shape[-1]
+    if lk is not None and lq > 0 and n == lq + lk:
+        placed = torch.ones(lq, dtype=torch.bool, device=document_ids.device)
+        return document_ids[:, :lq], placed
+    positions = torch.arange(lq, device=document_ids.device) + (n - lq)
     return document_ids[:, positions.clamp_min(0)], positions >= 0
 
 
-def document_keep(document_ids: Tensor, lq: int) -> Tensor:
-    """(B|1, 1, Lq, Lk) bool: query i and key j are in the same document."""
-    query_ids, placed = query_documents(document_ids, lq)
-    same = query_ids[:, :, None] == document_ids[:, None, :]  # (B|1, Lq, Lk)
+def key_documents(document_ids: Tensor, lk: int) -> Tensor:
+    """The keys' documents (B|1, Lk): the last Lk ids (the queries' come first where they are
+    given apart, `query_documents`)."""
+    return document_ids[:, document_ids.shape[-1] - lk :]
+
+
+def document_keep(document_ids: Tensor, lq: int, lk: int | None = None) -> Tensor:
+    """(B|1, 1, Lq, Lk) bool: query i and key j are in the same document (ids (B|1, Lk), or
+    (B|1, Lq + Lk) for queries and keys apart: `query_documents`)."""
+    lk = document_ids.shape[-1] if lk is None else lk
+    query_ids, placed = query_documents(document_ids, lq, lk)
+    same = query_ids[:, :, None] == key_documents(document_ids, lk)[:, None, :]  # (B|1, Lq, Lk)
     return (same & placed[:, None])[:, None]
 
 
@@ -51,13 +66,14 @@ def keep_mask(
 
     key_padding_mask: (B|1, Lk) bool, True marks a padded key. attn_mask: 4-D, only a bool one
     hides (True takes part); a float mask is additive and is ignored here. document_ids:
-    (B|1, Lk) integer, a query sees only keys of its own document (see `query_documents`).
+    (B|1, Lk) integer, a query sees only keys of its own document (see `query_documents`;
+    (B|1, Lq + Lk): the queries' ids given apart).
     """
     keep = None
     if is_causal:
         keep = causal_keep(lq, lk, device)[None, None]  # (1, 1, Lq, Lk)
     if document_ids is not None:
-        same = document_keep(document_ids, lq)
+        same = document_keep(document_ids, lq, lk)
         keep = same if keep is None else keep & same
     if key_padding_mask is not None:
         keys = ~key_padding_mask[:, None, None, :]  # (B|1, 1, 1, Lk)
@@ -96,7 +112,7 @@ def visible_key_counts(
     if key_flags is not None:
         keys = keys & key_flags
     if document_ids is not None:
-        return _document_counts(keys, document_ids, is_causal, lq)
+        return _document_counts(keys, document_ids, is_causal, lq, lk)
     if not is_causal:
         return keys.sum(-1, keepdim=True).expand(*keys.shape[:2], lq)
     # seen[..., c]: flagged keys among the first c; query i sees the first i + Lk - Lq + 1
@@ -105,15 +121,25 @@ def visible_key_counts(
     return seen[..., last]
 
 
-def _document_counts(keys: Tensor, document_ids: Tensor, is_causal: bool, lq: int) -> Tensor:
+def _document_counts(
+    keys: Tensor, document_ids: Tensor, is_causal: bool, lq: int, lk: int
+) -> Tensor:
     """Visible-key counts with documents in O(L log L), no (Lq, Lk) matrix. keys (B|1, H|1,
-    Lk|1) bool (True: counted), document_ids (B|1, Lk) -> int64 (B, H|1, Lq).
+    Lk|1) bool (True: counted), document_ids (B|1, Lk) or, without causal masking, (B|1,
+    Lq + Lk) (`query_documents`) -> int64 (B, H|1, Lq).
 
     A stable sort by document puts each document's keys side by side in their original order,
     so a query's visible keys are a run of the sorted order: from its document's first key to
     itself (causal) or to its document's last key. Prefix sums over the sorted flags count them.
     """
-    lk = document_ids.shape[-1]
+    query_ids, placed = query_documents(document_ids, lq, lk)  # (B|1, Lq), (Lq,)
+    apart = document_ids.shape[-1] != lk  # the queries' ids given apart
+    if apart and is_causal:
+        raise ValueError(
+            "visible-key counts of queries whose document ids are given apart from the keys' "
+            "(Lq + Lk ids) are defined without causal masking"
+        )
+    document_ids = key_documents(document_ids, lk)
     batch = max(keys.shape[0], document_ids.shape[0])
     heads = keys.shape[1]
     sorted_ids, order = torch.sort(document_ids, dim=-1, stable=True)  # (B|1, Lk)
@@ -121,7 +147,6 @@ def _document_counts(keys: Tensor, document_ids: Tensor, is_causal: bool, lq: in
     zero = flags.new_zeros(batch, heads, 1, dtype=torch.int64)
     prefix = torch.cat([zero, flags.cumsum(-1)], -1)  # (B, H|1, Lk + 1)
     rank = order.argsort(-1)  # rank[p]: where key p sits in the sorted order (the inverse)
-    query_ids, placed = query_documents(document_ids, lq)  # (B|1, Lq), (Lq,)
     first = torch.searchsorted(sorted_ids, query_ids.contiguous())  # (B|1, Lq)
     if is_causal:
         last = rank[:, (torch.arange(lq, device=order.device) + (lk - lq)).clamp_min(0)] + 1

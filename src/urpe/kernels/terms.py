@@ -434,6 +434,65 @@ class Decay(Term):
         return -(c_query[..., :, None] - c[..., None, :]).abs()
 
 
+@register_term_kind
+@dataclass(frozen=True)
+class CrossDecay(Term):
+    """A decay bias between queries and keys that sit apart: value(b, h, i, j) =
+    -|c[b, h, i] - c[b, h, Lq + j]|, with c the cumulative log forget gates at the queries'
+    positions (the first Lq entries) and then at the keys' (the last Lk).
+
+    `Decay` reads both from one sequence (the queries are the last Lq keys); here they are
+    given apart, so the queries may sit anywhere, e.g. one chunk of a sequence against another
+    chunk of it (context parallelism, `urpe.distributed`, whose c runs over the whole
+    sequence). cumulative: (..., H|1, Lq + Lk), leading dims broadcastable to the call's batch
+    dims, any real values (a `Decay`'s c is cumsum(log_forget)). Gradients flow to c. A bias
+    only, for the reasons `Decay` gives.
+    """
+
+    kind: ClassVar[str] = "cross_decay"
+    code: ClassVar[int] = 6
+    roles: ClassVar[tuple[str, ...]] = ("bias",)
+
+    cumulative: Tensor
+
+    def __post_init__(self) -> None:
+        t = self.cumulative
+        if not isinstance(t, Tensor):
+            raise TypeError(f"CrossDecay cumulative must be a Tensor, got {type(t).__name__}")
+        if t.dim() < 2 or not t.is_floating_point():
+            raise ValueError(
+                f"CrossDecay cumulative must be a floating-point (..., H, Lq + Lk) tensor, got "
+                f"{t.dtype} {tuple(t.shape)}"
+            )
+
+    num_heads = property(lambda self: self.cumulative.shape[-2])
+
+    def check(self, role: str, call: CallShape) -> None:
+        c = self.cumulative
+        if c.shape[-1] != call.lq + call.lk or c.shape[-2] not in (1, call.heads):
+            raise ValueError(
+                f"CrossDecay cumulative must have shape (..., H|1, Lq + Lk) = (..., "
+                f"{call.heads}, {call.lq + call.lk}), got {tuple(c.shape)}"
+            )
+        full = (*call.batch, call.heads, call.lq + call.lk)
+        broadcasts("CrossDecay cumulative", tuple(c.shape), full, "(..., H, Lq + Lk)")
+        check_dtype("CrossDecay cumulative", c, call)
+        check_device("CrossDecay cumulative", c, call)
+
+    def signature(self, lk: int) -> tuple:
+        c = self.cumulative  # its last dim is Lq + Lk: the keys' length left out
+        return (CrossDecay, type(c), (*c.shape[:-1], f"Lq+{ANY_LENGTH}"), c.dtype, c.device)
+
+    def flattened(self, batch_shape: tuple[int, ...]) -> CrossDecay:
+        flat = flatten_leading(self.cumulative, batch_shape, 2)  # (B|1, H|1, Lq + Lk)
+        return self if flat is self.cumulative else CrossDecay(flat)
+
+    def dense(self, lq: int, lk: int) -> Tensor:
+        """(..., H|1, Lq, Lk), in the compute dtype."""
+        c = self.cumulative.to(compute_dtype(self.cumulative.dtype))
+        return -(c[..., :lq, None] - c[..., None, lq:]).abs()
+
+
 def _query_cumulative(c: Tensor, lq: int, lk: int) -> Tensor:
     """c at pos(i) for Lq > Lk: queries before the first key (pos(i) < 0) read c = 0, the value
     before any key (they see no key of a document, and causality hides every key from them)."""

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..distributed import ContextParallel
 from ..nn import KVCache
 from .config import TransformerConfig
 from .sampling import generate_tokens
@@ -96,6 +97,7 @@ class LanguageModel(nn.Module):
         *,
         use_memory: bool | None = None,
         document_ids: Tensor | None = None,
+        context_parallel: ContextParallel | None = None,
     ) -> tuple[Tensor, Memory | None]:
         """tokens (B, L) -> (logits (B, L, V), memory for the next segment or None).
 
@@ -104,15 +106,26 @@ class LanguageModel(nn.Module):
             model without recurrence (returns None).
         document_ids: (B, L) ids of packed documents (see `urpe.TransformerDecoder`); a packed
             row carries no memory, so not with recurrence.
+        context_parallel: a `urpe.distributed.ContextParallel`: tokens and document_ids are
+            this rank's shards of sequences split across its group, the logits this rank's
+            (no recurrence).
         """
         recurrent = self.memory_length > 0 if use_memory is None else use_memory
+        if context_parallel is not None and recurrent and self.memory_length > 0:
+            raise ValueError(
+                "context parallelism carries no segment memory: use a model with "
+                "memory_length=0, or use_memory=False"
+            )
         if document_ids is not None and recurrent and self.memory_length > 0:
             raise ValueError(
                 "packed documents (document_ids) carry no memory: use a model with "
                 "memory_length=0, or use_memory=False"
             )
         if not recurrent or self.memory_length == 0:
-            return self.decoder(tokens, document_ids=document_ids), None
+            logits = self.decoder(
+                tokens, document_ids=document_ids, context_parallel=context_parallel
+            )
+            return logits, None
         if memory is not None and memory[0].shape[1] == 0:
             memory = None
         logits, layer_inputs = self.decoder(tokens, memory=memory, return_layer_inputs=True)

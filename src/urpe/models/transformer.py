@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..distributed import ContextParallel
 from ..encodings import Positions
 from ..kernels import AttentionCalls
-from ..nn import AttentionContext, KVCache
+from ..nn import AttentionContext, KVCache, MultiheadAttention
 from ..nn.attention import split_memory_padding
 from .builders import build_absolute, build_layers, uses_relation
 from .config import TransformerConfig
@@ -113,10 +114,18 @@ class _Transformer(_LoadGuard, nn.Module):
         self.attention_calls = AttentionCalls()
 
     def _context(
-        self, positions: Positions | None, length: int, past: int, batch: int, device, **masks
+        self,
+        positions: Positions | None,
+        length: int,
+        past: int,
+        batch: int,
+        device,
+        calls=None,
+        **masks,
     ) -> AttentionContext:
         """The one context of this forward pass, for `length` queries after `past` keys; its
-        positions are shape-checked here, once for every layer."""
+        positions are shape-checked here, once for every layer. calls: the layers' attention
+        function (default: the model's own prepared calls)."""
         if positions is None:
             if uses_relation(self.config):
                 raise ValueError(
@@ -126,7 +135,10 @@ class _Transformer(_LoadGuard, nn.Module):
                 )
             positions = Positions.sequence(length, past=past, device=device)
         context = AttentionContext(
-            positions=positions, is_causal=self.causal, calls=self.attention_calls, **masks
+            positions=positions,
+            is_causal=self.causal,
+            calls=self.attention_calls if calls is None else calls,
+            **masks,
         )
         context.positions_for(length, past + length, batch, device)
         return context
@@ -142,12 +154,15 @@ class _Transformer(_LoadGuard, nn.Module):
         attn_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
         layer_inputs: list[Tensor] | None = None,
+        context_parallel: ContextParallel | None = None,
     ) -> Tensor:
         """tokens (B, L) -> hidden states (B, L, E) of the input tokens.
 
         document_ids: (B, L) ids of packed documents (see `_packed_positions`).
         layer_inputs: if a list, each layer's input (B, L', E) is appended to it (L' includes
         marker tokens when they were added).
+        context_parallel: tokens (and padding, documents) are this rank's shard of sequences
+        split across its group (`_shard_positions`).
         """
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
             raise ValueError("tokens must be an integer tensor of shape (B, L)")
@@ -166,7 +181,10 @@ class _Transformer(_LoadGuard, nn.Module):
                 "marker tokens place themselves around each row's real tokens; positions, "
                 "attn_mask and document_ids cannot be given with markers=True"
             )
-        if document_ids is not None:
+        if context_parallel is not None:
+            refused = dict(cache=cache, memory=memory, positions=positions, attn_mask=attn_mask)
+            positions = self._shard_positions(tokens, document_ids, context_parallel, refused)
+        elif document_ids is not None:
             positions = self._packed_positions(tokens, document_ids, cache, memory, positions)
         x = self.embed(tokens)  # (B, L, E)
         slot = None
@@ -183,6 +201,7 @@ class _Transformer(_LoadGuard, nn.Module):
             past,
             b,
             x.device,
+            calls=context_parallel,
             key_padding_mask=key_padding_mask,
             attn_mask=attn_mask,
             document_ids=document_ids,
@@ -204,6 +223,36 @@ class _Transformer(_LoadGuard, nn.Module):
             x = layer(x, context, past=layer_past)
         x = self.final_norm(x)
         return self.markers.unwrap(x, slot) if wrap else x
+
+    def _shard_positions(
+        self, tokens: Tensor, document_ids: Tensor | None, cp: ContextParallel, refused: dict
+    ) -> Positions:
+        """Where this rank's tokens sit in the whole sequence (`Positions.sharded`): their
+        global positions, or with packed documents the positions counted from each document's
+        start (from the whole rows' ids, gathered: a document may cross shards)."""
+        given = [name for name, value in refused.items() if value is not None]
+        if self.markers is not None:
+            given.append("marker tokens")
+        if given:
+            raise ValueError(
+                "context_parallel runs whole sequences split across processes: it takes no "
+                f"{', '.join(given)}"
+            )
+        for module in self.modules():
+            position = getattr(module, "position", None)
+            if isinstance(module, MultiheadAttention) and not position.takes_calls:
+                raise ValueError(
+                    f"position {type(position).__name__} computes its attention itself and "
+                    "cannot run context-parallel; choose one that adds a term (rpe, t5, alibi, "
+                    "rope, fox, ...)"
+                )
+        length = tokens.shape[1]
+        if document_ids is None:
+            local = cp.positions(length, tokens.device)
+        else:
+            whole = cp.unshard(document_ids.long(), dim=-1)  # (B, L): ids of the whole rows
+            local = cp.shard(Positions.from_document_ids(whole).query, dim=-1)
+        return Positions.sharded(local, length * cp.size)
 
     def _packed_positions(
         self,
@@ -274,6 +323,7 @@ class TransformerEncoder(_Transformer):
         positions: Positions | None = None,
         attn_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
+        context_parallel: ContextParallel | None = None,
     ) -> Tensor:
         """tokens (B, L) int; key_padding_mask (B, L) bool, True = padded.
 
@@ -284,6 +334,9 @@ class TransformerEncoder(_Transformer):
         document_ids: (B, L) integer ids of packed documents (runs of equal ids): each token
             attends only within its document, at positions counted from the document's start
             (`Positions.from_document_ids`, unless `positions` are given).
+        context_parallel: a `urpe.distributed.ContextParallel`: tokens, key_padding_mask and
+            document_ids are this rank's shards (`cp.shard(x)`) of sequences split across its
+            group, and so are the hidden states returned (context parallelism).
         """
         return self._run(
             tokens,
@@ -291,6 +344,7 @@ class TransformerEncoder(_Transformer):
             positions=positions,
             attn_mask=attn_mask,
             document_ids=document_ids,
+            context_parallel=context_parallel,
         )
 
 
@@ -327,6 +381,7 @@ class TransformerDecoder(_Transformer):
         attn_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
         return_layer_inputs: bool = False,
+        context_parallel: ContextParallel | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """tokens (B, L) -> logits (B, L, V); with return_layer_inputs, (logits, layer_inputs).
 
@@ -342,6 +397,10 @@ class TransformerDecoder(_Transformer):
             document, at positions counted from the document's start. Not with memory.
         return_layer_inputs: also return each layer's input (B, L, E) (markers included when
             they were added), from which `next_memory` forms the next segment's memory.
+        context_parallel: a `urpe.distributed.ContextParallel`: tokens, key_padding_mask and
+            document_ids are this rank's shards of sequences split across its group, and the
+            logits returned are this rank's (B, L/N, V) (context parallelism; no cache or
+            memory).
         """
         layer_inputs: list[Tensor] | None = [] if return_layer_inputs else None
         hidden = self._run(
@@ -353,6 +412,7 @@ class TransformerDecoder(_Transformer):
             attn_mask=attn_mask,
             document_ids=document_ids,
             layer_inputs=layer_inputs,
+            context_parallel=context_parallel,
         )
         logits = self.head(hidden)
         return (logits, layer_inputs) if return_layer_inputs else logits

@@ -177,12 +177,13 @@ class StepDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 0, 0, 1, 1
-        return (
-            trainer.global_step,
-            trainer.global_rank,
-            trainer.world_size,
-            trainer.accumulate_grad_batches,
-        )
+        rank, world = trainer.global_rank, trainer.world_size
+        # processes that share rows (context parallelism) read the same data: the objective
+        # says which (`CausalLM.data_parallel`)
+        split = getattr(trainer.lightning_module, "data_parallel", None)
+        if split is not None:
+            rank, world = split(rank, world)
+        return trainer.global_step, rank, world, trainer.accumulate_grad_batches
 
     def train_dataloader(self) -> DataLoader:
         start, rank, world, accumulate = self._layout()

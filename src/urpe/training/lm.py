@@ -94,6 +94,14 @@ class CausalLM(Objective):
 
     metric: "bpc" or "perplexity" (how losses are reported besides nats). Logs train/loss and
     val/loss (nats per token) and val/<metric>.
+
+    context_parallel: N > 1 processes share each row (context parallelism,
+    `urpe.distributed`): consecutive ranks form groups of N (a (dp, cp) mesh made when training
+    starts), each rank runs its shard of every row, and its loss is its share of the mean over
+    the whole batch, total_r W / (tokens of all W ranks' rows), so that the usual mean of the
+    gradients over all ranks (DDP) is exactly the one-process gradient (the other ranks' queries
+    reach this rank's keys through the ring: every rank's gradient is a part of the whole), and
+    train/loss is that mean, the one-process value, on every rank.
     """
 
     def __init__(
@@ -103,9 +111,14 @@ class CausalLM(Objective):
         metric: str = "bpc",
         run: dict | None = None,
         inputs: InputEncoding | None = None,
+        context_parallel: int = 1,
     ):
         super().__init__(model, optim, run, inputs)
         report_metric(1.0, metric)  # checks the name
+        if context_parallel > 1 and model.memory_length > 0:
+            raise ValueError("context parallelism carries no segment memory (memory_length=0)")
+        self.context_parallel = context_parallel
+        self._cp = None  # the ContextParallel group, made when training starts
         self.metric = metric
         self.val_loss = MeanMetric()
         self._memory: dict[int, list[Tensor]] = {}
@@ -118,13 +131,35 @@ class CausalLM(Objective):
     def forward(self, tokens: Tensor, memory: list[Tensor] | None = None):
         return self.model(tokens, memory)
 
+    def setup(self, stage: str) -> None:
+        if self.context_parallel > 1 and self._cp is None:
+            from ..distributed import context_parallel_mesh
+
+            # the strategy's device: the module itself moves there only after `setup`
+            device = self.trainer.strategy.root_device.type
+            self._cp = context_parallel_mesh(self.context_parallel, device_type=device).cp
+
+    def _split(self, batch: dict[str, Tensor]) -> bool:
+        """Whether this batch runs context-parallel: rows that split into the layout's chunks
+        (a short last held-out segment runs whole on every rank instead)."""
+        if self._cp is None:
+            return False
+        chunks = self._cp.size * (2 if self._cp.layout == "zigzag" else 1)
+        return batch["inputs"].shape[1] % chunks == 0
+
     def _step(self, batch: dict[str, Tensor], memory: list[Tensor] | None):
         if bool(batch["reset"]):
             memory = None
         # Only packed batches carry document ids (not every model takes them).
         packed = {k: batch[k] for k in ("document_ids",) if k in batch}
-        logits, memory = self.model(batch["inputs"], memory, **packed)
-        total, count = token_losses(logits, batch["targets"])
+        inputs, targets = batch["inputs"], batch["targets"]
+        if self._split(batch):  # this rank's shard of every row
+            cp = self._cp
+            packed = {k: cp.shard(v) for k, v in packed.items()}
+            inputs, targets = cp.shard(inputs), cp.shard(targets)
+            packed["context_parallel"] = cp
+        logits, memory = self.model(inputs, memory, **packed)
+        total, count = token_losses(logits, targets)
         return total, count, memory
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -133,8 +168,16 @@ class CausalLM(Objective):
         if memory is not None:
             self._memory[part] = memory
         loss = total / count.clamp(min=1)
-        self.log("train/loss", loss, prog_bar=True)
-        self._window.append(float(loss.detach()))
+        reported = loss.detach()
+        if self._split(batch):  # this rank's share of the mean over every rank's rows
+            import torch.distributed as dist
+
+            sums = torch.stack([total.detach(), count.to(total.dtype)])
+            dist.all_reduce(sums)  # over all ranks: DDP's mean of the gradients is over them
+            loss = total * dist.get_world_size() / sums[1].clamp(min=1)
+            reported = sums[0] / sums[1].clamp(min=1)
+        self.log("train/loss", reported, prog_bar=True)
+        self._window.append(float(reported))
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -188,3 +231,8 @@ class CausalLM(Objective):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "metric": self.metric}
+
+    def data_parallel(self, rank: int, world: int) -> tuple[int, int]:
+        """(rank, world) of the data: the ranks of one context-parallel group read the same
+        rows (`StepDataModule` asks)."""
+        return rank // self.context_parallel, world // self.context_parallel

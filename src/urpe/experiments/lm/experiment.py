@@ -27,7 +27,7 @@ import torch
 from ...cli_types import UsageError
 from ...models import TransformerConfig
 from ...training.optim import OptimConfig
-from ..execution import RunContext
+from ..execution import Execution, RunContext
 from ..experiment import Experiment
 from ..model_choices import apply_model_choices
 from ..recipes import preset_optim, sized_transformer
@@ -174,16 +174,20 @@ def plan(preset: Preset, precision: str, progress: bool = False) -> list[RunSpec
     return locate_data(specs(preset, precision, corpus.vocab_size, corpus.metric))
 
 
-def check_packing(preset: Preset, tokenizer) -> None:
-    """UsageError naming --pack where it cannot run: variants with memory, or a tokenizer that
-    has no tokens for the document separator."""
+def refuse_memory(preset: Preset, flag: str, why: str) -> None:
+    """UsageError naming `flag` where the preset's variants carry segment memory."""
     recurrent = [v for v in preset.variants if parse_variant(v).memory]
     if recurrent:
         raise UsageError(
-            "--pack",
-            f"packed rows carry no memory; variants {', '.join(recurrent)} "
-            "use it: choose variants without +mem or txl",
+            flag,
+            f"{why}; variants {', '.join(recurrent)} use it: choose variants without +mem or txl",
         )
+
+
+def check_packing(preset: Preset, tokenizer) -> None:
+    """UsageError naming --pack where it cannot run: variants with memory, or a tokenizer that
+    has no tokens for the document separator."""
+    refuse_memory(preset, "--pack", "packed rows carry no memory")
     if tokenizer.encode(DOCUMENT_SEPARATOR).numel() == 0:
         raise UsageError(
             "--pack",
@@ -280,11 +284,14 @@ def run_one(config: dict[str, Any], context: RunContext) -> RunResult:
         metric=config["metric"],
         run=config,
         inputs=inputs,
+        context_parallel=context.execution.context_parallel,
     )
     train, ev = config["train"], config["eval"]
     length = model.segment_length
     stream = SegmentStream(corpus.train, train["batch_size"], length, separator)
-    fit_text(context, objective, stream, corpus.valid, config, length, log_every=10)
+    # the curve's points: every 10 updates, every update for runs of up to 20
+    log_every = min(10, max(1, train["steps"] // 20))
+    fit_text(context, objective, stream, corpus.valid, config, length, log_every=log_every)
     model = model.cpu().float().eval()
     val_tokens, test_tokens = _head(corpus.valid, ev["tokens"]), _head(corpus.test, ev["tokens"])
     recurrent = model.memory_length > 0
@@ -322,6 +329,20 @@ def describe(record: dict) -> str:
     )
 
 
+def check_execution(preset: Preset, execution: Execution) -> None:
+    """UsageError naming --context-parallel where the runs cannot split their rows."""
+    n = execution.context_parallel
+    if n == 1:
+        return
+    refuse_memory(preset, "--context-parallel", "context parallelism carries no memory")
+    if preset.segment_length % (2 * n):
+        raise UsageError(
+            "--context-parallel",
+            f"segments of {preset.segment_length} tokens do not split into the {2 * n} equal "
+            f"chunks of {n} processes (zigzag): choose --segment-length a multiple of {2 * n}",
+        )
+
+
 def check(preset: Preset) -> None:
     if preset.dataset == "wikitext-103":
         raise UsageError(
@@ -332,5 +353,12 @@ def check(preset: Preset) -> None:
 
 
 EXPERIMENT = Experiment.of(
-    COMMAND, plan, run_one, describe, write_report, sweep=("variants", "seeds"), check=check
+    COMMAND,
+    plan,
+    run_one,
+    describe,
+    write_report,
+    sweep=("variants", "seeds"),
+    check=check,
+    check_execution=check_execution,
 )

@@ -153,5 +153,11 @@ OPTIONS = (
 )
 IMPLEMENTATION = "urpe.experiments.lm.experiment:EXPERIMENT"  # imported when it runs
 COMMAND = CommandLine(
-    "lm", PRESETS, VARIANTS_OPTION, OPTIONS, IMPLEMENTATION, preset_help=PRESET_HELP
+    "lm",
+    PRESETS,
+    VARIANTS_OPTION,
+    OPTIONS,
+    IMPLEMENTATION,
+    preset_help=PRESET_HELP,
+    splits_sequences=True,
 )

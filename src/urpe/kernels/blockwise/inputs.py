@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..host import may_read
 from ..layout import ForwardArgs
-from ..masks import query_documents
+from ..masks import key_documents, query_documents
 
 
 def may_hold_neg_inf(call: ForwardArgs, dtype: torch.dtype) -> bool:
@@ -30,14 +30,15 @@ def may_hold_neg_inf(call: ForwardArgs, dtype: torch.dtype) -> bool:
     return bool(torch.stack(flags).any()) if flags else False
 
 
-def document_fields(ids: Tensor | None, lq: int, block_q: int, block_k: int) -> dict:
+def document_fields(ids: Tensor | None, lq: int, lk: int, block_q: int, block_k: int) -> dict:
     """The plan's document fields: ids per query and per reversed key, and which (query block,
-    key block) pairs may share a document (one host read, where values may be read)."""
+    key block) pairs may share a document (one host read, where values may be read). ids:
+    (B|1, Lk), or (B|1, Lq + Lk) with the queries' own first (`masks.query_documents`)."""
     if ids is None:
         return dict(key_documents=None, query_documents=None, placed=None, shares=None)
     ids = ids.long()
-    queries, placed = query_documents(ids, lq)  # (B|1, Lq), (Lq,)
-    keys = ids.flip(-1)  # (B|1, Lk), reversed like the kernel's columns
+    queries, placed = query_documents(ids, lq, lk)  # (B|1, Lq), (Lq,)
+    keys = key_documents(ids, lk).flip(-1)  # (B|1, Lk), reversed like the kernel's columns
     shares = None
     if may_read(ids):
         # per block: [lo, hi] of its ids; queries with no document stay out of the range

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..dropout import dropout_scale_at
+from ..dropout import dropout_scale_at, seed_placement
 from ..dtypes import compute_dtype
 from ..host import may_read
 from ..layout import BackwardArgs, ForwardArgs
@@ -58,6 +58,7 @@ DOCUMENT_BLOCK_K = 256
 
 # The built-in normalisations whose weights are exponentials (never negative)
 EXPONENTIAL = ("softmax", "exp", "l2")
+DECAY_KINDS = ("decay", "cross_decay")
 
 
 @dataclass
@@ -163,13 +164,15 @@ def _masked_entries(plan: _Plan, i0: int, i1: int, c0: int, c1: int, t: int) -> 
 
 def _dropout_keep(plan: _Plan, i0: int, i1: int, c0: int, c1: int) -> Tensor:
     """The tile's keep mask scaled by 1 / (1 - p), (B, H, bq, bk): the reference's hash of the
-    seed tensor and of each weight's flat index (b, h, i, j), so the mask is the reference's
-    and the seed is never read on the host."""
-    rows = torch.arange(i0, i1, device=plan.device)
-    keys = plan.lk - 1 - torch.arange(c0, c1, device=plan.device)  # columns are reversed keys
+    seed tensor and of each weight's flat index (b, h, i, j), placed where the seed tensor
+    says (`dropout.seed_placement`), so the mask is the reference's and the seed is never read
+    on the host."""
+    seed, row0, n_rows, col0, n_cols = seed_placement(plan.seed, plan.lq, plan.lk)
+    rows = torch.arange(i0, i1, device=plan.device) + row0
+    keys = plan.lk - 1 - torch.arange(c0, c1, device=plan.device) + col0  # reversed columns
     heads = torch.arange(plan.batch * plan.heads, device=plan.device)
-    counter = (heads.view(plan.batch, plan.heads, 1, 1) * plan.lq + rows[:, None]) * plan.lk
-    return dropout_scale_at(plan.seed, plan.dropout_p, counter + keys, plan.compute_dtype)
+    counter = (heads.view(plan.batch, plan.heads, 1, 1) * n_rows + rows[:, None]) * n_cols
+    return dropout_scale_at(seed, plan.dropout_p, counter + keys, plan.compute_dtype)
 
 
 def _scores(plan, q_tile, k_blk, additive, i0, i1, c0, c1, masked, out: Tensor) -> Tensor:
@@ -260,8 +263,13 @@ def _forward(plan: _Plan, q_s, k_r, v_r, additive, gate, fixed):
             plan, q_tile, k_r[:, c0:c1], additive, i0, i1, c0, c1, masked, work("s", n, bq, bk)
         )
         if one_shot:  # already normalised; rows with nothing visible come out nan, zeroed below
+            m = s.amax(-1, keepdim=True)
             p = _flushed(plan, norm.one_shot(s))
-            row_sum[rows] = 1.0
+            # the row statistic all the same (the backward pass recomputes weights from it, and
+            # context parallelism merges rows by it): the largest weight is exp(m_i - r_i)
+            seen = torch.isfinite(m)
+            row_max[rows] = torch.where(seen, m - p.amax(-1, keepdim=True).log(), m)
+            row_sum[rows] = seen.to(dtype)  # 1: no division below; 0: r_i = inf (no key)
             if masked is not None and gate is None:
                 p.masked_fill_(masked, 0.0)
         elif power is not None:  # online statistic: rescale what earlier key blocks gave
@@ -313,19 +321,14 @@ def _backward(plan: _Plan, q_s, k_r, v_r, additive, gate, out, stat, grad_out):
             q_tile = q_s[:, i0:i1].contiguous()
             do = grad_out[:, i0:i1].contiguous()  # (N, bq, Dv)
             dq_tile = work("dq", n, bq, q_s.shape[-1])
-            one_shot = _single_block(plan, i0, i1)
         k_blk, v_blk = k_r[:, c0:c1], v_r[:, c0:c1]
         masked = _masked_entries(plan, i0, i1, c0, c1, t)
         s = _scores(plan, q_tile, k_blk, additive, i0, i1, c0, c1, masked, work("s", n, bq, bk))
         rows = slice(None), slice(None), slice(i0, i1)
-        aux = None
-        if one_shot:
-            p = _flushed(plan, norm.one_shot(s))
-            if masked is not None:
-                p.masked_fill_(masked, 0.0)  # rows with nothing visible: nan -> 0
-        else:
-            p, aux = norm.tile_weights(_below_range(plan, s, stat[rows]), stat[rows])
-            p = _flushed(plan, p)
+        # from the statistic r_i, which need not be this call's own: a caller that merged rows
+        # (context parallelism) passes the whole row's
+        p, aux = norm.tile_weights(_below_range(plan, s, stat[rows]), stat[rows])
+        p = _flushed(plan, p)
         da = torch.bmm(do, v_blk.transpose(1, 2), out=work("da", n, bq, bk))
         da = da.view(b, h, bq, bk)
         keep = None
@@ -386,7 +389,7 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
         keep = DenseTile(call.attn_mask, lk, torch.bool, needs_grad=False)
     block_q = int(call.block_q) or BLOCK_Q  # 0: the default tiles
     block_k = int(call.block_k) or (BLOCK_K if call.document_ids is None else DOCUMENT_BLOCK_K)
-    documents = document_fields(call.document_ids, lq, block_q, block_k)
+    documents = document_fields(call.document_ids, lq, lk, block_q, block_k)
     plan = _Plan(
         batch=b,
         heads=h,
@@ -411,7 +414,7 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
         # only exponential weights (>= 0) under a decay bias, in float32 (half computes in it)
         flush_below=(
             torch.finfo(dtype).tiny
-            if call.bias_kind == "decay" and dtype == torch.float32 and norm.name in EXPONENTIAL
+            if call.bias_kind in DECAY_KINDS and dtype == torch.float32 and norm.name in EXPONENTIAL
             else None
         ),
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..terms import Decay, Dense, Relation, Term, Toeplitz
+from ..terms import CrossDecay, Decay, Dense, Relation, Term, Toeplitz
 
 
 def antidiagonal_sums(x: Tensor, scratch: dict | None = None) -> Tensor:
@@ -184,10 +184,16 @@ class DecayTile:
         self.lq = lq
         c = log_forget.to(dtype).cumsum(-1)
         lk = c.shape[-1]
-        self.c_keys = c.flip(-1).contiguous()  # reversed, as the kernel's columns
         if lq > lk:  # queries before the first key read c = 0 (they see no key)
-            c = torch.cat([c.new_zeros(*c.shape[:-1], lq - lk), c], -1)
-        self.c_queries = c[..., c.shape[-1] - lq :].contiguous()  # (B|1, H|1, Lq)
+            c_all = torch.cat([c.new_zeros(*c.shape[:-1], lq - lk), c], -1)
+        else:
+            c_all = c
+        self._read(c_all[..., c_all.shape[-1] - lq :], c, needs_grad)
+
+    def _read(self, c_queries: Tensor, c_keys: Tensor, needs_grad: bool) -> None:
+        """c at the queries (B|1, H|1, Lq) and at the keys (B|1, H|1, Lk), original order."""
+        self.c_queries = c_queries.contiguous()
+        self.c_keys = c_keys.flip(-1).contiguous()  # reversed, as the kernel's columns
         self.grad = self.grad_queries = self.grad_keys = None
         if needs_grad:
             self.grad = True  # (the additive readers' marker: a gradient is wanted)
@@ -219,6 +225,22 @@ class DecayTile:
         return grad_c.flip(-1).cumsum(-1).flip(-1).to(self.dtype)
 
 
+class CrossDecayTile(DecayTile):
+    """A `CrossDecay` bias, -|c_i - c_(Lq + j)|: the same tiles, c given at the queries and at
+    the keys apart, and the gradient that of c itself (B|1, H|1, Lq + Lk)."""
+
+    def __init__(self, cumulative: Tensor, lq: int, dtype: torch.dtype, needs_grad: bool) -> None:
+        self.shape, self.dtype = cumulative.shape, cumulative.dtype
+        self.lq = lq
+        c = cumulative.to(dtype)
+        self._read(c[..., :lq], c[..., lq:], needs_grad)
+
+    def grads(self) -> Tensor | None:
+        if self.grad_keys is None:
+            return None
+        return torch.cat([self.grad_queries, self.grad_keys.flip(-1)], -1).to(self.dtype)
+
+
 class DenseFormTile(DenseTile):
     """Any other term kind, read from its dense form `term.dense(Lq, Lk)`; its raw tensor's
     gradient is the dense gradient taken back through `dense` (a vector-Jacobian product)."""
@@ -239,7 +261,7 @@ class DenseFormTile(DenseTile):
         return grad
 
 
-Reader = DenseTile | ToeplitzTile | RelationTile | DecayTile
+Reader = DenseTile | ToeplitzTile | RelationTile | DecayTile | CrossDecayTile
 
 
 def tile_reader(term: Term | None, lq: int, lk: int, dtype, needs_grad: bool) -> Reader | None:
@@ -252,6 +274,8 @@ def tile_reader(term: Term | None, lq: int, lk: int, dtype, needs_grad: bool) ->
         return RelationTile(term.table, term.index, lk, dtype, needs_grad)
     if type(term) is Decay:
         return DecayTile(term.log_forget, lq, dtype, needs_grad)
+    if type(term) is CrossDecay:
+        return CrossDecayTile(term.cumulative, lq, dtype, needs_grad)
     if type(term) is Dense:
         return DenseTile(term.tensor, lk, dtype, needs_grad)
     tensor, index = term.raw()

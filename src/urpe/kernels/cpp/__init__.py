@@ -44,7 +44,7 @@ from torch import Tensor
 
 from ..backends import Backend
 from ..blockwise import blockwise_defers
-from ..capabilities import Capabilities, built_in
+from ..capabilities import BIAS_KINDS, Capabilities, built_in
 from ..dtypes import FLOATING
 from ..execute import execute
 from ..layout import ForwardArgs
@@ -68,6 +68,7 @@ __all__ = [
 CPP_CAPABILITIES = Capabilities(
     "the C++ kernel",
     normalizations=built_in("softmax", "exp", "l2", "relu2"),
+    bias=(*BIAS_KINDS, "cross_decay"),
     dtypes=FLOATING,
     devices=("cpu",),
     finds_nonfinite=True,

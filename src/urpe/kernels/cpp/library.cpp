@@ -129,8 +129,9 @@ void check_relation_range(const at::Tensor& index, int64_t relations, const char
 template <typename T>
 Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index, int64_t batch,
                   int64_t heads, int64_t lq, int64_t lk, const char* name) {
-  TORCH_CHECK(kind >= kNone && kind <= kToeplitzTable, "urpe_cpp: unknown ", name, " kind ",
-              kind, " (0 none, 1 dense, 2 Toeplitz, 3 relation, 4 decay, 5 Toeplitz table)");
+  TORCH_CHECK(kind >= kNone && kind <= kCrossDecay, "urpe_cpp: unknown ", name, " kind ", kind,
+              " (0 none, 1 dense, 2 Toeplitz, 3 relation, 4 decay, 5 Toeplitz table, "
+              "6 cross decay)");
   Term<T> term;
   if (kind == kNone) return term;
   TORCH_CHECK(tensor.has_value(), "urpe_cpp: a ", name, " of kind ", kind, " needs its tensor");
@@ -157,6 +158,15 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
     term.sb = stride_or_zero(t, 0);
     term.sh = stride_or_zero(t, 1);
     term.row_len = lk;
+    return term;
+  }
+  if (kind == kCrossDecay) {
+    check_broadcasts(t, {batch, heads, lq + lk}, name,
+                     "(B|1, H|1, Lq + Lk) cumulative log_forget, the queries' first", 2);
+    TORCH_CHECK(t.is_contiguous(), "urpe_cpp: a cross decay ", name, " must be contiguous");
+    term.sb = stride_or_zero(t, 0);
+    term.sh = stride_or_zero(t, 1);
+    term.row_len = lq + lk;
     return term;
   }
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && (t.size(0) == 1 || t.size(0) == heads),
@@ -201,11 +211,17 @@ void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t
   check_cpu(ids, "documents");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_contiguous(),
               "urpe_cpp: documents must be contiguous int64");
-  check_broadcasts(ids, {batch, lk}, "documents", "(B|1, Lk), one id per key", 1);
-  const int64_t rows = ids.size(0);
+  // (B|1, Lq + Lk): the queries' own ids first, then the keys' (queries apart from the keys)
+  const bool apart = lq > 0 && ids.dim() == 2 && ids.size(1) == lq + lk;
+  check_broadcasts(ids, {batch, apart ? lq + lk : lk}, "documents",
+                   apart ? "(B|1, Lq + Lk), the queries' ids then the keys'"
+                         : "(B|1, Lk), one id per key",
+                   1);
+  const int64_t rows = ids.size(0), width = ids.size(1);
   const int64_t* data = ids.data_ptr<int64_t>();
-  hiding.docs = data;
-  hiding.docs_sb = rows == 1 ? 0 : lk;
+  hiding.docs = data + (apart ? lq : 0);
+  hiding.query_docs = apart ? data : nullptr;
+  hiding.docs_sb = rows == 1 ? 0 : width;
   hiding.lk = lk;
   hiding.query_blocks = (lq + block_q - 1) / block_q;
   hiding.key_blocks = (lk + block_k - 1) / block_k;
@@ -216,14 +232,16 @@ void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t
   hiding.key_lo.assign(rows * hiding.key_blocks, none_lo);
   hiding.key_hi.assign(rows * hiding.key_blocks, none_hi);
   for (int64_t row = 0; row < rows; ++row) {
-    const int64_t* id = data + row * lk;
+    const int64_t* id = hiding.docs + row * width;
     for (int64_t j = 0; j < lk; ++j) {
       const int64_t k = row * hiding.key_blocks + j / block_k;
       hiding.key_lo[k] = std::min(hiding.key_lo[k], id[j]);
       hiding.key_hi[k] = std::max(hiding.key_hi[k], id[j]);
     }
-    for (int64_t i = std::max<int64_t>(0, lq - lk); i < lq; ++i) {  // queries at pos >= 0
-      const int64_t q = row * hiding.query_blocks + i / block_q, own = id[i + lk - lq];
+    // queries at pos >= 0, or every query where their ids are given apart
+    for (int64_t i = apart ? 0 : std::max<int64_t>(0, lq - lk); i < lq; ++i) {
+      const int64_t q = row * hiding.query_blocks + i / block_q;
+      const int64_t own = apart ? data[row * width + i] : id[i + lk - lq];
       hiding.query_lo[q] = std::min(hiding.query_lo[q], own);
       hiding.query_hi[q] = std::max(hiding.query_hi[q], own);
     }
@@ -331,10 +349,28 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
                 "are below it), got ", threshold);
     P.dropout.threshold = static_cast<uint64_t>(threshold);
     // the seed stays a tensor up to here (no host read in Python); read once, on the CPU
-    TORCH_CHECK(seed.has_value() && seed->numel() == 1 && seed->device().is_cpu() &&
+    // the seed alone, or (seed, first row, rows, first column, columns): where the call's
+    // weights sit in the larger matrix whose flat indices the counter hashes
+    TORCH_CHECK(seed.has_value() && (seed->numel() == 1 || seed->numel() == 5) &&
+                    seed->device().is_cpu() &&
                     at::isIntegralType(seed->scalar_type(), /*includeBool=*/true),
-                "urpe_cpp: dropout needs its seed as a one-element integer CPU tensor");
-    P.dropout.seed(seed->item<int64_t>());
+                "urpe_cpp: dropout needs its seed as a one-element integer CPU tensor (or five: "
+                "seed, first row, rows, first column, columns)");
+    const at::Tensor numbers = seed->reshape(-1).to(at::kLong);
+    const int64_t* placed = numbers.data_ptr<int64_t>();
+    P.dropout.seed(placed[0]);
+    P.dropout.rows = lq;
+    P.dropout.cols = lk;
+    if (numbers.numel() == 5) {
+      P.dropout.row0 = placed[1];
+      P.dropout.rows = placed[2];
+      P.dropout.col0 = placed[3];
+      P.dropout.cols = placed[4];
+      TORCH_CHECK(placed[1] >= 0 && placed[1] + lq <= placed[2] && placed[3] >= 0 &&
+                      placed[3] + lk <= placed[4],
+                  "urpe_cpp: the dropout seed places the call's ", lq, " x ", lk,
+                  " weights outside its ", placed[2], " x ", placed[4], " matrix");
+    }
     P.kept = T(1) / static_cast<T>(1.0 - dropout_p);
   }
   TORCH_CHECK(block_q > 0 && block_k > 0, "urpe_cpp: tile sizes must be positive, got ", block_q,

@@ -123,6 +123,8 @@ def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = Fa
         return KIND_CODES[kind], _contiguous(tensor), _contiguous(index)
     if kind == "decay":  # c = cumsum(log_forget) (B|1, H|1, Lk): the loops read -|c_i - c_j|
         return KIND_CODES[kind], tensor.cumsum(-1).contiguous(), None
+    if kind == "cross_decay":  # c (B|1, H|1, Lq + Lk) as given: the queries' c, the keys'
+        return KIND_CODES[kind], _contiguous(tensor), None
     return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
 
 

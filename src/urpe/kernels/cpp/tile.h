@@ -32,7 +32,12 @@ enum Norm : int64_t { kSoftmax = 0, kExp = 1, kL2 = 2, kRelu2 = 3 };
 // kToeplitzTable: a Toeplitz table itself (H|1, 2K + 1) over offsets -K..K, for a forward whose
 // offsets and padding lie inside it (no column clamped): read as kToeplitz rows in place,
 // without building them (a decoding step's gate; `make_term`).
-enum Kind : int64_t { kNone = 0, kDense, kToeplitz, kRelation, kDecay, kToeplitzTable };  // 0..5
+// kCrossDecay: a `CrossDecay` bias -|c[i] - c[Lq + j]|, c (B|1, H|1, Lq + Lk) holding the queries'
+// cumulative sums, then the keys' (chunks of one sequence apart: context parallelism).
+// (codes 0..6)
+enum Kind : int64_t {
+  kNone = 0, kDense, kToeplitz, kRelation, kDecay, kToeplitzTable, kCrossDecay
+};
 
 // Row loops vectorise only where every call in them is inlined; GCC stops inlining a helper
 // once a file has many instantiations of the loops unless told to.
@@ -201,6 +206,9 @@ struct Dropout {
   bool on = false;
   uint64_t threshold = 0;  // keep iff bits < threshold = round((1 - p) 2^32)
   uint32_t first = 0, second = 0;
+  // where the call's (Lq, Lk) weights sit in the (rows, cols) matrix the counter indexes (the
+  // call's own unless its seed tensor places them: urpe.kernels.dropout.seed_placement)
+  int64_t row0 = 0, rows = 0, col0 = 0, cols = 0;
 
   void seed(int64_t seed_value) {
     first = mix32(fold64(seed_value));
@@ -249,11 +257,20 @@ struct Term {
   }
 
   // Decay: (b, h)'s row of c (row_len = Lk entries), and c at query i's position (0 before
-  // the first key, where a query sees no key)
+  // the first key, where a query sees no key). CrossDecay: the row holds Lq + Lk entries, the
+  // queries' own c first; the keys' start at `decay_keys`.
+  bool is_decay() const { return kind == kDecay || kind == kCrossDecay; }
   const T* decay_row(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
-  T decay_query(const T* c, int64_t i) const {
+  int64_t decay_keys() const { return kind == kCrossDecay ? lq : 0; }
+  // the entry of the row that query i reads (-1: none)
+  int64_t decay_query_entry(int64_t i) const {
+    if (kind == kCrossDecay) return i;
     const int64_t pos = i + row_len - lq;
-    return pos >= 0 ? c[pos] : T(0);
+    return pos >= 0 ? pos : -1;
+  }
+  T decay_query(const T* c, int64_t i) const {
+    const int64_t entry = decay_query_entry(i);
+    return entry >= 0 ? c[entry] : T(0);
   }
 
   // The values of keys [j0, j0 + n) at a pointer readable for `span` >= n entries (what lies
@@ -268,8 +285,8 @@ struct Term {
       for (int64_t j = 0; j < n; ++j) buf[j] = table[idx[j * ij]];
       return buf;
     }
-    if (kind == kDecay) {
-      const T* c = decay_row(b, h) + j0;
+    if (is_decay()) {
+      const T* c = decay_row(b, h) + decay_keys() + j0;
       const T cq = decay_query(decay_row(b, h), i);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) buf[j] = -std::abs(cq - c[j]);
@@ -312,20 +329,22 @@ struct TermGrad {
       T* dst = data + slot * slot_size + layout.table_row(h);
       const int64_t* idx = layout.relation_index(b, i, j0);
       for (int64_t j = 0; j < n; ++j) dst[idx[j * layout.ij]] += g[j];
-    } else if (layout.kind == kDecay) {
+    } else if (layout.is_decay()) {
       // d/dc of -|c_q - c_j|: -sign to the query's entry, +sign to each key's
-      const T* c = layout.decay_row(b, h);
+      const T* row = layout.decay_row(b, h);
       T* dst = data + slot * slot_size + b * layout.sb + h * layout.sh;
-      const T cq = layout.decay_query(c, i);
+      const T* c = row + layout.decay_keys();
+      T* dst_keys = dst + layout.decay_keys();
+      const T cq = layout.decay_query(row, i);
       T total = 0;
       for (int64_t j = 0; j < n; ++j) {
         const T cj = c[j0 + j];
         const T signed_g = cq > cj ? g[j] : (cq < cj ? -g[j] : T(0));
-        dst[j0 + j] += signed_g;
+        dst_keys[j0 + j] += signed_g;
         total += signed_g;
       }
-      const int64_t pos = i + layout.row_len - layout.lq;
-      if (pos >= 0) dst[pos] -= total;
+      const int64_t entry = layout.decay_query_entry(i);
+      if (entry >= 0) dst[entry] -= total;
     } else {
       T* dst = data + b * sb + h * sh + i * si + j0 * sj;
       if (sj == 0) {
@@ -364,6 +383,9 @@ struct Hiding {
   int64_t kb = 0, kh = 0, ki = 0, kj = 0;
   const int64_t* docs = nullptr;  // document ids (B|1, Lk), contiguous along the keys
   int64_t docs_sb = 0, lk = 0;
+  // the queries' own ids where they are given apart ((B|1, Lq + Lk) ids, these the first Lq of
+  // each row, docs the rest): query i's document is query_docs[i], not the id at pos(i)
+  const int64_t* query_docs = nullptr;
   // per (batch row of docs, block): the smallest and largest id of the block's queries (ids
   // at their positions; none for queries before the first key) and of its keys
   std::vector<int64_t> query_lo, query_hi, key_lo, key_hi;
@@ -397,11 +419,11 @@ struct Hiding {
     if (docs == nullptr) return base;
     const int64_t* row = docs + b * docs_sb;
     const int64_t pos = i + shift;
-    if (pos < 0) {  // before the first key: in no document
+    if (query_docs == nullptr && pos < 0) {  // before the first key: in no document
       std::fill(buf, buf + n, uint8_t{1});
       return buf;
     }
-    const int64_t own = row[pos];
+    const int64_t own = query_docs != nullptr ? query_docs[b * docs_sb + i] : row[pos];
     for (int64_t j = 0; j < n; ++j) {
       buf[j] = static_cast<uint8_t>((base != nullptr && base[j]) || row[j0 + j] != own);
     }
@@ -477,9 +499,9 @@ struct Problem {
   T hidden_logit() const {
     return norm == kRelu2 ? T(0) : -std::numeric_limits<T>::infinity();
   }
-  // flat index of weight (b, h, i, j0): the dropout counter
+  // flat index of weight (b, h, i, j0), placed as the seed says: the dropout counter
   int64_t counter(int64_t b, int64_t h, int64_t i, int64_t j0) const {
-    return ((b * heads + h) * lq + i) * lk + j0;
+    return ((b * heads + h) * dropout.rows + dropout.row0 + i) * dropout.cols + dropout.col0 + j0;
   }
 };
 
