@@ -12,7 +12,6 @@ from transformers import DataCollatorWithFlattening
 
 import urpe.hf
 from tests.hf_families import VOCAB, families
-from urpe.hf import attention as hf_attention
 from urpe.hf import packing as hf_packing
 from urpe.hf.packing import document_ids_of
 
@@ -107,14 +106,16 @@ def test_eager_base_packs_too():
 
 def test_packed_batches_reach_urpe_attention_as_document_ids(monkeypatch):
     """The documents travel as `document_ids` (O(L) beside q, k, v), with no dense mask."""
+    from urpe.kernels import AttentionCalls
+
     seen = []
-    original = hf_attention.attention
+    original = AttentionCalls.__call__  # (each patched module calls its own prepared calls)
 
-    def spy(*args, **kwargs):
+    def spy(self, *args, **kwargs):
         seen.append((kwargs.get("document_ids"), kwargs.get("attn_mask"), kwargs["is_causal"]))
-        return original(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(hf_attention, "attention", spy)
+    monkeypatch.setattr(AttentionCalls, "__call__", spy)
     packed_losses(gated_model("qwen2"), documents())
     expected = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS))
     assert seen

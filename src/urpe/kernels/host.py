@@ -34,14 +34,14 @@ def may_read(*tensors: Tensor) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The mode a call runs in, answered once here for the whole call path
 
-_PLAIN = (Tensor, torch.nn.Parameter)
+PLAIN = (Tensor, torch.nn.Parameter)  # plain tensors' types (no subclass)
 
 
 def plain_tensors(*tensors: Tensor | None) -> bool:
     """Whether each tensor (None: absent) is a plain `Tensor` or `Parameter`, no subclass (a
     subclass may redefine what an op does, so it takes the path that asks nothing of it)."""
     for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
+        if t is not None and type(t) not in PLAIN:
             return False
     return True
 

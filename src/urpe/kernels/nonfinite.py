@@ -121,4 +121,4 @@ def _finds_here(spec: AttentionSpec) -> bool:
     """Whether a `finds_nonfinite` backend is asked to find NaN/inf itself in this call."""
     if spec.records_grad or torch._C._are_functorch_transforms_active():
         return False
-    return not (torch.compiler.is_compiling() and spec.norm.overflows)
+    return not (spec.norm.overflows and torch.compiler.is_compiling())

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from .backends import BackendFailure, choose_backend, current_backend_name, mark_broken
 from .execute import execute
-from .host import forward_ad_active, plain_tensors, tracing
+from .host import PLAIN, forward_ad_active, plain_tensors, tracing
 from .spec import Arguments, AttentionSpec, build_spec
 from .terms import ANY_LENGTH, PositionTerm, Term, tensor_signature
 from .watched import generation
@@ -81,29 +81,28 @@ def _seed_kind(seed):
     return _UNKEYED
 
 
+# The types a kept call's scalar arguments may have (dropout_p, is_causal, scale, enable_gqa,
+# normalization, backend): others (`scale=1`, `is_causal=0`, a tensor) go through the full checks
+_SCALAR_TYPES = frozenset((float, bool, scale, bool, str, str) for scale in (float, type(None)))
+
+
 def call_kind(a: Arguments) -> tuple | None:
     """The kind of a call (module docstring): equal for two calls whose checks and backend
     choice come out the same at any Lk; None where the call is never kept."""
     q, k, v = a.q, a.k, a.v
-    if (
-        not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor))
-        or not plain_tensors(q, k, v)
-        or min(q.dim(), k.dim(), v.dim()) < 3
-        or (a.is_causal is not True and a.is_causal is not False)
-        or (a.enable_gqa is not True and a.enable_gqa is not False)
-        or (a.scale is not None and type(a.scale) is not float)
-        or type(a.dropout_p) is not float
-        or type(a.normalization) is not str
-        or type(a.backend) is not str
-        or tracing()
-        or forward_ad_active()
-    ):
+    if type(q) not in PLAIN or type(k) not in PLAIN or type(v) not in PLAIN:
+        return None  # not tensors, or subclasses
+    scalars = (a.dropout_p, a.is_causal, a.scale, a.enable_gqa, a.normalization, a.backend)
+    if tuple(map(type, scalars)) not in _SCALAR_TYPES or tracing() or forward_ad_active():
         return None
-    lk = k.shape[-2]
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if len(q_shape) < 3 or len(k_shape) < 3 or len(v_shape) < 3:
+        return None
+    lk = k_shape[-2]
     kind = (
-        q.shape,
-        (*k.shape[:-2], ANY_LENGTH, k.shape[-1]),
-        (*v.shape[:-2], ANY_LENGTH, v.shape[-1]) if v.shape[-2] == lk else v.shape,
+        q_shape,
+        (*k_shape[:-2], ANY_LENGTH, k_shape[-1]),
+        (*v_shape[:-2], ANY_LENGTH, v_shape[-1]) if v_shape[-2] == lk else v_shape,
         q.dtype,
         k.dtype,
         v.dtype,
@@ -116,12 +115,7 @@ def call_kind(a: Arguments) -> tuple | None:
         _term_kind(a.gate, lk),
         _tensor_kind(a.document_ids, lk),
         _seed_kind(a.dropout_seed),
-        a.dropout_p,
-        a.is_causal,
-        a.scale,
-        a.enable_gqa,
-        a.normalization,
-        a.backend,
+        scalars,
         # Lk itself where something may weigh it: no key at all (an empty call), and dropout
         # (a kernel's counter covers Lq * Lk entries)
         lk if a.dropout_p != 0.0 or lk == 0 else ANY_LENGTH,

@@ -106,6 +106,8 @@ class AttentionSpec:
     @property
     def is_empty(self) -> bool:
         """Whether there is nothing to compute (an empty output, or no key at all: all 0)."""
+        if self.q.numel() and self.v.numel():  # (most calls: both hold numbers)
+            return False
         b, h, lq, _ = self.q.shape
         return b * h * lq == 0 or self.v.shape[3] == 0 or self.k.shape[2] == 0
 

@@ -85,12 +85,22 @@ def restored(*registries: dict | list) -> Iterator[None]:
         yield
     finally:
         for registry, before in zip(registries, saved, strict=True):
-            if registry != before or list(registry) != list(before):
+            if not _same_entries(registry, before):
                 if isinstance(registry, dict):
                     registry.clear()
                     registry.update(before)
                 else:
                     registry[:] = before
+
+
+def _same_entries(now: dict | list, before: dict | list) -> bool:
+    """The same entries, the very objects, in the same order (an equal copy registered in a
+    block is still undone: the kernels tell a built-in entry by identity)."""
+    if isinstance(now, dict):
+        return list(now) == list(before) and all(now[k] is before[k] for k in before)
+    return len(now) == len(before) and all(
+        a is b or (type(a) is str and a == b) for a, b in zip(now, before, strict=True)
+    )
 
 
 @contextmanager

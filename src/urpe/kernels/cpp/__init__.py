@@ -91,14 +91,16 @@ def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor |
     # A short call reads views of a training step's (B, L, H, D) projections in place and
     # writes their gradients in that layout. A long one copies q, k, v here, before the
     # kernel's autograd Function, which then saves the copies for its backward.
-    if not ops.reads_in_place(spec.q, spec.k):
-        spec = spec.replace(q=_contiguous(spec.q), k=_contiguous(spec.k), v=_contiguous(spec.v))
-    args = ForwardArgs.from_spec(spec, block_q, block_k)
+    q, k, v = spec.q, spec.k, spec.v
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) and not (
+        ops.reads_in_place(q, k)
+    ):
+        spec = spec.replace(q=_contiguous(q), k=_contiguous(k), v=_contiguous(v))
     if spec.finite is None:  # needs no gradient (`nonfinite.guarded` asks only such calls)
         if torch.compiler.is_compiling():
-            return ops.GUARDED_FORWARD(*args)
-        return ops.forward_no_grad(args)
-    out = ops.CPP(args)
+            return ops.GUARDED_FORWARD(*ForwardArgs.from_spec(spec, block_q, block_k))
+        return ops.forward_no_grad(spec, block_q, block_k)
+    out = ops.CPP(ForwardArgs.from_spec(spec, block_q, block_k))
     return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
 
 

@@ -8,7 +8,7 @@ gradients of the caller's tensors. `define_attention_ops` puts them behind
 autograd Function, as for the blockwise and Triton kernels, so torch.func and torch.compile
 compose with them.
 
-`forward_no_grad(ForwardArgs)` is the forward of calls that need no gradient: one op call that
+`forward_no_grad(AttentionSpec)` is the forward of calls that need no gradient: one op call that
 also finds NaN/inf in q, k and v (`urpe_cpp::forward_if_finite`), returning None where it met
 one. `GUARDED_FORWARD` runs it as one opaque op under torch.compile, applying the non-finite rule
 itself at run time, where values may be read.
@@ -23,8 +23,8 @@ from torch import Tensor
 
 from ..composable import define_attention_ops
 from ..dropout import keep_threshold
-from ..dtypes import compute_dtype
-from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs
+from ..dtypes import HALF, compute_dtype
+from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs, term_arguments
 from ..masks import visible_key_counts
 from ..nonfinite import guarded
 from ..normalization import NORMALIZATIONS
@@ -132,7 +132,7 @@ def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _statistic(call: ForwardArgs, dtype) -> Tensor | None:
+def _statistic(call: ForwardArgs | AttentionSpec, dtype) -> Tensor | None:
     """r_i of the normalisations that know it before the first tile: (B, H, Lq)."""
     norm = NORMALIZATIONS[call.normalization]
     if norm.fixed_statistic is None:
@@ -156,25 +156,40 @@ def _is_bool(mask: Tensor | None) -> bool:
     return mask is not None and mask.dtype == torch.bool
 
 
-def _op_arguments(call: ForwardArgs, tiles: tuple[int, int], in_place: bool = False) -> tuple:
-    """The arguments the C++ ops share, after q, k, v (library.cpp's schema); `tiles`: the
-    pass's default tile sizes, where the call names none; in_place: Toeplitz tables that cover
-    the call go as they are (a forward only)."""
+def _forward_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
+    """`_op_arguments` of the forward op's arguments."""
+    bias = call.bias, call.bias_index, call.bias_kind
+    gate = call.gate, call.gate_index, call.gate_kind
+    return _op_arguments(call, (bias, gate), tiles, (call.block_q, call.block_k))
+
+
+def _op_arguments(
+    call: ForwardArgs | AttentionSpec,
+    terms: tuple[tuple, tuple],
+    tiles: tuple[int, int],
+    blocks: tuple[int, int] = (0, 0),
+    in_place: bool = False,
+) -> tuple:
+    """The arguments the C++ ops share, after q, k, v (library.cpp's schema). `call`: the op's
+    arguments or a spec (the fields they share); terms: the bias's and the gate's (tensor,
+    index, kind); `tiles`: the pass's default tile sizes, where `blocks` names none; in_place:
+    Toeplitz tables that cover the call go as they are (a forward only)."""
     dtype = compute_dtype(call.q.dtype)
     lq, lk = call.q.shape[2], call.k.shape[2]
-    float_mask = None
-    if call.attn_mask is not None and not _is_bool(call.attn_mask):
-        float_mask = call.attn_mask.to(dtype)
+    (bias, bias_index, bias_kind), (gate, gate_index, gate_kind) = terms
+    mask = call.attn_mask
+    bool_mask = mask is not None and mask.dtype == torch.bool
     dropout_on = call.dropout_p > 0.0
-    if call.document_ids is not None:
+    ids = call.document_ids
+    if ids is not None:
         tiles = DOCUMENT_TILES
     return (
-        *_term(call.bias_kind, call.bias, call.bias_index, lq, lk, dtype, in_place),
-        *_term(call.gate_kind, call.gate, call.gate_index, lq, lk, dtype, in_place),
-        float_mask,
-        call.attn_mask if _is_bool(call.attn_mask) else None,
+        *_term(bias_kind, bias, bias_index, lq, lk, dtype, in_place),
+        *_term(gate_kind, gate, gate_index, lq, lk, dtype, in_place),
+        None if mask is None or bool_mask else mask.to(dtype),  # float: added to the logits
+        mask if bool_mask else None,
         None if call.key_padding_mask is None else call.key_padding_mask.contiguous(),
-        None if call.document_ids is None else call.document_ids.to(torch.int64).contiguous(),
+        None if ids is None else ids.to(torch.int64).contiguous(),
         _statistic(call, dtype),
         call.is_causal,
         NORMALIZATION_CODES[call.normalization],
@@ -182,8 +197,8 @@ def _op_arguments(call: ForwardArgs, tiles: tuple[int, int], in_place: bool = Fa
         call.dropout_p,
         keep_threshold(call.dropout_p) if dropout_on else 0,
         call.dropout_seed if dropout_on else None,  # a tensor: read in C++, not here
-        call.block_q or tiles[0],
-        call.block_k or tiles[1],
+        blocks[0] or tiles[0],
+        blocks[1] or tiles[1],
     )
 
 
@@ -204,10 +219,20 @@ def _has_bf16_products() -> bool:
     return bool(torch.ops.urpe_cpp.bf16_products())  # fixed for the loaded library
 
 
-def _operands(call: ForwardArgs) -> tuple[Tensor, Tensor, Tensor]:
-    dtype = call.q.dtype if _bf16_products(call.q.dtype) else compute_dtype(call.q.dtype)
-    in_place = reads_in_place(call.q, call.k)
+def _operands(call: ForwardArgs | AttentionSpec) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as the ops take them (`_as_operand`)."""
     q, k, v = call.q, call.k, call.v
+    dtype = q.dtype
+    if dtype in HALF and not _bf16_products(dtype):
+        dtype = torch.float32
+    if (
+        k.dtype == dtype == v.dtype == q.dtype
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+    ):
+        return q, k, v  # (most calls: nothing to convert)
+    in_place = reads_in_place(q, k)
     return (
         _as_operand(q, dtype, in_place),
         _as_operand(k, dtype, in_place),
@@ -265,7 +290,7 @@ def forward_fake(args: ForwardArgs) -> tuple[Tensor, Tensor]:
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     """(out (B, H, Lq, Dv) laid out as `output_like`, row statistic (B, H, Lq, 1)), both in the
     compute dtype."""
-    out, stat = _op("forward")(*_operands(call), *_op_arguments(call, FORWARD_TILES))
+    out, stat = _op("forward")(*_operands(call), *_forward_arguments(call, FORWARD_TILES))
     return out, stat.unsqueeze(-1)
 
 
@@ -302,7 +327,7 @@ def cpp_backward(args: BackwardArgs):
         stat,
         _output_rows(args.out, dtype),  # (B, H, Lq, Dv): for sum_e dO O per row
         *_operands(call),
-        *_op_arguments(call, BACKWARD_TILES),
+        *_forward_arguments(call, BACKWARD_TILES),
         *args.needs,
         ITEMS_PER_THREAD,
     )
@@ -335,17 +360,19 @@ CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake)
 # Calls that need no gradient
 
 
-def forward_no_grad(call: ForwardArgs) -> Tensor | None:
+def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor | None:
     """(B, H, Lq, Dv) in q's dtype, laid out as `output_like`; None where q, k or v hold a NaN
     or inf the call reads (or a logit or output came out non-finite: the caller then asks).
+    block_q, block_k: tile sizes (0: the defaults).
 
     One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the logits and
     outputs it computes (for one query row per head; else by a pass over q, k and v): a
     decoding step reads its KV cache once. Calls it takes no arguments for (documents, a
     statistic known up front, dropout) check q, k and v first and run the forward."""
-    q, k, v = _operands(call)
-    args = _op_arguments(call, FORWARD_TILES, in_place=True)
-    if call.document_ids is None and args[10] is None and call.dropout_p == 0.0:
+    q, k, v = _operands(spec)
+    terms = term_arguments(spec.bias), term_arguments(spec.gate)
+    args = _op_arguments(spec, terms, FORWARD_TILES, (block_q, block_k), in_place=True)
+    if spec.document_ids is None and args[10] is None and spec.dropout_p == 0.0:
         # (the forward's arguments without documents, statistic and dropout: library.cpp)
         out, finite = _op("forward_if_finite")(q, k, v, *args[:9], *args[11:14], *args[17:])
         if not finite:
@@ -354,7 +381,7 @@ def forward_no_grad(call: ForwardArgs) -> Tensor | None:
         if not _op("all_finite")([q, k, v]):
             return None
         out, _ = _op("forward")(q, k, v, *args)
-    return out if out.dtype == call.q.dtype else out.to(call.q.dtype)
+    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
 
 
 # Under torch.compile a call that needs no gradient runs as one opaque op whose body runs
@@ -367,10 +394,10 @@ def forward_no_grad(call: ForwardArgs) -> Tensor | None:
 # graphs, where dynamo is off already).
 def _guarded_forward(*flat) -> Tensor:
     call = ForwardArgs(*flat)
-    out = forward_no_grad(call)
-    if out is None:
-        spec = call.to_spec().replace(finite=True)  # (the rule below makes it so)
-        out, _ = guarded(_forward_finite, spec, finds_nonfinite=False)
+    spec = call.to_spec()
+    out = forward_no_grad(spec, call.block_q, call.block_k)
+    if out is None:  # (the rule below makes q, k and v finite)
+        out, _ = guarded(_forward_finite, spec.replace(finite=True), finds_nonfinite=False)
     return laid_out(out)
 
 
