@@ -51,6 +51,9 @@ void scores(const Problem<T>& P, PackedHead packed, int64_t q0, int64_t k0, int6
       if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
       return;
     }
+    if (P.bf16() && P.nonfinite != nullptr) {
+      return rows_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, s, ld);
+    }
     if (P.bf16()) {
       return gemm_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
     }
@@ -79,6 +82,9 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
     if (packed.values != nullptr) {
       return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
                             acc, ldo);
+    }
+    if (P.bf16() && P.nonfinite != nullptr) {
+      return rows_nn(bq, dv, n, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc, ldo);
     }
     if (P.bf16()) {
       return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc,

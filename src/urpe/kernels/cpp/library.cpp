@@ -460,12 +460,15 @@ std::tuple<at::Tensor, bool> forward_if_finite(
   const OptTensor documents, fixed, dropout_seed;
   const double dropout_p = 0.0;
   const int64_t dropout_threshold = 0;
-  // where the tiles' products run as loops anyway (one query row): no slower loop is forced
+  // One query row per head: the products run as loops over every key (rows_nt, rows_nn),
+  // whatever the cache's length, so that the cache is read once, not checked first and read
+  // again (a long cache does not fit in the caches: the check doubled the call's memory
+  // traffic). As fast as BLAS's gemv for one row, which streams the same keys.
   const bool by_results =
       q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
-      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
-      product_by_loops(std::min(q.size(2), block_q), std::min(k.size(2), block_k),
-                       std::max(q.size(3), v.size(3)));
+      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble ||
+       q.scalar_type() == at::kBFloat16) &&
+      std::min(q.size(2), block_q) <= kDirectRows;
   if (!by_results && !all_finite({q, k, v})) return {at::empty({0}, q.options()), false};
   std::atomic<bool> nonfinite{false};
   at::Tensor out =

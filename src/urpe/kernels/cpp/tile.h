@@ -149,6 +149,14 @@ inline bool product_by_loops(int64_t m, int64_t n, int64_t k) {
   return m <= kDirectRows && m * n * k <= kDirectWork;
 }
 
+// rows_nt and rows_nn on bfloat16 operands into float (each operand exact in float, sums in
+// float, as the bf16 BLAS routine below): a decoding step's NaN/inf in a bfloat16 cache is then
+// found in its results too.
+void rows_nt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
+void rows_nn(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+             int64_t ldb, float beta, float* c, int64_t ldc);
+
 // Which product routine runs: "blas" or "aten".
 const char* gemm_route();
 
