@@ -8,8 +8,14 @@ one core busy (a child process spinning on the last core):
              Target: <= 2x.
     decode   one decoding call (B=1, H=8, one query, D=64) against Lk cached keys, with and
              without a Toeplitz gate, float32 and bfloat16, against SDPA. Target: <= 1.2x.
+    fox      greedy generation of 256 tokens after a 64-token prompt, batch 1 and 4, by the
+             model benchmark's tiny Llama with add_urpe(decay="fox") and with add_urpe() (gate
+             only), against the same model without urpe. Target: fox <= 1.15x.
+    hf_long  (not in the default groups: long) the gated Llama generating 1,024 tokens after a
+             2,048-token prompt against the base model. Target: <= 1.15x.
 
-python benchmarks/bench_issue42.py                       # both groups, idle and busy
+python benchmarks/bench_issue42.py                       # padded, decode, fox; idle and busy
+python benchmarks/bench_issue42.py --groups hf_long --conditions idle   # long generation
 python benchmarks/bench_issue42.py --groups decode --lengths 1024 4096 --repeats 15
 python benchmarks/bench_issue42.py --json out.json       # every number as well
 """
@@ -78,6 +84,45 @@ def _decode_calls(keys: int, dtype: torch.dtype) -> dict:
     }
 
 
+def _llamas(context: int) -> dict:
+    """{"base", "gate", "fox"}: the model benchmark's tiny Llama (harness/model_sizes.py, full
+    sizes) without urpe, with add_urpe() and with add_urpe(decay="fox"), the same weights."""
+    import copy
+
+    import transformers
+
+    import urpe.hf
+
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=context,
+        pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(config).eval()
+    return {
+        "base": base,
+        "gate": urpe.hf.add_urpe(copy.deepcopy(base)).eval(),
+        "fox": urpe.hf.add_urpe(copy.deepcopy(base), decay="fox").eval(),
+    }
+
+
+def _generations(models: dict, batch: int, prompt_length: int, new_tokens: int) -> dict:
+    prompt = torch.randint(
+        1, 512, (batch, prompt_length), generator=torch.Generator().manual_seed(0)
+    )
+
+    def generate(model):
+        def call():
+            with torch.no_grad():
+                model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                               do_sample=False)  # fmt: skip
+
+        return call
+
+    return {name: generate(model) for name, model in models.items()}
+
+
 def _load() -> str:
     return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -143,13 +188,49 @@ def run(args) -> list[dict]:
                             f" (limit {DECODE_LIMIT})",
                             flush=True,
                         )
+            for group, batches, prompt, new in (
+                ("fox", (1, 4), 64, 256),
+                ("hf_long", (1,), 2048, 1024),
+            ):
+                if group not in args.groups:
+                    continue
+                models = _llamas(prompt + new)
+                if group == "hf_long":
+                    models.pop("fox")
+                for batch in batches:
+                    calls = _generations(models, batch, prompt, new)
+                    for call in calls.values():
+                        call()  # warm-up
+                    ms = interleaved_medians(calls, args.model_repeats)
+                    for name in calls:
+                        if name == "base":
+                            continue
+                        ratio = ms[name] / ms["base"]
+                        records.append(
+                            dict(group=group, condition=label, batch=batch, row=name,
+                                 ms=ms[name], base_ms=ms["base"], ratio=ratio)
+                        )  # fmt: skip
+                    print(
+                        f"[{label}, {_load()}] {group} batch {batch}: base "
+                        f"{ms['base']:.0f} ms, "
+                        + ", ".join(
+                            f"{n} {ms[n]:.0f} ms ({ms[n] / ms['base']:.2f}x)"
+                            for n in calls
+                            if n != "base"
+                        )
+                        + " (limit 1.15)",
+                        flush=True,
+                    )
     return records
 
 
 def main() -> int:
     parser = argparse.ArgumentParser("bench_issue42.py", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--groups", nargs="+", default=["padded", "decode"], choices=["padded", "decode"]
+        "--groups",
+        nargs="+",
+        default=["padded", "decode", "fox"],
+        choices=["padded", "decode", "fox", "hf_long"],
     )
     parser.add_argument(
         "--conditions",
@@ -171,6 +252,9 @@ def main() -> int:
     parser.add_argument("--backend", default="cpp", help="padded: the backend timed")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     parser.add_argument("--repeats", type=int, default=21, help="interleaved rounds per median")
+    parser.add_argument(
+        "--model-repeats", type=int, default=3, help="fox, hf_long: interleaved rounds per median"
+    )
     parser.add_argument("--json", help="write every record here")
     args = parser.parse_args()
     args.conditions = [c == "busy" for c in args.conditions]
