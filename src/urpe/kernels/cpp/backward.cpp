@@ -268,11 +268,14 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   T* dv_rows = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
   T* dq = G.dq + G.dq_rows.at(b, h, i0);
   row_statistics(P, G, W, b, h, i0, bq);
-  const int64_t key_end = P.hiding.key_end(i1, P.lk);
+  // only the keys of the queries' documents, where those are runs
+  const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
+  const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
   bool first = true;
-  for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
-    if (!P.hiding.shares(b, i0 / P.block_q, j0, P.block_k)) continue;  // no common document
-    const int64_t n = std::min(P.block_k, key_end - j0), ld = padded(n);
+  for (int64_t jb = doc_begin / P.block_k * P.block_k; jb < key_end; jb += P.block_k) {
+    if (!P.hiding.shares(b, i0 / P.block_q, jb, P.block_k)) continue;  // no visible pair
+    const int64_t j0 = std::max(jb, doc_begin);
+    const int64_t n = std::min(jb + P.block_k, key_end) - j0, ld = padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart, as da_tile
     T* da_tile = W.da.data();
     products.before(j0, n, s_tile, da_tile, ld);
@@ -342,7 +345,9 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
         for (int64_t h = hk * P.groups; h < (hk + 1) * P.groups; ++h) {
           for (int64_t block = block_begin; block < block_end; ++block) {
             const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
-            backward_block(P, G, *scratch[worker], worker, split, b, h, i0, i1);
+            for_query_groups(P.hiding, b, i0, i1, [&](int64_t g0, int64_t g1) {
+              backward_block(P, G, *scratch[worker], worker, split, b, h, g0, g1);
+            });
           }
         }
       }

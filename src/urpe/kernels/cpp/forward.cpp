@@ -51,6 +51,9 @@ void scores(const Problem<T>& P, PackedHead packed, int64_t q0, int64_t k0, int6
       if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
       return;
     }
+    if (P.bf16() && P.nonfinite != nullptr) {
+      return rows_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, s, ld);
+    }
     if (P.bf16()) {
       return gemm_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
     }
@@ -79,6 +82,9 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
     if (packed.values != nullptr) {
       return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
                             acc, ldo);
+    }
+    if (P.bf16() && P.nonfinite != nullptr) {
+      return rows_nn(bq, dv, n, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc, ldo);
     }
     if (P.bf16()) {
       return gemm_nn(bq, dv, n, 1.0f, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc,
@@ -323,11 +329,16 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const T scale = row_scale(P);
   std::fill(W.row_max.begin(), W.row_max.end(), -std::numeric_limits<T>::infinity());
   std::fill(W.row_sum.begin(), W.row_sum.end(), T(0));
-  const int64_t key_end = P.hiding.key_end(i1, P.lk);
+  // only the keys of the queries' documents, where those are runs
+  const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
+  const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
   bool first = true;
-  for (int64_t j0 = 0; j0 < key_end; j0 += P.block_k) {
-    if (!P.hiding.shares(b, i0 / P.block_q, j0, P.block_k)) continue;  // no common document
-    const int64_t n = std::min(P.block_k, key_end - j0);
+  for (int64_t jb = doc_begin / P.block_k * P.block_k; jb < key_end; jb += P.block_k) {
+    if (!P.hiding.shares(b, i0 / P.block_q, jb, P.block_k)) continue;  // no visible pair
+    // the tile from the first key of those documents on (packed keys: from its block's start,
+    // the layout the packed products read)
+    const int64_t j0 = packed.keys != nullptr ? jb : std::max(jb, doc_begin);
+    const int64_t n = std::min(jb + P.block_k, key_end) - j0;
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
     scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
@@ -464,8 +475,10 @@ void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {
     const int64_t bh = index / blocks, block = blocks - 1 - index % blocks;
     const int64_t b = bh / P.heads, h = bh % P.heads;
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
-    forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, i0, i1,
-                 out, out_rows, stat);
+    for_query_groups(P.hiding, b, i0, i1, [&](int64_t g0, int64_t g1) {
+      forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, g0, g1,
+                   out, out_rows, stat);
+    });
   }, false, chunk_for(count, workers, P.work()));
 }
 

@@ -111,33 +111,44 @@ void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-// The same product by loops, for T operands. Row-major: op(A) is (m x k), op(B) is (k x n).
-// a_t: A is stored (k x m) (gemm_tn); b_t: B is stored (n x k) (gemm_nt). beta = 0 overwrites C
-// without reading it, as BLAS does.
+// An operand entry as T (bfloat16 bits: exact)
 template <typename T>
-void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-            int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+URPE_INLINE T value(T x) {
+  return x;
+}
+template <typename T>
+URPE_INLINE T value(uint16_t bits) {
+  return bf16_value(bits);
+}
+
+// The same product by loops, for T operands, or bfloat16 ones (A = uint16_t, T = float: each
+// operand exact in float, sums in float, as BLAS's bf16 x bf16 -> f32 routine). Row-major:
+// op(A) is (m x k), op(B) is (k x n). a_t: A is stored (k x m) (gemm_tn); b_t: B is stored (n x k) (gemm_nt). beta = 0 overwrites C
+// without reading it, as BLAS does.
+template <typename T, typename A = T>
+void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const A* a,
+            int64_t lda, const A* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   for (int64_t r = 0; r < m; ++r) {
     T* __restrict row = c + r * ldc;
     if (b_t) {  // C[r, j] = A[r, :] . B[j, :]
-      const T* __restrict x = a + r * lda;
+      const A* __restrict x = a + r * lda;
       auto put = [&](int64_t j, T sum) {
         row[j] = beta == T(0) ? alpha * sum : alpha * sum + beta * row[j];
       };
       int64_t j = 0;
       // four rows of B at a time: four independent sums, each entry of x loaded once
       for (; j + 4 <= n; j += 4) {
-        const T* __restrict y0 = b + j * ldb;
-        const T* __restrict y1 = y0 + ldb;
-        const T* __restrict y2 = y1 + ldb;
-        const T* __restrict y3 = y2 + ldb;
+        const A* __restrict y0 = b + j * ldb;
+        const A* __restrict y1 = y0 + ldb;
+        const A* __restrict y2 = y1 + ldb;
+        const A* __restrict y3 = y2 + ldb;
         T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t e = 0; e < k; ++e) {
-          s0 += x[e] * y0[e];
-          s1 += x[e] * y1[e];
-          s2 += x[e] * y2[e];
-          s3 += x[e] * y3[e];
+          s0 += value<T>(x[e]) * value<T>(y0[e]);
+          s1 += value<T>(x[e]) * value<T>(y1[e]);
+          s2 += value<T>(x[e]) * value<T>(y2[e]);
+          s3 += value<T>(x[e]) * value<T>(y3[e]);
         }
         put(j, s0);
         put(j + 1, s1);
@@ -145,10 +156,10 @@ void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const 
         put(j + 3, s3);
       }
       for (; j < n; ++j) {
-        const T* __restrict y = b + j * ldb;
+        const A* __restrict y = b + j * ldb;
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t e = 0; e < k; ++e) sum += x[e] * y[e];
+        for (int64_t e = 0; e < k; ++e) sum += value<T>(x[e]) * value<T>(y[e]);
         put(j, sum);
       }
       continue;
@@ -158,11 +169,28 @@ void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const 
     } else if (beta != T(1)) {
       for (int64_t j = 0; j < n; ++j) row[j] *= beta;
     }
-    for (int64_t e = 0; e < k; ++e) {  // C[r, :] += alpha op(A)[r, e] B[e, :]
-      const T x = alpha * (a_t ? a[e * lda + r] : a[r * lda + e]);
-      const T* __restrict y = b + e * ldb;
+    int64_t e = 0;
+    // four rows of B at a time (one load and store of C's row per four): a decoding step's
+    // output row against its cached values
+    for (; !a_t && e + 4 <= k; e += 4) {
+      const A* __restrict xs = a + r * lda + e;
+      const T x0 = alpha * value<T>(xs[0]), x1 = alpha * value<T>(xs[1]);
+      const T x2 = alpha * value<T>(xs[2]), x3 = alpha * value<T>(xs[3]);
+      const A* __restrict y0 = b + e * ldb;
+      const A* __restrict y1 = y0 + ldb;
+      const A* __restrict y2 = y1 + ldb;
+      const A* __restrict y3 = y2 + ldb;
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) row[j] += x * y[j];
+      for (int64_t j = 0; j < n; ++j) {
+        row[j] += (x0 * value<T>(y0[j]) + x1 * value<T>(y1[j])) +
+                  (x2 * value<T>(y2[j]) + x3 * value<T>(y3[j]));
+      }
+    }
+    for (; e < k; ++e) {  // C[r, :] += alpha op(A)[r, e] B[e, :]
+      const T x = alpha * value<T>(a_t ? a[e * lda + r] : a[r * lda + e]);
+      const A* __restrict y = b + e * ldb;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) row[j] += x * value<T>(y[j]);
     }
   }
 }
@@ -236,6 +264,16 @@ void rows_nn(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* 
                            T*, int64_t);
 URPE_GEMMS(float)
 URPE_GEMMS(double)
+
+void rows_nt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  direct<float, uint16_t>(false, true, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc);
+}
+
+void rows_nn(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+             int64_t ldb, float beta, float* c, int64_t ldc) {
+  direct<float, uint16_t>(false, false, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
 
 bool bf16_products() {
 #if URPE_WEAK_BLAS
@@ -394,10 +432,11 @@ constexpr double kSerialWork = 1 << 18;
 // once per row: a second thread saves a third of the time at best (measured: 2 threads took
 // 0.6-0.7x of one at Lk = 1024-4096, B = 1, H = 8, D = 32), and waits for a busy core's
 // time slice when another process runs there (15x slower). Such calls stay on one thread up to
-// kSerialFewRowsWork, about 0.3 ms on one core (Lk = 2048 at that shape); the NaN check of
-// their keys and values does too (checks.cpp's kSerialEntries).
+// kSerialFewRowsWork, about 0.15 ms on one core (Lk = 1024 at that shape, 512 at D = 64):
+// SDPA splits longer ones over every thread, and so must this loop to keep up with it on an
+// idle machine (issue 42: Lk = 1k-32k at D = 64 within 1.2x of SDPA).
 constexpr int64_t kFewRows = 16;
-constexpr double kSerialFewRowsWork = 1 << 20;
+constexpr double kSerialFewRowsWork = 1 << 19;
 
 int64_t workers_for(int64_t count, double work, int64_t query_rows) {
   const double serial = query_rows <= kFewRows ? kSerialFewRowsWork : kSerialWork;

@@ -17,6 +17,7 @@
 #include <c10/util/safe_numerics.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -203,26 +204,70 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   return term;
 }
 
-// The document ids and, per block of queries and of keys, the range of ids it holds (a tile
-// whose two ranges are disjoint is skipped: exact for any ids, and most tiles when each
-// document is one run of keys).
-void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t lq, int64_t lk,
-                   int64_t block_q, int64_t block_k) {
+// The document ids, where given: contiguous int64 (B|1, Lk), or (B|1, Lq + Lk) with the
+// queries' own ids first, then the keys' (queries apart from the keys).
+void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t lq, int64_t lk) {
   check_cpu(ids, "documents");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_contiguous(),
               "urpe_cpp: documents must be contiguous int64");
-  // (B|1, Lq + Lk): the queries' own ids first, then the keys' (queries apart from the keys)
   const bool apart = lq > 0 && ids.dim() == 2 && ids.size(1) == lq + lk;
   check_broadcasts(ids, {batch, apart ? lq + lk : lk}, "documents",
                    apart ? "(B|1, Lq + Lk), the queries' ids then the keys'"
                          : "(B|1, Lk), one id per key",
                    1);
-  const int64_t rows = ids.size(0), width = ids.size(1);
   const int64_t* data = ids.data_ptr<int64_t>();
   hiding.docs = data + (apart ? lq : 0);
   hiding.query_docs = apart ? data : nullptr;
-  hiding.docs_sb = rows == 1 ? 0 : width;
-  hiding.lk = lk;
+  hiding.docs_sb = ids.size(0) == 1 ? 0 : ids.size(1);
+}
+
+// Hiding::run_begin / run_end, where every row's documents are runs of keys (packed sequences,
+// padding with one id per token among them): a query block then reads only the keys of its
+// queries' runs, and groups of few queries each read only their own (forward.cpp). Not where
+// the queries' ids are given apart (every key of a block is read, as without runs).
+void set_document_runs(Hiding& hiding, int64_t batch, int64_t lq, int64_t lk) {
+  if (hiding.query_docs != nullptr) return;
+  const int64_t rows = hiding.docs_sb == 0 ? 1 : batch;
+  std::vector<int64_t> begin(rows * lq), end(rows * lq), starts(lk), ends(lk);
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (id, first key) of each run
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t* id = hiding.docs + row * hiding.docs_sb;
+    runs.clear();
+    for (int64_t j = 0; j < lk; ++j) {
+      const bool starts_run = j == 0 || id[j] != id[j - 1];
+      if (starts_run) runs.emplace_back(id[j], j);
+      starts[j] = runs.back().second;
+    }
+    for (int64_t j = lk - 1; j >= 0; --j) ends[j] = j + 1 < lk && id[j + 1] == id[j] ? ends[j + 1] : j + 1;
+    std::sort(runs.begin(), runs.end());
+    for (size_t r = 1; r < runs.size(); ++r) {
+      if (runs[r].first == runs[r - 1].first) return;  // an id in two runs: every key
+    }
+    for (int64_t i = 0; i < lq; ++i) {
+      const int64_t pos = i + lk - lq, at = row * lq + i;
+      if (pos < 0) {  // before the first key: no document
+        begin[at] = end[at] = 0;
+        continue;
+      }
+      begin[at] = starts[pos];
+      end[at] = ends[pos];
+    }
+  }
+  hiding.run_begin = std::move(begin);
+  hiding.run_end = std::move(end);
+}
+
+// Per block of queries and of keys, the range of document ids it holds, keys hidden by padding
+// left out (`Hiding::shares`): a tile whose two ranges are disjoint is skipped. Exact for any
+// ids, and it skips most tiles when each document is one run of keys, and every tile of a
+// padded tail (whose keys are all padded, or whose queries are in documents of padding only).
+void set_block_ranges(Hiding& hiding, int64_t batch, int64_t lq, int64_t lk, int64_t block_q,
+                      int64_t block_k) {
+  if (hiding.docs == nullptr && hiding.pad == nullptr) return;
+  const bool per_row = (hiding.docs != nullptr && hiding.docs_sb != 0) ||
+                       (hiding.pad != nullptr && hiding.pad_sb != 0);
+  const int64_t rows = per_row ? batch : 1;
+  hiding.block_rows = rows;
   hiding.query_blocks = (lq + block_q - 1) / block_q;
   hiding.key_blocks = (lk + block_k - 1) / block_k;
   const int64_t none_lo = std::numeric_limits<int64_t>::max();
@@ -232,16 +277,22 @@ void set_documents(Hiding& hiding, const at::Tensor& ids, int64_t batch, int64_t
   hiding.key_lo.assign(rows * hiding.key_blocks, none_lo);
   hiding.key_hi.assign(rows * hiding.key_blocks, none_hi);
   for (int64_t row = 0; row < rows; ++row) {
-    const int64_t* id = hiding.docs + row * width;
+    const int64_t shift = row * hiding.docs_sb;
+    const int64_t* id = hiding.docs == nullptr ? nullptr : hiding.docs + shift;
+    const int64_t* query_id = hiding.query_docs == nullptr ? nullptr : hiding.query_docs + shift;
+    const bool* pad = hiding.pad == nullptr ? nullptr : hiding.pad + row * hiding.pad_sb;
     for (int64_t j = 0; j < lk; ++j) {
-      const int64_t k = row * hiding.key_blocks + j / block_k;
-      hiding.key_lo[k] = std::min(hiding.key_lo[k], id[j]);
-      hiding.key_hi[k] = std::max(hiding.key_hi[k], id[j]);
+      if (pad != nullptr && pad[j * hiding.pad_sj]) continue;
+      const int64_t k = row * hiding.key_blocks + j / block_k, own = id ? id[j] : 0;
+      hiding.key_lo[k] = std::min(hiding.key_lo[k], own);
+      hiding.key_hi[k] = std::max(hiding.key_hi[k], own);
     }
-    // queries at pos >= 0, or every query where their ids are given apart
-    for (int64_t i = apart ? 0 : std::max<int64_t>(0, lq - lk); i < lq; ++i) {
+    // queries at pos >= 0 (one before the first key is in no document), every query where
+    // their ids are given apart; without documents every query is in document 0
+    const int64_t first = id != nullptr && query_id == nullptr ? std::max<int64_t>(0, lq - lk) : 0;
+    for (int64_t i = first; i < lq; ++i) {
       const int64_t q = row * hiding.query_blocks + i / block_q;
-      const int64_t own = apart ? data[row * width + i] : id[i + lk - lq];
+      const int64_t own = query_id ? query_id[i] : id ? id[i + lk - lq] : 0;
       hiding.query_lo[q] = std::min(hiding.query_lo[q], own);
       hiding.query_hi[q] = std::max(hiding.query_hi[q], own);
     }
@@ -313,6 +364,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   Hiding& hiding = P.hiding;
   hiding.causal = causal;
   hiding.shift = P.lk - P.lq;
+  hiding.lk = P.lk;
   if (key_padding.has_value()) {  // any strides: a key dim of 1 stands for every key
     check_cpu(*key_padding, "key_padding");
     TORCH_CHECK(key_padding->scalar_type() == at::kBool, "urpe_cpp: key_padding must be bool");
@@ -382,7 +434,11 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(P.block_k <= kMaxBlas - kPackedKeys && P.block_q <= kMaxBlas,
               "urpe_cpp: tiles of 2^31 keys or more do not fit BLAS's int sizes, got ", P.block_q,
               " x ", P.block_k);
-  if (documents.has_value()) set_documents(hiding, *documents, B, lq, lk, P.block_q, P.block_k);
+  if (documents.has_value()) {
+    set_documents(hiding, *documents, B, lq, lk);
+    set_document_runs(hiding, B, lq, lk);
+  }
+  set_block_ranges(hiding, B, lq, lk, P.block_q, P.block_k);
   return P;
 }
 
@@ -446,12 +502,15 @@ std::tuple<at::Tensor, bool> forward_if_finite(
   const OptTensor documents, fixed, dropout_seed;
   const double dropout_p = 0.0;
   const int64_t dropout_threshold = 0;
-  // where the tiles' products run as loops anyway (one query row): no slower loop is forced
+  // One query row per head: the products run as loops over every key (rows_nt, rows_nn),
+  // whatever the cache's length, so that the cache is read once, not checked first and read
+  // again (a long cache does not fit in the caches: the check doubled the call's memory
+  // traffic). As fast as BLAS's gemv for one row, which streams the same keys.
   const bool by_results =
       q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
-      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
-      product_by_loops(std::min(q.size(2), block_q), std::min(k.size(2), block_k),
-                       std::max(q.size(3), v.size(3)));
+      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble ||
+       q.scalar_type() == at::kBFloat16) &&
+      std::min(q.size(2), block_q) <= kDirectRows;
   if (!by_results && !all_finite({q, k, v})) return {at::empty({0}, q.options()), false};
   std::atomic<bool> nonfinite{false};
   at::Tensor out =

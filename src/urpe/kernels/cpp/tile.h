@@ -154,6 +154,14 @@ inline bool product_by_loops(int64_t m, int64_t n, int64_t k) {
   return m <= kDirectRows && m * n * k <= kDirectWork;
 }
 
+// rows_nt and rows_nn on bfloat16 operands into float (each operand exact in float, sums in
+// float, as the bf16 BLAS routine below): a decoding step's NaN/inf in a bfloat16 cache is then
+// found in its results too.
+void rows_nt(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+             const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
+void rows_nn(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+             int64_t ldb, float beta, float* c, int64_t ldc);
+
 // Which product routine runs: "blas" or "aten".
 const char* gemm_route();
 
@@ -382,21 +390,45 @@ struct Hiding {
   const bool* keep = nullptr;     // bool attn_mask, True = takes part
   int64_t kb = 0, kh = 0, ki = 0, kj = 0;
   const int64_t* docs = nullptr;  // document ids (B|1, Lk), contiguous along the keys
-  int64_t docs_sb = 0, lk = 0;
+  int64_t docs_sb = 0;
+  int64_t lk = 0;  // keys
   // the queries' own ids where they are given apart ((B|1, Lq + Lk) ids, these the first Lq of
   // each row, docs the rest): query i's document is query_docs[i], not the id at pos(i)
   const int64_t* query_docs = nullptr;
-  // per (batch row of docs, block): the smallest and largest id of the block's queries (ids
-  // at their positions; none for queries before the first key) and of its keys
+  // Tiles no pair of which is visible, found from ranges per (batch row, block) (`block_rows`
+  // rows of them, 0: none kept): the smallest and largest document id (0 for every position
+  // without documents) of the block's queries (none for queries before the first key, unless
+  // their ids are given apart) and of its keys that key padding leaves visible (none where all
+  // are padded).
   std::vector<int64_t> query_lo, query_hi, key_lo, key_hi;
-  int64_t query_blocks = 0, key_blocks = 0;
+  int64_t block_rows = 0, query_blocks = 0, key_blocks = 0;
 
-  // whether query block qb and the key block starting at j0 may share a document in row b
+  // whether query block qb and the key block starting at j0 may hold a visible pair in row b
+  // (false: the tile is skipped, forward and backward; it would contribute exactly nothing)
   bool shares(int64_t b, int64_t qb, int64_t j0, int64_t block_k) const {
-    if (docs == nullptr) return true;
-    const int64_t row = docs_sb == 0 ? 0 : b, kb_ = j0 / block_k;
+    if (block_rows == 0) return true;
+    const int64_t row = block_rows == 1 ? 0 : b, kb_ = j0 / block_k;
     const int64_t q = row * query_blocks + qb, k = row * key_blocks + kb_;
     return query_lo[q] <= key_hi[k] && key_lo[k] <= query_hi[q];
+  }
+
+  // Where each row's documents are runs (no id in two runs of keys): per (row of docs, query)
+  // the keys [begin, end) of its document (empty before the first key); else empty vectors.
+  std::vector<int64_t> run_begin, run_end;
+
+  // keys [begin, end) that hold every key the queries [i0, i1) of row b may share a document
+  // with: the span of their runs, or all keys
+  std::pair<int64_t, int64_t> document_keys(int64_t b, int64_t i0, int64_t i1) const {
+    if (run_begin.empty()) return {0, lk};
+    const int64_t* begin = run_begin.data() + (docs_sb == 0 ? 0 : b) * (lk - shift);
+    const int64_t* end = run_end.data() + (docs_sb == 0 ? 0 : b) * (lk - shift);
+    int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      if (begin[i] >= end[i]) continue;
+      lo = std::min(lo, begin[i]);
+      hi = std::max(hi, end[i]);
+    }
+    return {std::min(lo, hi), hi};
   }
 
   // keys [j0, j0 + n) that come before the causal edge for query i
@@ -453,6 +485,27 @@ struct Hiding {
     return buf;
   }
 };
+
+// Queries of a group where a block is split by its documents' runs.
+constexpr int64_t kRunGroup = 16;
+
+// Runs body(g0, g1) over the query block [i0, i1): once, or per group of kRunGroup queries
+// where its documents are runs and the groups' own runs hold at most half of the pairs the
+// block's would (short documents, such as padding with one id per token: the block's span of
+// runs is a diagonal tile in which each query sees a few keys).
+template <typename F>
+void for_query_groups(const Hiding& hiding, int64_t b, int64_t i0, int64_t i1, const F& body) {
+  if (hiding.run_begin.empty() || i1 - i0 <= kRunGroup) return body(i0, i1);
+  const auto [lo, hi] = hiding.document_keys(b, i0, i1);
+  int64_t grouped = 0;  // query-key pairs of the groups' spans
+  for (int64_t g0 = i0; g0 < i1; g0 += kRunGroup) {
+    const int64_t g1 = std::min(i1, g0 + kRunGroup);
+    const auto [glo, ghi] = hiding.document_keys(b, g0, g1);
+    grouped += (ghi - glo) * (g1 - g0);
+  }
+  if (2 * grouped > (hi - lo) * (i1 - i0)) return body(i0, i1);
+  for (int64_t g0 = i0; g0 < i1; g0 += kRunGroup) body(g0, std::min(i1, g0 + kRunGroup));
+}
 
 // ---------------------------------------------------------------------------------------------
 // One call: sizes, operands, terms, masks.

@@ -1,0 +1,124 @@
+"""Packed rows with a padded tail on the C++ kernel, against the reference in float64: outputs and
+the gradients of q, k, v and of every term. The kernel skips tiles whose keys are all padded
+or whose queries' documents hold no visible key, and splits a query block into groups of 16
+queries where its documents are short runs (padding with one id per token); tile sizes here
+make every kind of tile occur: all padded, partly padded, split into groups and whole."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from urpe.kernels import NORMALIZATIONS, Decay, Relation, Toeplitz, attention
+from urpe.kernels.cpp import cpp_attention, unavailable
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
+
+F64 = dict(dtype=torch.float64)
+# (B, H, Hkv, Lq, Lk, real tokens per row): grouped queries, a cache (Lq < Lk), rows of
+# different real lengths
+SHAPES = ((2, 2, 1, 70, 70, (20, 33)), (1, 2, 2, 40, 75, (50,)), (2, 4, 2, 48, 48, (7, 48)))
+# how the tail is hidden: key padding alone; key padding and a document of its own; one
+# document per padded token (no padding mask); both
+TAILS = ("padding", "padding_document", "distinct_ids", "distinct_ids+padding")
+TERMS = ("toeplitz+toeplitz_gate", "relation_gate", "decay+toeplitz_gate", "dense_gate")
+TILES = ((4, 8), (32, 8), (0, 0))  # (0, 0): the kernel's own
+
+
+def tail_case(shape, tail, terms, causal, seed=0):
+    b, h, hkv, lq, lk, real = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, 8, generator=gen, **F64).requires_grad_()
+    k = torch.randn(b, hkv, lk, 8, generator=gen, **F64).requires_grad_()
+    v = torch.randn(b, hkv, lk, 5, generator=gen, **F64).requires_grad_()
+    params = [q, k, v]
+    lengths = torch.tensor(real if len(real) == b else real * b)[:, None]  # (B, 1)
+    padded = torch.arange(lk) >= lengths  # (B, Lk)
+    call = dict(is_causal=causal, enable_gqa=True)
+    if "padding" in tail:
+        call["key_padding_mask"] = padded
+    if tail == "padding_document":  # documents of 9 tokens, the tail one more
+        call["document_ids"] = torch.where(padded, 1000, torch.arange(lk) // 9)
+    if tail.startswith("distinct_ids"):
+        call["document_ids"] = torch.where(padded, 1000 + torch.arange(lk), torch.arange(lk) // 9)
+    if terms.startswith("toeplitz"):
+        call["bias"] = Toeplitz(torch.randn(h, 11, generator=gen, **F64).requires_grad_())
+    if terms.startswith("decay"):
+        raw = torch.randn(b, h, lk, generator=gen, **F64)
+        call["bias"] = Decay(torch.nn.functional.logsigmoid(raw + 1).requires_grad_())
+    if "toeplitz_gate" in terms:
+        call["gate"] = Toeplitz((torch.rand(h, 9, generator=gen, **F64) + 0.5).requires_grad_())
+    if terms == "relation_gate":
+        table = (torch.rand(h, 4, generator=gen, **F64) + 0.5).requires_grad_()
+        call["gate"] = Relation(table, torch.randint(0, 4, (b, lq, lk), generator=gen))
+    if terms == "dense_gate":
+        call["gate"] = torch.rand(b, h, lq, lk, generator=gen, **F64).requires_grad_()
+    for name in ("bias", "gate"):
+        term = call.get(name)
+        if term is None:
+            continue
+        leaf = term if isinstance(term, torch.Tensor) else next(iter(vars(term).values()))
+        params.append(leaf)
+    return (q, k, v), params, call
+
+
+def reference(*qkv, **call):
+    return attention(*qkv, **call, backend="reference")
+
+
+def outputs_and_grads(fn, qkv, params, call):
+    out = fn(*qkv, **call)
+    weight = torch.linspace(-1, 1, out.numel(), **F64).view_as(out)
+    return out, torch.autograd.grad((out * weight).sum(), params)
+
+
+def assert_same(got, want):
+    torch.testing.assert_close(got[0], want[0], atol=1e-10, rtol=1e-8)
+    for n, (g, w) in enumerate(zip(got[1], want[1], strict=True)):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-8, msg=lambda m, n=n: f"grad {n}: {m}")
+
+
+# every normalisation x tail x terms once; shapes, causality and tiles rotate through the cases
+CASES = [
+    (norm, tail, terms, SHAPES[n % len(SHAPES)], n % 2 == 1, TILES[n % len(TILES)])
+    for n, (norm, tail, terms) in enumerate(itertools.product(NORMALIZATIONS, TAILS, TERMS))
+]
+
+
+@pytest.mark.parametrize(("norm", "tail", "terms", "shape", "causal", "tiles"), CASES)
+def test_padded_tails_match_the_reference(norm, tail, terms, shape, causal, tiles):
+    qkv, params, call = tail_case(shape, tail, terms, causal)
+    call["normalization"] = norm
+    call["scale"] = 0.1 if norm == "exp" else None
+    want = outputs_and_grads(reference, qkv, params, call)
+    block_q, block_k = tiles
+    got = outputs_and_grads(
+        lambda *a, **c: cpp_attention(*a, **c, block_q=block_q, block_k=block_k), qkv, params, call
+    )
+    assert_same(got, want)
+
+
+def test_the_term_leaves_are_the_parameters():
+    """The case builder hands every term's leaf to the gradient check (none left out)."""
+    _, params, _ = tail_case(SHAPES[0], "padding", "decay+toeplitz_gate", False)
+    assert len(params) == 5 and all(p.requires_grad for p in params)
+
+
+@pytest.mark.parametrize("tail", ["padding_document", "distinct_ids"])
+def test_dropout_with_a_padded_tail_is_the_reference_s(tail):
+    qkv, params, call = tail_case(SHAPES[0], tail, "toeplitz+toeplitz_gate", True)
+    call.update(dropout_p=0.3, dropout_seed=5)
+    want = outputs_and_grads(reference, qkv, params, call)
+    assert_same(outputs_and_grads(cpp_attention, qkv, params, call), want)
+
+
+def test_documents_that_are_not_runs_read_every_key():
+    """Ids that come back after another document (not runs): no group or span narrowing."""
+    qkv, params, call = tail_case(SHAPES[0], "distinct_ids", "relation_gate", False)
+    ids = call["document_ids"].clone()
+    ids[:, -3:] = ids[:, :3]  # the first tokens' documents again at the end
+    call["document_ids"] = ids
+    want = outputs_and_grads(reference, qkv, params, call)
+    assert_same(outputs_and_grads(cpp_attention, qkv, params, call), want)
