@@ -116,18 +116,18 @@ def test_query_ranges_with_their_own_key_gradients_over_threads():
 
 
 def test_decoding_steps_stay_on_one_thread_up_to_a_larger_size():
-    """A call of few query rows runs on the calling thread up to 2^20 multiply-adds (a decoding
-    step at Lk = 1024 or 2048 with B = 1, H = 8, D = 32: two threads would save a third of it
-    idle and stall 15x with another process on a core); long rows split over threads from 2^18
-    on, as before."""
+    """A call of few query rows runs on the calling thread up to 2^19 multiply-adds (a decoding
+    step at Lk = 1024 with B = 1, H = 8, D = 32: two threads would save a third of it idle and
+    stall 15x with another process on a core); longer ones split over threads as SDPA's do
+    (issue 42: Lk = 1k-32k at D = 64 within 1.2x of SDPA); long rows from 2^18 on, as before."""
     workers = torch.ops.urpe_cpp.workers
     step = 1 * 8 * 1 * 1024 * (32 + 32)  # B * H * Lq * Lk * (D + Dv) = 2^19
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         assert workers(8, step, 1) == 1
-        assert workers(8, 2 * step, 16) == 1  # Lk = 2048, up to 16 query rows
-        assert workers(8, 4 * step, 1) == 2  # Lk = 4096: threads pay again
+        assert workers(8, step, 16) == 1  # up to 16 query rows
+        assert workers(8, 2 * step, 1) == 2  # Lk = 2048 (1024 at D = 64): threads pay again
         assert workers(8, step, 17) == 2  # more rows: the old threshold
         assert workers(64, 2**18, 24) == 1  # a short row's call, as before
         assert workers(64, 2**18 + 1, 24) == 2
