@@ -51,6 +51,7 @@ CAPACITY = 64  # urpe.attention's memo: a model's calls are of a few kinds
 # memo made where torch.compile traces (a KV cache of segment memory) makes no lock
 _KEEPING = threading.Lock()
 _UNKEYED = object()  # a part of a call no kind can stand for: the call is not kept
+_ABSENT = (None,) * 6  # no mask, padding, term, documents or seed
 
 
 def _tensor_kind(t, lk: int):
@@ -81,9 +82,11 @@ def _seed_kind(seed):
     return _UNKEYED
 
 
-# The types a kept call's scalar arguments may have (dropout_p, is_causal, scale, enable_gqa,
-# normalization, backend): others (`scale=1`, `is_causal=0`, a tensor) go through the full checks
-_SCALAR_TYPES = frozenset((float, bool, scale, bool, str, str) for scale in (float, type(None)))
+def _keys_shape(shape: torch.Size) -> tuple:
+    """A (..., Hkv, Lk, E) shape without Lk."""
+    if len(shape) == 4:  # (read by index: slicing a torch.Size costs more)
+        return shape[0], shape[1], ANY_LENGTH, shape[3]
+    return (*shape[:-2], ANY_LENGTH, shape[-1])
 
 
 def call_kind(a: Arguments) -> tuple | None:
@@ -93,34 +96,53 @@ def call_kind(a: Arguments) -> tuple | None:
     if type(q) not in PLAIN or type(k) not in PLAIN or type(v) not in PLAIN:
         return None  # not tensors, or subclasses
     scalars = (a.dropout_p, a.is_causal, a.scale, a.enable_gqa, a.normalization, a.backend)
-    if tuple(map(type, scalars)) not in _SCALAR_TYPES or tracing() or forward_ad_active():
+    # scalars of the types the checks expect (others, `scale=1`, `is_causal=0` or a tensor, go
+    # through the full checks every time)
+    if (
+        not (
+            type(a.dropout_p) is float
+            and (a.is_causal is True or a.is_causal is False)
+            and (a.scale is None or type(a.scale) is float)
+            and (a.enable_gqa is True or a.enable_gqa is False)
+            and type(a.normalization) is str
+            and type(a.backend) is str
+        )
+        or tracing()
+        or forward_ad_active()
+    ):
         return None
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
     if len(q_shape) < 3 or len(k_shape) < 3 or len(v_shape) < 3:
         return None
     lk = k_shape[-2]
-    kind = (
+    optional = (a.attn_mask, a.key_padding_mask, a.bias, a.gate, a.document_ids, a.dropout_seed)
+    if optional != _ABSENT:  # (most calls pass few of them)
+        optional = (
+            _tensor_kind(a.attn_mask, lk),
+            _tensor_kind(a.key_padding_mask, lk),
+            _term_kind(a.bias, lk),
+            _term_kind(a.gate, lk),
+            _tensor_kind(a.document_ids, lk),
+            _seed_kind(a.dropout_seed),
+        )
+        if _UNKEYED in optional:
+            return None
+    return (
         q_shape,
-        (*k_shape[:-2], ANY_LENGTH, k_shape[-1]),
-        (*v_shape[:-2], ANY_LENGTH, v_shape[-1]) if v_shape[-2] == lk else v_shape,
+        _keys_shape(k_shape),
+        _keys_shape(v_shape) if v_shape[-2] == lk else v_shape,
         q.dtype,
         k.dtype,
         v.dtype,
         q.device,
         k.device,
         v.device,
-        _tensor_kind(a.attn_mask, lk),
-        _tensor_kind(a.key_padding_mask, lk),
-        _term_kind(a.bias, lk),
-        _term_kind(a.gate, lk),
-        _tensor_kind(a.document_ids, lk),
-        _seed_kind(a.dropout_seed),
+        optional,
         scalars,
         # Lk itself where something may weigh it: no key at all (an empty call), and dropout
         # (a kernel's counter covers Lq * Lk entries)
         lk if a.dropout_p != 0.0 or lk == 0 else ANY_LENGTH,
     )
-    return None if _UNKEYED in kind[9:15] else kind
 
 
 class PreparedAttention:

@@ -128,6 +128,10 @@ def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = Fa
     return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
 
 
+_NO_TERM = (NO_TERM, None, None)  # `_term` of an absent bias or gate
+_NO_TERM_ARGUMENTS = (None, None, "none")  # `term_arguments(None)`
+
+
 def _contiguous(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
@@ -175,17 +179,22 @@ def _op_arguments(
     index, kind); `tiles`: the pass's default tile sizes, where `blocks` names none; in_place:
     Toeplitz tables that cover the call go as they are (a forward only)."""
     dtype = compute_dtype(call.q.dtype)
-    lq, lk = call.q.shape[2], call.k.shape[2]
     (bias, bias_index, bias_kind), (gate, gate_index, gate_kind) = terms
+    if bias is not None or gate is not None:
+        lq, lk = call.q.shape[2], call.k.shape[2]
     mask = call.attn_mask
     bool_mask = mask is not None and mask.dtype == torch.bool
     dropout_on = call.dropout_p > 0.0
     ids = call.document_ids
     if ids is not None:
         tiles = DOCUMENT_TILES
+    if bias is not None:
+        bias = _term(bias_kind, bias, bias_index, lq, lk, dtype, in_place)
+    if gate is not None:
+        gate = _term(gate_kind, gate, gate_index, lq, lk, dtype, in_place)
     return (
-        *_term(bias_kind, bias, bias_index, lq, lk, dtype, in_place),
-        *_term(gate_kind, gate, gate_index, lq, lk, dtype, in_place),
+        *(bias or _NO_TERM),  # (code, tensor, index)
+        *(gate or _NO_TERM),
         None if mask is None or bool_mask else mask.to(dtype),  # float: added to the logits
         mask if bool_mask else None,
         None if call.key_padding_mask is None else call.key_padding_mask.contiguous(),
@@ -370,7 +379,11 @@ def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> 
     decoding step reads its KV cache once. Calls it takes no arguments for (documents, a
     statistic known up front, dropout) check q, k and v first and run the forward."""
     q, k, v = _operands(spec)
-    terms = term_arguments(spec.bias), term_arguments(spec.gate)
+    bias, gate = spec.bias, spec.gate
+    terms = (
+        _NO_TERM_ARGUMENTS if bias is None else term_arguments(bias),
+        _NO_TERM_ARGUMENTS if gate is None else term_arguments(gate),
+    )
     args = _op_arguments(spec, terms, FORWARD_TILES, (block_q, block_k), in_place=True)
     if spec.document_ids is None and args[10] is None and spec.dropout_p == 0.0:
         # (the forward's arguments without documents, statistic and dropout: library.cpp)
