@@ -51,12 +51,12 @@ def test_quick_subset_compiles_for_sm80_and_sm90_without_spills():
     assert {c.arch for c in cases} == {80, 90}
     # every NAMED call's dK/dV launch is compiled for sm_80 (under the first call that made
     # it: two calls may launch the same program)
-    compiled = {(c.launch, c.arch) for c in cases}
+    compiled = {(c.launch.program(), c.arch) for c in cases}
     named = [Call(dtype="bfloat16", **features) for features in NAMED.values()]
     launched = recorded(named)
     for call in named:
         dkdv = [launch for launch in launched[call] if launch.kernel == "backward_kv"]
-        assert dkdv and all((launch, 80) in compiled for launch in dkdv), call
+        assert dkdv and all((launch.program(), 80) in compiled for launch in dkdv), call
     _check(cases)
 
 
@@ -78,7 +78,8 @@ def test_the_calls_hold_every_pair_of_call_features(dtype):
             for c in made
             if c.head_dim in chosen["head_dim"]
         ]
-        assert covered(rows, chosen, STRENGTH) == all_combinations(chosen, STRENGTH)
+        # (the NAMED calls may add pairs of values beyond the factors' levels, G=2 among them)
+        assert covered(rows, chosen, STRENGTH) >= all_combinations(chosen, STRENGTH)
     named = {Call(dtype=dtype, **features) for features in NAMED.values()}
     assert named <= set(made) if dtype == "bfloat16" else not named & set(made)
 
