@@ -62,6 +62,7 @@ def small_run(tmp_path_factory):
 # A tiny real run: files of the documented schema, finite times
 
 
+@pytest.mark.slow
 def test_a_small_run_writes_the_documented_json(small_run):
     results = small_run
     assert {
@@ -193,6 +194,7 @@ def test_a_failing_row_is_recorded_and_the_rest_measured():
     assert all("time_ms" in r for r in records if r["name"] == "sdpa")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_rows_compute_the_attention_they_name(device, monkeypatch):
     """Every row of the device, on CPU tensors (Triton under its interpreter), against the

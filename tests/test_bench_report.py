@@ -45,6 +45,7 @@ def small_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_small_run_writes_targets_report_and_plot(small_run):
     results = json.loads((small_run / "bench.json").read_text())
     assert {"times", "memory", "end_to_end", "machine", "targets", "plot"} <= set(results)

@@ -64,6 +64,7 @@ def assert_same_values_and_grads(module, compiled, *args, **kwargs):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_multihead_attention_compiles_fullgraph(backend):
     gate = urpe.ToeplitzGate(2, 4) if backend != "sdpa" else None
@@ -88,6 +89,7 @@ def test_encoder_compiles_fullgraph(backend):
     assert_same_values_and_grads(encoder, compiled, tokens, pad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decoder_compiles_fullgraph_with_positions(backend):
     decoder = model(urpe.TransformerDecoder, backend, position="fire", absolute="learned")

@@ -99,6 +99,7 @@ def install_cached(built: Path, directory: Path) -> Path:
     return library
 
 
+@pytest.mark.slow
 def test_a_build_killed_mid_way_leaves_no_lock_that_hangs_the_next_process(tmp_path):
     """torch's lock file from a killed build: the next process builds (here the compiler fails
     at once) instead of waiting for a lock that nobody will release."""
@@ -188,6 +189,7 @@ def test_the_lock_of_a_killed_builder_is_free_at_once(tmp_path):
         assert f'"pid": {os.getpid()}' in (tmp_path / "key.lock").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["fails", "none"])
 def test_a_truncated_cached_library_is_never_loaded(tmp_path, built_library, compiler):
     """Loading half a library kills the process with SIGBUS; it is rebuilt instead (here the

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from urpe.training.checkpoint import load_weights
@@ -26,6 +27,7 @@ def _close(a, b, tolerance):
     )
 
 
+@pytest.mark.slow
 def test_two_ddp_ranks_match_each_other_and_a_single_process(tmp_path):
     ddp, single, accumulated = tmp_path / "ddp", tmp_path / "single", tmp_path / "accumulated"
     _run(

@@ -98,6 +98,7 @@ def test_every_combination_equals_one_process(processes, tmp_path):
     _run(_matrix(), processes, tmp_path)
 
 
+@pytest.mark.slow
 def test_four_processes_equal_one(tmp_path):
     cases = [
         Case(bias="decay", documents=True, padding=True, dropout=0.2),

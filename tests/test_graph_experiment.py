@@ -57,6 +57,7 @@ def graph_run(tmp_path_factory):
     return out / "run"
 
 
+@pytest.mark.slow
 def test_both_models_lower_the_validation_mae_on_real_molecules(graph_run):
     results = json.loads((graph_run / "results.json").read_text())
     runs = {run["variant"]: run for run in results["runs"]}

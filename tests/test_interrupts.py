@@ -77,6 +77,7 @@ def uninterrupted(tmp_path_factory):
     return _final(out)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted):
     child, out = _stopped_mid_run(tmp_path, 30)
     child.send_signal(signal.SIGKILL)
@@ -91,6 +92,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, unin
     assert all(torch.equal(weights[k], expected_weights[k]) for k in weights)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_with_one_line_and_resumes(tmp_path, uninterrupted):
     child, out = _stopped_mid_run(tmp_path, 20)
     child.send_signal(signal.SIGINT)  # pending while stopped, delivered on SIGCONT

@@ -145,6 +145,7 @@ def heavy_run(out):
     return out / "runs" / heavy["id"]
 
 
+@pytest.mark.slow
 def test_train_on_a_csv_then_predict_and_evaluate(graph_run, tmp_path, capsys):
     out, path = graph_run
     records = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]

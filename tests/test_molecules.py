@@ -61,6 +61,7 @@ def smiles_of(split):
     return [split[i].smiles for i in range(len(split))]
 
 
+@pytest.mark.slow
 def test_moses_plogp_split_is_deterministic_sized_and_nested(tmp_path):
     sizes = (80, 20, 20)
     a = load_molecules("moses-plogp", sizes=sizes, cache_dir=tmp_path / "a", progress=False)
@@ -88,6 +89,7 @@ def test_moses_plogp_split_is_deterministic_sized_and_nested(tmp_path):
     assert dense.spd.shape[0] == 8
 
 
+@pytest.mark.slow
 def test_qm9_targets_by_name(tmp_path):
     data = load_molecules("qm9", sizes=(30, 10, 10), cache_dir=tmp_path, progress=False)
     assert data.target == "gap" and data.unit == "eV"

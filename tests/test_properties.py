@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -164,6 +165,7 @@ def _output_and_grads(fn, c: dict, dtype: torch.dtype):
     return out, grads
 
 
+@pytest.mark.slow
 @CI
 @given(calls())
 def test_every_backend_matches_the_reference(c):

@@ -31,6 +31,7 @@ def test_identity_is_the_whole_config():
     assert config_digest(a.config) == config_digest(b.config)
 
 
+@pytest.mark.slow
 def test_parallel_sweep_equals_sequential(tmp_path):
     sequential = _sweep(tmp_path / "seq", "--jobs", "1")
     parallel = _sweep(tmp_path / "par", "--jobs", "2")
@@ -175,6 +176,7 @@ def test_a_failed_run_is_booked_with_its_traceback_and_the_others_go_on(tmp_path
     assert sorted(r["result"]["square"] for r in outcome.records) == [4, 16]
 
 
+@pytest.mark.slow
 def test_a_dead_worker_fails_its_run_only(tmp_path):
     execution = Execution(jobs=2, threads=1, progress=False)
     outcome = sweep(dies_on_three, _specs(2, 3, 4), tmp_path, execution, resume=False)

@@ -51,6 +51,7 @@ def probe_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_urpe_passes_the_probe_and_rpe_stays_at_chance(probe_run):
     rows = json.loads((probe_run / "results.json").read_text())
     accuracy = {r["variant"]: r["accuracy"] for r in rows}

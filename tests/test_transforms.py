@@ -134,6 +134,7 @@ def test_functional_call(name):
         torch.testing.assert_close(grads[n], want, msg=lambda m, n=n: f"{n}: {m}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BACKEND_NAMES)
 def test_compile_fullgraph_matches_eager_with_dropout_and_checks(name):
     """One compiled graph per backend: it gives the eager result (output and gradients, dropout

@@ -444,6 +444,7 @@ def test_float_mask_with_a_relation_bias_in_half_precision():
     ],
     ids=lambda check: check.__name__.removeprefix("test_"),
 )
+@pytest.mark.slow
 def test_transforms_compose_with_the_kernel(check):
     """tests/test_transforms.py's checks (grad, vmap, vmap of grad, functional_call, compile
     with fullgraph=True) for backend "triton", which that file leaves out (a CUDA backend)."""

@@ -89,6 +89,7 @@ def test_the_calls_hold_every_pair_of_call_features(dtype):
 NOT_FEATURES = {"ACC", "UPCAST", "BLOCK_D", "BLOCK_DV"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_every_constexpr_of_a_launch_is_varied_by_the_calls(kernel):
     """A launch's constexpr arguments each change with one of `factors`' features: a new flag
@@ -110,6 +111,7 @@ def test_every_constexpr_of_a_launch_is_varied_by_the_calls(kernel):
     assert varied == set(first) - NOT_FEATURES
 
 
+@pytest.mark.slow
 def test_a_launch_is_recorded_as_the_kernel_receives_it():
     """The recorded launch holds the call's own integers and alignments: a grouped call's
     heads per kv head, a Toeplitz table's reach, and q, k, v of a (B, L, H, D) projection."""

@@ -81,6 +81,7 @@ def test_dropout_counters_that_would_wrap_are_refused():
     assert triton_unsupported(q, q, q) is None
 
 
+@pytest.mark.slow
 def test_lengths_in_one_power_of_two_share_a_tuning_key():
     """The autotuner keys on the next power of two of each length, so a new length in a bucket
     reuses the tuned configuration (and Triton's own specialisation, divisible by 16 or not,

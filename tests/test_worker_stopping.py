@@ -94,6 +94,7 @@ def _results(out: Path) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_main_process_stops_its_workers_and_resume_is_exact(tmp_path):
     child, workers = _start_and_wait(tmp_path / "killed")
     child.kill()
@@ -107,6 +108,7 @@ def test_sigkill_of_the_main_process_stops_its_workers_and_resume_is_exact(tmp_p
     assert _results(tmp_path / "killed") == _results(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_workers_with_one_line(tmp_path):
     child, workers = _start_and_wait(tmp_path / "out")
     child.send_signal(signal.SIGTERM)
