@@ -160,11 +160,18 @@ def _is_bool(mask: Tensor | None) -> bool:
     return mask is not None and mask.dtype == torch.bool
 
 
+def _raw_terms(call: ForwardArgs) -> tuple[tuple, tuple]:
+    """The op arguments' bias and gate, each as (tensor, index, kind)."""
+    return (call.bias, call.bias_index, call.bias_kind), (
+        call.gate,
+        call.gate_index,
+        call.gate_kind,
+    )
+
+
 def _forward_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
     """`_op_arguments` of the forward op's arguments."""
-    bias = call.bias, call.bias_index, call.bias_kind
-    gate = call.gate, call.gate_index, call.gate_kind
-    return _op_arguments(call, (bias, gate), tiles, (call.block_q, call.block_k))
+    return _op_arguments(call, _raw_terms(call), tiles, (call.block_q, call.block_k))
 
 
 def _op_arguments(
@@ -378,14 +385,22 @@ def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> 
     outputs it computes (for one query row per head; else by a pass over q, k and v): a
     decoding step reads its KV cache once. Calls it takes no arguments for (documents, a
     statistic known up front, dropout) check q, k and v first and run the forward."""
-    q, k, v = _operands(spec)
     bias, gate = spec.bias, spec.gate
     terms = (
         _NO_TERM_ARGUMENTS if bias is None else term_arguments(bias),
         _NO_TERM_ARGUMENTS if gate is None else term_arguments(gate),
     )
-    args = _op_arguments(spec, terms, FORWARD_TILES, (block_q, block_k), in_place=True)
-    if spec.document_ids is None and args[10] is None and spec.dropout_p == 0.0:
+    return _forward_if_finite(spec, terms, (block_q, block_k))
+
+
+def _forward_if_finite(
+    call: AttentionSpec | ForwardArgs, terms: tuple[tuple, tuple], blocks: tuple[int, int]
+) -> Tensor | None:
+    """`forward_no_grad` of a spec or of the op's arguments (under compile), its terms as the
+    raw ops' (tensor, index, kind)."""
+    q, k, v = _operands(call)
+    args = _op_arguments(call, terms, FORWARD_TILES, blocks, in_place=True)
+    if call.document_ids is None and args[10] is None and call.dropout_p == 0.0:
         # (the forward's arguments without documents, statistic and dropout: library.cpp)
         out, finite = _op("forward_if_finite")(q, k, v, *args[:9], *args[11:14], *args[17:])
         if not finite:
@@ -394,7 +409,7 @@ def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> 
         if not _op("all_finite")([q, k, v]):
             return None
         out, _ = _op("forward")(q, k, v, *args)
-    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
+    return out if out.dtype == call.q.dtype else out.to(call.q.dtype)
 
 
 # Under torch.compile a call that needs no gradient runs as one opaque op whose body runs
@@ -407,10 +422,10 @@ def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> 
 # graphs, where dynamo is off already).
 def _guarded_forward(*flat) -> Tensor:
     call = ForwardArgs(*flat)
-    spec = call.to_spec()
-    out = forward_no_grad(spec, call.block_q, call.block_k)
+    out = _forward_if_finite(call, _raw_terms(call), (call.block_q, call.block_k))
     if out is None:  # (the rule below makes q, k and v finite)
-        out, _ = guarded(_forward_finite, spec.replace(finite=True), finds_nonfinite=False)
+        spec = call.to_spec().replace(finite=True)
+        out, _ = guarded(_forward_finite, spec, finds_nonfinite=False)
     return laid_out(out)
 
 
