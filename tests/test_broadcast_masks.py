@@ -284,6 +284,7 @@ def test_visible_key_counts_count_the_keys_a_broadcast_mask_stands_for(
 # The randomized sweep
 
 
+@pytest.mark.slow
 def test_random_broadcast_masks_agree_on_every_backend():
     """24 random calls on every CPU backend, the cheaper half under Triton's interpreter, two
     through FlexAttention (about 10 s in all)."""

@@ -132,6 +132,7 @@ def test_bench_help_offers_the_built_in_rows():
         assert [name for name in built_in if name in registry] == list(registry)
 
 
+@pytest.mark.slow
 def test_predict_and_evaluate_import_neither_pyg_nor_lightning(molecule_model, tmp_path):
     """A trained graph model's `predict` and `evaluate` never import PyTorch Geometric or
     Lightning (most of their start-up before), and predict what the PyG route predicts."""

@@ -79,6 +79,7 @@ def test_multihead_attention_compiles_fullgraph(backend):
     assert_same_values_and_grads(mha, compiled, x, memory=memory, is_causal=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_encoder_compiles_fullgraph(backend):
     encoder = model(urpe.TransformerEncoder, backend, markers=True)
@@ -109,6 +110,7 @@ def test_encoder_compiles_with_inductor():
     torch.testing.assert_close(compiled(tokens), encoder(tokens), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_checks_stay_on_under_compile():
     # Data-dependent checks become device assertions inside the graph: still an error.
     encoder = model(urpe.TransformerEncoder, "reference")

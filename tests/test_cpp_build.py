@@ -333,8 +333,9 @@ print("TRAINED", sweep(attends, specs, sys.argv[1], execution, resume=False).tra
 """
 
 
-# one process: the slow run; two (the parallel sweep that builds before its workers): by default
-@pytest.mark.parametrize("jobs", [pytest.param(1, marks=pytest.mark.slow), 2])
+# one process and two (the parallel sweep that builds before its workers); each builds the kernel
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs", [1, 2])
 def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path, jobs):
     """Not once per worker (each used to compile or wait on its own, and say so in its own
     stderr): a parallel sweep builds it before it starts its workers, and says why it cannot.

@@ -130,6 +130,7 @@ def test_claims_are_checked_against_the_numbers():
     assert held == {"urpe": False, "rpe": True}
 
 
+@pytest.mark.slow
 def test_a_seed_fixes_the_run_exactly_on_cpu(tmp_path):
     def run(out):
         code = main(

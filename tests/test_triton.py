@@ -197,6 +197,7 @@ def test_lower_precision_accumulates_in_float32(dtype):
         assert error < limit, f"relative error {error:.2e}"
 
 
+@pytest.mark.slow
 def test_dropout_applies_the_regenerated_mask_after_the_gate():
     p, seed = 0.3, 1234
     qkv, params, call = _case((2, 2, 2, 21, 37, 16, 16), "causal+padding", "toeplitz", "toeplitz")

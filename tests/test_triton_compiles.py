@@ -44,6 +44,7 @@ def _check(cases, jobs=1):
     assert not heavy, "\n".join(f"{r['kernel']} {r['dtype']}: {r['spill_bytes']} B" for r in heavy)
 
 
+@pytest.mark.slow
 def test_quick_subset_compiles_for_sm80_and_sm90_without_spills():
     """Includes the dK/dV launches of the calls that once spilled (`NAMED`) on sm_80."""
     cases = quick_matrix()
