@@ -47,7 +47,9 @@ class Section:
 GPU = Section("gpu-section", "benchmarks/bench_attention.py --gpu-report")
 MODEL = Section("model-section", "benchmarks/bench_model.py")
 CONTEXT_PARALLEL = Section("context-parallel-section", "benchmarks/bench_context_parallel.py")
-SECTIONS = (GPU, MODEL, CONTEXT_PARALLEL)  # the order they follow the CPU report in
+# issue 42's decoding figures, copied from `bench_issue42.py`'s output (it writes no file)
+LONG_CACHE = Section("long-cache-section", "hand, from benchmarks/bench_issue42.py's output")
+SECTIONS = (GPU, MODEL, CONTEXT_PARALLEL, LONG_CACHE)  # the order they follow the CPU report in
 
 
 def keep_sections(path: Path, new_text: str) -> str:
