@@ -93,6 +93,7 @@ def test_a_small_run_writes_the_documented_json(small_run):
                 assert r["ratio_to_sdpa"] == pytest.approx(r["time_ms"] / timed["sdpa"]["time_ms"])
 
 
+@pytest.mark.slow  # (a trained run's fixture)
 def test_memory_is_measured_in_subprocesses(small_run):
     memory = {(r["name"], r["length"]): r for r in small_run["memory"]}
     tiled = {"reference_urpe", "blockwise_urpe", "blockwise_rpe", "cpp_urpe", "sdpa"}

@@ -74,6 +74,7 @@ def test_both_models_lower_the_validation_mae_on_real_molecules(graph_run):
     assert results["comparisons"][0]["extra_params"] == 768
 
 
+@pytest.mark.slow  # (a trained run's fixture)
 def test_report_and_figures_are_written(graph_run, capsys):
     for name in ("results.md", "curves.png", "gate.png"):
         assert (graph_run / name).stat().st_size > 0
@@ -83,6 +84,7 @@ def test_report_and_figures_are_written(graph_run, capsys):
     assert "graphormer-urpe" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # (a trained run's fixture)
 def test_resume_skips_finished_runs(graph_run, capsys, monkeypatch):
     monkeypatch.setenv("URPE_CACHE_DIR", str(graph_run.parent / "cache"))
     before = sorted(p.name for p in (graph_run / "records").iterdir())
@@ -91,6 +93,7 @@ def test_resume_skips_finished_runs(graph_run, capsys, monkeypatch):
     assert sorted(p.name for p in (graph_run / "records").iterdir()) == before
 
 
+@pytest.mark.slow  # (a trained run's fixture)
 def test_pack_trains_packed_rows_to_the_padded_result(graph_run, tmp_path, monkeypatch):
     """--pack (molecules side by side in packed rows) trains the same model: the same
     validation MAE after a few steps; unpacked runs keep their identity (no pack entry)."""

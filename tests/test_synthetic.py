@@ -64,6 +64,7 @@ def test_urpe_passes_the_probe_and_rpe_stays_at_chance(probe_run):
         assert config["train"] == {"steps": 150, "batch_size": 32, "precision": "32-true"}
 
 
+@pytest.mark.slow  # (a trained run's fixture)
 def test_outputs_exist_and_parse(probe_run):
     text = (probe_run / "results.md").read_text()
     assert "| urpe |" in text and "| rpe |" in text and "## Claims" in text
@@ -74,6 +75,7 @@ def test_outputs_exist_and_parse(probe_run):
     assert len(list((probe_run / "runs").glob("*/checkpoints/step-00000150"))) == 2
 
 
+@pytest.mark.slow  # (a trained run's fixture)
 def test_report_only_rebuilds_from_records(probe_run, capsys):
     assert main(["reproduce", "synthetic", "--out", str(probe_run), "--report-only"]) == 0
     assert "| urpe |" in capsys.readouterr().out
