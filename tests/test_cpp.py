@@ -21,7 +21,7 @@ import torch
 
 from urpe.kernels import Relation, Toeplitz, attention, reference_attention, select_backend
 from urpe.kernels.cpp import FEW_QUERIES, build, cpp_attention, unavailable
-from urpe.kernels.cpp.ops import IN_PLACE_LENGTH
+from urpe.kernels.cpp.arguments import IN_PLACE_LENGTH
 
 from .kernel_cases import (
     NORMALIZATIONS,

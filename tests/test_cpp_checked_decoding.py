@@ -18,7 +18,12 @@ BAD = (float("nan"), float("inf"), -float("inf"))
 
 def _op_call(q, k, v, gate=None, float_mask=None, key_padding=None, causal=True):
     """forward_if_finite's (out, finite) for these tensors, softmax, a Toeplitz gate as rows."""
-    from urpe.kernels.cpp.ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, toeplitz_rows
+    from urpe.kernels.cpp.arguments import (
+        FORWARD_TILES,
+        KIND_CODES,
+        NORMALIZATION_CODES,
+        toeplitz_rows,
+    )
 
     gate_kind = KIND_CODES["none" if gate is None else "toeplitz"]
     rows = None if gate is None else toeplitz_rows(gate, q.shape[2], k.shape[2], q.dtype)

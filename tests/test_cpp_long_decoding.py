@@ -23,7 +23,12 @@ TOLERANCE = {
 
 def _op_call(q, k, v, table=None, key_padding=None):
     """forward_if_finite's (out, finite): softmax, causal, a Toeplitz gate as rows."""
-    from urpe.kernels.cpp.ops import FORWARD_TILES, KIND_CODES, NORMALIZATION_CODES, toeplitz_rows
+    from urpe.kernels.cpp.arguments import (
+        FORWARD_TILES,
+        KIND_CODES,
+        NORMALIZATION_CODES,
+        toeplitz_rows,
+    )
 
     gate_kind = KIND_CODES["none" if table is None else "toeplitz"]
     dtype = torch.float32 if q.dtype == torch.bfloat16 else q.dtype

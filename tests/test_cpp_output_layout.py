@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from urpe.kernels import Toeplitz, reference_attention, resolve
 from urpe.kernels.cpp import cpp_attention, unavailable
-from urpe.kernels.cpp.ops import IN_PLACE_LENGTH
+from urpe.kernels.cpp.arguments import IN_PLACE_LENGTH
 from urpe.kernels.layout import ForwardArgs
 
 pytestmark = pytest.mark.skipif(

@@ -16,7 +16,7 @@ F64 = dict(dtype=torch.float64)
 
 
 def _forward(q, k, v, bias_kind, bias, gate_kind, gate, causal=True):
-    from urpe.kernels.cpp.ops import FORWARD_TILES, NORMALIZATION_CODES
+    from urpe.kernels.cpp.arguments import FORWARD_TILES, NORMALIZATION_CODES
 
     return torch.ops.urpe_cpp.forward_if_finite(
         q, k, v, bias_kind, bias, None, gate_kind, gate, None, None, None, None, causal,
@@ -34,7 +34,7 @@ def _inputs(lq, lk, seed=0):
 @pytest.mark.parametrize("heads", [1, 4])
 @pytest.mark.parametrize("lq,lk", [(1, 1), (1, 2), (1, 33), (3, 40), (16, 16), (16, 50)])
 def test_a_table_read_in_place_gives_what_its_rows_give(lq, lk, heads):
-    from urpe.kernels.cpp.ops import KIND_CODES, LANES, TABLE_IN_PLACE, toeplitz_rows
+    from urpe.kernels.cpp.arguments import KIND_CODES, LANES, TABLE_IN_PLACE, toeplitz_rows
 
     gen, q, k, v = _inputs(lq, lk)
     reach = max(lk - 1, lq - 1 + LANES)
@@ -59,7 +59,7 @@ def test_a_table_read_in_place_gives_what_its_rows_give(lq, lk, heads):
     ],
 )
 def test_a_table_that_does_not_cover_the_call_is_refused(lq, lk, width, why):
-    from urpe.kernels.cpp.ops import KIND_CODES, TABLE_IN_PLACE
+    from urpe.kernels.cpp.arguments import KIND_CODES, TABLE_IN_PLACE
 
     _, q, k, v = _inputs(lq, lk)
     table = torch.ones(4, width, **F64)
@@ -68,7 +68,12 @@ def test_a_table_that_does_not_cover_the_call_is_refused(lq, lk, width, why):
 
 
 def test_the_backward_refuses_a_table_in_place():
-    from urpe.kernels.cpp.ops import BACKWARD_TILES, KIND_CODES, NORMALIZATION_CODES, TABLE_IN_PLACE
+    from urpe.kernels.cpp.arguments import (
+        BACKWARD_TILES,
+        KIND_CODES,
+        NORMALIZATION_CODES,
+        TABLE_IN_PLACE,
+    )
 
     _, q, k, v = _inputs(1, 4)
     out = torch.zeros(2, 4, 1, 8, **F64)
@@ -86,7 +91,7 @@ def test_decoding_steps_read_wide_tables_in_place_and_equal_the_reference(width,
     """A growing cache through `urpe.attention`: while the table covers every offset the op
     gets the table (kind 5), past that its rows; every step equals the reference."""
     from urpe.kernels.cpp import ops
-    from urpe.kernels.cpp.ops import TABLE_IN_PLACE
+    from urpe.kernels.cpp.arguments import TABLE_IN_PLACE
 
     kinds = []
     lookup = ops._op

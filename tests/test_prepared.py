@@ -164,7 +164,7 @@ def test_a_registry_change_makes_kept_calls_choose_again():
     with registered(register_normalization, l2.__class__(**{**l2.__dict__})):
         assert attention(q, k, v, normalization="l2").shape == (2, 2, 5, 4)
         chosen = dispatch.CALLS._prepared  # every kept call chose again under the new registry
-        l2_calls = [p for p in chosen.values() if "l2" in p.kind[10]]  # (its scalar arguments)
+        l2_calls = [p for p in chosen.values() if "l2" in p.kind]  # (its normalisation)
         assert l2_calls and all(p.backend.name != "cpp" for p in l2_calls)
 
 
@@ -373,3 +373,34 @@ def test_a_backend_registered_while_a_call_runs_is_asked_by_the_next_call():
     expected = attention(q, k, v, gate=gate, backend="reference")
     for out in results:
         torch.testing.assert_close(out, expected)
+
+
+def test_a_prepared_call_keeps_its_backends_run_for_the_kind():
+    """`Backend.prepare`: the C++ kernel works out its op's fixed arguments once per prepared
+    call (not per call), and a growing cache still gives the reference's results."""
+    from urpe.kernels.cpp import CppRun, unavailable
+    from urpe.kernels.cpp import arguments as op_arguments
+
+    if unavailable() is not None:
+        pytest.skip("no C++ kernel")
+    q, k, v = _qkv(b=1, h=2, lq=1, lk=40)
+    gate = Toeplitz(torch.rand(2, 81, **F64) + 0.5)
+    made = []
+    original = op_arguments.OpArguments.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(op_arguments.OpArguments, "__init__", counted)
+        prepared = prepare(q, k[:, :, :10], v[:, :, :10], is_causal=True, gate=gate)
+        assert prepared.backend.name == "cpp"
+        assert isinstance(prepared._choice[1], CppRun)
+        for lk in range(10, 40, 7):  # a KV cache growing by some keys a step
+            out = prepared(q, k[:, :, :lk], v[:, :, :lk], gate=gate)
+            want = attention(
+                q, k[:, :, :lk], v[:, :, :lk], is_causal=True, gate=gate, backend="reference"
+            )
+            torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    assert len(made) == 1

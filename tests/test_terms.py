@@ -58,7 +58,7 @@ def test_each_built_in_kind_has_the_code_the_compiled_kernels_read():
     for kind, name in expected.items():
         assert TERM_KINDS[kind].code == cpp[name], kind
     assert cpp["kNone"] == 0
-    from urpe.kernels.cpp.ops import KIND_CODES, NO_TERM, TABLE_IN_PLACE
+    from urpe.kernels.cpp.arguments import KIND_CODES, NO_TERM, TABLE_IN_PLACE
 
     assert NO_TERM == 0 and TABLE_IN_PLACE == cpp["kToeplitzTable"]
     assert {k: v for k, v in KIND_CODES.items() if k != "none"} == {

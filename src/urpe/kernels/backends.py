@@ -21,6 +21,10 @@ by `urpe bench attention` (row `<name>_urpe`):
     register_backend(Backend("triton", my_run, my_unsupported, priority=40,
                              capabilities=table))
 
+A backend that can work out once per kind of call what the kind fixes (op arguments, tile
+sizes) also gives `prepare=`: spec -> the run for every call of that spec's kind (`Backend`;
+the C++ kernel's `CppRun`). A prepared call then keeps that run.
+
 `run` receives one `AttentionSpec` (see `spec.py`): q (B, H, Lq, D), k, v (B, Hkv, Lk, *) with
 Hkv dividing H (grouped queries), bias and gate (None or a `Term`: `Dense`, `Toeplitz`,
 `Relation` with a range-checked (B|1, Lq, Lk) int64 index, a `Decay` bias, or a kind registered
@@ -90,7 +94,11 @@ class Backend:
     never chosen by "auto") and why "auto" should pass a call it could run on to a later
     backend. `available`: why it cannot run on this machine at all (a kernel that failed to
     build), or None; such a backend is left out of `native_backends` (and so of the tests and
-    the benchmark rows that sweep them) and its `unsupported` gives the same reason."""
+    the benchmark rows that sweep them) and its `unsupported` gives the same reason.
+    `prepare`: optional, spec -> a run function for every call of that spec's kind (shapes but
+    Lk, dtypes, devices, term kinds, scalar arguments: `prepared.call_kind`), so that a prepared
+    call does once what the kind fixes (the C++ kernel's op arguments: `cpp.CppRun`); it must
+    give what `run` gives on every such call."""
 
     name: str
     run: Callable[[AttentionSpec], Tensor]
@@ -99,6 +107,12 @@ class Backend:
     defers: Callable[[AttentionSpec], str | None] | None = None
     capabilities: Capabilities = Capabilities("the backend")
     available: Callable[[], str | None] | None = None
+    prepare: Callable[[AttentionSpec], Callable[[AttentionSpec], Tensor | None]] | None = None
+
+    def runner(self, spec: AttentionSpec) -> Callable[[AttentionSpec], Tensor | None]:
+        """The run function for every call of this spec's kind (`prepared`): `prepare(spec)`,
+        which works out once what the kind fixes for the kernel, else `run` itself."""
+        return self.run if self.prepare is None else self.prepare(spec)
 
     @property
     def devices(self) -> tuple[str, ...] | None:

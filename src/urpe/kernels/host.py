@@ -46,11 +46,17 @@ def plain_tensors(*tensors: Tensor | None) -> bool:
     return True
 
 
+# The two questions as the functions themselves, read once (torch.compile recognises them by
+# identity when it traces a call; a lookup through torch.compiler costs on every call)
+compiling = torch.compiler.is_compiling
+transforms_active = torch._C._are_functorch_transforms_active
+
+
 def tracing() -> bool:
     """Whether torch.compile is tracing or a torch.func transform (vmap, grad, jvp) is active:
     then the custom ops' registration (fakes, vmap rules) is what must run, values cannot be
     read, and nothing may be remembered across calls."""
-    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    return compiling() or transforms_active()
 
 
 def plain_eager(*tensors: Tensor | None) -> bool:

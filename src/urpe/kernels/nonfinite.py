@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .dtypes import HALF
-from .host import may_read, plain_tensors
+from .host import compiling, may_read, plain_tensors, transforms_active
 from .masks import visible_key_counts
 from .spec import AttentionSpec
 
@@ -119,6 +119,6 @@ def guarded(
 
 def _finds_here(spec: AttentionSpec) -> bool:
     """Whether a `finds_nonfinite` backend is asked to find NaN/inf itself in this call."""
-    if spec.records_grad or torch._C._are_functorch_transforms_active():
+    if spec.records_grad or transforms_active():
         return False
-    return not (spec.norm.overflows and torch.compiler.is_compiling())
+    return not (spec.norm.overflows and compiling())

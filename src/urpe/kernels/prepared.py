@@ -15,10 +15,11 @@ The route from a call to a kernel, the same for a first call and every later one
     urpe.attention(...)                      dispatch.py: autocast, then the memo below
       AttentionCalls(...)                    the call's kind -> its PreparedAttention
         PreparedAttention.run(tensors)       build_spec: the call's spec (spec.py)
-          PreparedAttention.execute(spec)    the chosen backend (chosen again after a registry
-                                             change or a backend failure)
-            execute(backend.run, spec)       empty calls, the non-finite rule, overflow, batch
-              backend.run(spec)              the backend's layers: one route per mode (no
+          PreparedAttention.execute(spec)    the chosen backend and its run for this kind,
+                                             `backend.runner(spec)` (chosen again after a
+                                             registry change or a backend failure)
+            execute(run, spec)               empty calls, the non-finite rule, overflow, batch
+              run(spec)                      the backend's layers: one route per mode (no
                                              gradient, gradient, compiled), see its module
 
 `urpe.attention` keeps the prepared calls of the last `CAPACITY` kinds in one such memo; the
@@ -38,10 +39,11 @@ import threading
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .backends import BackendFailure, choose_backend, current_backend_name, mark_broken
 from .execute import execute
-from .host import PLAIN, forward_ad_active, plain_tensors, tracing
+from .host import PLAIN, compiling, plain_tensors, transforms_active
 from .spec import Arguments, AttentionSpec, build_spec
 from .terms import ANY_LENGTH, PositionTerm, Term, tensor_signature
 from .watched import generation
@@ -55,16 +57,12 @@ _ABSENT = (None,) * 6  # no mask, padding, term, documents or seed
 
 
 def _tensor_kind(t, lk: int):
-    if t is None:
-        return None
     if not isinstance(t, Tensor) or not plain_tensors(t):
         return _UNKEYED
     return tensor_signature(t, lk)
 
 
 def _term_kind(term, lk: int):
-    if term is None:
-        return None
     if isinstance(term, Term):
         return term.signature(lk)
     if isinstance(term, Tensor) and plain_tensors(term):
@@ -73,8 +71,6 @@ def _term_kind(term, lk: int):
 
 
 def _seed_kind(seed):
-    if seed is None:
-        return None
     if type(seed) is int:
         return int
     if isinstance(seed, Tensor) and plain_tensors(seed) and seed.dim() == 0:
@@ -84,53 +80,61 @@ def _seed_kind(seed):
 
 def _keys_shape(shape: torch.Size) -> tuple:
     """A (..., Hkv, Lk, E) shape without Lk."""
-    if len(shape) == 4:  # (read by index: slicing a torch.Size costs more)
-        return shape[0], shape[1], ANY_LENGTH, shape[3]
     return (*shape[:-2], ANY_LENGTH, shape[-1])
 
 
 def call_kind(a: Arguments) -> tuple | None:
     """The kind of a call (module docstring): equal for two calls whose checks and backend
-    choice come out the same at any Lk; None where the call is never kept."""
-    q, k, v = a.q, a.k, a.v
+    choice come out the same at any Lk; None where the call is never kept. (Run on every
+    call: written for speed, by local names and without helper calls on the common path.)"""
+    q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa = a[:8]
+    bias, gate, key_padding_mask, normalization, dropout_seed, document_ids, backend = a[8:]
     if type(q) not in PLAIN or type(k) not in PLAIN or type(v) not in PLAIN:
         return None  # not tensors, or subclasses
-    scalars = (a.dropout_p, a.is_causal, a.scale, a.enable_gqa, a.normalization, a.backend)
     # scalars of the types the checks expect (others, `scale=1`, `is_causal=0` or a tensor, go
     # through the full checks every time)
     if (
         not (
-            type(a.dropout_p) is float
-            and (a.is_causal is True or a.is_causal is False)
-            and (a.scale is None or type(a.scale) is float)
-            and (a.enable_gqa is True or a.enable_gqa is False)
-            and type(a.normalization) is str
-            and type(a.backend) is str
+            type(dropout_p) is float
+            and (is_causal is True or is_causal is False)
+            and (scale is None or type(scale) is float)
+            and (enable_gqa is True or enable_gqa is False)
+            and type(normalization) is str
+            and type(backend) is str
         )
-        or tracing()
-        or forward_ad_active()
+        or compiling()
+        or transforms_active()
+        or forward_ad._current_level >= 0  # forward-mode AD (`host.forward_ad_active`)
     ):
         return None
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
-    if len(q_shape) < 3 or len(k_shape) < 3 or len(v_shape) < 3:
+    if len(k_shape) == 4 and len(v_shape) == 4:  # (B, Hkv, Lk, E): read by index
+        lk = k_shape[2]
+        keys = (k_shape[0], k_shape[1], k_shape[3], v_shape[0], v_shape[1], v_shape[3])
+        values_length = v_shape[2] == lk
+    elif len(k_shape) < 3 or len(v_shape) < 3 or len(q_shape) < 3:
         return None
-    lk = k_shape[-2]
-    optional = (a.attn_mask, a.key_padding_mask, a.bias, a.gate, a.document_ids, a.dropout_seed)
-    if optional != _ABSENT:  # (most calls pass few of them)
+    else:
+        lk = k_shape[-2]
+        keys = (_keys_shape(k_shape), _keys_shape(v_shape))
+        values_length = v_shape[-2] == lk
+    if (attn_mask, key_padding_mask, bias, gate, document_ids, dropout_seed) == _ABSENT:
+        optional = None  # (most calls pass few of them)
+    else:
         optional = (
-            _tensor_kind(a.attn_mask, lk),
-            _tensor_kind(a.key_padding_mask, lk),
-            _term_kind(a.bias, lk),
-            _term_kind(a.gate, lk),
-            _tensor_kind(a.document_ids, lk),
-            _seed_kind(a.dropout_seed),
+            None if attn_mask is None else _tensor_kind(attn_mask, lk),
+            None if key_padding_mask is None else _tensor_kind(key_padding_mask, lk),
+            None if bias is None else _term_kind(bias, lk),
+            None if gate is None else _term_kind(gate, lk),
+            None if document_ids is None else _tensor_kind(document_ids, lk),
+            None if dropout_seed is None else _seed_kind(dropout_seed),
         )
         if _UNKEYED in optional:
             return None
     return (
         q_shape,
-        _keys_shape(k_shape),
-        _keys_shape(v_shape) if v_shape[-2] == lk else v_shape,
+        keys,
+        values_length,  # (v's length differing from k's is an error the checks name)
         q.dtype,
         k.dtype,
         v.dtype,
@@ -138,10 +142,15 @@ def call_kind(a: Arguments) -> tuple | None:
         k.device,
         v.device,
         optional,
-        scalars,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        normalization,
+        backend,
         # Lk itself where something may weigh it: no key at all (an empty call), and dropout
         # (a kernel's counter covers Lq * Lk entries)
-        lk if a.dropout_p != 0.0 or lk == 0 else ANY_LENGTH,
+        lk if dropout_p != 0.0 or lk == 0 else ANY_LENGTH,
     )
 
 
@@ -156,15 +165,24 @@ class PreparedAttention:
     def __init__(self, arguments: Arguments, spec: AttentionSpec, kind: tuple | None):
         self.kind = kind
         # the scalar arguments as given (the tensors dropped: none is kept alive)
-        self._scalars = arguments._replace(q=None, k=None, v=None, attn_mask=None, bias=None,
-                                           gate=None, key_padding_mask=None, dropout_seed=None,
-                                           document_ids=None)  # fmt: skip
-        self._fixed = dict(
-            batch_shape=spec.batch_shape,
-            is_causal=spec.is_causal,
-            normalization=spec.normalization,
-            scale=spec.scale,
-            dropout_p=spec.dropout_p,
+        self._scalars = arguments._replace(
+            q=None,
+            k=None,
+            v=None,
+            attn_mask=None,
+            bias=None,
+            gate=None,
+            key_padding_mask=None,
+            dropout_seed=None,
+            document_ids=None,
+        )
+        # build_spec's arguments that the kind fixes
+        self._fixed = (
+            spec.batch_shape,
+            spec.is_causal,
+            spec.normalization,
+            spec.scale,
+            spec.dropout_p,
         )
         self._choose(spec)
 
@@ -173,11 +191,13 @@ class PreparedAttention:
         """The backend it runs on (`urpe.kernels.Backend`)."""
         return self._choice[0]
 
-    def _choose(self, spec: AttentionSpec):
+    def _choose(self, spec: AttentionSpec) -> tuple:
         now = generation()  # read first: a registry change while choosing makes it stale
         backend = choose_backend(self._scalars.backend, spec)
-        self._choice = (backend, now)  # one assignment: another thread sees old or new
-        return backend
+        # the backend's run for this kind (`Backend.runner`); one assignment: another thread
+        # sees the old choice or the new one
+        self._choice = (backend, backend.runner(spec), backend.capabilities.finds_nonfinite, now)
+        return self._choice
 
     def __call__(
         self,
@@ -194,16 +214,30 @@ class PreparedAttention:
     ) -> Tensor:
         """(..., H, Lq, Dv): `urpe.attention` on these tensors with the prepared arguments."""
         a = self._scalars._replace(
-            q=q, k=k, v=v, attn_mask=attn_mask, bias=bias, gate=gate,
-            key_padding_mask=key_padding_mask, document_ids=document_ids,
+            q=q,
+            k=k,
+            v=v,
+            attn_mask=attn_mask,
+            bias=bias,
+            gate=gate,
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
             dropout_seed=dropout_seed,
-        )  # fmt: skip
+        )
         cast = a.autocast()
         if cast is not None:
             with torch.autocast(q.device.type, enabled=False):
-                return self(cast.q, cast.k, cast.v, cast.attn_mask, bias=bias, gate=gate,
-                            key_padding_mask=key_padding_mask, document_ids=document_ids,
-                            dropout_seed=dropout_seed)  # fmt: skip
+                return self(
+                    cast.q,
+                    cast.k,
+                    cast.v,
+                    cast.attn_mask,
+                    bias=bias,
+                    gate=gate,
+                    key_padding_mask=key_padding_mask,
+                    document_ids=document_ids,
+                    dropout_seed=dropout_seed,
+                )
         kind = call_kind(a)
         if kind is None:  # not a kind that can be compared (tracing, unusual types): in full
             return PreparedAttention(a, a.spec(), None).run(a)
@@ -220,18 +254,26 @@ class PreparedAttention:
         """The call on arguments whose kind is this call's (the caller knows: a memo found it by
         that kind); unchecked otherwise."""
         spec = build_spec(
-            a.q, a.k, a.v, a.attn_mask, a.bias, a.gate, a.key_padding_mask, a.document_ids,
-            a.dropout_seed, **self._fixed,
-        )  # fmt: skip
+            a.q,
+            a.k,
+            a.v,
+            a.attn_mask,
+            a.bias,
+            a.gate,
+            a.key_padding_mask,
+            a.document_ids,
+            a.dropout_seed,
+            *self._fixed,
+        )
         return self.execute(spec)
 
     def execute(self, spec: AttentionSpec) -> Tensor:
         """The spec on the chosen backend (chosen again where a registry changed since)."""
-        backend, chosen_at = self._choice
+        backend, run, finds_nonfinite, chosen_at = self._choice
         if chosen_at != generation():
-            backend = self._choose(spec)
+            backend, run, finds_nonfinite, _ = self._choose(spec)
         try:
-            return execute(backend.run, spec, backend.capabilities.finds_nonfinite)
+            return execute(run, spec, finds_nonfinite)
         except BackendFailure as failure:
             if self._scalars.backend != "auto":
                 raise

@@ -142,7 +142,6 @@ def build_spec(
     key_padding_mask: Tensor | None,
     document_ids: Tensor | None,
     dropout_seed: int | Tensor | None,
-    *,
     batch_shape: tuple[int, ...],
     is_causal: bool,
     normalization: str,
@@ -151,7 +150,6 @@ def build_spec(
 ) -> AttentionSpec:
     """The spec of a call whose shapes were checked (`resolve`, or a prepared call's kind): the
     batch flattened, the terms as `Term`s with their values checked, the documents expanded."""
-    lk = k.shape[-2]
     if len(batch_shape) != 1:  # (..., H, L, D) -> (B, H, L, D)
         b = math.prod(batch_shape)
         q = q.reshape(b, *q.shape[-3:])
@@ -166,7 +164,7 @@ def build_spec(
     if key_padding_mask is not None:
         key_padding_mask = flatten_leading(key_padding_mask, batch_shape, 1)  # (B|1, Lk|1)
     if document_ids is not None:
-        document_ids = Documents(document_ids).flattened(batch_shape).expanded(lk).ids
+        document_ids = Documents(document_ids).flattened(batch_shape).expanded(k.shape[-2]).ids
     if dropout_seed is not None and not isinstance(dropout_seed, Tensor):
         dropout_seed = torch.tensor(dropout_seed % 2**62, dtype=torch.int64, device=q.device)
     elif dropout_seed is not None and (

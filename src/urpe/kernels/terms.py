@@ -275,6 +275,9 @@ class Toeplitz(Term):
         t = self.table  # its width is a number of offsets, never Lk
         return (Toeplitz, type(t), t.shape, t.dtype, t.device)
 
+    def raw(self) -> tuple[Tensor, None]:
+        return self.table, None
+
     def dense(self, lq: int, lk: int) -> Tensor:
         """(1, H, Lq, Lk)."""
         return self.table[:, self.index(lq, lk)].unsqueeze(0)

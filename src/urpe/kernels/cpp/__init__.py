@@ -27,14 +27,16 @@ again with other formulas) is left to "blockwise": see `CPP_CAPABILITIES`.
 What it needs: a C++ compiler and ninja when it is first used (see `build`); without them
 "auto" warns once and runs "blockwise" instead. The layers are those of the blockwise and Triton
 kernels: C++ ops on tensors (`library.cpp`), custom ops with fakes, vmap rules and an autograd
-Function around them (`ops.py`), and the backend here. From `cpp_run` one route per mode:
+Function around them (`ops.py`), and the backend here. From `CppRun` (a prepared call's run,
+`Backend.prepare`; `cpp_run` makes one per call) one route per mode:
 
-- no gradient, eager: `ops.forward_no_grad` -> `urpe_cpp::forward_if_finite` (which also finds
-  NaN/inf in q, k, v: its table says `finds_nonfinite`);
+- no gradient, eager: `ops.NoGradForward` (made once per prepared call, `CppRun`) ->
+  `urpe_cpp::forward_if_finite` (which also finds NaN/inf in q, k, v: its table says
+  `finds_nonfinite`);
 - gradients, eager: the kernel's autograd Function -> `urpe_cpp::forward` / `backward`;
 - torch.compile and torch.func: the custom ops `urpe::cpp_attention_r2_forward` / `_backward`
   around the same C++ ops; a compiled call that needs no gradient runs as one opaque op,
-  `urpe::cpp_guarded_forward_r2` -> `ops.forward_no_grad`, applying the non-finite rule itself.
+  `urpe::cpp_guarded_forward_r2` -> `ops.NoGradForward`, applying the non-finite rule itself.
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ from ..blockwise import blockwise_defers
 from ..capabilities import BIAS_KINDS, Capabilities, built_in
 from ..dtypes import FLOATING
 from ..execute import execute
+from ..host import compiling
 from ..layout import ForwardArgs
 from ..nonfinite import FINITE_CHECKS
 from ..reference import draw_seed
 from ..spec import AttentionSpec, resolve
+from .arguments import reads_in_place
 from .build import is_loaded, threaded, unavailable
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "cpp_attention",
     "cpp_backend",
     "cpp_defers",
+    "CppRun",
     "cpp_run",
     "cpp_unsupported",
     "unavailable",
@@ -81,27 +86,43 @@ def cpp_unsupported(spec: AttentionSpec) -> str | None:
     return unavailable()
 
 
+class CppRun:
+    """The C++ backend's run for one kind of call (`Backend.prepare`): a prepared call keeps
+    one, so what the kind fixes (the op's scalar arguments, term codes, tiles: `ops.OpArguments`)
+    is worked out once; `cpp_run` makes one per call. Calling it on a spec of that kind gives
+    (B, H, Lq, Dv) in q's dtype, or None where a call that needs no gradient (`spec.finite`
+    None) meets NaN/inf (module docstring). block_q, block_k: tile sizes (0: the defaults)."""
+
+    def __init__(self, spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> None:
+        self.blocks = (block_q, block_k)
+        self.ops = _ops()
+        self._no_grad = None  # ops.NoGradForward, made by the first call that needs no gradient
+
+    def __call__(self, spec: AttentionSpec) -> Tensor | None:
+        ops = self.ops
+        if spec.dropout_p > 0.0 and spec.dropout_seed is None:
+            spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
+        if spec.finite is None:  # needs no gradient (`nonfinite.guarded` asks only such calls)
+            if compiling():
+                return ops.GUARDED_FORWARD(*ForwardArgs.from_spec(spec, *self.blocks))
+            if self._no_grad is None:
+                self._no_grad = ops.NoGradForward(spec, self.blocks)
+            return self._no_grad(spec, ops.spec_terms(spec))
+        # A short call reads views of a training step's (B, L, H, D) projections in place and
+        # writes their gradients in that layout. A long one copies q, k, v here, before the
+        # kernel's autograd Function, which then saves the copies for its backward.
+        q, k, v = spec.q, spec.k, spec.v
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) and not (
+            reads_in_place(q, k)
+        ):
+            spec = spec.replace(q=_contiguous(q), k=_contiguous(k), v=_contiguous(v))
+        out = ops.CPP(ForwardArgs.from_spec(spec, *self.blocks))
+        return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
+
+
 def cpp_run(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor | None:
-    """The C++ backend: (B, H, Lq, Dv) in q's dtype, or None where a call that needs no gradient
-    (`spec.finite` None) meets NaN/inf (module docstring). block_q, block_k: tile sizes (0: the
-    tuned defaults)."""
-    ops = _ops()
-    if spec.dropout_p > 0.0 and spec.dropout_seed is None:
-        spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
-    # A short call reads views of a training step's (B, L, H, D) projections in place and
-    # writes their gradients in that layout. A long one copies q, k, v here, before the
-    # kernel's autograd Function, which then saves the copies for its backward.
-    q, k, v = spec.q, spec.k, spec.v
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) and not (
-        ops.reads_in_place(q, k)
-    ):
-        spec = spec.replace(q=_contiguous(q), k=_contiguous(k), v=_contiguous(v))
-    if spec.finite is None:  # needs no gradient (`nonfinite.guarded` asks only such calls)
-        if torch.compiler.is_compiling():
-            return ops.GUARDED_FORWARD(*ForwardArgs.from_spec(spec, block_q, block_k))
-        return ops.forward_no_grad(spec, block_q, block_k)
-    out = ops.CPP(ForwardArgs.from_spec(spec, block_q, block_k))
-    return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
+    """The C++ backend on one call (`CppRun`)."""
+    return CppRun(spec, block_q, block_k)(spec)
 
 
 def _ops():
@@ -131,7 +152,7 @@ def cpp_attention(
     reason = cpp_backend().refusal(spec)
     if reason is not None:
         raise ValueError(f"backend 'cpp' cannot run this call: {reason}")
-    return execute(lambda s: cpp_run(s, block_q, block_k), spec, finds_nonfinite=True)
+    return execute(CppRun(spec, block_q, block_k), spec, finds_nonfinite=True)
 
 
 # Up to this many queries (decoding, a few speculative tokens) the kernel runs plain softmax
@@ -158,6 +179,7 @@ def cpp_backend() -> Backend:
         cpp_run,
         cpp_unsupported,
         priority=35,
+        prepare=CppRun,
         defers=cpp_defers,
         capabilities=CPP_CAPABILITIES,
         available=unavailable,

@@ -8,10 +8,12 @@ gradients of the caller's tensors. `define_attention_ops` puts them behind
 autograd Function, as for the blockwise and Triton kernels, so torch.func and torch.compile
 compose with them.
 
-`forward_no_grad(AttentionSpec)` is the forward of calls that need no gradient: one op call that
-also finds NaN/inf in q, k and v (`urpe_cpp::forward_if_finite`), returning None where it met
-one. `GUARDED_FORWARD` runs it as one opaque op under torch.compile, applying the non-finite rule
-itself at run time, where values may be read.
+`NoGradForward` is the forward of calls that need no gradient, made once per kind of call (a
+prepared call keeps one, with the op's arguments that the kind fixes, `OpArguments`): one op
+call that also finds NaN/inf in q, k and v (`urpe_cpp::forward_if_finite`), returning None
+where it met one. `GUARDED_FORWARD` runs it as one opaque op under torch.compile, applying the
+non-finite rule itself at run time, where values may be read. The ops' arguments after q, k, v
+are laid out in `arguments`.
 """
 
 from __future__ import annotations
@@ -22,142 +24,28 @@ import torch
 from torch import Tensor
 
 from ..composable import define_attention_ops
-from ..dropout import keep_threshold
 from ..dtypes import HALF, compute_dtype
 from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs, term_arguments
-from ..masks import visible_key_counts
 from ..nonfinite import guarded
 from ..normalization import NORMALIZATIONS
 from ..spec import AttentionSpec
-from ..terms import TERM_KINDS
+from .arguments import (
+    BACKWARD_TILES,
+    FORWARD_TILES,
+    NO_TERM_ARGUMENTS,
+    OpArguments,
+    as_operand,
+    bf16_products,
+    laid_out,
+    operands,
+    output_like,
+    reads_in_place,
+    table_columns,
+)
 
-# Codes of library.cpp's enums (the normalisations are those of the backend's capability table;
-# the term kinds' are the classes' own `code`, tile.h's TermKind).
-NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
-NO_TERM = 0
-KIND_CODES = {
-    "none": NO_TERM,
-    **{name: kind.code for name, kind in TERM_KINDS.items() if kind.code is not None},
-}
-# A Toeplitz table handed over as it is, read in place where no offset of the call is clamped
-# (forward only; tile.h's kToeplitzTable): a decoding step's gate, no rows built per call
-TABLE_IN_PLACE = 5
-
-# Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
-# issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.
-FORWARD_TILES = (256, 512)
-BACKWARD_TILES = (128, 512)
-# Both passes' tiles where documents are given: smaller tiles skip more of the pairs that share
-# no document (documents of 64-512 tokens at L = 4096, one thread: 128 x 128 took about 2/3 of
-# the time of the default tiles forward+backward, on a loaded machine).
-DOCUMENT_TILES = (128, 128)
-# Entries of padding after each Toeplitz row: the C++ row loops read whole spans of this many
-# (kLanes in tile.h).
-LANES = 16
-# Up to this many queries and keys a call reads q, k, v and dO where they lie (views of a
-# training step's (B, L, H, D) projections) and writes their gradients in that layout; longer
-# calls take contiguous copies. Measured with one thread, forward + backward with Toeplitz B
-# and C, in place over copied: 0.90 at L = 24 (B = 64, H = 4, D = 16), 0.95-0.97 at L = 192-384,
-# but 1.04-1.09 at L = 512-2048 (H = 8, D = 16-64): there each row is read by many tiles, and
-# rows a (H * D)-wide stride apart cost more than one copy.
-IN_PLACE_LENGTH = 256
 # Backward work items wanted per thread: with fewer (batch, kv head) pairs than that, the query
 # blocks are split into ranges with their own dk/dv copies, so a slowed thread can be helped.
 ITEMS_PER_THREAD = 4
-
-
-def table_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
-    """The table column of each entry of a row the C++ loops read, (Lq + Lk - 1 + LANES,):
-    entry e is offset j - pos(i) = e - (Lk - 1), clamped to [-K, K], then LANES entries of
-    padding (read as whole spans, never used as numbers: any valid column serves).
-
-    A view: a slice of one vector of columns per table width over offsets -R..R + LANES, so a
-    KV cache that grows by a key per decoding step builds nothing per step (the vector is
-    rebuilt, twice as long, when a call reaches past it)."""
-    key = (table_width, device)
-    base = _COLUMN_BASES.get(key)
-    reach = max(lq, lk) - 1
-    if base is None or (base.shape[0] - LANES - 1) // 2 < reach:
-        r = max(reach, 64 if base is None else (base.shape[0] - LANES - 1))
-        k = (table_width - 1) // 2
-        base = torch.arange(-r, r + LANES + 1, device=device).clamp(-k, k) + k
-        _COLUMN_BASES[key] = base  # (one assignment: another thread reads the old or the new)
-    r = (base.shape[0] - LANES - 1) // 2
-    start = r - (lk - 1)  # the base's entry of offset -(Lk - 1), a row's first
-    return base[start : start + lq + lk - 1 + LANES]
-
-
-# (table width, device) -> columns over offsets -R..R + LANES (`table_columns`)
-_COLUMN_BASES: dict[tuple[int, torch.device], Tensor] = {}
-
-
-def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor:
-    """(H|1, Lq + Lk - 1 + LANES): the table at every offset of the call, then padding; one
-    gather instead of building the rows op by op."""
-    if table.dtype != dtype:
-        table = table.to(dtype)
-    return table.index_select(1, table_columns(table.shape[1], lq, lk, table.device))
-
-
-def covers_call(table: Tensor, lq: int, lk: int) -> bool:
-    """Whether a Toeplitz table's offsets -K..K reach every offset of the call and the rows'
-    padding, so that the forward reads it in place (`TABLE_IN_PLACE`): no rows are built."""
-    k = (table.shape[1] - 1) // 2
-    return k >= lk - 1 and k >= lq - 1 + LANES
-
-
-def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = False) -> tuple:
-    """(code, tensor, index) as the C++ ops take a bias or gate. in_place: a Toeplitz table
-    that covers the call goes as it is (the forward of a call that needs no gradient)."""
-    if kind == "none" or tensor is None:
-        return NO_TERM, None, None
-    if tensor.dtype != dtype:
-        tensor = tensor.to(dtype)
-    if kind == "toeplitz":
-        if in_place and covers_call(tensor, lq, lk):
-            return TABLE_IN_PLACE, _contiguous(tensor), None
-        return KIND_CODES[kind], toeplitz_rows(tensor, lq, lk, dtype), None  # (H|1, rows)
-    if kind == "relation":
-        if index.dtype != torch.int64:
-            index = index.to(torch.int64)
-        return KIND_CODES[kind], _contiguous(tensor), _contiguous(index)
-    if kind == "decay":  # c = cumsum(log_forget) (B|1, H|1, Lk): the loops read -|c_i - c_j|
-        return KIND_CODES[kind], tensor.cumsum(-1).contiguous(), None
-    if kind == "cross_decay":  # c (B|1, H|1, Lq + Lk) as given: the queries' c, the keys'
-        return KIND_CODES[kind], _contiguous(tensor), None
-    return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
-
-
-_NO_TERM = (NO_TERM, None, None)  # `_term` of an absent bias or gate
-_NO_TERM_ARGUMENTS = (None, None, "none")  # `term_arguments(None)`
-
-
-def _contiguous(t: Tensor) -> Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _statistic(call: ForwardArgs | AttentionSpec, dtype) -> Tensor | None:
-    """r_i of the normalisations that know it before the first tile: (B, H, Lq)."""
-    norm = NORMALIZATIONS[call.normalization]
-    if norm.fixed_statistic is None:
-        return None
-    b, h, lq, _ = call.q.shape
-    keep = call.attn_mask if _is_bool(call.attn_mask) else None
-    counts = visible_key_counts(
-        call.key_padding_mask,
-        keep,
-        call.is_causal,
-        lq,
-        call.k.shape[-2],
-        device=call.q.device,
-        document_ids=call.document_ids,
-    )  # (B|1, H|1, Lq)
-    counts = counts.to(dtype).expand(b, h, lq).contiguous()
-    return norm.fixed_statistic(counts).contiguous()
-
-
-def _is_bool(mask: Tensor | None) -> bool:
-    return mask is not None and mask.dtype == torch.bool
 
 
 def _raw_terms(call: ForwardArgs) -> tuple[tuple, tuple]:
@@ -170,130 +58,18 @@ def _raw_terms(call: ForwardArgs) -> tuple[tuple, tuple]:
 
 
 def _forward_arguments(call: ForwardArgs, tiles: tuple[int, int]) -> tuple:
-    """`_op_arguments` of the forward op's arguments."""
-    return _op_arguments(call, _raw_terms(call), tiles, (call.block_q, call.block_k))
-
-
-def _op_arguments(
-    call: ForwardArgs | AttentionSpec,
-    terms: tuple[tuple, tuple],
-    tiles: tuple[int, int],
-    blocks: tuple[int, int] = (0, 0),
-    in_place: bool = False,
-) -> tuple:
-    """The arguments the C++ ops share, after q, k, v (library.cpp's schema). `call`: the op's
-    arguments or a spec (the fields they share); terms: the bias's and the gate's (tensor,
-    index, kind); `tiles`: the pass's default tile sizes, where `blocks` names none; in_place:
-    Toeplitz tables that cover the call go as they are (a forward only)."""
-    dtype = compute_dtype(call.q.dtype)
-    (bias, bias_index, bias_kind), (gate, gate_index, gate_kind) = terms
-    if bias is not None or gate is not None:
-        lq, lk = call.q.shape[2], call.k.shape[2]
-    mask = call.attn_mask
-    bool_mask = mask is not None and mask.dtype == torch.bool
-    dropout_on = call.dropout_p > 0.0
-    ids = call.document_ids
-    if ids is not None:
-        tiles = DOCUMENT_TILES
-    if bias is not None:
-        bias = _term(bias_kind, bias, bias_index, lq, lk, dtype, in_place)
-    if gate is not None:
-        gate = _term(gate_kind, gate, gate_index, lq, lk, dtype, in_place)
-    return (
-        *(bias or _NO_TERM),  # (code, tensor, index)
-        *(gate or _NO_TERM),
-        None if mask is None or bool_mask else mask.to(dtype),  # float: added to the logits
-        mask if bool_mask else None,
-        None if call.key_padding_mask is None else call.key_padding_mask.contiguous(),
-        None if ids is None else ids.to(torch.int64).contiguous(),
-        _statistic(call, dtype),
-        call.is_causal,
-        NORMALIZATION_CODES[call.normalization],
-        call.scale,
-        call.dropout_p,
-        keep_threshold(call.dropout_p) if dropout_on else 0,
-        call.dropout_seed if dropout_on else None,  # a tensor: read in C++, not here
-        blocks[0] or tiles[0],
-        blocks[1] or tiles[1],
-    )
+    """The op arguments after q, k, v of the forward op's arguments."""
+    blocks = (call.block_q, call.block_k)
+    return OpArguments(call, tiles, blocks).of(call, _raw_terms(call))
 
 
 @functools.cache
 def _op(name: str):
-    """The C++ op's overload (looked up once: through torch.ops it costs a microsecond a call)."""
-    return getattr(torch.ops.urpe_cpp, name).default
-
-
-def _bf16_products(dtype: torch.dtype) -> bool:
-    """Whether the products take bfloat16 operands as they are (bf16 x bf16 -> float BLAS, as
-    SDPA multiplies them), instead of converting q, k, v to float32."""
-    return dtype == torch.bfloat16 and _has_bf16_products()
-
-
-@functools.cache
-def _has_bf16_products() -> bool:
-    return bool(torch.ops.urpe_cpp.bf16_products())  # fixed for the loaded library
-
-
-def _operands(call: ForwardArgs | AttentionSpec) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v as the ops take them (`_as_operand`)."""
-    q, k, v = call.q, call.k, call.v
-    dtype = q.dtype
-    if dtype in HALF and not _bf16_products(dtype):
-        dtype = torch.float32
-    if (
-        k.dtype == dtype == v.dtype == q.dtype
-        and q.is_contiguous()
-        and k.is_contiguous()
-        and v.is_contiguous()
-    ):
-        return q, k, v  # (most calls: nothing to convert)
-    in_place = reads_in_place(q, k)
-    return (
-        _as_operand(q, dtype, in_place),
-        _as_operand(k, dtype, in_place),
-        _as_operand(v, dtype, in_place),
-    )
-
-
-def reads_in_place(q: Tensor, k: Tensor) -> bool:
-    """Whether a call of these q (B, H, Lq, D) and k (B, Hkv, Lk, D) reads its operands where
-    they lie (`IN_PLACE_LENGTH`)."""
-    return q.shape[-2] <= IN_PLACE_LENGTH and k.shape[-2] <= IN_PLACE_LENGTH
-
-
-def _as_operand(t: Tensor, dtype: torch.dtype, in_place: bool) -> Tensor:
-    """t in `dtype`: where it lies for a call that reads in place and rows the kernel can read
-    (a view of a (B, L, H, E) projection: no copy here, and its gradient comes back in that
-    layout), else contiguous."""
-    if t.dtype != dtype:
-        t = t.to(dtype)
-    if t.is_contiguous():
-        return t
-    return t if in_place and readable_rows(t) else t.contiguous()
-
-
-def readable_rows(t: Tensor) -> bool:
-    """Whether the C++ ops read a (B, H, L, E) tensor as it lies (library.cpp's
-    `readable_rows`): E contiguous, rows at least a row apart."""
-    _, _, length, e = t.shape
-    return (e <= 1 or t.stride(3) == 1) and (length <= 1 or t.stride(2) >= e)
-
-
-def output_like(q: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
-    """An empty output as the C++ forward lays it out: (B, H, Lq, Dv), a view of (B, Lq, H, Dv)
-    memory, whose (B, Lq, H * Dv) rows for a model's out projection are a view, not a copy."""
-    b, h, lq, _ = q.shape
-    return q.new_empty(b, lq, h, v.shape[-1], dtype=dtype).transpose(1, 2)
-
-
-def laid_out(out: Tensor) -> Tensor:
-    """out (B, H, Lq, Dv) with the strides `output_like` gives (a copy where it has others: the
-    non-finite rule's output)."""
-    b, h, lq, dv = out.shape
-    if out.stride() == (lq * h * dv, dv, h * dv, 1):
-        return out
-    return out.new_empty(b, lq, h, dv).transpose(1, 2).copy_(out)
+    """The C++ op's overload, looked up once (through torch.ops it costs a microsecond a call),
+    as the builtin that `OpOverload.__call__` forwards to (its Python frame costs about 0.3 us
+    a call, a tenth of a decoding step's time around the kernel)."""
+    overload = getattr(torch.ops.urpe_cpp, name).default
+    return getattr(overload, "_op", overload)
 
 
 def forward_fake(args: ForwardArgs) -> tuple[Tensor, Tensor]:
@@ -306,14 +82,14 @@ def forward_fake(args: ForwardArgs) -> tuple[Tensor, Tensor]:
 def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     """(out (B, H, Lq, Dv) laid out as `output_like`, row statistic (B, H, Lq, 1)), both in the
     compute dtype."""
-    out, stat = _op("forward")(*_operands(call), *_forward_arguments(call, FORWARD_TILES))
+    out, stat = _op("forward")(*operands(call), *_forward_arguments(call, FORWARD_TILES))
     return out, stat.unsqueeze(-1)
 
 
 def _output_rows(out: Tensor, dtype: torch.dtype) -> Tensor:
     """The forward's output as the backward reads it: where it lies (only one pass over its
     rows reads it, at any length)."""
-    return _as_operand(out, dtype, in_place=True)
+    return as_operand(out, dtype, in_place=True)
 
 
 def _term_gradient(kind: str, tensor: Tensor, grad: Tensor, lq: int, lk: int) -> Tensor:
@@ -334,15 +110,15 @@ def cpp_backward(args: BackwardArgs):
     call = args.forward
     dtype = compute_dtype(call.q.dtype)
     lq, lk = call.q.shape[2], call.k.shape[2]
-    operand = call.q.dtype if _bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
+    operand = call.q.dtype if bf16_products(call.q.dtype) else dtype  # dO as q, k, v go in
     in_place = reads_in_place(call.q, call.k)
-    grad_out = _as_operand(args.grad_out, operand, in_place)
+    grad_out = as_operand(args.grad_out, operand, in_place)
     stat = args.stat.reshape(args.stat.shape[:3]).contiguous()  # (B, H, Lq)
     dq, dk, dv, *term_grads = _op("backward")(
         grad_out,
         stat,
         _output_rows(args.out, dtype),  # (B, H, Lq, Dv): for sum_e dO O per row
-        *_operands(call),
+        *operands(call),
         *_forward_arguments(call, BACKWARD_TILES),
         *args.needs,
         ITEMS_PER_THREAD,
@@ -376,40 +152,72 @@ CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake)
 # Calls that need no gradient
 
 
-def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor | None:
-    """(B, H, Lq, Dv) in q's dtype, laid out as `output_like`; None where q, k or v hold a NaN
-    or inf the call reads (or a logit or output came out non-finite: the caller then asks).
-    block_q, block_k: tile sizes (0: the defaults).
+def checks_finite(call: AttentionSpec | ForwardArgs) -> bool:
+    """Whether `urpe_cpp::forward_if_finite` takes the call: no documents, no statistic known up
+    front, no dropout (the others check q, k and v first, then run the forward)."""
+    return (
+        call.document_ids is None
+        and NORMALIZATIONS[call.normalization].fixed_statistic is None
+        and call.dropout_p == 0.0
+    )
+
+
+class NoGradForward:
+    """The forward of calls that need no gradient, for one kind of call (`OpArguments`):
+    calling it on a call of that kind gives (B, H, Lq, Dv) in q's dtype, laid out as
+    `output_like`, or None where q, k or v hold a NaN or inf the call reads (or a logit or
+    output came out non-finite: the caller then asks). A prepared call keeps one
+    (`urpe.kernels.cpp.CppRun`); `forward_no_grad` makes one per call.
 
     One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the logits and
     outputs it computes (for one query row per head; else by a pass over q, k and v): a
-    decoding step reads its KV cache once. Calls it takes no arguments for (documents, a
-    statistic known up front, dropout) check q, k and v first and run the forward."""
+    decoding step reads its KV cache once. Calls it takes no arguments for (`checks_finite`)
+    check q, k and v first and run the forward.
+    """
+
+    def __init__(self, call: AttentionSpec | ForwardArgs, blocks: tuple[int, int] = (0, 0)):
+        self.checked = checks_finite(call)
+        self.arguments = OpArguments(call, FORWARD_TILES, blocks, True, self.checked)
+        self.op = _op("forward_if_finite" if self.checked else "forward")
+        self.dtype = call.q.dtype
+        operand = self.dtype
+        if operand in HALF and not bf16_products(operand):
+            operand = torch.float32
+        self.converts = operand != self.dtype  # (q, k, v share a dtype: the kind says so)
+        self.casts = compute_dtype(self.dtype) != self.dtype  # the output, back to q's dtype
+        self.fixed = self.arguments.fixed  # every argument, where the kind fixes them all
+
+    def __call__(
+        self, call: AttentionSpec | ForwardArgs, terms: tuple[tuple, tuple]
+    ) -> Tensor | None:
+        """terms: the bias's and the gate's (tensor, index, kind) (`term_arguments`)."""
+        q, k, v = call.q, call.k, call.v
+        if self.converts or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+            q, k, v = operands(call)
+        arguments = self.fixed or self.arguments.of(call, terms)
+        if self.checked:
+            out, finite = self.op(q, k, v, *arguments)
+            if not finite:
+                return None
+        else:
+            if not _op("all_finite")([q, k, v]):
+                return None
+            out, _ = self.op(q, k, v, *arguments)
+        return out.to(self.dtype) if self.casts else out
+
+
+def spec_terms(spec: AttentionSpec) -> tuple[tuple, tuple]:
+    """A spec's bias and gate as the raw ops' (tensor, index, kind)."""
     bias, gate = spec.bias, spec.gate
-    terms = (
-        _NO_TERM_ARGUMENTS if bias is None else term_arguments(bias),
-        _NO_TERM_ARGUMENTS if gate is None else term_arguments(gate),
+    return (
+        NO_TERM_ARGUMENTS if bias is None else term_arguments(bias),
+        NO_TERM_ARGUMENTS if gate is None else term_arguments(gate),
     )
-    return _forward_if_finite(spec, terms, (block_q, block_k))
 
 
-def _forward_if_finite(
-    call: AttentionSpec | ForwardArgs, terms: tuple[tuple, tuple], blocks: tuple[int, int]
-) -> Tensor | None:
-    """`forward_no_grad` of a spec or of the op's arguments (under compile), its terms as the
-    raw ops' (tensor, index, kind)."""
-    q, k, v = _operands(call)
-    args = _op_arguments(call, terms, FORWARD_TILES, blocks, in_place=True)
-    if call.document_ids is None and args[10] is None and call.dropout_p == 0.0:
-        # (the forward's arguments without documents, statistic and dropout: library.cpp)
-        out, finite = _op("forward_if_finite")(q, k, v, *args[:9], *args[11:14], *args[17:])
-        if not finite:
-            return None
-    else:
-        if not _op("all_finite")([q, k, v]):
-            return None
-        out, _ = _op("forward")(q, k, v, *args)
-    return out if out.dtype == call.q.dtype else out.to(call.q.dtype)
+def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor | None:
+    """`NoGradForward` of one call. block_q, block_k: tile sizes (0: the defaults)."""
+    return NoGradForward(spec, (block_q, block_k))(spec, spec_terms(spec))
 
 
 # Under torch.compile a call that needs no gradient runs as one opaque op whose body runs
@@ -422,7 +230,7 @@ def _forward_if_finite(
 # graphs, where dynamo is off already).
 def _guarded_forward(*flat) -> Tensor:
     call = ForwardArgs(*flat)
-    out = _forward_if_finite(call, _raw_terms(call), (call.block_q, call.block_k))
+    out = NoGradForward(call, (call.block_q, call.block_k))(call, _raw_terms(call))
     if out is None:  # (the rule below makes q, k and v finite)
         spec = call.to_spec().replace(finite=True)
         out, _ = guarded(_forward_finite, spec, finds_nonfinite=False)

@@ -1,0 +1,302 @@
+"""The C++ ops' arguments after q, k, v, as library.cpp takes them: codes, tiles, terms, operands.
+
+`OpArguments` works out, once per kind of call, what the kind fixes (the compute dtype, term
+codes, tiles, normalisation, scale, causality, dropout) and adds a call's tensors (`of`); the
+helpers around it bring a Toeplitz table into the rows the loops read (`toeplitz_rows`), q, k
+and v into the operands' dtype and layout (`operands`) and lay the output out as the forward
+writes it (`output_like`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ..dropout import keep_threshold
+from ..dtypes import HALF, compute_dtype
+from ..layout import ForwardArgs
+from ..masks import visible_key_counts
+from ..normalization import NORMALIZATIONS
+from ..spec import AttentionSpec
+from ..terms import TERM_KINDS
+
+# Codes of library.cpp's enums (the normalisations are those of the backend's capability table;
+# the term kinds' are the classes' own `code`, tile.h's TermKind).
+NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
+NO_TERM = 0
+KIND_CODES = {
+    "none": NO_TERM,
+    **{name: kind.code for name, kind in TERM_KINDS.items() if kind.code is not None},
+}
+# A Toeplitz table handed over as it is, read in place where no offset of the call is clamped
+# (forward only; tile.h's kToeplitzTable): a decoding step's gate, no rows built per call
+TABLE_IN_PLACE = 5
+
+# Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
+# issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.
+FORWARD_TILES = (256, 512)
+BACKWARD_TILES = (128, 512)
+# Both passes' tiles where documents are given: smaller tiles skip more of the pairs that share
+# no document (documents of 64-512 tokens at L = 4096, one thread: 128 x 128 took about 2/3 of
+# the time of the default tiles forward+backward, on a loaded machine).
+DOCUMENT_TILES = (128, 128)
+# Entries of padding after each Toeplitz row: the C++ row loops read whole spans of this many
+# (kLanes in tile.h).
+LANES = 16
+# Up to this many queries and keys a call reads q, k, v and dO where they lie (views of a
+# training step's (B, L, H, D) projections) and writes their gradients in that layout; longer
+# calls take contiguous copies. Measured with one thread, forward + backward with Toeplitz B
+# and C, in place over copied: 0.90 at L = 24 (B = 64, H = 4, D = 16), 0.95-0.97 at L = 192-384,
+# but 1.04-1.09 at L = 512-2048 (H = 8, D = 16-64): there each row is read by many tiles, and
+# rows a (H * D)-wide stride apart cost more than one copy.
+IN_PLACE_LENGTH = 256
+
+
+def table_columns(table_width: int, lq: int, lk: int, device: torch.device) -> Tensor:
+    """The table column of each entry of a row the C++ loops read, (Lq + Lk - 1 + LANES,):
+    entry e is offset j - pos(i) = e - (Lk - 1), clamped to [-K, K], then LANES entries of
+    padding (read as whole spans, never used as numbers: any valid column serves).
+
+    A view: a slice of one vector of columns per table width over offsets -R..R + LANES, so a
+    KV cache that grows by a key per decoding step builds nothing per step (the vector is
+    rebuilt, twice as long, when a call reaches past it)."""
+    key = (table_width, device)
+    base = _COLUMN_BASES.get(key)
+    reach = max(lq, lk) - 1
+    if base is None or (base.shape[0] - LANES - 1) // 2 < reach:
+        r = max(reach, 64 if base is None else (base.shape[0] - LANES - 1))
+        k = (table_width - 1) // 2
+        base = torch.arange(-r, r + LANES + 1, device=device).clamp(-k, k) + k
+        _COLUMN_BASES[key] = base  # (one assignment: another thread reads the old or the new)
+    r = (base.shape[0] - LANES - 1) // 2
+    start = r - (lk - 1)  # the base's entry of offset -(Lk - 1), a row's first
+    return base[start : start + lq + lk - 1 + LANES]
+
+
+# (table width, device) -> columns over offsets -R..R + LANES (`table_columns`)
+_COLUMN_BASES: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor:
+    """(H|1, Lq + Lk - 1 + LANES): the table at every offset of the call, then padding; one
+    gather instead of building the rows op by op."""
+    if table.dtype != dtype:
+        table = table.to(dtype)
+    return table.index_select(1, table_columns(table.shape[1], lq, lk, table.device))
+
+
+def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = False) -> tuple:
+    """(code, tensor, index) as the C++ ops take a bias or gate. in_place: a Toeplitz table
+    that covers the call goes as it is (the forward of a call that needs no gradient)."""
+    if kind == "none" or tensor is None:
+        return NO_TERM, None, None
+    if tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    if kind == "toeplitz":
+        # in place where the table's offsets -K..K reach every offset of the call and the
+        # rows' padding: no rows are built (a decoding step's gate)
+        reach = (tensor.shape[1] - 1) // 2
+        if in_place and reach >= lk - 1 and reach >= lq - 1 + LANES:
+            return TABLE_IN_PLACE, tensor if tensor.is_contiguous() else tensor.contiguous(), None
+        return KIND_CODES[kind], toeplitz_rows(tensor, lq, lk, dtype), None  # (H|1, rows)
+    if kind == "relation":
+        if index.dtype != torch.int64:
+            index = index.to(torch.int64)
+        return KIND_CODES[kind], _contiguous(tensor), _contiguous(index)
+    if kind == "decay":  # c = cumsum(log_forget) (B|1, H|1, Lk): the loops read -|c_i - c_j|
+        return KIND_CODES[kind], tensor.cumsum(-1).contiguous(), None
+    if kind == "cross_decay":  # c (B|1, H|1, Lq + Lk) as given: the queries' c, the keys'
+        return KIND_CODES[kind], _contiguous(tensor), None
+    return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
+
+
+_NO_TERM = (NO_TERM, None, None)  # `_term` of an absent bias or gate
+NO_TERM_ARGUMENTS = (None, None, "none")  # `term_arguments(None)`
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _statistic(call: ForwardArgs | AttentionSpec, dtype) -> Tensor | None:
+    """r_i of the normalisations that know it before the first tile: (B, H, Lq)."""
+    norm = NORMALIZATIONS[call.normalization]
+    if norm.fixed_statistic is None:
+        return None
+    b, h, lq, _ = call.q.shape
+    keep = call.attn_mask if _is_bool(call.attn_mask) else None
+    counts = visible_key_counts(
+        call.key_padding_mask,
+        keep,
+        call.is_causal,
+        lq,
+        call.k.shape[-2],
+        device=call.q.device,
+        document_ids=call.document_ids,
+    )  # (B|1, H|1, Lq)
+    counts = counts.to(dtype).expand(b, h, lq).contiguous()
+    return norm.fixed_statistic(counts).contiguous()
+
+
+def _is_bool(mask: Tensor | None) -> bool:
+    return mask is not None and mask.dtype == torch.bool
+
+
+class OpArguments:
+    """The arguments the C++ ops share after q, k, v (library.cpp's schema), for one kind of
+    call: what the kind fixes (the compute dtype, which terms and masks there are, the tiles,
+    the normalisation, scale, causality, dropout) is worked out here once; `of` adds a call's
+    tensors. A prepared call keeps one (`NoGradForward`); the other routes make one per call.
+
+    `call`: the op's arguments or a spec (the fields they share); `tiles`: the pass's default
+    tile sizes, where `blocks` names none; in_place: Toeplitz tables that cover the call go as
+    they are (a forward only); checked: the layout of `forward_if_finite`, which takes no
+    documents, statistic or dropout (`checks_finite`).
+    """
+
+    def __init__(
+        self,
+        call: ForwardArgs | AttentionSpec,
+        tiles: tuple[int, int],
+        blocks: tuple[int, int] = (0, 0),
+        in_place: bool = False,
+        checked: bool = False,
+    ) -> None:
+        self.dtype = compute_dtype(call.q.dtype)
+        self.in_place = in_place
+        self.checked = checked
+        mask = call.attn_mask
+        self.mask = None if mask is None else ("bool" if mask.dtype == torch.bool else "float")
+        self.statistic = NORMALIZATIONS[call.normalization].fixed_statistic is not None
+        dropout_on = call.dropout_p > 0.0
+        self.dropout = dropout_on
+        if call.document_ids is not None:
+            tiles = DOCUMENT_TILES
+        self.scalars = (call.is_causal, NORMALIZATION_CODES[call.normalization], call.scale)
+        self.dropout_scalars = (call.dropout_p, keep_threshold(call.dropout_p) if dropout_on else 0)
+        self.blocks = (blocks[0] or tiles[0], blocks[1] or tiles[1])
+        # a kind whose every argument is fixed (no term, mask, padding, documents, statistic or
+        # dropout: a plain decoding step) gets them all at once
+        plain = (
+            call.bias is None
+            and call.gate is None
+            and mask is None
+            and call.key_padding_mask is None
+            and call.document_ids is None
+            and not (self.statistic or dropout_on)
+        )
+        self.fixed = None
+        if plain:
+            self.fixed = self.of(call, (NO_TERM_ARGUMENTS, NO_TERM_ARGUMENTS))
+
+    def of(self, call: ForwardArgs | AttentionSpec, terms: tuple[tuple, tuple]) -> tuple:
+        """The arguments for this call; terms: the bias's and the gate's (tensor, index, kind)."""
+        if self.fixed is not None:
+            return self.fixed
+        dtype, in_place = self.dtype, self.in_place
+        (bias, bias_index, bias_kind), (gate, gate_index, gate_kind) = terms
+        lq, lk = call.q.shape[2], call.k.shape[2]
+        bias = (
+            _NO_TERM
+            if bias is None
+            else _term(bias_kind, bias, bias_index, lq, lk, dtype, in_place)
+        )
+        gate = (
+            _NO_TERM
+            if gate is None
+            else _term(gate_kind, gate, gate_index, lq, lk, dtype, in_place)
+        )
+        mask, padding = call.attn_mask, call.key_padding_mask
+        masks = (
+            None if self.mask != "float" else mask.to(dtype),  # float: added to the logits
+            mask if self.mask == "bool" else None,
+            None if padding is None else padding.contiguous(),
+        )
+        if self.checked:
+            return (*bias, *gate, *masks, *self.scalars, *self.blocks)
+        ids = call.document_ids
+        return (
+            *bias,  # (code, tensor, index)
+            *gate,
+            *masks,
+            None if ids is None else ids.to(torch.int64).contiguous(),
+            _statistic(call, dtype) if self.statistic else None,
+            *self.scalars,
+            *self.dropout_scalars,
+            call.dropout_seed if self.dropout else None,  # a tensor: read in C++, not here
+            *self.blocks,
+        )
+
+
+def bf16_products(dtype: torch.dtype) -> bool:
+    """Whether the products take bfloat16 operands as they are (bf16 x bf16 -> float BLAS, as
+    SDPA multiplies them), instead of converting q, k, v to float32."""
+    return dtype == torch.bfloat16 and _hasbf16_products()
+
+
+@functools.cache
+def _hasbf16_products() -> bool:
+    return bool(torch.ops.urpe_cpp.bf16_products())  # fixed for the loaded library
+
+
+def operands(call: ForwardArgs | AttentionSpec) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as the ops take them (`_as_operand`)."""
+    q, k, v = call.q, call.k, call.v
+    dtype = q.dtype
+    if dtype in HALF and not bf16_products(dtype):
+        dtype = torch.float32
+    if (
+        k.dtype == dtype == v.dtype == q.dtype
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+    ):
+        return q, k, v  # (most calls: nothing to convert)
+    in_place = reads_in_place(q, k)
+    return (
+        as_operand(q, dtype, in_place),
+        as_operand(k, dtype, in_place),
+        as_operand(v, dtype, in_place),
+    )
+
+
+def reads_in_place(q: Tensor, k: Tensor) -> bool:
+    """Whether a call of these q (B, H, Lq, D) and k (B, Hkv, Lk, D) reads its operands where
+    they lie (`IN_PLACE_LENGTH`)."""
+    return q.shape[-2] <= IN_PLACE_LENGTH and k.shape[-2] <= IN_PLACE_LENGTH
+
+
+def as_operand(t: Tensor, dtype: torch.dtype, in_place: bool) -> Tensor:
+    """t in `dtype`: where it lies for a call that reads in place and rows the kernel can read
+    (a view of a (B, L, H, E) projection: no copy here, and its gradient comes back in that
+    layout), else contiguous."""
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if t.is_contiguous():
+        return t
+    return t if in_place and readable_rows(t) else t.contiguous()
+
+
+def readable_rows(t: Tensor) -> bool:
+    """Whether the C++ ops read a (B, H, L, E) tensor as it lies (library.cpp's
+    `readable_rows`): E contiguous, rows at least a row apart."""
+    _, _, length, e = t.shape
+    return (e <= 1 or t.stride(3) == 1) and (length <= 1 or t.stride(2) >= e)
+
+
+def output_like(q: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
+    """An empty output as the C++ forward lays it out: (B, H, Lq, Dv), a view of (B, Lq, H, Dv)
+    memory, whose (B, Lq, H * Dv) rows for a model's out projection are a view, not a copy."""
+    b, h, lq, _ = q.shape
+    return q.new_empty(b, lq, h, v.shape[-1], dtype=dtype).transpose(1, 2)
+
+
+def laid_out(out: Tensor) -> Tensor:
+    """out (B, H, Lq, Dv) with the strides `output_like` gives (a copy where it has others: the
+    non-finite rule's output)."""
+    b, h, lq, dv = out.shape
+    if out.stride() == (lq * h * dv, dv, h * dv, 1):
+        return out
+    return out.new_empty(b, lq, h, dv).transpose(1, 2).copy_(out)
