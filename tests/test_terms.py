@@ -28,7 +28,7 @@ from urpe.kernels import (
     register_term_kind,
     relative_offsets,
 )
-from urpe.kernels.terms import ANY_LENGTH
+from urpe.kernels.term_shapes import ANY_LENGTH
 
 F64 = dict(dtype=torch.float64)
 KERNELS = Path(urpe.__file__).parent / "kernels"

@@ -19,6 +19,7 @@ from .backends import (
 from .capabilities import Capabilities
 from .cpp import cpp_backend
 from .dispatch import attention, reference_attention
+from .documents import Documents
 from .flex import flex_backend
 from .masks import causal_keep
 from .normalization import NORMALIZATIONS, Normalization, register_normalization
@@ -26,13 +27,12 @@ from .offsets import query_positions, relative_offsets
 from .prepared import AttentionCalls, PreparedAttention, prepare
 from .reference import reference_weights
 from .spec import Arguments, AttentionSpec, resolve
+from .term_shapes import CallShape
 from .terms import (
     TERM_KINDS,
-    CallShape,
     CrossDecay,
     Decay,
     Dense,
-    Documents,
     PositionTerm,
     Relation,
     Term,

@@ -45,7 +45,8 @@ from .backends import BackendFailure, choose_backend, current_backend_name, mark
 from .execute import execute
 from .host import PLAIN, compiling, plain_tensors, transforms_active
 from .spec import Arguments, AttentionSpec, build_spec
-from .terms import ANY_LENGTH, PositionTerm, Term, tensor_signature
+from .term_shapes import ANY_LENGTH, tensor_signature
+from .terms import PositionTerm, Term
 from .watched import generation
 
 CAPACITY = 64  # urpe.attention's memo: a model's calls are of a few kinds

@@ -18,19 +18,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .documents import Documents
 from .dtypes import compute_dtype
 from .host import records_grad
 from .normalization import NORMALIZATIONS, Normalization
-from .terms import (
-    CallShape,
-    Documents,
-    PositionTerm,
-    Term,
-    as_term,
-    broadcasts,
-    check_device,
-    flatten_leading,
-)
+from .term_shapes import CallShape, broadcasts, check_device, flatten_leading
+from .terms import PositionTerm, Term, as_term
 
 
 @dataclass(slots=True, eq=False)  # not frozen: a frozen init costs 1 us more per call

@@ -6,7 +6,8 @@ A bias or gate is a dense tensor broadcastable to (B, H, Lq, Lk) or one of the s
 below, which tiled kernels read tile by tile instead of materialising an (Lq, Lk) matrix per
 head: `Toeplitz` (a per-head table over clamped offsets j - i), `Relation` (a per-head table
 indexed by an integer relation such as a shortest-path distance) and `Decay` (FoX's
-data-dependent decay, a bias only). `Documents` (packed sequences) hides pairs instead.
+data-dependent decay, a bias only). `Documents` (packed sequences, `documents.py`) hides pairs
+instead.
 
 Each kind is one class that carries everything the call path asks of it, so a new kind is added
 in one place (see "Adding a term kind" in the attention guide):
@@ -27,7 +28,6 @@ A plain tensor given as bias or gate is wrapped as `Dense` when the call is reso
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,86 +37,16 @@ from torch import Tensor
 from .checks import checked_relation_index
 from .dtypes import HALF, compute_dtype
 from .host import may_read
-from .masks import document_keep
 from .offsets import relative_offsets
-
-# ---------------------------------------------------------------------------------------------
-# What terms are checked and keyed against
-
-
-@dataclass(frozen=True, slots=True)
-class CallShape:
-    """The call a term is checked against: q's dtype and device, and (*batch, H, Lq, Lk)."""
-
-    batch: tuple[int, ...]
-    heads: int
-    lq: int
-    lk: int
-    dtype: torch.dtype
-    device: torch.device
-
-    @property
-    def full(self) -> tuple[int, ...]:
-        return (*self.batch, self.heads, self.lq, self.lk)
-
-
-# Stands for the keys' length Lk in a signature: a prepared call serves any Lk (a growing KV
-# cache), and nothing it decided depends on Lk.
-ANY_LENGTH = "Lk"
-
-
-def length_free(shape: torch.Size, lk: int) -> tuple:
-    """A shape whose last dim, where it is Lk, reads `ANY_LENGTH` (every tensor of a call that
-    runs over the keys has them as its last dim: masks, dense terms, indices, decays, ids)."""
-    if shape and shape[-1] == lk:
-        return (*shape[:-1], ANY_LENGTH)
-    return tuple(shape)
-
-
-def tensor_signature(t: Tensor | None, lk: int) -> tuple | None:
-    """(type, length-free shape, dtype, device) of a tensor in a signature."""
-    if t is None:
-        return None
-    return (type(t), length_free(t.shape, lk), t.dtype, t.device)
-
-
-def broadcasts(name: str, shape: tuple[int, ...], full: tuple[int, ...], what: str) -> None:
-    """ValueError unless `shape` broadcasts to `full` (its dims, right-aligned, are 1 or full's)."""
-    if len(shape) > len(full):
-        raise ValueError(f"{name} must broadcast to {what} = {full}, got rank {len(shape)}")
-    for n, m in zip(reversed(shape), reversed(full), strict=False):  # len(shape) <= len(full)
-        if n != m and n != 1:
-            reason = "is larger than" if m == 1 else "does not broadcast to"
-            raise ValueError(f"{name} of shape {tuple(shape)} {reason} {what} = {full}")
-
-
-def check_device(name: str, t: Tensor, call: CallShape) -> None:
-    if t.device != call.device:
-        raise ValueError(f"{name} is on {t.device} but q is on {call.device}")
-
-
-def check_dtype(name: str, t: Tensor, call: CallShape) -> None:
-    """A term's floating-point tensor has q's dtype, or any floating dtype for half-precision q
-    (computed in float32 anyway)."""
-    if t.dtype != call.dtype and call.dtype not in HALF:
-        raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {call.dtype}")
-
-
-def flatten_leading(t: Tensor, batch_shape: tuple[int, ...], trailing: int) -> Tensor:
-    """(..., *trailing dims) broadcastable over batch_shape -> (B|1, *trailing dims).
-
-    No copy when the leading dims are all 1 or all of batch_shape; a partial broadcast expands.
-    """
-    if len(batch_shape) == 1 and t.dim() == trailing + 1:  # (B|1, ...): already the form
-        return t
-    t = t.reshape((1,) * (len(batch_shape) + trailing - t.dim()) + tuple(t.shape))
-    lead, rest = tuple(t.shape[: len(batch_shape)]), tuple(t.shape[len(batch_shape) :])
-    if all(n == 1 for n in lead):
-        return t.reshape(1, *rest)
-    if lead != batch_shape:
-        t = t.expand(*batch_shape, *rest)
-    return t.reshape(math.prod(batch_shape), *rest)
-
+from .term_shapes import (
+    ANY_LENGTH,
+    CallShape,
+    broadcasts,
+    check_device,
+    check_dtype,
+    flatten_leading,
+    tensor_signature,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The interface
@@ -524,46 +454,6 @@ def checked_log_forget(log_forget: Tensor) -> None:
                 "Decay log_forget must be finite (-inf would forget everything before it): "
                 "clamp it, e.g. log_forget.clamp_min(-1e4)"
             )
-
-
-@register_term_kind
-@dataclass(frozen=True)
-class Documents(Term):
-    """Packed sequences: query i sees key j only if ids[pos(i)] == ids[j], pos(i) = i + Lk - Lq
-    (a query with pos(i) < 0 sees no key). ids: integer, broadcastable to (..., Lk).
-
-    A hiding term (`urpe.attention`'s document_ids): its dense form is the bool keep mask
-    (B|1, 1, Lq, Lk); the kernels read the ids (B|1, Lk) per tile instead."""
-
-    kind: ClassVar[str] = "documents"
-    roles: ClassVar[tuple[str, ...]] = ("document_ids",)
-
-    ids: Tensor
-
-    def check(self, role: str, call: CallShape) -> None:
-        ids = self.ids
-        integer = isinstance(ids, Tensor) and not (
-            ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
-        )
-        if not integer:
-            raise TypeError(
-                "document_ids must be an integer Tensor (..., Lk): the document of each key"
-            )
-        broadcasts("document_ids", tuple(ids.shape), (*call.batch, call.lk), "(..., Lk)")
-        check_device("document_ids", ids, call)
-
-    def flattened(self, batch_shape: tuple[int, ...]) -> Documents:
-        ids = flatten_leading(self.ids, batch_shape, 1)  # (B|1, Lk|1)
-        return self if ids is self.ids else Documents(ids)
-
-    def expanded(self, lk: int) -> Documents:
-        """(B|1, Lk): ids given once for every key (a last dim of 1) expanded, since every kernel
-        reads one id per key."""
-        ids = self.ids
-        return self if ids.shape[-1] == lk else Documents(ids.expand(*ids.shape[:-1], lk))
-
-    def dense(self, lq: int, lk: int) -> Tensor:
-        return document_keep(self.ids.expand(self.ids.shape[0], lk), lq)
 
 
 PositionTerm = Tensor | Term  # what `urpe.attention` takes as bias or gate

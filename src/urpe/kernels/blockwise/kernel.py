@@ -16,15 +16,14 @@ statistic r_i; with A = P * C and dropout keep mask D (scaled by 1 / (1 - p)):
                                                     delta_i = rowsum(dO * O) = sum_j P_ij dP_ij)
     dQ += scale * dS K,  dK += dS^T (scale * Q),  bias and float-mask gradients += dS.
 
-Keys are stored in reversed order so that Toeplitz tiles are strided views (see `tiles`).
-Causal masking skips the keys no query of a block can see; only the first key block of each query
-block is partly masked. Documents (`document_ids`) are compared per tile, and a tile whose query
-and key blocks share no document is skipped: per block the smallest and largest id, disjoint
-ranges (exact for any ids; it skips most tiles when each document is one contiguous run). A
-`Decay` bias is computed per tile from the O(L) cumulative sums (`tiles.DecayTile`).
-Dropout hashes each weight's flat index with the seed, so the backward pass regenerates exactly
-the mask the forward pass (and the reference) used. Half precision is computed in
-float32. Pure PyTorch ops: runs wherever PyTorch does.
+Keys are stored in reversed order so that Toeplitz tiles are strided views (see `tiles`). Causal
+masking skips the keys no query of a block can see; only the first key block of each query block
+is partly masked. Documents (`document_ids`) are compared per tile, and a tile whose query and
+key blocks share no document is skipped: per block the smallest and largest id, disjoint ranges
+(exact for any ids; it skips most tiles when each document is one contiguous run). A `Decay`
+bias is computed per tile from the O(L) cumulative sums (`tiles.DecayTile`). Dropout hashes each
+weight's flat index with the seed, so the backward pass regenerates exactly the mask the forward
+pass (and the reference) used. Half precision is computed in float32. Pure PyTorch ops.
 
 The two entry points, `blockwise_forward` and `blockwise_backward`, take only tensors and scalars:
 they are the bodies of the custom ops in `urpe.kernels.blockwise`.
@@ -418,8 +417,7 @@ def _plan(call: ForwardArgs) -> tuple[_Plan, dict]:
             else None
         ),
     )
-    groups = h // call.k.shape[1]
-    return plan, dict(groups=groups)
+    return plan, dict(groups=h // call.k.shape[1])
 
 
 def _operands(call: ForwardArgs, plan: _Plan, groups: int):
