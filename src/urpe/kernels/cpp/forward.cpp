@@ -51,14 +51,14 @@ void scores(const Problem<T>& P, PackedHead packed, int64_t q0, int64_t k0, int6
       if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
       return;
     }
-    if (P.bf16() && P.nonfinite != nullptr) {
+    if (P.bf16() && P.direct) {
       return rows_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, s, ld);
     }
     if (P.bf16()) {
       return gemm_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
     }
   }
-  if (P.nonfinite != nullptr) {
+  if (P.direct) {
     return rows_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, s, ld);
   }
   gemm_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, T(0), s, ld);
@@ -83,7 +83,7 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
       return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
                             acc, ldo);
     }
-    if (P.bf16() && P.nonfinite != nullptr) {
+    if (P.bf16() && P.direct) {
       return rows_nn(bq, dv, n, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc, ldo);
     }
     if (P.bf16()) {
@@ -91,28 +91,70 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
                      ldo);
     }
   }
-  if (P.nonfinite != nullptr) {
+  if (P.direct) {
     return rows_nn<T>(bq, dv, n, a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, ldo);
   }
   gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, ldo);
 }
 
-// For a problem whose q, k and v were not checked up front (`Problem::nonfinite`): raises the
-// flag where any of the rows x (rows x cols, ld apart) holds a NaN or inf. Run on the logits
-// q.k before B and M join them (a product by rows_nt of a row holding NaN/inf is NaN or inf,
-// whatever the other row holds: 0 * inf = NaN), and on the output rows (rows_nn takes every
-// weight, 0 too, times every value row of the tiles it reads). Keys of tiles the loop skips
-// are hidden from every query of the block, which they would not reach under the non-finite
-// rule either. A finite q.k that overflows raises it too: the caller then applies the rule.
+// Whether any of the rows x (rows x cols, ld apart) holds a NaN or inf.
 template <typename T>
-void flag_nonfinite(const Problem<T>& P, const T* x, int64_t rows, int64_t cols, int64_t ld) {
+bool any_nonfinite(const T* x, int64_t rows, int64_t cols, int64_t ld) {
   bool bad = false;
   for (int64_t r = 0; r < rows; ++r) {
     const T* __restrict row = x + r * ld;
 #pragma omp simd reduction(| : bad)
     for (int64_t e = 0; e < cols; ++e) bad |= !(row[e] - row[e] == T(0));  // inf - inf: NaN
   }
+  return bad;
+}
+
+// The same for bfloat16 bits: inf or NaN exactly where the exponent bits are all ones.
+inline bool any_nonfinite(const uint16_t* x, int64_t rows, int64_t cols, int64_t ld) {
+  bool bad = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* __restrict row = x + r * ld;
+#pragma omp simd reduction(| : bad)
+    for (int64_t e = 0; e < cols; ++e) bad |= (row[e] & 0x7f80u) == 0x7f80u;
+  }
+  return bad;
+}
+
+// For a problem whose q, k and v were not checked up front (`Problem::nonfinite`), products
+// by BLAS: raises the flag where a row of q, k or v that the tile (queries i0.., keys j0..)
+// reads holds a NaN or inf; q's rows with the block's first tile (`first`). Every pair the
+// non-finite rule looks at lies in a tile the loop computes; the rows of skipped tiles (a
+// padded tail) are never read. The operands themselves are checked, not the products: BLAS
+// may skip a 0 weight, and 0 * NaN would then not reach the output. The rows are in cache,
+// just read by the products: bq + n rows per bq x n pairs.
+template <typename T>
+void flag_operands(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_t bq, int64_t j0,
+                   int64_t n, bool first) {
+  const int64_t hk = h / P.groups, d = P.dim, dv = P.vdim;
+  const int64_t q0 = P.q_rows.at(b, h, i0), k0 = P.k_rows.at(b, hk, j0);
+  const int64_t v0 = P.v_rows.at(b, hk, j0);
+  const int64_t ldq = P.q_rows.si, ldk = P.k_rows.si, ldv = P.v_rows.si;
+  bool bad;
+  if (P.bf16()) {
+    bad = (first && any_nonfinite(P.q16 + q0, bq, d, ldq)) ||
+          any_nonfinite(P.k16 + k0, n, d, ldk) || any_nonfinite(P.v16 + v0, n, dv, ldv);
+  } else {
+    bad = (first && any_nonfinite(P.q + q0, bq, d, ldq)) || any_nonfinite(P.k + k0, n, d, ldk) ||
+          any_nonfinite(P.v + v0, n, dv, ldv);
+  }
   if (bad) P.nonfinite->store(true, std::memory_order_relaxed);
+}
+
+// For a problem whose q, k and v were not checked up front, one query row (`Problem::direct`):
+// raises the flag where any of the rows x (rows x cols, ld apart) holds a NaN or inf. Run on
+// the logits q.k before B and M join them (a product by rows_nt of a row holding NaN/inf is NaN or inf,
+// whatever the other row holds: 0 * inf = NaN), and on the output rows (rows_nn takes every
+// weight, 0 too, times every value row of the tiles it reads). Keys of tiles the loop skips
+// are hidden from every query of the block, which they would not reach under the non-finite
+// rule either. A finite q.k that overflows raises it too: the caller then applies the rule.
+template <typename T>
+void flag_nonfinite(const Problem<T>& P, const T* x, int64_t rows, int64_t cols, int64_t ld) {
+  if (any_nonfinite(x, rows, cols, ld)) P.nonfinite->store(true, std::memory_order_relaxed);
 }
 
 #if URPE_AVX512
@@ -342,7 +384,13 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
     scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
-    if (P.nonfinite != nullptr) flag_nonfinite(P, s_tile, bq, n, ld);
+    if (P.nonfinite != nullptr) {
+      if (P.direct) {
+        flag_nonfinite(P, s_tile, bq, n, ld);
+      } else {
+        flag_operands(P, b, h, i0, bq, j0, n, first);
+      }
+    }
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
@@ -405,7 +453,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
                      : l == T(0) ? std::numeric_limits<T>::infinity()
                                  : std::numeric_limits<T>::quiet_NaN();
   }
-  if (P.nonfinite != nullptr) flag_nonfinite(P, acc, bq, dv, ldo);
+  if (P.nonfinite != nullptr && P.direct) flag_nonfinite(P, acc, bq, dv, ldo);
 }
 
 }  // namespace

@@ -381,10 +381,11 @@ def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> 
     or inf the call reads (or a logit or output came out non-finite: the caller then asks).
     block_q, block_k: tile sizes (0: the defaults).
 
-    One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the logits and
-    outputs it computes (for one query row per head; else by a pass over q, k and v): a
-    decoding step reads its KV cache once. Calls it takes no arguments for (documents, a
-    statistic known up front, dropout) check q, k and v first and run the forward."""
+    One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the rows of
+    q, k and v that the tiles it computes read (for one query row per head: in the logits and
+    outputs it computes, so that a decoding step reads its KV cache once), never in those of
+    skipped tiles (a padded tail). Calls it takes no arguments for (documents, a statistic known
+    up front, dropout) run `urpe_cpp::forward_checked`, the same with the forward's arguments."""
     bias, gate = spec.bias, spec.gate
     terms = (
         _NO_TERM_ARGUMENTS if bias is None else term_arguments(bias),
@@ -406,9 +407,9 @@ def _forward_if_finite(
         if not finite:
             return None
     else:
-        if not _op("all_finite")([q, k, v]):
+        out, finite = _op("forward_checked")(q, k, v, *args)
+        if not finite:
             return None
-        out, _ = _op("forward")(q, k, v, *args)
     return out if out.dtype == call.q.dtype else out.to(call.q.dtype)
 
 
