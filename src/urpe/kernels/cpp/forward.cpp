@@ -51,14 +51,14 @@ void scores(const Problem<T>& P, PackedHead packed, int64_t q0, int64_t k0, int6
       if (packed.values == nullptr) release_packed();  // BLAS multiplies A V
       return;
     }
-    if (P.bf16() && P.nonfinite != nullptr) {
+    if (P.bf16() && P.direct) {
       return rows_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, s, ld);
     }
     if (P.bf16()) {
       return gemm_nt(bq, n, d, 1.0f, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
     }
   }
-  if (P.nonfinite != nullptr) {
+  if (P.direct) {
     return rows_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, s, ld);
   }
   gemm_nt<T>(bq, n, d, P.scale, P.q + q0, ldq, P.k + k0 + j0 * ldk, ldk, T(0), s, ld);
@@ -83,7 +83,7 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
       return gemm_nn_packed(bq, n, dv, W.s16.data(), ld, packed.values, P.lk, j0, beta != 0.0f,
                             acc, ldo);
     }
-    if (P.bf16() && P.nonfinite != nullptr) {
+    if (P.bf16() && P.direct) {
       return rows_nn(bq, dv, n, W.s16.data(), ld, P.v16 + v0 + j0 * ldv, ldv, beta, acc, ldo);
     }
     if (P.bf16()) {
@@ -91,30 +91,134 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
                      ldo);
     }
   }
-  if (P.nonfinite != nullptr) {
+  if (P.direct) {
     return rows_nn<T>(bq, dv, n, a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, ldo);
   }
   gemm_nn<T>(bq, dv, n, T(1), a, ld, P.v + v0 + j0 * ldv, ldv, beta, acc, ldo);
 }
 
-// For a problem whose q, k and v were not checked up front (`Problem::nonfinite`): raises the
-// flag where any of the rows x (rows x cols, ld apart) holds a NaN or inf. Run on the logits
-// q.k before B and M join them (a product by rows_nt of a row holding NaN/inf is NaN or inf,
+// Whether a tile's products run query by query over the keys of its own document only (a run
+// of keys: `Hiding::run_begin`): the tiles of a group of kRunGroup queries (`for_query_groups`),
+// whose short documents make the group's tile mostly hidden pairs (with one id per padded
+// token each query sees one key of the group's kRunGroup: 1/16 of the products, and no BLAS
+// call, whose packing costs more than such a tile's product).
+template <typename T>
+bool by_runs(const Problem<T>& P, PackedHead packed, int64_t bq) {
+  return !P.direct && packed.keys == nullptr && bq <= kRunGroup && !P.hiding.run_begin.empty();
+}
+
+// keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b
+inline std::pair<int64_t, int64_t> own_keys(const Hiding& hiding, int64_t b, int64_t i,
+                                            int64_t j0, int64_t n) {
+  const auto [begin, end] = hiding.document_keys(b, i, i + 1);
+  const int64_t lo = std::clamp(begin, j0, j0 + n);
+  return {lo, std::clamp(end, lo, j0 + n)};
+}
+
+// `scores` by runs: each query's logits with the keys of its document, 0 elsewhere (pairs its
+// document hides: the logits loop masks them).
+template <typename T>
+void scores_by_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_t k0,
+                    int64_t j0, int64_t bq, int64_t n, T* s_tile, int64_t ld) {
+  const int64_t d = P.dim, ldq = P.q_rows.si, ldk = P.k_rows.si;
+  for (int64_t r = 0; r < bq; ++r) {
+    const auto [lo, hi] = own_keys(P.hiding, b, i0 + r, j0, n);
+    T* s = s_tile + r * ld;
+    std::fill(s, s + n, T(0));
+    if (hi == lo) continue;
+    const int64_t q0 = P.q_rows.at(b, h, i0 + r), k = k0 + lo * ldk;
+    if constexpr (std::is_same_v<T, float>) {
+      if (P.bf16()) {
+        rows_nt(1, hi - lo, d, 1.0f, P.q16 + q0, ldq, P.k16 + k, ldk, s + lo - j0, ld);
+        continue;
+      }
+    }
+    rows_nt<T>(1, hi - lo, d, P.scale, P.q + q0, ldq, P.k + k, ldk, s + lo - j0, ld);
+  }
+}
+
+// `accumulate` by runs: each output row from the values of its document's keys.
+template <typename T>
+void accumulate_by_runs(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t i0,
+                        int64_t v0, int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld,
+                        T beta, T* acc, int64_t ldo) {
+  const int64_t dv = P.vdim, ldv = P.v_rows.si;
+  for (int64_t r = 0; r < bq; ++r) {
+    const auto [lo, hi] = own_keys(P.hiding, b, i0 + r, j0, n);
+    const int64_t at = r * ld + lo - j0, v = v0 + lo * ldv;
+    if constexpr (std::is_same_v<T, float>) {
+      if (P.bf16()) {
+        rows_nn(1, dv, hi - lo, W.s16.data() + at, ld, P.v16 + v, ldv, beta, acc + r * ldo, ldo);
+        continue;
+      }
+    }
+    rows_nn<T>(1, dv, hi - lo, a + at, ld, P.v + v, ldv, beta, acc + r * ldo, ldo);
+  }
+}
+
+// Whether any of the rows x (rows x cols, ld apart) has an entry with all of `mask`'s bits set:
+// a float, double or bfloat16 is inf or NaN exactly when its exponent bits are all ones.
+template <typename Bits>
+bool any_exponent_full(const Bits* x, int64_t rows, int64_t cols, int64_t ld, Bits mask) {
+  unsigned bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const Bits* __restrict row = x + r * ld;
+#pragma omp simd reduction(| : bad)
+    for (int64_t e = 0; e < cols; ++e) bad |= static_cast<unsigned>((row[e] & mask) == mask);
+  }
+  return bad != 0;
+}
+
+// Whether any of the rows x (rows x cols, ld apart) holds a NaN or inf.
+template <typename T>
+bool any_nonfinite(const T* x, int64_t rows, int64_t cols, int64_t ld) {
+  if constexpr (sizeof(T) == 4) {
+    return any_exponent_full(reinterpret_cast<const uint32_t*>(x), rows, cols, ld, 0x7f800000u);
+  } else {
+    return any_exponent_full(reinterpret_cast<const uint64_t*>(x), rows, cols, ld,
+                             uint64_t{0x7ff0000000000000ull});
+  }
+}
+
+inline bool any_nonfinite(const uint16_t* x, int64_t rows, int64_t cols, int64_t ld) {
+  return any_exponent_full(x, rows, cols, ld, uint16_t{0x7f80});
+}
+
+// For a problem whose q, k and v were not checked up front (`Problem::nonfinite`), products
+// by BLAS: raises the flag where a row of q, k or v that the tile (queries i0.., keys j0..)
+// reads holds a NaN or inf; q's rows with the block's first tile (`first`). Every pair the
+// non-finite rule looks at lies in a tile the loop computes; the rows of skipped tiles (a
+// padded tail) are never read. The operands themselves are checked, not the products: BLAS
+// may skip a 0 weight, and 0 * NaN would then not reach the output. The rows are in cache,
+// just read by the products: bq + n rows per bq x n pairs.
+template <typename T>
+void flag_operands(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_t bq, int64_t j0,
+                   int64_t n, bool first) {
+  const int64_t hk = h / P.groups, d = P.dim, dv = P.vdim;
+  const int64_t q0 = P.q_rows.at(b, h, i0), k0 = P.k_rows.at(b, hk, j0);
+  const int64_t v0 = P.v_rows.at(b, hk, j0);
+  const int64_t ldq = P.q_rows.si, ldk = P.k_rows.si, ldv = P.v_rows.si;
+  bool bad;
+  if (P.bf16()) {
+    bad = (first && any_nonfinite(P.q16 + q0, bq, d, ldq)) ||
+          any_nonfinite(P.k16 + k0, n, d, ldk) || any_nonfinite(P.v16 + v0, n, dv, ldv);
+  } else {
+    bad = (first && any_nonfinite(P.q + q0, bq, d, ldq)) || any_nonfinite(P.k + k0, n, d, ldk) ||
+          any_nonfinite(P.v + v0, n, dv, ldv);
+  }
+  if (bad) P.nonfinite->store(true, std::memory_order_relaxed);
+}
+
+// For a problem whose q, k and v were not checked up front, one query row (`Problem::direct`):
+// raises the flag where any of the rows x (rows x cols, ld apart) holds a NaN or inf. Run on
+// the logits q.k before B and M join them (a product by rows_nt of a row holding NaN/inf is NaN or inf,
 // whatever the other row holds: 0 * inf = NaN), and on the output rows (rows_nn takes every
 // weight, 0 too, times every value row of the tiles it reads). Keys of tiles the loop skips
 // are hidden from every query of the block, which they would not reach under the non-finite
 // rule either. A finite q.k that overflows raises it too: the caller then applies the rule.
 template <typename T>
 void flag_nonfinite(const Problem<T>& P, const T* x, int64_t rows, int64_t cols, int64_t ld) {
-  // x - x is 0 for a finite x, NaN for NaN or inf (inf - inf): one sum of them says whether
-  // any is non-finite (a float sum vectorises; an or of flags did not, at 10 instructions each)
-  T sum = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict row = x + r * ld;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t e = 0; e < cols; ++e) sum += row[e] - row[e];
-  }
-  if (!(sum == T(0))) P.nonfinite->store(true, std::memory_order_relaxed);
+  if (any_nonfinite(x, rows, cols, ld)) P.nonfinite->store(true, std::memory_order_relaxed);
 }
 
 #if URPE_AVX512
@@ -329,8 +433,9 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const int64_t row0 = (b * P.heads + h) * P.lq + i0;   // flat index of the block's first row
   const int power = P.power();
   const T scale = row_scale(P);
-  std::fill(W.row_max.begin(), W.row_max.end(), -std::numeric_limits<T>::infinity());
-  std::fill(W.row_sum.begin(), W.row_sum.end(), T(0));
+  const bool runs = by_runs(P, packed, bq);
+  std::fill_n(W.row_max.begin(), bq, -std::numeric_limits<T>::infinity());
+  std::fill_n(W.row_sum.begin(), bq, T(0));
   // only the keys of the queries' documents, where those are runs
   const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
   const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
@@ -343,8 +448,18 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const int64_t n = std::min(jb + P.block_k, key_end) - j0;
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
-    scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
-    if (P.nonfinite != nullptr) flag_nonfinite(P, s_tile, bq, n, ld);
+    if (runs) {
+      scores_by_runs(P, b, h, i0, k0, j0, bq, n, s_tile, ld);
+    } else {
+      scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
+    }
+    if (P.nonfinite != nullptr) {
+      if (P.direct || runs) {  // products by loops: checked by their results
+        flag_nonfinite(P, s_tile, bq, n, ld);
+      } else {
+        flag_operands(P, b, h, i0, bq, j0, n, first);
+      }
+    }
     bool rescale = false;
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
@@ -383,7 +498,11 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
         for (int64_t e = 0; e < dv; ++e) row[e] *= alpha;
       }
     }
-    accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
+    if (runs) {
+      accumulate_by_runs(P, W, b, i0, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
+    } else {
+      accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
+    }
     first = false;
   }
   if (packed.values != nullptr) release_packed();
@@ -407,7 +526,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
                      : l == T(0) ? std::numeric_limits<T>::infinity()
                                  : std::numeric_limits<T>::quiet_NaN();
   }
-  if (P.nonfinite != nullptr) flag_nonfinite(P, acc, bq, dv, ldo);
+  if (P.nonfinite != nullptr && (P.direct || runs)) flag_nonfinite(P, acc, bq, dv, ldo);
 }
 
 }  // namespace

@@ -23,7 +23,6 @@
 #include <limits>
 #include <string>
 
-#include "checks.h"
 #include "loops.h"
 
 namespace urpe_cpp {
@@ -455,15 +454,17 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
       const OptTensor &fixed, bool causal, int64_t norm, double scale, double dropout_p,         \
       int64_t dropout_threshold, const OptTensor &dropout_seed, int64_t block_q, int64_t block_k
 
-// nonfinite: see Problem::nonfinite (null: q, k and v were checked); without `with_stat` the
-// statistic (for a backward pass) goes to scratch memory and an undefined tensor is returned
-std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, bool with_stat,
-                                               URPE_FORWARD_PARAMS) {
+// nonfinite, direct: see Problem::nonfinite (null: q, k and v were checked); without
+// `with_stat` the statistic (for a backward pass) goes to scratch memory and an undefined tensor
+// is returned
+std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, bool direct,
+                                               bool with_stat, URPE_FORWARD_PARAMS) {
   const at::TensorOptions options = q.options().dtype(compute_type(q));
   at::Tensor out, stat;
   AT_DISPATCH_FLOATING_TYPES(compute_type(q), "urpe_cpp::forward", [&] {
     Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     P.nonfinite = nonfinite;
+    P.direct = direct;
     // (B, Lq, H, Dv) memory: the caller's (B, Lq, H * Dv) rows are a view of it, not a copy
     out = at::empty({P.batch, P.lq, P.heads, P.vdim}, options).transpose(1, 2);
     std::vector<scalar_t> scratch;
@@ -481,18 +482,36 @@ std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, boo
 }
 
 std::tuple<at::Tensor, at::Tensor> forward(URPE_FORWARD_PARAMS) {
-  return run_forward(nullptr, true, URPE_PROBLEM_ARGS);
+  return run_forward(nullptr, false, true, URPE_PROBLEM_ARGS);
 }
 
-// `forward` for a caller that has not checked q, k, v and wants no gradient (a decoding step):
-// (out, true), or (empty, false) without a result when any of them holds a NaN or inf that a
-// computed pair reads (the caller then applies the non-finite rule). One op call instead of
-// two, and only the arguments such a call has (no dropout, documents or fixed statistic; no
-// statistic returned): at a decoding shape a call through torch.ops costs several
-// microseconds, as much as the kernel itself, and each argument adds to it. For one query
-// row per head the loop checks q, k and v by the logits and outputs it computes
-// (Problem::nonfinite): a pass over Lq x Lk logits instead of Lk x (D + Dv) keys and values,
-// on data already in cache. Otherwise they are checked up front.
+// `forward` for a caller that has not checked q, k, v and wants no gradient: (out, true), or
+// (empty, false) without a result when any of them holds a NaN or inf in a row that a computed
+// tile reads (the caller then applies the non-finite rule). One op call instead of two, and no
+// pass over the rows of tiles the loop skips: a row of 512 real tokens and 3,584 padded ones
+// checked up front read 8x the data its tiles do (Problem::nonfinite). For one query row per
+// head the loop checks q, k and v by the logits and outputs it computes instead
+// (Problem::direct): a pass over Lq x Lk logits instead of Lk x (D + Dv) keys and values, on
+// data already in cache.
+std::tuple<at::Tensor, bool> forward_checked(URPE_FORWARD_PARAMS) {
+  // One query row per head: the products run as loops over every key (rows_nt, rows_nn),
+  // whatever the cache's length, so that the cache is read once, not checked first and read
+  // again (a long cache does not fit in the caches: the check doubled the call's memory
+  // traffic). As fast as BLAS's gemv for one row, which streams the same keys.
+  const bool direct =
+      q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
+      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble ||
+       q.scalar_type() == at::kBFloat16) &&
+      std::min(q.size(2), block_q) <= kDirectRows;
+  std::atomic<bool> nonfinite{false};
+  at::Tensor out = std::get<0>(run_forward(&nonfinite, direct, false, URPE_PROBLEM_ARGS));
+  if (nonfinite.load()) return {at::empty({0}, q.options()), false};
+  return {out, true};
+}
+
+// `forward_checked` with only the arguments a decoding step has (no dropout, documents or fixed
+// statistic; no statistic returned): at a decoding shape a call through torch.ops costs
+// several microseconds, as much as the kernel itself, and each argument adds to it.
 std::tuple<at::Tensor, bool> forward_if_finite(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
     const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
@@ -502,21 +521,7 @@ std::tuple<at::Tensor, bool> forward_if_finite(
   const OptTensor documents, fixed, dropout_seed;
   const double dropout_p = 0.0;
   const int64_t dropout_threshold = 0;
-  // One query row per head: the products run as loops over every key (rows_nt, rows_nn),
-  // whatever the cache's length, so that the cache is read once, not checked first and read
-  // again (a long cache does not fit in the caches: the check doubled the call's memory
-  // traffic). As fast as BLAS's gemv for one row, which streams the same keys.
-  const bool by_results =
-      q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
-      (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble ||
-       q.scalar_type() == at::kBFloat16) &&
-      std::min(q.size(2), block_q) <= kDirectRows;
-  if (!by_results && !all_finite({q, k, v})) return {at::empty({0}, q.options()), false};
-  std::atomic<bool> nonfinite{false};
-  at::Tensor out =
-      std::get<0>(run_forward(by_results ? &nonfinite : nullptr, false, URPE_PROBLEM_ARGS));
-  if (nonfinite.load()) return {at::empty({0}, q.options()), false};
-  return {out, true};
+  return forward_checked(URPE_PROBLEM_ARGS);
 }
 
 // A gradient of q, k or v, laid out as empty_like lays out the tensor (what the ops' fake
@@ -691,6 +696,13 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "Tensor? bool_mask, Tensor? key_padding, bool causal, int norm, float scale, int block_q, "
       "int block_k) -> (Tensor, bool)",
       &forward_if_finite);
+  m.def(
+      "forward_checked(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, "
+      "Tensor? bias_index, int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, "
+      "Tensor? bool_mask, Tensor? key_padding, Tensor? documents, Tensor? fixed, bool causal, "
+      "int norm, float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, "
+      "int block_q, int block_k) -> (Tensor, bool)",
+      &forward_checked);
   m.def(
       "backward(Tensor grad_out, Tensor stat, Tensor out, Tensor q, Tensor k, Tensor v, "
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "

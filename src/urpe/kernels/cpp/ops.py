@@ -154,7 +154,8 @@ CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake)
 
 def checks_finite(call: AttentionSpec | ForwardArgs) -> bool:
     """Whether `urpe_cpp::forward_if_finite` takes the call: no documents, no statistic known up
-    front, no dropout (the others check q, k and v first, then run the forward)."""
+    front, no dropout (the others run `urpe_cpp::forward_checked`, with the forward's
+    arguments)."""
     return (
         call.document_ids is None
         and NORMALIZATIONS[call.normalization].fixed_statistic is None
@@ -169,16 +170,17 @@ class NoGradForward:
     output came out non-finite: the caller then asks). A prepared call keeps one
     (`urpe.kernels.cpp.CppRun`); `forward_no_grad` makes one per call.
 
-    One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the logits and
-    outputs it computes (for one query row per head; else by a pass over q, k and v): a
-    decoding step reads its KV cache once. Calls it takes no arguments for (`checks_finite`)
-    check q, k and v first and run the forward.
+    One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the rows of
+    q, k and v that the tiles it computes read (for one query row per head: in the logits and
+    outputs it computes, so that a decoding step reads its KV cache once), never in those of
+    skipped tiles (a padded tail). Calls it takes no arguments for (`checks_finite`) run
+    `urpe_cpp::forward_checked`, the same with the forward's arguments.
     """
 
     def __init__(self, call: AttentionSpec | ForwardArgs, blocks: tuple[int, int] = (0, 0)):
         self.checked = checks_finite(call)
         self.arguments = OpArguments(call, FORWARD_TILES, blocks, True, self.checked)
-        self.op = _op("forward_if_finite" if self.checked else "forward")
+        self.op = _op("forward_if_finite" if self.checked else "forward_checked")
         self.dtype = call.q.dtype
         operand = self.dtype
         if operand in HALF and not bf16_products(operand):
@@ -194,15 +196,9 @@ class NoGradForward:
         q, k, v = call.q, call.k, call.v
         if self.converts or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
             q, k, v = operands(call)
-        arguments = self.fixed or self.arguments.of(call, terms)
-        if self.checked:
-            out, finite = self.op(q, k, v, *arguments)
-            if not finite:
-                return None
-        else:
-            if not _op("all_finite")([q, k, v]):
-                return None
-            out, _ = self.op(q, k, v, *arguments)
+        out, finite = self.op(q, k, v, *(self.fixed or self.arguments.of(call, terms)))
+        if not finite:
+            return None
         return out.to(self.dtype) if self.casts else out
 
 

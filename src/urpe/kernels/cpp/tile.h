@@ -535,10 +535,13 @@ struct Problem {
   Dropout dropout;
   T kept = 1;  // 1 / (1 - p)
   int64_t block_q = 0, block_k = 0;
-  // Where k and v were not checked for NaN/inf up front (`forward_if_finite`, one query row):
-  // the forward loop raises this flag when a logit q.k or an output row is not finite, which
-  // every non-finite q, k or v entry of a pair it computes makes it (see forward.cpp).
+  // Where q, k and v were not checked for NaN/inf up front (`forward_if_finite`,
+  // `forward_checked`): the forward loop raises this flag where an operand row that a tile it
+  // computes reads is not finite (see forward.cpp), so that the rows of skipped tiles (a padded
+  // tail) are never read. `direct`: one query row per head, whose products run as loops and
+  // are checked by their logits and outputs instead.
   std::atomic<bool>* nonfinite = nullptr;
+  bool direct = false;
 
   int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
   bool bf16() const { return q16 != nullptr; }

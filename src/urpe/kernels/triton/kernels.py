@@ -39,7 +39,10 @@ document, and running bounds on the first and last keys of the documents around 
 positions share a document exactly when their first keys are equal (compared pair by pair,
 whatever the order of the ids), and a block walks only the keys (dK/dV: queries) between the
 bounds at its two ends: with packed (sorted) documents the tiles that cross none of the block's
-documents are never visited; interleaved ids widen the span, never the result.
+documents are never visited; interleaved ids widen the span, never the result. Key padding
+narrows the keys a block walks to those between the first and the last unpadded key (the spans'
+rows 3 and 4), and a dK/dV block of padded keys walks no query: the tiles of a padded tail cost
+nothing, and neither do those of queries whose documents hold padded keys only.
 Dropout regenerates its keep mask from a counter-based Philox stream: counter (i Lk + j,
 batch*heads index, offset), key = seed. Nothing here allocates memory.
 """
@@ -59,6 +62,7 @@ from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CO
     RELU2,
     SOFTMAX,
     TOEPLITZ,
+    any_unpadded,
     decay_at,
     decay_grad,
     document_span,
@@ -69,6 +73,7 @@ from .tiles import (  # noqa: F401 - the codes are read by the launcher as K.<CO
     term_grad,
     term_tile,
     tile,
+    unpadded_keys,
     visible,
     weights,
     wide,
@@ -136,9 +141,11 @@ def attention_fwd_kernel(
         c_q = decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
     if DOCS:  # keys outside the span of the block's documents are skipped, tile and all
         first, last = document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
-        lo = first // BLOCK_N * BLOCK_N
+        lo = first
         hi = tl.minimum(hi, last + 1)
-    for n0 in range(lo, hi, BLOCK_N):
+    if HAS_PAD:  # and those before the first unpadded key or after the last
+        lo, hi = unpadded_keys(span_ptr, b, lo, hi, lk)
+    for n0 in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + cols
         kt = tl.load(
             tile(k_base + wide(n0) * skn, offs_d, cols, skd, skn),
@@ -265,6 +272,8 @@ def attention_bwd_kv_kernel(
         first, last = document_span(span_ptr, b, n0, n0 + BLOCK_N - 1, lk)
         lo = tl.maximum(lo, tl.maximum(first - shift, 0) // BLOCK_M * BLOCK_M)
         hi = tl.minimum(hi, last + 1 - shift)
+    if HAS_PAD:  # keys that are all padded are seen by no query
+        hi = tl.where(any_unpadded(span_ptr, b, n0, n0 + BLOCK_N, lk), hi, 0)
     for g in range(0, group):
         h = hk * group + g
         bh = b * heads + h
@@ -412,9 +421,11 @@ def attention_bwd_q_kernel(
         c_q = decay_at(B_ptr, B_sb, B_sh, b, h, offs_m + shift, lk)
     if DOCS:
         first, last = document_span(span_ptr, b, m0 + shift, m0 + BLOCK_M - 1 + shift, lk)
-        lo = first // BLOCK_N * BLOCK_N
+        lo = first
         hi = tl.minimum(hi, last + 1)
-    for n0 in range(lo, hi, BLOCK_N):
+    if HAS_PAD:
+        lo, hi = unpadded_keys(span_ptr, b, lo, hi, lk)
+    for n0 in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + cols
         col_ok = offs_n < lk
         kt = tl.load(

@@ -88,23 +88,37 @@ def _pad_bytes(q: Tensor, k: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     return key_padding_mask.expand(q.shape[0], k.shape[2]).contiguous().view(torch.uint8)
 
 
-def _document_spans(q: Tensor, k: Tensor, document_ids: Tensor | None) -> Tensor:
-    """Documents as the kernels read them: (B, 3, Lk) int32, O(L) memory (never an (Lq, Lk)
-    mask) and O(L log L) time (one sort), nothing read on the host. Row 0: the first key of each
-    key's document (two keys share a document exactly when these agree: the kernels compare
-    them); row 1: the least first key of the documents of keys j.. (a running minimum from the
-    end); row 2: the greatest last key of the documents of keys ..j (a running maximum). A block
-    of positions a..e needs only keys row1[a]..row2[e]: exact for packed, sorted ids."""
+def _document_spans(
+    q: Tensor, k: Tensor, document_ids: Tensor | None, key_padding_mask: Tensor | None
+) -> Tensor:
+    """Documents and key padding as the kernels read them: (B, 5, Lk) int32, O(L) memory (never
+    an (Lq, Lk) mask) and O(L log L) time (one sort), nothing read on the host. Row 0: the
+    first key of each key's document (two keys share a document exactly when these agree: the
+    kernels compare them); row 1: the least first key of the documents of keys j.. (a running
+    minimum from the end); row 2: the greatest last key of the documents of keys ..j (a running
+    maximum). A block of positions a..e needs only keys row1[a]..row2[e]: exact for packed,
+    sorted ids. Rows 3 and 4: the first unpadded key from j on (Lk if none) and the last one up
+    to j (-1 if none): the keys a block walks lie between them (`tiles.unpadded_keys`)."""
     b, lk = q.shape[0], k.shape[2]
-    if document_ids is None:
+    if document_ids is None and key_padding_mask is None:
         return _dummy(q, torch.int32)
-    ids = document_ids.expand(b, lk).contiguous()
-    ordered, order = torch.sort(ids, dim=-1, stable=True)  # a document's keys in key order
-    first = order.gather(-1, torch.searchsorted(ordered, ids))
-    last = order.gather(-1, torch.searchsorted(ordered, ids, right=True) - 1)
-    lower = first.flip(-1).cummin(-1).values.flip(-1)
-    upper = last.cummax(-1).values
-    return torch.stack([first, lower, upper], 1).to(torch.int32)
+    keys = torch.arange(lk, device=q.device).expand(b, lk)
+    if document_ids is None:  # (rows 0-2 are read only with documents)
+        first = lower = upper = keys
+    else:
+        ids = document_ids.expand(b, lk).contiguous()
+        ordered, order = torch.sort(ids, dim=-1, stable=True)  # a document's keys in key order
+        first = order.gather(-1, torch.searchsorted(ordered, ids))
+        last = order.gather(-1, torch.searchsorted(ordered, ids, right=True) - 1)
+        lower = first.flip(-1).cummin(-1).values.flip(-1)
+        upper = last.cummax(-1).values
+    if key_padding_mask is None:  # (rows 3 and 4 are read only with key padding)
+        after = before = keys
+    else:
+        padded = key_padding_mask.expand(b, lk)
+        after = torch.where(padded, lk, keys).flip(-1).cummin(-1).values.flip(-1)
+        before = torch.where(padded, -1, keys).cummax(-1).values
+    return torch.stack([first, lower, upper, after, before], 1).to(torch.int32)
 
 
 def _mask_args(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> tuple:
@@ -202,9 +216,10 @@ def forward_launch(args: ForwardArgs) -> tuple[Launch, Tensor, Tensor]:
     out = torch.empty(b, h, lq, v.shape[-1], device=q.device, dtype=q.dtype)
     stat = torch.empty(b, h, lq, device=q.device, dtype=compute_dtype(q.dtype))
     kinds = (KIND_CODES[args.bias_kind], KIND_CODES[args.gate_kind])
+    spans = _document_spans(q, k, args.document_ids, args.key_padding_mask)
     launch = (
         q, k, v, out, stat, _pad_bytes(q, k, args.key_padding_mask),
-        *_mask_args(q, k, args.attn_mask), _document_spans(q, k, args.document_ids),
+        *_mask_args(q, k, args.attn_mask), spans,
         *_term_args(q, k, args.bias, args.bias_index, kinds[0]),
         *_term_args(q, k, args.gate, args.gate_index, kinds[1]),
         *_common_args(q, k, v), args.scale, args.dropout_p,
@@ -324,7 +339,7 @@ def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
     dk = torch.empty(b, hk, lk, d, device=q.device, dtype=k.dtype)
     dv_ = torch.empty(b, hk, lk, dv, device=q.device, dtype=v.dtype)
     masks = (_pad_bytes(q, k, args.key_padding_mask), *_mask_args(q, k, args.attn_mask),
-             _document_spans(q, k, args.document_ids))  # fmt: skip
+             _document_spans(q, k, args.document_ids, args.key_padding_mask))  # fmt: skip
     bias_args = _term_args(q, k, args.bias, args.bias_index, kinds[0])
     gate_args = _term_args(q, k, args.gate, args.gate_index, kinds[1])
     d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, bias_grad)

@@ -56,9 +56,9 @@ def tile(corner_ptr, rows, cols, s_i, s_j):
 @triton.jit
 def document_of(span_ptr, b, positions, lk, missing):
     """The document of the keys at these positions (a query's: i + Lk - Lq), named by its first
-    key; `missing` (< 0) outside [0, Lk). span_ptr: (B, 3, Lk) int32 (`ops._document_spans`)."""
+    key; `missing` (< 0) outside [0, Lk). span_ptr: (B, 5, Lk) int32 (`ops._document_spans`)."""
     inside = (positions >= 0) & (positions < lk)
-    return tl.load(span_ptr + b * 3 * lk + positions, mask=inside, other=missing)
+    return tl.load(span_ptr + b * 5 * lk + positions, mask=inside, other=missing)
 
 
 @triton.jit
@@ -68,10 +68,29 @@ def document_span(span_ptr, b, start, end, lk):
     running bounds, not a min/max over the block's ids (with which the bf16 D=128 dK/dV kernel
     on sm_90 went from 238 registers to 255 and a 16 B spill): exact for packed, sorted ids,
     wider for interleaved ones."""
-    row = span_ptr + b * 3 * lk
+    row = span_ptr + b * 5 * lk
     first = tl.load(row + lk + tl.minimum(tl.maximum(start, 0), lk - 1))
     last = tl.load(row + 2 * lk + tl.minimum(tl.maximum(end, 0), lk - 1))
     return first, tl.where(end < 0, -1, last)
+
+
+@triton.jit
+def unpadded_keys(span_ptr, b, lo, hi, lk):
+    """Keys [lo, hi) narrowed to those from the first unpadded key on to the last unpadded one
+    (empty where all are padded): the keys past either end are hidden from every query, and a
+    padded tail's tiles are never visited. Two scalar loads of the spans' rows 3 and 4."""
+    row = span_ptr + b * 5 * lk
+    after = tl.load(row + 3 * lk + tl.minimum(tl.maximum(lo, 0), lk - 1))
+    before = tl.load(row + 4 * lk + tl.minimum(tl.maximum(hi - 1, 0), lk - 1))
+    return tl.maximum(lo, after), tl.minimum(hi, before + 1)
+
+
+@triton.jit
+def any_unpadded(span_ptr, b, n0, n1, lk):
+    """Whether any key of [n0, n1) is unpadded (a dK/dV block of padded keys is seen by no
+    query: it walks none)."""
+    after = tl.load(span_ptr + b * 5 * lk + 3 * lk + tl.minimum(n0, lk - 1))
+    return after < tl.minimum(n1, lk)
 
 
 @triton.jit
