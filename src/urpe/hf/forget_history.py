@@ -57,9 +57,10 @@ class Cumulative:
         elif log_forget.shape[-1] == 1 and not _tracked(log_forget, self.buffer):
             if t + 2 > self.buffer.shape[-1]:
                 self._grow(t + 2)
-            slot = self.buffer.narrow(-1, 1 + t, 1)
-            torch.add(self.buffer.narrow(-1, t, 1), log_forget, out=slot)  # float64 + log f
-            self.buffer.narrow(-1, 0, 1).copy_(slot)
+            front = self.buffer.narrow(-1, 0, 1)  # c of the last token
+            c = front + log_forget  # (B, H, 1), float64
+            self.buffer.narrow(-1, 1 + t, 1).copy_(c)
+            front.copy_(c)
             self.length = t + 1
         else:  # a chunk, or gradients to keep: the sums continue from the last one
             last = self.buffer.narrow(-1, t, 1)
