@@ -10,13 +10,16 @@ one core busy (a child process spinning on the last core):
              without a Toeplitz gate, float32 and bfloat16, against SDPA. Target: <= 1.2x.
     fox      greedy generation of 256 tokens after a 64-token prompt, batch 1 and 4, by the
              model benchmark's tiny Llama with add_urpe(decay="fox") and with add_urpe() (gate
-             only), against the same model without urpe. Target: fox <= 1.15x.
+             only), against the same model without urpe. Target: fox <= 1.15x. And the Decay
+             kernel's forward+backward (B=1, H=8, L=2048, D=64, not causal, as `urpe bench
+             attention`'s decay_cpp row) against bias-free SDPA's. Target: <= 1.1x.
     hf_long  (not in the default groups: long) the gated Llama generating 1,024 tokens after a
              2,048-token prompt against the base model. Target: <= 1.15x.
 
 python benchmarks/bench_issue42.py                       # padded, decode, fox; idle and busy
 python benchmarks/bench_issue42.py --groups hf_long --conditions idle   # long generation
 python benchmarks/bench_issue42.py --groups decode --lengths 1024 4096 --repeats 15
+python benchmarks/bench_issue42.py --groups fox --conditions idle     # FoX: generation, kernel
 python benchmarks/bench_issue42.py --json out.json       # every number as well
 """
 
@@ -35,7 +38,7 @@ from urpe.bench.clocks import interleaved_medians
 from urpe.kernels import Toeplitz, attention
 
 HEADS, HEAD_DIM, DOCUMENT = 8, 64, 128
-PADDED_LIMIT, DECODE_LIMIT = 2.0, 1.2
+PADDED_LIMIT, DECODE_LIMIT, DECAY_LIMIT = 2.0, 1.2, 1.1
 
 
 def _padded_calls(real: int, length: int, backward: bool, backend: str) -> dict:
@@ -81,6 +84,23 @@ def _decode_calls(keys: int, dtype: torch.dtype) -> dict:
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "cpp": lambda: attention(q, k, v, is_causal=True, backend="cpp"),
         "cpp_gate": lambda: attention(q, k, v, is_causal=True, gate=gate, backend="cpp"),
+    }
+
+
+def _decay_calls(length: int) -> dict:
+    """Forward+backward of bias-free SDPA and of a FoX decay on "cpp" (log f near 0, as the
+    attention benchmark's decay rows draw them)."""
+    from urpe.kernels import Decay
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (1, HEADS, length, HEAD_DIM)
+    q, k, v = (torch.randn(shape, generator=gen).requires_grad_() for _ in range(3))
+    log_forget = F.logsigmoid(torch.randn(shape[:3], generator=gen) + 3.0).requires_grad_()
+    return {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v).sum().backward(),
+        "decay_cpp": lambda: (
+            attention(q, k, v, bias=Decay(log_forget), backend="cpp").sum().backward()
+        ),
     }
 
 
@@ -188,6 +208,20 @@ def run(args) -> list[dict]:
                             f" (limit {DECODE_LIMIT})",
                             flush=True,
                         )
+            if "fox" in args.groups:
+                ms = interleaved_medians(_decay_calls(args.decay_length), args.repeats)
+                ratio = ms["decay_cpp"] / ms["sdpa"]
+                records.append(
+                    dict(group="fox", condition=label, row="decay_cpp fwd+bwd",
+                         length=args.decay_length, ms=ms["decay_cpp"], sdpa_ms=ms["sdpa"],
+                         ratio=ratio)
+                )  # fmt: skip
+                print(
+                    f"[{label}, {_load()}] fox kernel L={args.decay_length} fwd+bwd: sdpa "
+                    f"{ms['sdpa']:.1f} ms, decay_cpp {ms['decay_cpp']:.1f} ms ({ratio:.2f}x) "
+                    f"(limit {DECAY_LIMIT})",
+                    flush=True,
+                )
             for group, batches, prompt, new in (
                 ("fox", (1, 4), 64, 256),
                 ("hf_long", (1,), 2048, 1024),
@@ -247,6 +281,9 @@ def main() -> int:
         help="decode: cached keys",
     )
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument(
+        "--decay-length", type=int, default=2048, help="fox: the Decay kernel's sequence length"
+    )
     parser.add_argument("--real", type=int, default=512, help="padded: real tokens per row")
     parser.add_argument("--padded-length", type=int, default=4096, help="padded: row length")
     parser.add_argument("--backend", default="cpp", help="padded: the backend timed")

@@ -30,9 +30,9 @@ from ..encodings import (
     check_runs,
     resolve,
 )
-from ..kernels import Decay
+from ..kernels import CrossDecay, Decay, Term
 from .cache_argument import cache_argument
-from .forget_history import ForgetHistory, check_cache_layer
+from .forget_history import Cumulative, ForgetHistory, check_cache_layer
 from .positions import LAYOUT
 
 FORGET = "urpe_forget"
@@ -73,7 +73,7 @@ def forget_of(module: nn.Module) -> nn.Module | None:
 
 def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook (after `record_cache_layout`): log f of the call's tokens, (B, H, L),
-    and, with a cache, of every token before them (kept beside the cache)."""
+    and, with a cache, what is kept of every token before them (see `forget_history`)."""
     forget = forget_of(module)
     if forget is None:  # a wrapper replaced or removed it
         module.__dict__[LOG_FORGET] = None
@@ -81,49 +81,80 @@ def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
     hidden = args[0] if args else kwargs.get("hidden_states")
     # float32 at least: a cumulative sum of ~1e-4 steps in bfloat16 would lose them.
     dtype = torch.promote_types(hidden.dtype, torch.float32)
-    log_forget = forget.key_state(hidden).to(dtype)  # (B, H, L)
+    log_forget = forget.key_state(hidden)  # (B, H, L)
+    if log_forget.dtype != dtype:
+        log_forget = log_forget.to(dtype)
     cache = cache_argument(args, kwargs)
     layer = getattr(module, "layer_idx", None)
+    kept = None
     if cache is not None and layer is not None:
         check_cache_layer(cache, layer)
         layout = module.__dict__.get(LAYOUT)
         query_start = 0 if layout is None else layout[0]
-        log_forget = ForgetHistory.of(cache).extend(layer, log_forget, query_start)
-    module.__dict__[LOG_FORGET] = log_forget
+        kept = ForgetHistory.of(cache).extend(layer, log_forget, query_start)
+    module.__dict__[LOG_FORGET] = (log_forget, kept)
 
 
-def call_decay(module: nn.Module, query_length: int, key_length: int) -> Decay | Tensor | None:
-    """The decay term of this call: `Decay` over the call's keys where the queries are the last
-    keys (no cache, dynamic caches), else the dense (B, H, Lq, Lk) bias at the queries' slots
-    (a static buffer, whose queries sit inside it at a tensor offset)."""
-    log_forget = module.__dict__.get(LOG_FORGET)  # (B, H, positions)
-    if log_forget is None:
+def call_decay(module: nn.Module, query_length: int, key_length: int) -> Term | Tensor | None:
+    """The decay term of this call: `Decay` over the call's keys where they are the call's own
+    tokens, `CrossDecay` from the sums a growing cache keeps (a decoding step reads them, it
+    sums nothing again), else the dense (B, H, Lq, Lk) bias at the queries' slots (a static
+    buffer, whose queries sit inside it at a tensor offset)."""
+    state = module.__dict__.get(LOG_FORGET)
+    if state is None:
         return None
+    log_forget, kept = state  # (B, H, L) of this call's tokens; what a cache keeps, or None
     layout = module.__dict__.get(LAYOUT)
-    if layout is None:  # keys are positions 0 .. Lk - 1, the queries the last Lq of them
+    if kept is None:  # no cache: keys and queries are the call's tokens
         return Decay(log_forget[..., :key_length])
+    if isinstance(kept, Cumulative):
+        return _growing_decay(kept, log_forget, layout, query_length, key_length)
+    if layout is None:  # keys are positions 0 .. Lk - 1, the queries the last Lq of them
+        return Decay(kept[..., :key_length])
     query_start, key_start = layout
-    window = _keys(log_forget, key_start, key_length)  # (B, H, Lk)
+    window = _keys(kept, key_start, key_length)  # (B, H, Lk)
     if isinstance(query_start, int) and isinstance(key_start, int):
         if query_start + query_length == key_start + key_length:
             return Decay(window)
-    slots = torch.arange(query_length, device=log_forget.device) + (query_start - key_start)
-    return _dense(window, slots)
+    slots = torch.arange(query_length, device=kept.device) + (query_start - key_start)
+    c = window.cumsum(-1)  # (B, H, Lk)
+    return _dense(c, c.index_select(-1, slots))
+
+
+def _growing_decay(kept: Cumulative, log_forget: Tensor, layout, lq: int, lk: int) -> Term:
+    """The term of a call whose layer keeps `Cumulative` sums c by absolute position."""
+    dtype = log_forget.dtype
+    total = kept.length
+    if layout is None:  # keys 0 .. Lk - 1 (all tokens seen), the queries the last Lq of them
+        if lk == total:
+            if lq == total:  # the cache's first call: its tokens alone, as without a cache
+                return Decay(log_forget[..., :lk])
+            if lq == 1:  # a decoding step
+                return CrossDecay(kept.decoding_term(dtype))
+        query_start, key_start = lk - lq, 0
+    else:
+        query_start, key_start = layout
+    c = kept.values  # (B, H, T)
+    keys = _keys(c, key_start, lk)  # (B, H, Lk)
+    if isinstance(query_start, int):
+        queries = c[..., query_start : query_start + lq]  # (B, H, Lq)
+        return CrossDecay(torch.cat([queries, keys], -1).to(dtype))
+    slots = torch.arange(lq, device=c.device) + query_start
+    return _dense(keys, c.index_select(-1, slots)).to(dtype)
 
 
 def _keys(log_forget: Tensor, start, length: int) -> Tensor:
-    """log f at key positions start .. start + length - 1; positions no token has reached yet
+    """Values at key positions start .. start + length - 1; positions no token has reached yet
     (a static window not yet full) read 0: they are masked, and never between two tokens."""
     window = log_forget[..., start : start + length]
     missing = length - window.shape[-1]
     return window if missing <= 0 else torch.nn.functional.pad(window, (0, missing))
 
 
-def _dense(log_forget: Tensor, query_slots: Tensor) -> Tensor:
-    """-|c_q - c_j| for queries at `query_slots` among the keys: (B, H, Lq, Lk)."""
-    c = log_forget.cumsum(-1)  # (B, H, Lk)
-    c_query = c.index_select(-1, query_slots.to(c.device))  # (B, H, Lq)
-    return -(c_query[..., :, None] - c[..., None, :]).abs()
+def _dense(c_keys: Tensor, c_queries: Tensor) -> Tensor:
+    """-|c_q - c_j| from cumulative sums at the keys (B, H, Lk) and at the queries (B, H, Lq):
+    (B, H, Lq, Lk)."""
+    return -(c_queries[..., :, None] - c_keys[..., None, :]).abs()
 
 
 def with_decay(bias: Tensor | None, decay, lq: int, lk: int):
@@ -132,4 +163,4 @@ def with_decay(bias: Tensor | None, decay, lq: int, lk: int):
         return bias
     if bias is None:
         return decay
-    return bias + (decay.dense(lq, lk) if isinstance(decay, Decay) else decay).to(bias.dtype)
+    return bias + (decay.dense(lq, lk) if isinstance(decay, Term) else decay).to(bias.dtype)

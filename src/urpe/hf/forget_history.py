@@ -9,10 +9,12 @@ untouched).
 
 Two layouts, as the cache's layers store keys:
 - growing layers (DynamicCache, sliding windows included, and StaticCache's sliding windows):
-  log f of every token seen, (B, H, T), indexed by absolute position; a call's keys are positions
+  c = cumsum(log f) of every token seen, (B, H, T), indexed by absolute position (`Cumulative`):
+  a decoding step adds one sum per head, where recomputing the sums (and checking every log f
+  again) would cost a pass over the history per layer and step; a call's keys are positions
   key_start .. key_start + Lk - 1 (slots past the last token: unwritten, masked).
-- static layers (StaticCache): a (B, H, max_cache_len) buffer written in place at the positions
-  the new tokens take (unwritten slots hold 0: they are masked and never summed over).
+- static layers (StaticCache): log f in a (B, H, max_cache_len) buffer written in place at the
+  positions the new tokens take (unwritten slots hold 0: they are masked and never summed over).
 """
 
 from __future__ import annotations
@@ -25,12 +27,90 @@ _HISTORY = "_urpe_log_forget"
 FOLLOWED = ("reorder_cache", "batch_repeat_interleave", "batch_select_indices", "crop", "reset")
 
 
+class Cumulative:
+    """c_t = log f_0 + ... + log f_t of a growing layer's T tokens, in float64.
+
+    Summed one token at a time in float64 and rounded to the call's dtype, as torch's CPU
+    cumsum sums a float32 row (in double), so a step reads the c that summing the whole history
+    gives. Kept in a buffer that grows geometrically (no copy of the history per step), behind
+    one slot that holds c of the last token: a decoding step's query, read first as a
+    `CrossDecay` wants it ([c of the queries | c of the keys], one tensor).
+    """
+
+    def __init__(self, values: Tensor) -> None:
+        """values: (B, H, T) float64, the sums so far."""
+        b, h, t = values.shape
+        self.buffer = values.new_empty(b, h, 1 + max(2 * t, 16))  # [last token | T tokens | room]
+        self.length = 0
+        self._write(values)
+
+    @property
+    def values(self) -> Tensor:
+        """(B, H, T): c of every token seen."""
+        return self.buffer.narrow(-1, 1, self.length)
+
+    def extend(self, log_forget: Tensor) -> None:
+        """Add the sums of n new tokens' log f (B, H, n)."""
+        t = self.length
+        if t == 0:
+            self._write(log_forget.to(torch.float64).cumsum(-1))
+        elif log_forget.shape[-1] == 1 and not _tracked(log_forget, self.buffer):
+            if t + 2 > self.buffer.shape[-1]:
+                self._grow(t + 2)
+            front = self.buffer.narrow(-1, 0, 1)  # c of the last token
+            c = front + log_forget  # (B, H, 1), float64
+            self.buffer.narrow(-1, 1 + t, 1).copy_(c)
+            front.copy_(c)
+            self.length = t + 1
+        else:  # a chunk, or gradients to keep: the sums continue from the last one
+            last = self.buffer.narrow(-1, t, 1)
+            new = torch.cat([last, log_forget.to(torch.float64)], -1).cumsum(-1)[..., 1:]
+            self._write(new)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens' sums (a cropped cache)."""
+        if length < self.length:
+            self.length = length
+            if length:
+                self.buffer.narrow(-1, 0, 1).copy_(self.buffer.narrow(-1, length, 1))
+
+    def decoding_term(self, dtype: torch.dtype) -> Tensor:
+        """[c of the last token | c of every token] (B, H, 1 + T) in `dtype`: the cumulative of
+        a `CrossDecay` whose one query is the last token and whose keys are all T."""
+        return self.buffer.narrow(-1, 0, 1 + self.length).to(dtype)
+
+    def _write(self, new: Tensor) -> None:
+        t, n = self.length, new.shape[-1]
+        if n == 0:
+            return
+        if _tracked(new, self.buffer):  # out of place, so autograd sees every step
+            self.buffer = torch.cat([new[..., -1:], self.values, new], -1)
+            self.length = t + n
+            return
+        if 1 + t + n > self.buffer.shape[-1]:
+            self._grow(1 + t + n)
+        self.buffer.narrow(-1, 1 + t, n).copy_(new)
+        self.buffer.narrow(-1, 0, 1).copy_(new[..., -1:])
+        self.length = t + n
+
+    def _grow(self, needed: int) -> None:
+        b, h, capacity = self.buffer.shape
+        grown = self.buffer.new_empty(b, h, max(2 * capacity, needed))
+        grown.narrow(-1, 0, 1 + self.length).copy_(self.buffer.narrow(-1, 0, 1 + self.length))
+        self.buffer = grown
+
+
+def _tracked(*tensors: Tensor) -> bool:
+    """Whether autograd records operations on these tensors here (written out of place then)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class ForgetHistory:
-    """Per layer index: log f of the cached tokens (growing) or the static buffer."""
+    """Per layer index: `Cumulative` sums (growing) or the static buffer of log f."""
 
     def __init__(self, cache) -> None:
         self.cache = cache
-        self.layers: dict[int, Tensor] = {}
+        self.layers: dict[int, Cumulative | Tensor] = {}
 
     @classmethod
     def of(cls, cache) -> ForgetHistory:
@@ -43,9 +123,9 @@ class ForgetHistory:
                 _follow(cache, history, name)
         return history
 
-    def extend(self, layer: int, log_forget: Tensor, query_start) -> Tensor:
+    def extend(self, layer: int, log_forget: Tensor, query_start) -> Cumulative | Tensor:
         """Record log f (B, H, L) of the call's new tokens, before the cache stores their keys;
-        returns log f by cache position: every token so far (growing) or the whole buffer."""
+        returns the layer's `Cumulative` (growing) or its static buffer of log f by position."""
         kind = _layer_of(self.cache, layer)
         if _in_place(kind):
             return self._write_static(layer, kind.max_cache_len, log_forget, query_start)
@@ -58,18 +138,18 @@ class ForgetHistory:
                     "(filled before add_urpe(decay=...) or by another model): a FoX decay needs "
                     "them; start from an empty cache"
                 )
-            past = log_forget.new_zeros(*log_forget.shape[:-1], 0)
-        if past.shape[-1] > seen:  # cropped by something that did not go through `crop`
-            past = past[..., :seen]
-        if past.shape[-1] < seen or past.shape[:-1] != log_forget.shape[:-1]:
+            empty = log_forget.new_zeros(*log_forget.shape[:-1], 0, dtype=torch.float64)
+            past = self.layers[layer] = Cumulative(empty)
+        past.truncate(seen)  # where something cropped the cache without going through `crop`
+        if past.length < seen or past.buffer.shape[:-1] != log_forget.shape[:-1]:
             raise ValueError(
                 f"the cache's layer {layer} holds {seen} tokens of batch/heads "
                 f"{tuple(log_forget.shape[:-1])}, but urpe kept forget gates for "
-                f"{past.shape[-1]} of {tuple(past.shape[:-1])}: the cache was changed in a way "
-                "urpe cannot follow; start from an empty cache"
+                f"{past.length} of {tuple(past.buffer.shape[:-1])}: the cache was changed in a "
+                "way urpe cannot follow; start from an empty cache"
             )
-        self.layers[layer] = torch.cat([past, log_forget], -1)
-        return self.layers[layer]
+        past.extend(log_forget)
+        return past
 
     def _write_static(self, layer: int, length: int, log_forget: Tensor, query_start) -> Tensor:
         buffer = self.layers.get(layer)
@@ -95,7 +175,7 @@ class ForgetHistory:
     def _crop(self, tokens_to_remove: int) -> None:
         for layer, t in list(self.layers.items()):
             if not _in_place(_layer_of(self.cache, layer)):
-                self.layers[layer] = t[..., : int(self.cache.get_seq_length(layer))]
+                t.truncate(int(self.cache.get_seq_length(layer)))
 
     def _reset(self) -> None:
         self.layers.clear()
@@ -105,7 +185,7 @@ class ForgetHistory:
             if _in_place(_layer_of(self.cache, layer)):
                 t.copy_(change(t))  # in place: a static buffer keeps its address
             else:
-                self.layers[layer] = change(t)
+                self.layers[layer] = Cumulative(change(t.values))
 
 
 def check_cache_layer(cache, layer: int) -> None:

@@ -338,17 +338,20 @@ struct TermGrad {
       const int64_t* idx = layout.relation_index(b, i, j0);
       for (int64_t j = 0; j < n; ++j) dst[idx[j * layout.ij]] += g[j];
     } else if (layout.is_decay()) {
-      // d/dc of -|c_q - c_j|: -sign to the query's entry, +sign to each key's
+      // d/dc of -|c_q - c_j|: -sign to the query's entry, +sign to each key's. In SIMD lanes
+      // (c and the gradient rows are apart): a serial sum's add latency per key cost more
+      // than the rest of the decay's work (issue 42).
       const T* row = layout.decay_row(b, h);
       T* dst = data + slot * slot_size + b * layout.sb + h * layout.sh;
-      const T* c = row + layout.decay_keys();
-      T* dst_keys = dst + layout.decay_keys();
+      const T* __restrict c = row + layout.decay_keys() + j0;
+      T* __restrict dst_keys = dst + layout.decay_keys() + j0;
       const T cq = layout.decay_query(row, i);
       T total = 0;
+#pragma omp simd reduction(+ : total)
       for (int64_t j = 0; j < n; ++j) {
-        const T cj = c[j0 + j];
-        const T signed_g = cq > cj ? g[j] : (cq < cj ? -g[j] : T(0));
-        dst_keys[j0 + j] += signed_g;
+        const T cj = c[j], gj = g[j];
+        const T signed_g = cq > cj ? gj : (cq < cj ? -gj : T(0));
+        dst_keys[j] += signed_g;
         total += signed_g;
       }
       const int64_t entry = layout.decay_query_entry(i);

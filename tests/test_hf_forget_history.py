@@ -1,0 +1,97 @@
+"""The cumulative forget gates a growing cache keeps for a FoX decay (urpe.hf.forget_history):
+the sums equal torch's cumsum of every log f bit for bit (what the kernel summed before a step
+read them), grow without a copy per step, follow crops and gradients, and a decoding step's
+CrossDecay reads what Decay over the whole history read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from tests.hf_families import VOCAB
+from tests.test_hf_decay import fox_model
+from urpe.hf.forget_history import Cumulative
+from urpe.kernels import CrossDecay, Decay
+
+
+def _log_forget(length: int, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.nn.functional.logsigmoid(torch.randn(2, 3, length, generator=g) + 2).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sums_equal_cumsum_of_the_whole_history_bit_for_bit(dtype):
+    log_forget = _log_forget(80, dtype)
+    kept = Cumulative(log_forget.new_zeros(2, 3, 0, dtype=torch.float64))
+    buffers, start = set(), 0
+    for n in [5, 1, 1, 3] + [1] * 70:  # a prompt, steps, a chunk, then many steps
+        kept.extend(log_forget[..., start : start + n])
+        start += n
+        buffers.add(kept.buffer.data_ptr())
+        want = log_forget[..., :start].cumsum(-1)  # (B, H, T), as the kernel sums Decay's
+        assert torch.equal(kept.values.to(dtype), want)
+        term = kept.decoding_term(dtype)  # [c of the last token | c of every token]
+        assert torch.equal(term[..., 0], want[..., -1])
+        decay = Decay(log_forget[..., :start]).dense(1, start)  # (B, H, 1, T)
+        assert torch.equal(CrossDecay(term).dense(1, start), decay)
+    assert len(buffers) <= 4  # grown geometrically: 80 tokens, not a buffer per step
+
+
+def test_a_truncated_history_decodes_from_its_new_last_token():
+    log_forget = _log_forget(9)
+    kept = Cumulative(log_forget[..., :7].to(torch.float64).cumsum(-1))
+    kept.truncate(5)
+    kept.extend(log_forget[..., 5:6])
+    want = torch.cat([log_forget[..., :5], log_forget[..., 5:6]], -1).cumsum(-1)
+    assert torch.equal(kept.values.float(), want)
+    assert torch.equal(kept.decoding_term(torch.float32)[..., 0], want[..., -1])
+
+
+def test_decoding_after_a_crop_equals_the_full_forward():
+    model = fox_model("llama")
+    ids = torch.randint(2, VOCAB, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :7], past_key_values=cache, use_cache=True)
+        cache.crop(-2)
+        step = model(ids[:, 5:6], past_key_values=cache, use_cache=True).logits
+        torch.testing.assert_close(step[:, -1], model(ids[:, :6]).logits[:, -1])
+
+
+def test_float32_generation_with_a_cache_equals_generation_without():
+    """float32 (the sums kept in float64, read in float32 as the kernel's cumsum gave them):
+    greedy tokens equal, every step's logits close."""
+    model = fox_model("llama", dtype=torch.float32)
+    ids = torch.randint(2, VOCAB, (2, 6), generator=torch.Generator().manual_seed(2))
+    common = dict(attention_mask=torch.ones_like(ids), max_new_tokens=9, do_sample=False,
+                  pad_token_id=0, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    cached = model.generate(ids, **common)
+    uncached = model.generate(ids, **common, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits))
+
+
+def test_gradients_through_a_cache_equal_the_full_forward():
+    """With gradients the sums are kept out of place: a prefill and two steps through a cache
+    give the forget gates the gradient of the full forward."""
+    model = fox_model("llama")
+    ids = torch.randint(2, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
+    forget = [p for n, p in model.named_parameters() if "urpe_forget" in n]
+
+    def gradients(logits):
+        model.zero_grad()
+        logits.square().mean().backward()
+        return [p.grad.clone() for p in forget]
+
+    full = gradients(model(ids).logits)
+    cache = DynamicCache(config=model.config)
+    stepped = torch.cat(
+        [
+            model(ids[:, a:b], past_key_values=cache, use_cache=True).logits
+            for a, b in ((0, 5), (5, 6), (6, 7))
+        ],
+        1,
+    )
+    for got, want in zip(gradients(stepped), full, strict=True):
+        torch.testing.assert_close(got, want)
