@@ -1,4 +1,4 @@
-"""The C++ kernel's route for calls that need no gradient (decoding; `ops.forward_no_grad`):
+"""The C++ kernel's route for calls that need no gradient (decoding; `ops.NoGradForward`):
 one op call that also finds NaN/inf, the same results as the reference, the non-finite rule
 kept, and under torch.compile one opaque op."""
 

@@ -168,7 +168,7 @@ class NoGradForward:
     calling it on a call of that kind gives (B, H, Lq, Dv) in q's dtype, laid out as
     `output_like`, or None where q, k or v hold a NaN or inf the call reads (or a logit or
     output came out non-finite: the caller then asks). A prepared call keeps one
-    (`urpe.kernels.cpp.CppRun`); `forward_no_grad` makes one per call.
+    (`urpe.kernels.cpp.CppRun`); the compiled op's body makes one per call.
 
     One op call, `urpe_cpp::forward_if_finite`, which finds non-finite numbers in the rows of
     q, k and v that the tiles it computes read (for one query row per head: in the logits and
@@ -211,13 +211,8 @@ def spec_terms(spec: AttentionSpec) -> tuple[tuple, tuple]:
     )
 
 
-def forward_no_grad(spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> Tensor | None:
-    """`NoGradForward` of one call. block_q, block_k: tile sizes (0: the defaults)."""
-    return NoGradForward(spec, (block_q, block_k))(spec, spec_terms(spec))
-
-
 # Under torch.compile a call that needs no gradient runs as one opaque op whose body runs
-# eagerly at run time, where the CPU's values may be read: `forward_no_grad`, or (non-finite
+# eagerly at run time, where the CPU's values may be read: `NoGradForward`, or (non-finite
 # inputs) the non-finite rule applied directly. Traced instead, the rule would be tensor ops
 # around the kernel (masked copies of q, k, v: a whole static KV cache per layer and step),
 # about as costly as a decoding call itself. Registered as a plain CPU kernel, not with
