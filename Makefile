@@ -45,8 +45,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# One worker per core (pytest-xdist; at most 8), each test module kept on one worker so that its
+# module-wide fixtures (the API reference build, trained runs) are made once.
 test: lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n auto --maxprocesses 8 --dist loadscope
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

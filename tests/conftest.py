@@ -49,7 +49,10 @@ def one_thread():
 
 
 def pytest_configure(config):
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    # `make test` runs one pytest-xdist worker per core: each worker keeps to its share of the
+    # cores, since threads beyond them only wait on each other. Tests about threading set their own.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads() // workers)))
 
 
 # Trained models shared by the tests of the commands and the Python API: each made once per
