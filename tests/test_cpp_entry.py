@@ -187,3 +187,19 @@ def test_under_compile_the_entry_runs_only_inside_the_opaque_op(calls):
         out, attention(q, k, v, gate=gate, is_causal=True, backend="reference")
     )
     assert traced == [[]] and calls == ["entry"]
+
+
+def test_the_entry_checks_its_arguments_as_the_op_does():
+    """The same checks (library.cpp): a wrong argument raises, naming it; a wrong type too."""
+    q, k, v, _ = _decoding()
+    entry = build.python_entry().forward_if_finite
+    scalars = (0, None, None, 0, None, None, None, None, None, True, 0, 0.5, 256, 512)
+    out, finite = entry(q, k, v, *scalars)
+    torch.testing.assert_close(
+        out, attention(q, k, v, is_causal=True, scale=0.5, backend="reference")
+    )
+    assert finite
+    with pytest.raises(RuntimeError, match="urpe_cpp: q .* do not agree"):
+        entry(q, k[..., :5], v, *scalars)
+    with pytest.raises(TypeError):
+        entry(q, "k", v, *scalars)
