@@ -10,6 +10,8 @@ import torch
 from urpe.kernels import Decay, Relation, Toeplitz, attention, dispatch
 from urpe.kernels.cpp import unavailable
 
+from .cpp_calls import wrap_cpp_calls
+
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 F64 = dict(dtype=torch.float64)
@@ -24,26 +26,23 @@ def _qkv(b=2, h=4, lq=1, lk=13, d=8, hkv=None, seed=0):
 
 @pytest.fixture
 def checked_answers(monkeypatch):
-    """Counts the calls `urpe_cpp::forward_if_finite` answered (found no NaN/inf)."""
-    from urpe.kernels.cpp import ops
-
+    """Counts the calls `urpe_cpp::forward_if_finite` answered (found no NaN/inf), through the
+    dispatcher or the Python entry."""
     dispatch.CALLS.clear()
     count = [0]
-    lookup = ops._op
 
-    def counting(name: str):
-        op = lookup(name)
+    def counting(name: str, route: str, function):
         if name != "forward_if_finite":
-            return op
+            return function
 
-        def counted(*arguments):  # the op's (output, finite): an answer when finite
-            out, finite = op(*arguments)
+        def counted(*arguments):  # the function's (output, finite): an answer when finite
+            out, finite = function(*arguments)
             count[0] += bool(finite)
             return out, finite
 
         return counted
 
-    monkeypatch.setattr(ops, "_op", counting)
+    wrap_cpp_calls(monkeypatch, counting)
     yield count
     dispatch.CALLS.clear()
 

@@ -10,6 +10,8 @@ import torch
 from urpe.kernels import Toeplitz, attention, dispatch
 from urpe.kernels.cpp import unavailable
 
+from .cpp_calls import wrap_cpp_calls
+
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 F64 = dict(dtype=torch.float64)
@@ -90,25 +92,22 @@ def test_the_backward_refuses_a_table_in_place():
 def test_decoding_steps_read_wide_tables_in_place_and_equal_the_reference(width, monkeypatch):
     """A growing cache through `urpe.attention`: while the table covers every offset the op
     gets the table (kind 5), past that its rows; every step equals the reference."""
-    from urpe.kernels.cpp import ops
     from urpe.kernels.cpp.arguments import TABLE_IN_PLACE
 
     kinds = []
-    lookup = ops._op
 
-    def recording(name):
-        op = lookup(name)
+    def recording(name: str, route: str, function):
         if name != "forward_if_finite":
-            return op
+            return function
 
         def recorded(*arguments):
             kinds.append(arguments[6])  # the gate's kind
-            return op(*arguments)
+            return function(*arguments)
 
         return recorded
 
-    monkeypatch.setattr(ops, "_op", recording)
     dispatch.CALLS.clear()
+    wrap_cpp_calls(monkeypatch, recording)
     gen, q, cache, _ = _inputs(1, 60)
     q = q[:1]
     gate = Toeplitz(torch.rand(4, width, generator=gen, **F64) + 0.5)

@@ -13,24 +13,27 @@ import torch
 import urpe
 from urpe.kernels.cpp import unavailable
 
+from .cpp_calls import wrap_cpp_calls
+
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 PACKAGE = Path(urpe.__file__).parent
 ATTENTION_OPS = ("forward", "forward_if_finite", "backward")
+# calls without gradients in plain eager mode: the checked forward, without the dispatcher
+NO_GRAD = "forward_if_finite entry"
 
 
 @pytest.fixture
 def routes(monkeypatch):
-    """op name -> the distinct routes (urpe's frames, outermost first) that reached it."""
-    from urpe.kernels.cpp import ops
-
+    """function -> the distinct routes (urpe's frames, outermost first) that reached it; a
+    function is named by the op ("forward_if_finite") or, called through the library's Python
+    entry without the dispatcher, "forward_if_finite entry"."""
     seen: dict[str, set[tuple]] = {}
-    lookup = ops._op
 
-    def recording(name: str):
-        op = lookup(name)
+    def recording(name: str, via: str, function):
         if name not in ATTENTION_OPS:
-            return op
+            return function
+        key = name if via == "op" else f"{name} {via}"
 
         def recorded(*arguments):
             frames = traceback.extract_stack()[:-1]
@@ -39,13 +42,13 @@ def routes(monkeypatch):
                 for f in frames
                 if Path(f.filename).is_relative_to(PACKAGE)
             )
-            seen.setdefault(name, set()).add(route)
-            return op(*arguments)
+            seen.setdefault(key, set()).add(route)
+            return function(*arguments)
 
         return recorded
 
-    monkeypatch.setattr(ops, "_op", recording)
     urpe.kernels.dispatch.CALLS.clear()
+    wrap_cpp_calls(monkeypatch, recording)
     return seen
 
 
@@ -70,7 +73,7 @@ def test_calls_without_gradients_take_one_route_first_and_later(routes):
     with torch.no_grad():
         for length in (40, 40, 40):  # the first pass prepares, the others reuse
             model(torch.randint(0, 30, (2, length)))
-    _one_route_each(routes, ("forward_if_finite",))
+    _one_route_each(routes, (NO_GRAD,))
 
 
 def test_a_training_step_takes_one_route_forward_and_one_backward(routes):
@@ -89,7 +92,7 @@ def test_decoding_with_a_growing_cache_takes_one_route(routes, position):
         model(tokens[:, :8], cache=cache)  # the prompt
         for step in range(8, 20):  # one token a step
             model(tokens[:, step : step + 1], cache=cache)
-    _one_route_each(routes, ("forward_if_finite",))
+    _one_route_each(routes, (NO_GRAD,))
 
 
 def test_a_patched_hugging_face_model_takes_one_route(routes):
@@ -102,7 +105,7 @@ def test_a_patched_hugging_face_model_takes_one_route(routes):
     ids = torch.randint(3, VOCAB, (1, 8))
     with torch.no_grad():
         model.generate(ids, max_new_tokens=6, do_sample=False)
-    _one_route_each(routes, ("forward_if_finite",))
+    _one_route_each(routes, (NO_GRAD,))
     routes.clear()
     model.train()
     model(ids, labels=ids).loss.backward()

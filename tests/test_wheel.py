@@ -39,6 +39,7 @@ torch.testing.assert_close(attention(q, q, q, gate=gate), reference_attention(q,
 print("FROM", urpe.__file__)
 print("AUTO", name)
 print("LOADED", build.loaded())
+print("ENTRY", build.python_entry() is not None, build._state.get("entry"))
 """
 
 
@@ -161,6 +162,7 @@ def _probe(python: Path, tmp_path: Path) -> subprocess.CompletedProcess:
 def test_the_wheel_runs_its_packaged_kernel_without_a_compiler(installed, tmp_path):
     done = _probe(installed, tmp_path)
     assert "AUTO cpp" in done.stdout and "'source': 'packaged'" in done.stdout
+    assert "ENTRY True" in done.stdout  # its Python entry imports too (a fixed module name)
     assert "urpe:" not in done.stderr  # nothing compiled, nothing to say
     assert not (tmp_path / "cpp-kernel").exists()
 

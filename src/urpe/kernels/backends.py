@@ -25,6 +25,13 @@ A backend that can work out once per kind of call what the kind fixes (op argume
 sizes) also gives `prepare=`: spec -> the run for every call of that spec's kind (`Backend`;
 the C++ kernel's `CppRun`). A prepared call then keeps that run.
 
+A compiled kernel reaches its code through torch's dispatcher (custom ops: what torch.compile,
+torch.func, modes and tensor subclasses see). Where the dispatcher would do nothing but call the
+kernel's function (no gradient, plain tensors, no mode, no transform, no profiler, not tracing:
+`host.dispatcher_free`), it may call the function itself: the C++ kernel's no-gradient forward
+calls its library's Python entry there (`cpp.ops.NoGradForward`), which saves a decoding step
+the dispatcher's work on 17 arguments. Each mode still has one route.
+
 `run` receives one `AttentionSpec` (see `spec.py`): q (B, H, Lq, D), k, v (B, Hkv, Lk, *) with
 Hkv dividing H (grouped queries), bias and gate (None or a `Term`: `Dense`, `Toeplitz`,
 `Relation` with a range-checked (B|1, Lq, Lk) int64 index, a `Decay` bias, or a kind registered

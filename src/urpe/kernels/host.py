@@ -70,6 +70,26 @@ def plain_eager(*tensors: Tensor | None) -> bool:
     ) and plain_tensors(*tensors)
 
 
+# What torch's dispatcher looks at before it calls an op's kernel, as the functions themselves
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_profiling = torch._C._autograd._profiler_enabled
+
+
+def dispatcher_free(tensors: tuple) -> bool:
+    """Whether torch's dispatcher would do nothing but call an op's CPU function on these
+    tensors (None: absent), in a call that records no gradient outside torch.compile's tracing
+    (the caller knows both): plain tensors, no dispatch or function mode, no torch.func
+    transform, no profiler recording ops. Then the function may be called directly (a kernel's
+    Python entry), without the dispatcher's handling of every argument."""
+    if _dispatch_modes() or _function_modes() or transforms_active() or _profiling():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in PLAIN:
+            return False
+    return True
+
+
 def records_grad(*tensors: Tensor | None) -> bool:
     """Whether autograd records a call on these tensors: grad mode on and one requires grad."""
     if not torch.is_grad_enabled():

@@ -31,8 +31,9 @@ Function around them (`ops.py`), and the backend here. From `CppRun` (a prepared
 `Backend.prepare`; `cpp_run` makes one per call) one route per mode:
 
 - no gradient, eager: `ops.NoGradForward` (made once per prepared call, `CppRun`) ->
-  `urpe_cpp::forward_if_finite` (which also finds NaN/inf in q, k, v: its table says
-  `finds_nonfinite`);
+  `forward_if_finite` (which also finds NaN/inf in q, k, v: its table says `finds_nonfinite`),
+  called through the library's Python entry (`entry.cpp`, no dispatcher) in plain eager mode
+  (`host.dispatcher_free`), else as the op `urpe_cpp::forward_if_finite`;
 - gradients, eager: the kernel's autograd Function -> `urpe_cpp::forward` / `backward`;
 - torch.compile and torch.func: the custom ops `urpe::cpp_attention_r2_forward` / `_backward`
   around the same C++ ops; a compiled call that needs no gradient runs as one opaque op,

@@ -15,6 +15,10 @@ In order, the first that works:
 4. **None**: "auto" runs the eager blockwise kernel ("blockwise") after one warning that says why,
    and `backend="cpp"` raises with that reason. Also where URPE_CPP_KERNEL=0 switches it off.
 
+The library is loaded twice over: as torch ops (`torch.ops.load_library`) and, the same file,
+as a Python extension module whose functions skip the dispatcher (`entry.cpp`,
+`python_entry`).
+
 The key hashes the sources, the flags, torch's version, the Python version and this CPU's
 instruction sets, so an edit, a new torch or another machine sharing the home directory builds
 anew instead of loading a library built for something else. What can go wrong with a shared
@@ -26,6 +30,8 @@ kill the process with SIGBUS).
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
@@ -183,6 +189,36 @@ def _missing_tools() -> str | None:
 def _load_library(library: Path, source: str) -> None:
     torch.ops.load_library(str(library))
     _state.update(source=source, library=str(library))
+    _ENTRY[:] = [_python_entry(library)]
+
+
+# The loaded library as a Python extension module (entry.cpp), or None where it does not import
+_ENTRY: list = []
+ENTRY_MODULE = "urpe_cpp_entry"  # its PyInit_ name, whatever the file is called
+
+
+def _python_entry(library: Path):
+    """The library's Python entry: the same file, already loaded, imported as an extension
+    module (its functions call the kernel without torch's dispatcher). None where that fails,
+    and why is kept: every call then goes through torch.ops.urpe_cpp."""
+    loader = importlib.machinery.ExtensionFileLoader(ENTRY_MODULE, str(library))
+    spec = importlib.util.spec_from_file_location(ENTRY_MODULE, library, loader=loader)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - the ops themselves are loaded
+        _state["entry"] = _first_line(error)
+        return None
+    return module
+
+
+def python_entry():
+    """The loaded kernel's Python entry module (`forward_if_finite` without the dispatcher), or
+    None where no kernel is loaded or its entry did not import (then `_state["entry"]` says
+    why)."""
+    if load() is not None or not _ENTRY:
+        return None
+    return _ENTRY[0]
 
 
 def _load_packaged() -> str | None:
@@ -436,8 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     threads = "torch's threads" if threaded() else "one thread (built without OpenMP)"
     where = {"packaged": "packaged with urpe", "cache": "cached", "built": "built now"}
+    entry = (
+        ""
+        if python_entry()
+        else f"; no Python entry (calls go through torch.ops): {_state['entry']}"
+    )
     print(
         f"urpe: the C++ kernel is ready ({where[str(_state['source'])]}: {_state['library']}; "
-        f"{torch.ops.urpe_cpp.gemm_route()} products, {threads})"
+        f"{torch.ops.urpe_cpp.gemm_route()} products, {threads}{entry})"
     )
     return 0

@@ -23,12 +23,12 @@
 #include <limits>
 #include <string>
 
+#include "library.h"
 #include "loops.h"
 
 namespace urpe_cpp {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
 constexpr int64_t kMaxSplits = 8;
 
 // float for bfloat16 operands, else their own dtype
@@ -509,20 +509,20 @@ std::tuple<at::Tensor, bool> forward_checked(URPE_FORWARD_PARAMS) {
   return {out, true};
 }
 
+}  // namespace
+
 // `forward_checked` with only the arguments a decoding step has (no dropout, documents or fixed
 // statistic; no statistic returned): at a decoding shape a call through torch.ops costs
-// several microseconds, as much as the kernel itself, and each argument adds to it.
-std::tuple<at::Tensor, bool> forward_if_finite(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t bias_kind,
-    const OptTensor& bias, const OptTensor& bias_index, int64_t gate_kind, const OptTensor& gate,
-    const OptTensor& gate_index, const OptTensor& float_mask, const OptTensor& bool_mask,
-    const OptTensor& key_padding, bool causal, int64_t norm, double scale, int64_t block_q,
-    int64_t block_k) {
+// several microseconds, as much as the kernel itself, and each argument adds to it. Also
+// handed to Python without the dispatcher (entry.cpp, declared in library.h).
+std::tuple<at::Tensor, bool> forward_if_finite(URPE_DECODING_PARAMS) {
   const OptTensor documents, fixed, dropout_seed;
   const double dropout_p = 0.0;
   const int64_t dropout_threshold = 0;
   return forward_checked(URPE_PROBLEM_ARGS);
 }
+
+namespace {
 
 // A gradient of q, k or v, laid out as empty_like lays out the tensor (what the ops' fake
 // implementations promise, and no copy for a view of a (B, L, H, E) projection), or

@@ -11,9 +11,10 @@ compose with them.
 `NoGradForward` is the forward of calls that need no gradient, made once per kind of call (a
 prepared call keeps one, with the op's arguments that the kind fixes, `OpArguments`): one op
 call that also finds NaN/inf in q, k and v (`urpe_cpp::forward_if_finite`), returning None
-where it met one. `GUARDED_FORWARD` runs it as one opaque op under torch.compile, applying the
-non-finite rule itself at run time, where values may be read. The ops' arguments after q, k, v
-are laid out in `arguments`.
+where it met one; in plain eager mode the same function called through the library's Python
+entry (`entry.cpp`), without the dispatcher. `GUARDED_FORWARD` runs it as one opaque op under
+torch.compile, applying the non-finite rule itself at run time, where values may be read. The
+ops' arguments after q, k, v are laid out in `arguments`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from ..composable import define_attention_ops
 from ..dtypes import HALF, compute_dtype
+from ..host import dispatcher_free
 from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs, term_arguments
 from ..nonfinite import guarded
 from ..normalization import NORMALIZATIONS
@@ -42,6 +44,7 @@ from .arguments import (
     reads_in_place,
     table_columns,
 )
+from .build import python_entry
 
 # Backward work items wanted per thread: with fewer (batch, kv head) pairs than that, the query
 # blocks are split into ranges with their own dk/dv copies, so a slowed thread can be helped.
@@ -70,6 +73,14 @@ def _op(name: str):
     a call, a tenth of a decoding step's time around the kernel)."""
     overload = getattr(torch.ops.urpe_cpp, name).default
     return getattr(overload, "_op", overload)
+
+
+@functools.cache
+def _entry(name: str):
+    """The loaded kernel's function `name` called without torch's dispatcher (entry.cpp), or
+    None where the library has no Python entry."""
+    module = python_entry()
+    return None if module is None else getattr(module, name, None)
 
 
 def forward_fake(args: ForwardArgs) -> tuple[Tensor, Tensor]:
@@ -174,13 +185,17 @@ class NoGradForward:
     q, k and v that the tiles it computes read (for one query row per head: in the logits and
     outputs it computes, so that a decoding step reads its KV cache once), never in those of
     skipped tiles (a padded tail). Calls it takes no arguments for (`checks_finite`) run
-    `urpe_cpp::forward_checked`, the same with the forward's arguments.
+    `urpe_cpp::forward_checked`, the same with the forward's arguments. Where the dispatcher
+    would only call the function (`host.dispatcher_free`), `forward_if_finite` is called
+    through the library's Python entry instead: the same function, the same arguments.
     """
 
     def __init__(self, call: AttentionSpec | ForwardArgs, blocks: tuple[int, int] = (0, 0)):
         self.checked = checks_finite(call)
         self.arguments = OpArguments(call, FORWARD_TILES, blocks, True, self.checked)
-        self.op = _op("forward_if_finite" if self.checked else "forward_checked")
+        name = "forward_if_finite" if self.checked else "forward_checked"
+        self.op = _op(name)
+        self.entry = _entry(name)  # the same function without the dispatcher (None: absent)
         self.dtype = call.q.dtype
         operand = self.dtype
         if operand in HALF and not bf16_products(operand):
@@ -196,7 +211,18 @@ class NoGradForward:
         q, k, v = call.q, call.k, call.v
         if self.converts or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
             q, k, v = operands(call)
-        out, finite = self.op(q, k, v, *(self.fixed or self.arguments.of(call, terms)))
+        arguments = self.fixed
+        if arguments is None:
+            arguments = self.arguments.of(call, terms)
+            (bias, bias_index, _), (gate, gate_index, _) = terms
+            tensors = (q, k, v, bias, bias_index, gate, gate_index, call.attn_mask)
+            tensors += (call.key_padding_mask,)
+        else:  # (no term or mask: q, k and v are the only tensors)
+            tensors = (q, k, v)
+        op = self.op
+        if self.entry is not None and dispatcher_free(tensors):
+            op = self.entry  # the same function, without the dispatcher's work per argument
+        out, finite = op(q, k, v, *arguments)
         if not finite:
             return None
         return out.to(self.dtype) if self.casts else out
