@@ -147,6 +147,20 @@ def _load() -> str:
     return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _ratios(ms: dict[str, float], rows: tuple[str, ...], baseline: str, **fields) -> list[dict]:
+    """One record per row: its median, the baseline's (as `<baseline>_ms`) and their ratio."""
+    return [
+        dict(
+            fields,
+            row=name,
+            ms=ms[name],
+            **{f"{baseline}_ms": ms[baseline]},
+            ratio=ms[name] / ms[baseline],
+        )
+        for name in rows
+    ]
+
+
 def run(args) -> list[dict]:
     records = []
     for condition in [Condition(args.threads, busy) for busy in args.conditions]:
@@ -160,19 +174,10 @@ def run(args) -> list[dict]:
                     with torch.set_grad_enabled(backward):
                         ms = interleaved_medians(calls, args.repeats)
                     mode = "fwd+bwd" if backward else "fwd"
-                    for name in ("padding_document", "distinct_ids"):
+                    rows = ("padding_document", "distinct_ids")
+                    records += _ratios(ms, rows, "real", group="padded", condition=label, mode=mode)
+                    for name in rows:
                         ratio = ms[name] / ms["real"]
-                        records.append(
-                            dict(
-                                group="padded",
-                                condition=label,
-                                mode=mode,
-                                row=name,
-                                ms=ms[name],
-                                real_ms=ms["real"],
-                                ratio=ratio,
-                            )
-                        )
                         print(
                             f"[{label}, {_load()}] padded {mode} {name}: {ms[name]:.2f} ms vs "
                             f"{ms['real']:.2f} ms real alone = {ratio:.2f}x "
@@ -186,20 +191,8 @@ def run(args) -> list[dict]:
                             ms = interleaved_medians(
                                 _decode_calls(keys, getattr(torch, dtype)), args.repeats
                             )
-                        for name in ("cpp", "cpp_gate"):
-                            ratio = ms[name] / ms["sdpa"]
-                            records.append(
-                                dict(
-                                    group="decode",
-                                    condition=label,
-                                    dtype=dtype,
-                                    keys=keys,
-                                    row=name,
-                                    ms=ms[name],
-                                    sdpa_ms=ms["sdpa"],
-                                    ratio=ratio,
-                                )
-                            )
+                        fields = dict(group="decode", condition=label, dtype=dtype, keys=keys)
+                        records += _ratios(ms, ("cpp", "cpp_gate"), "sdpa", **fields)
                         print(
                             f"[{label}, {_load()}] decode {dtype} Lk={keys}: sdpa "
                             f"{ms['sdpa'] * 1e3:.0f} us, cpp {ms['cpp'] * 1e3:.0f} us "
@@ -211,11 +204,10 @@ def run(args) -> list[dict]:
             if "fox" in args.groups:
                 ms = interleaved_medians(_decay_calls(args.decay_length), args.repeats)
                 ratio = ms["decay_cpp"] / ms["sdpa"]
-                records.append(
-                    dict(group="fox", condition=label, row="decay_cpp fwd+bwd",
-                         length=args.decay_length, ms=ms["decay_cpp"], sdpa_ms=ms["sdpa"],
-                         ratio=ratio)
-                )  # fmt: skip
+                fields = dict(
+                    group="fox", condition=label, mode="fwd+bwd", length=args.decay_length
+                )
+                records += _ratios(ms, ("decay_cpp",), "sdpa", **fields)
                 print(
                     f"[{label}, {_load()}] fox kernel L={args.decay_length} fwd+bwd: sdpa "
                     f"{ms['sdpa']:.1f} ms, decay_cpp {ms['decay_cpp']:.1f} ms ({ratio:.2f}x) "

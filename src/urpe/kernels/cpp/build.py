@@ -285,15 +285,7 @@ def _build_and_load(flags: list[str]) -> None:
                 f"in {directory}" + (f" ({note})" if note else "")
             )
         try:
-            compile_library(
-                name,
-                [str(HERE / s) for s in SOURCES],
-                flags,
-                [str(HERE)],
-                directory,
-                timeout,
-                os.environ.get(VERBOSE, "") == "1",
-            )
+            _compile_sources(name, flags, directory, timeout)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)  # the next build starts clean
             raise
@@ -421,6 +413,15 @@ def threaded() -> bool:
     return _state["threaded"]
 
 
+def _compile_sources(name: str, flags: list[str], directory: Path, timeout: float) -> None:
+    """Compile and link this folder's sources into `directory/<name>.so` (URPE_CPP_VERBOSE=1:
+    with the compiler's commands)."""
+    verbose = os.environ.get(VERBOSE, "") == "1"
+    compile_library(
+        name, [str(HERE / s) for s in SOURCES], flags, [str(HERE)], directory, timeout, verbose
+    )
+
+
 def build_for_wheel(target: Path) -> Path:
     """Compile the kernel for a platform wheel into `target/packaged` (`target`: the wheel's
     copy of this folder) with portable flags (`packaged.wheel_builds`); returns the library.
@@ -429,15 +430,7 @@ def build_for_wheel(target: Path) -> Path:
     def compile_into(flags: list[str], scratch: Path, name: str) -> Path:
         directory = scratch / hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16]
         directory.mkdir(parents=True)
-        compile_library(
-            name,
-            [str(HERE / s) for s in SOURCES],
-            flags,
-            [str(HERE)],
-            directory,
-            _timeout(),
-            os.environ.get(VERBOSE, "") == "1",
-        )
+        _compile_sources(name, flags, directory, _timeout())
         return _library_file(directory, name)
 
     portable = [compile_flags(**build) for build in BUILDS if not build["native"]]
