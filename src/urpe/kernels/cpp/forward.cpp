@@ -107,14 +107,6 @@ bool by_runs(const Problem<T>& P, PackedHead packed, int64_t bq) {
   return !P.direct && packed.keys == nullptr && bq <= kRunGroup && !P.hiding.run_begin.empty();
 }
 
-// keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b
-inline std::pair<int64_t, int64_t> own_keys(const Hiding& hiding, int64_t b, int64_t i,
-                                            int64_t j0, int64_t n) {
-  const auto [begin, end] = hiding.document_keys(b, i, i + 1);
-  const int64_t lo = std::clamp(begin, j0, j0 + n);
-  return {lo, std::clamp(end, lo, j0 + n)};
-}
-
 // `scores` by runs: each query's logits with the keys of its document, 0 elsewhere (pairs its
 // document hides: the logits loop masks them).
 template <typename T>
@@ -122,7 +114,7 @@ void scores_by_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64
                     int64_t j0, int64_t bq, int64_t n, T* s_tile, int64_t ld) {
   const int64_t d = P.dim, ldq = P.q_rows.si, ldk = P.k_rows.si;
   for (int64_t r = 0; r < bq; ++r) {
-    const auto [lo, hi] = own_keys(P.hiding, b, i0 + r, j0, n);
+    const auto [lo, hi] = P.hiding.own_keys(b, i0 + r, j0, n);
     T* s = s_tile + r * ld;
     std::fill(s, s + n, T(0));
     if (hi == lo) continue;
@@ -144,7 +136,7 @@ void accumulate_by_runs(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, in
                         T beta, T* acc, int64_t ldo) {
   const int64_t dv = P.vdim, ldv = P.v_rows.si;
   for (int64_t r = 0; r < bq; ++r) {
-    const auto [lo, hi] = own_keys(P.hiding, b, i0 + r, j0, n);
+    const auto [lo, hi] = P.hiding.own_keys(b, i0 + r, j0, n);
     const int64_t at = r * ld + lo - j0, v = v0 + lo * ldv;
     if constexpr (std::is_same_v<T, float>) {
       if (P.bf16()) {

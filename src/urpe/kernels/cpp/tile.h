@@ -198,6 +198,16 @@ inline void to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64
   for (int64_t j = 0; j < n; ++j) dst[j] = bf16_bits(src[j]);
 }
 
+// An operand entry as T (bfloat16 bits: exact)
+template <typename T>
+URPE_INLINE T value(T x) {
+  return x;
+}
+template <typename T>
+URPE_INLINE T value(uint16_t bits) {
+  return bf16_value(bits);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropout: the reference's hash (urpe.kernels.dropout), so both draw the same mask. The keep
 // decision for weight (b, h, i, j) depends on the seed and the flat index only.
@@ -432,6 +442,14 @@ struct Hiding {
       hi = std::max(hi, end[i]);
     }
     return {std::min(lo, hi), hi};
+  }
+
+  // keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b,
+  // where documents are runs
+  std::pair<int64_t, int64_t> own_keys(int64_t b, int64_t i, int64_t j0, int64_t n) const {
+    const auto [begin, end] = document_keys(b, i, i + 1);
+    const int64_t lo = std::clamp(begin, j0, j0 + n);
+    return {lo, std::clamp(end, lo, j0 + n)};
   }
 
   // keys [j0, j0 + n) that come before the causal edge for query i
