@@ -161,25 +161,8 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
 // (`for_query_groups`), whose short documents leave the group's tile mostly hidden pairs (one
 // id per padded token: each query sees one key of the group's kRunGroup, and five BLAS calls
 // on a 16 x 16 tile cost more than the few products they hold). `runs` holds each row's keys
-// [lo, hi) in the tile; the hidden pairs get S = dA = 0 and add nothing to dQ, dK, dV (their
-// A and dS are 0).
-using KeyRun = std::pair<int64_t, int64_t>;
-
-template <typename T, typename A>
-URPE_INLINE T dot(const A* __restrict x, const A* __restrict y, int64_t n) {
-  T sum = T(0);
-#pragma omp simd reduction(+ : sum)
-  for (int64_t e = 0; e < n; ++e) sum += value<T>(x[e]) * value<T>(y[e]);
-  return sum;
-}
-
-// y += a x over n entries
-template <typename T, typename A>
-URPE_INLINE void add_scaled(T* __restrict y, T a, const A* __restrict x, int64_t n) {
-#pragma omp simd
-  for (int64_t e = 0; e < n; ++e) y[e] += a * value<T>(x[e]);
-}
-
+// [lo, hi) in the tile (`Hiding::own_keys`); the hidden pairs get S = dA = 0 and add nothing
+// to dQ, dK, dV (their A and dS are 0).
 // S (bq, n; rows ld apart) = scale Q K^T and dA = dO V^T by runs. q, dout: the block's first
 // rows; k, v: the kv head's first rows (A: T, or bfloat16 bits).
 template <typename T, typename A>

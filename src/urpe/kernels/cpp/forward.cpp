@@ -107,44 +107,35 @@ bool by_runs(const Problem<T>& P, PackedHead packed, int64_t bq) {
   return !P.direct && packed.keys == nullptr && bq <= kRunGroup && !P.hiding.run_begin.empty();
 }
 
-// `scores` by runs: each query's logits with the keys of its document, 0 elsewhere (pairs its
-// document hides: the logits loop masks them).
-template <typename T>
-void scores_by_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_t k0,
-                    int64_t j0, int64_t bq, int64_t n, T* s_tile, int64_t ld) {
-  const int64_t d = P.dim, ldq = P.q_rows.si, ldk = P.k_rows.si;
+// `scores` by runs: each query's logits with the keys of its document (`runs`: its keys
+// [lo, hi) in the tile, `Hiding::own_keys`), 0 elsewhere (pairs its document hides: the logits
+// loop masks them). q: the block's first row; k: the kv head's first key (A: T, or bfloat16
+// bits, whose product leaves the scale to the logits loop as `scores` does).
+template <typename T, typename A>
+void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t n, int64_t d, T scale,
+                    const A* q, int64_t ldq, const A* k, int64_t ldk, T* s_tile, int64_t ld) {
   for (int64_t r = 0; r < bq; ++r) {
-    const auto [lo, hi] = P.hiding.own_keys(b, i0 + r, j0, n);
     T* s = s_tile + r * ld;
     std::fill(s, s + n, T(0));
-    if (hi == lo) continue;
-    const int64_t q0 = P.q_rows.at(b, h, i0 + r), k = k0 + lo * ldk;
-    if constexpr (std::is_same_v<T, float>) {
-      if (P.bf16()) {
-        rows_nt(1, hi - lo, d, 1.0f, P.q16 + q0, ldq, P.k16 + k, ldk, s + lo - j0, ld);
-        continue;
-      }
+    for (int64_t j = runs[r].first; j < runs[r].second; ++j) {
+      s[j - j0] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
     }
-    rows_nt<T>(1, hi - lo, d, P.scale, P.q + q0, ldq, P.k + k, ldk, s + lo - j0, ld);
   }
 }
 
-// `accumulate` by runs: each output row from the values of its document's keys.
-template <typename T>
-void accumulate_by_runs(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t i0,
-                        int64_t v0, int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld,
-                        T beta, T* acc, int64_t ldo) {
-  const int64_t dv = P.vdim, ldv = P.v_rows.si;
+// `accumulate` by runs: each output row (acc, rows ldo apart) = beta acc + the weights of its
+// document's keys (a: T, or bfloat16 bits) times their values (v: the kv head's first).
+// Every weight of those keys is taken, 0 too, so that a NaN or inf value row reaches the
+// output (`flag_nonfinite`).
+template <typename T, typename A>
+void accumulate_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t dv, const A* a,
+                        int64_t ld, const A* v, int64_t ldv, T beta, T* acc, int64_t ldo) {
   for (int64_t r = 0; r < bq; ++r) {
-    const auto [lo, hi] = P.hiding.own_keys(b, i0 + r, j0, n);
-    const int64_t at = r * ld + lo - j0, v = v0 + lo * ldv;
-    if constexpr (std::is_same_v<T, float>) {
-      if (P.bf16()) {
-        rows_nn(1, dv, hi - lo, W.s16.data() + at, ld, P.v16 + v, ldv, beta, acc + r * ldo, ldo);
-        continue;
-      }
+    T* row = acc + r * ldo;
+    if (beta == T(0)) std::fill(row, row + dv, T(0));
+    for (int64_t j = runs[r].first; j < runs[r].second; ++j) {
+      add_scaled(row, value<T>(a[r * ld + j - j0]), v + j * ldv, dv);
     }
-    rows_nn<T>(1, dv, hi - lo, a + at, ld, P.v + v, ldv, beta, acc + r * ldo, ldo);
   }
 }
 
@@ -426,6 +417,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const int power = P.power();
   const T scale = row_scale(P);
   const bool runs = by_runs(P, packed, bq);
+  KeyRun own[kRunGroup];  // where `runs`: each row's keys in the tile
   std::fill_n(W.row_max.begin(), bq, -std::numeric_limits<T>::infinity());
   std::fill_n(W.row_sum.begin(), bq, T(0));
   // only the keys of the queries' documents, where those are runs
@@ -441,7 +433,13 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
     if (runs) {
-      scores_by_runs(P, b, h, i0, k0, j0, bq, n, s_tile, ld);
+      for (int64_t r = 0; r < bq; ++r) own[r] = P.hiding.own_keys(b, i0 + r, j0, n);
+      const int64_t q0 = P.q_rows.at(b, h, i0), ldq = P.q_rows.si, ldk = P.k_rows.si;
+      if (P.bf16()) {
+        scores_by_runs(own, bq, j0, n, P.dim, T(1), P.q16 + q0, ldq, P.k16 + k0, ldk, s_tile, ld);
+      } else {
+        scores_by_runs(own, bq, j0, n, P.dim, P.scale, P.q + q0, ldq, P.k + k0, ldk, s_tile, ld);
+      }
     } else {
       scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
     }
@@ -491,7 +489,13 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
       }
     }
     if (runs) {
-      accumulate_by_runs(P, W, b, i0, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
+      const T beta = first ? T(0) : T(1);
+      if (P.bf16()) {
+        accumulate_by_runs(own, bq, j0, dv, W.s16.data(), ld, P.v16 + v0, P.v_rows.si, beta, acc,
+                           ldo);
+      } else {
+        accumulate_by_runs(own, bq, j0, dv, s_tile, ld, P.v + v0, P.v_rows.si, beta, acc, ldo);
+      }
     } else {
       accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
     }
