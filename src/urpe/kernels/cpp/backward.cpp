@@ -161,22 +161,23 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
 // (`for_query_groups`), whose short documents leave the group's tile mostly hidden pairs (one
 // id per padded token: each query sees one key of the group's kRunGroup, and five BLAS calls
 // on a 16 x 16 tile cost more than the few products they hold). `runs` holds each row's keys
-// [lo, hi) in the tile (`Hiding::own_keys`); the hidden pairs get S = dA = 0 and add nothing
-// to dQ, dK, dV (their A and dS are 0).
-// S (bq, n; rows ld apart) = scale Q K^T and dA = dO V^T by runs. q, dout: the block's first
+// [lo, hi) in the tile (`Hiding::own_keys`); row r of S, dA, A and dS holds those keys from
+// its start on (the row runs as a tile of its own keys), and the pairs its document hides add
+// nothing to dQ, dK, dV.
+
+// S (bq rows, ld apart) = scale Q K^T and dA = dO V^T by runs. q, dout: the block's first
 // rows; k, v: the kv head's first rows (A: T, or bfloat16 bits).
 template <typename T, typename A>
-void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t n, int64_t d,
-                    int64_t dv, T scale, const A* q, int64_t ldq, const A* dout, int64_t ldo,
-                    const A* k, int64_t ldk, const A* v, int64_t ldv, T* s, T* da, int64_t ld) {
+void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t d, int64_t dv, T scale, const A* q,
+                    int64_t ldq, const A* dout, int64_t ldo, const A* k, int64_t ldk, const A* v,
+                    int64_t ldv, T* s, T* da, int64_t ld) {
   for (int64_t r = 0; r < bq; ++r) {
-    T* s_row = s + r * ld;
-    T* da_row = da + r * ld;
-    std::fill(s_row, s_row + n, T(0));
-    std::fill(da_row, da_row + n, T(0));
-    for (int64_t j = runs[r].first; j < runs[r].second; ++j) {
-      s_row[j - j0] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
-      da_row[j - j0] = dot<T>(dout + r * ldo, v + j * ldv, dv);
+    const auto [lo, hi] = runs[r];
+    T* s_row = s + r * ld - lo;
+    T* da_row = da + r * ld - lo;
+    for (int64_t j = lo; j < hi; ++j) {
+      s_row[j] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
+      da_row[j] = dot<T>(dout + r * ldo, v + j * ldv, dv);
     }
   }
 }
@@ -185,16 +186,16 @@ void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t n, int64
 // `rounded`: A and dS taken in bfloat16, as the products on bfloat16 operands take them. dq:
 // the block's rows of dQ (overwritten where `first`); dk, dv_rows: the kv head's first rows.
 template <typename T, typename A>
-void gradients_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t d, int64_t dv,
-                       T scale, bool rounded, const T* a, const T* ds, int64_t ld, const A* q,
-                       int64_t ldq, const A* dout, int64_t ldo, const A* k, int64_t ldk,
-                       bool first, T* dq, int64_t lddq, T* dk, int64_t lddk, T* dv_rows,
-                       int64_t lddv) {
+void gradients_by_runs(const KeyRun* runs, int64_t bq, int64_t d, int64_t dv, T scale,
+                       bool rounded, const T* a, const T* ds, int64_t ld, const A* q, int64_t ldq,
+                       const A* dout, int64_t ldo, const A* k, int64_t ldk, bool first, T* dq,
+                       int64_t lddq, T* dk, int64_t lddk, T* dv_rows, int64_t lddv) {
   for (int64_t r = 0; r < bq; ++r) {
+    const auto [lo, hi] = runs[r];
     T* dq_row = dq + r * lddq;
     if (first) std::fill(dq_row, dq_row + d, T(0));
-    for (int64_t j = runs[r].first; j < runs[r].second; ++j) {
-      T weight = a[r * ld + j - j0], grad = ds[r * ld + j - j0];
+    for (int64_t j = lo; j < hi; ++j) {
+      T weight = a[r * ld + j - lo], grad = ds[r * ld + j - lo];
       if constexpr (std::is_same_v<T, float>) {
         if (rounded) {
           weight = bf16_value(bf16_bits(weight));
@@ -228,12 +229,11 @@ struct TileProducts {
     if (runs != nullptr) {
       if constexpr (std::is_same_v<T, float>) {
         if (P.bf16()) {
-          return scores_by_runs(runs, bq, j0, n, d, dv, P.scale, P.q16 + q0, ldq,
-                                G.grad_out16 + o0, ldo, P.k16 + k0, ldk, P.v16 + v0, ldv, s, da,
-                                ld);
+          return scores_by_runs(runs, bq, d, dv, P.scale, P.q16 + q0, ldq, G.grad_out16 + o0,
+                                ldo, P.k16 + k0, ldk, P.v16 + v0, ldv, s, da, ld);
         }
       }
-      return scores_by_runs(runs, bq, j0, n, d, dv, P.scale, P.q + q0, ldq, G.grad_out + o0, ldo,
+      return scores_by_runs(runs, bq, d, dv, P.scale, P.q + q0, ldq, G.grad_out + o0, ldo,
                             P.k + k0, ldk, P.v + v0, ldv, s, da, ld);
     }
     if constexpr (std::is_same_v<T, float>) {
@@ -257,12 +257,12 @@ struct TileProducts {
     if (runs != nullptr) {
       if constexpr (std::is_same_v<T, float>) {
         if (P.bf16()) {
-          return gradients_by_runs(runs, bq, j0, d, dv, P.scale, true, a, ds, ld, P.q16 + q0, ldq,
+          return gradients_by_runs(runs, bq, d, dv, P.scale, true, a, ds, ld, P.q16 + q0, ldq,
                                    G.grad_out16 + o0, ldo, P.k16 + k0, ldk, first, dq, lddq, dk,
                                    lddk, dv_rows, lddv);
         }
       }
-      return gradients_by_runs(runs, bq, j0, d, dv, P.scale, false, a, ds, ld, P.q + q0, ldq,
+      return gradients_by_runs(runs, bq, d, dv, P.scale, false, a, ds, ld, P.q + q0, ldq,
                                G.grad_out + o0, ldo, P.k + k0, ldk, first, dq, lddq, dk, lddk,
                                dv_rows, lddv);
     }
@@ -365,11 +365,14 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
-      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
-      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s);
-      backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
-                   W.stat[r], W.delta[r]);
+      // the row's keys: the tile's, or by runs its own (from the row's start)
+      const int64_t row_j0 = by_runs ? runs[r].first : j0;
+      const int64_t row_n = by_runs ? runs[r].second - runs[r].first : n;
+      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
+      const uint8_t* flags = P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, row_j0, vis, span, flags, s);
+      backward_row(P, G, W, worker, b, h, i, row_j0, row_n, vis, span, flags, s,
+                   da_tile + r * ld, W.stat[r], W.delta[r]);
     }
     products.after(own, j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
     first = false;

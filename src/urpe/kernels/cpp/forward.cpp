@@ -107,35 +107,33 @@ bool by_runs(const Problem<T>& P, PackedHead packed, int64_t bq) {
   return !P.direct && packed.keys == nullptr && bq <= kRunGroup && !P.hiding.run_begin.empty();
 }
 
-// `scores` by runs: each query's logits with the keys of its document (`runs`: its keys
-// [lo, hi) in the tile, `Hiding::own_keys`), 0 elsewhere (pairs its document hides: the logits
-// loop masks them). q: the block's first row; k: the kv head's first key (A: T, or bfloat16
-// bits, whose product leaves the scale to the logits loop as `scores` does).
+// `scores` by runs: each query's logits with the keys of its document only (`runs`: its keys
+// [lo, hi) in the tile, `Hiding::own_keys`), row r's from its start on (the row then runs as
+// a tile of its own keys: keys lo.., hi - lo of them). q: the block's first row; k: the kv
+// head's first key (A: T, or bfloat16 bits, whose product leaves the scale to the logits loop
+// as `scores` does).
 template <typename T, typename A>
-void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t n, int64_t d, T scale,
-                    const A* q, int64_t ldq, const A* k, int64_t ldk, T* s_tile, int64_t ld) {
+void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t d, T scale, const A* q, int64_t ldq,
+                    const A* k, int64_t ldk, T* s_tile, int64_t ld) {
   for (int64_t r = 0; r < bq; ++r) {
-    T* s = s_tile + r * ld;
-    std::fill(s, s + n, T(0));
-    for (int64_t j = runs[r].first; j < runs[r].second; ++j) {
-      s[j - j0] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
-    }
+    const auto [lo, hi] = runs[r];
+    T* s = s_tile + r * ld - lo;
+    for (int64_t j = lo; j < hi; ++j) s[j] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
   }
 }
 
 // `accumulate` by runs: each output row (acc, rows ldo apart) = beta acc + the weights of its
-// document's keys (a: T, or bfloat16 bits) times their values (v: the kv head's first).
-// Every weight of those keys is taken, 0 too, so that a NaN or inf value row reaches the
-// output (`flag_nonfinite`).
+// document's keys (a: T, or bfloat16 bits, from the row's start as `scores_by_runs` leaves
+// them) times their values (v: the kv head's first). Every weight of those keys is taken, 0
+// too, so that a NaN or inf value row reaches the output (`flag_nonfinite`).
 template <typename T, typename A>
-void accumulate_by_runs(const KeyRun* runs, int64_t bq, int64_t j0, int64_t dv, const A* a,
-                        int64_t ld, const A* v, int64_t ldv, T beta, T* acc, int64_t ldo) {
+void accumulate_by_runs(const KeyRun* runs, int64_t bq, int64_t dv, const A* a, int64_t ld,
+                        const A* v, int64_t ldv, T beta, T* acc, int64_t ldo) {
   for (int64_t r = 0; r < bq; ++r) {
+    const auto [lo, hi] = runs[r];
     T* row = acc + r * ldo;
     if (beta == T(0)) std::fill(row, row + dv, T(0));
-    for (int64_t j = runs[r].first; j < runs[r].second; ++j) {
-      add_scaled(row, value<T>(a[r * ld + j - j0]), v + j * ldv, dv);
-    }
+    for (int64_t j = lo; j < hi; ++j) add_scaled(row, value<T>(a[r * ld + j - lo]), v + j * ldv, dv);
   }
 }
 
@@ -436,15 +434,19 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
       for (int64_t r = 0; r < bq; ++r) own[r] = P.hiding.own_keys(b, i0 + r, j0, n);
       const int64_t q0 = P.q_rows.at(b, h, i0), ldq = P.q_rows.si, ldk = P.k_rows.si;
       if (P.bf16()) {
-        scores_by_runs(own, bq, j0, n, P.dim, T(1), P.q16 + q0, ldq, P.k16 + k0, ldk, s_tile, ld);
+        scores_by_runs(own, bq, P.dim, T(1), P.q16 + q0, ldq, P.k16 + k0, ldk, s_tile, ld);
       } else {
-        scores_by_runs(own, bq, j0, n, P.dim, P.scale, P.q + q0, ldq, P.k + k0, ldk, s_tile, ld);
+        scores_by_runs(own, bq, P.dim, P.scale, P.q + q0, ldq, P.k + k0, ldk, s_tile, ld);
       }
     } else {
       scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
     }
     if (P.nonfinite != nullptr) {
-      if (P.direct || runs) {  // products by loops: checked by their results
+      if (runs) {  // products by loops: checked by their results, each row's own
+        for (int64_t r = 0; r < bq; ++r) {
+          flag_nonfinite(P, s_tile + r * ld, 1, own[r].second - own[r].first, ld);
+        }
+      } else if (P.direct) {
         flag_nonfinite(P, s_tile, bq, n, ld);
       } else {
         flag_operands(P, b, h, i0, bq, j0, n, first);
@@ -454,16 +456,19 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
-      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
-      const T row_max = row_logits(P, W, b, h, i, j0, vis, span, flags, s, scale);
+      // the row's keys: the tile's, or by runs its own (from the row's start)
+      const int64_t row_j0 = runs ? own[r].first : j0;
+      const int64_t row_n = runs ? own[r].second - own[r].first : n;
+      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
+      const uint8_t* flags = P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      const T row_max = row_logits(P, W, b, h, i, row_j0, vis, span, flags, s, scale);
       const T* c = nullptr;
       if (P.gate.present()) {
-        c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
+        c = masked_gate_row(P.gate, b, h, i, row_j0, vis, span, flags, W.values.data());
       }
       const T* keep = nullptr;
       if (P.dropout.on) {
-        P.dropout.row(P.counter(b, h, i, j0), span, P.kept, W.dropout.data());
+        P.dropout.row(P.counter(b, h, i, row_j0), span, P.kept, W.dropout.data());
         keep = W.dropout.data();
       }
       uint16_t* s16 = P.bf16() ? W.s16.data() + r * ld : nullptr;
@@ -471,11 +476,11 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
                                     W.row_max[r], W.row_sum[r], c, keep);
       W.alpha[r] = alpha;
       rescale = rescale || alpha != T(1);
-      if (span < n) {  // the keys past the causal edge (and an odd tile's pad for A V)
+      if (span < row_n) {  // the keys past the causal edge (and an odd tile's pad for A V)
         if (s16 != nullptr) {
-          std::fill(s16 + span, s16 + std::min(ld, round_up(n, 2)), uint16_t(0));
+          std::fill(s16 + span, s16 + std::min(ld, round_up(row_n, 2)), uint16_t(0));
         } else {
-          fill_row(s + span, T(0), n - span);
+          fill_row(s + span, T(0), row_n - span);
         }
       }
     }
@@ -491,10 +496,9 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     if (runs) {
       const T beta = first ? T(0) : T(1);
       if (P.bf16()) {
-        accumulate_by_runs(own, bq, j0, dv, W.s16.data(), ld, P.v16 + v0, P.v_rows.si, beta, acc,
-                           ldo);
+        accumulate_by_runs(own, bq, dv, W.s16.data(), ld, P.v16 + v0, P.v_rows.si, beta, acc, ldo);
       } else {
-        accumulate_by_runs(own, bq, j0, dv, s_tile, ld, P.v + v0, P.v_rows.si, beta, acc, ldo);
+        accumulate_by_runs(own, bq, dv, s_tile, ld, P.v + v0, P.v_rows.si, beta, acc, ldo);
       }
     } else {
       accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
