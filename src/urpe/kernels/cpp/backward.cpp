@@ -2,7 +2,9 @@
 //   S = scale Q K^T + B + M,  P = f(S, r),  dA = dropout(dO V^T),  A = dropout(P C),
 //   dV += A^T dO,  dC = dA P,  dP = dA C,  dS = the normalisation's rule(dP, P, delta),
 //   dQ += scale dS K,  dK += scale dS^T Q,  bias and float-mask gradients += dS,
-// five products per tile and the rest per row while the tile is in cache.
+// five products per tile and the rest per row while the tile is in cache; a group of queries
+// in short documents takes its products query by query over each one's own keys instead
+// (`scores_by_runs`).
 //
 // A work item owns what it writes: the rows of dQ of its query blocks, and dK, dV of its
 // (batch, kv head) in its own split copy (zeroed by the item, summed by the caller). It covers
@@ -369,7 +371,10 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       const int64_t row_j0 = by_runs ? runs[r].first : j0;
       const int64_t row_n = by_runs ? runs[r].second - runs[r].first : n;
       const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
-      const uint8_t* flags = P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      // (a row's own keys share its document: only the masks may hide them)
+      const uint8_t* flags =
+          by_runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
+                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
       logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, row_j0, vis, span, flags, s);
       backward_row(P, G, W, worker, b, h, i, row_j0, row_n, vis, span, flags, s,
                    da_tile + r * ld, W.stat[r], W.delta[r]);

@@ -101,7 +101,8 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
 // of keys: `Hiding::run_begin`): the tiles of a group of kRunGroup queries (`for_query_groups`),
 // whose short documents make the group's tile mostly hidden pairs (with one id per padded
 // token each query sees one key of the group's kRunGroup: 1/16 of the products, and no BLAS
-// call, whose packing costs more than such a tile's product).
+// call, whose packing costs more than such a tile's product). Each row then runs as a tile of
+// its own keys: its flags, logits, gate, dropout and weights over those alone.
 template <typename T>
 bool by_runs(const Problem<T>& P, PackedHead packed, int64_t bq) {
   return !P.direct && packed.keys == nullptr && bq <= kRunGroup && !P.hiding.run_begin.empty();
@@ -460,7 +461,10 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
       const int64_t row_j0 = runs ? own[r].first : j0;
       const int64_t row_n = runs ? own[r].second - own[r].first : n;
       const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
-      const uint8_t* flags = P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      // (a row's own keys share its document: only the masks may hide them)
+      const uint8_t* flags =
+          runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
+                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
       const T row_max = row_logits(P, W, b, h, i, row_j0, vis, span, flags, s, scale);
       const T* c = nullptr;
       if (P.gate.present()) {

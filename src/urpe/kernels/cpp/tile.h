@@ -466,9 +466,9 @@ struct Hiding {
   // keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b,
   // where documents are runs
   KeyRun own_keys(int64_t b, int64_t i, int64_t j0, int64_t n) const {
-    const auto [begin, end] = document_keys(b, i, i + 1);
-    const int64_t lo = std::clamp(begin, j0, j0 + n);
-    return {lo, std::clamp(end, lo, j0 + n)};
+    const int64_t at = (docs_sb == 0 ? 0 : b) * (lk - shift) + i;
+    const int64_t lo = std::clamp(run_begin[at], j0, j0 + n);  // (an empty run: [j0, j0))
+    return {lo, std::clamp(run_end[at], lo, j0 + n)};
   }
 
   // keys [j0, j0 + n) that come before the causal edge for query i
