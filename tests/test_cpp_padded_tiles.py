@@ -122,3 +122,32 @@ def test_documents_that_are_not_runs_read_every_key():
     call["document_ids"] = ids
     want = outputs_and_grads(reference, qkv, params, call)
     assert_same(outputs_and_grads(cpp_attention, qkv, params, call), want)
+
+
+@pytest.mark.parametrize("tiles", [(4, 8), (32, 16)])
+@pytest.mark.parametrize("tail", ["distinct_ids", "distinct_ids+padding"])
+def test_bfloat16_products_by_runs_are_the_reference_s(tail, tiles):
+    """bfloat16 operands through the products that run query by query over short documents
+    (tiles of 4 queries, and groups of 16 split from blocks of 32), forward and backward:
+    within bfloat16's rounding of A and dS of the reference on the same numbers in float64."""
+    (q, k, v), _, call = tail_case(SHAPES[0], tail, "relation_gate", True)
+    table, index = call["gate"].table, call["gate"].index
+
+    def run(fn, dtype, term_dtype):
+        # the same numbers for both: q, k, v rounded to bfloat16, the table to float32
+        qkv = [t.detach().bfloat16().to(dtype).requires_grad_() for t in (q, k, v)]
+        gate_table = table.detach().float().to(term_dtype).requires_grad_()
+        here = dict(call, gate=Relation(gate_table, index))
+        out, grads = outputs_and_grads(fn, qkv, [*qkv, gate_table], here)
+        return out.double(), [g.double() for g in grads]
+
+    want = run(reference, torch.float64, torch.float64)
+    block_q, block_k = tiles
+    got = run(
+        lambda *a, **c: cpp_attention(*a, **c, block_q=block_q, block_k=block_k),
+        torch.bfloat16,
+        torch.float32,
+    )
+    torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=2e-2)
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w, atol=3e-2, rtol=3e-2)

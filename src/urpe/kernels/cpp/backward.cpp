@@ -2,7 +2,9 @@
 //   S = scale Q K^T + B + M,  P = f(S, r),  dA = dropout(dO V^T),  A = dropout(P C),
 //   dV += A^T dO,  dC = dA P,  dP = dA C,  dS = the normalisation's rule(dP, P, delta),
 //   dQ += scale dS K,  dK += scale dS^T Q,  bias and float-mask gradients += dS,
-// five products per tile and the rest per row while the tile is in cache.
+// five products per tile and the rest per row while the tile is in cache; a group of queries
+// in short documents takes its products query by query over each one's own keys instead
+// (`scores_by_runs`).
 //
 // A work item owns what it writes: the rows of dQ of its query blocks, and dK, dV of its
 // (batch, kv head) in its own split copy (zeroed by the item, summed by the caller). It covers
@@ -156,6 +158,60 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
   }
 }
 
+// Where a tile's products run query by query over the keys of its own document only (a run of
+// keys), as the forward pass's `by_runs`: the rows of a group of kRunGroup queries
+// (`for_query_groups`), whose short documents leave the group's tile mostly hidden pairs (one
+// id per padded token: each query sees one key of the group's kRunGroup, and five BLAS calls
+// on a 16 x 16 tile cost more than the few products they hold). `runs` holds each row's keys
+// [lo, hi) in the tile (`Hiding::own_keys`); row r of S, dA, A and dS holds those keys from
+// its start on (the row runs as a tile of its own keys), and the pairs its document hides add
+// nothing to dQ, dK, dV.
+
+// S (bq rows, ld apart) = scale Q K^T and dA = dO V^T by runs. q, dout: the block's first
+// rows; k, v: the kv head's first rows (A: T, or bfloat16 bits).
+template <typename T, typename A>
+void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t d, int64_t dv, T scale, const A* q,
+                    int64_t ldq, const A* dout, int64_t ldo, const A* k, int64_t ldk, const A* v,
+                    int64_t ldv, T* s, T* da, int64_t ld) {
+  for (int64_t r = 0; r < bq; ++r) {
+    const auto [lo, hi] = runs[r];
+    T* s_row = s + r * ld - lo;
+    T* da_row = da + r * ld - lo;
+    for (int64_t j = lo; j < hi; ++j) {
+      s_row[j] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
+      da_row[j] = dot<T>(dout + r * ldo, v + j * ldv, dv);
+    }
+  }
+}
+
+// dV += A^T dO, dQ (+)= scale dS K, dK += scale dS^T Q by runs, from A (in a) and dS (in ds);
+// `rounded`: A and dS taken in bfloat16, as the products on bfloat16 operands take them. dq:
+// the block's rows of dQ (overwritten where `first`); dk, dv_rows: the kv head's first rows.
+template <typename T, typename A>
+void gradients_by_runs(const KeyRun* runs, int64_t bq, int64_t d, int64_t dv, T scale,
+                       bool rounded, const T* a, const T* ds, int64_t ld, const A* q, int64_t ldq,
+                       const A* dout, int64_t ldo, const A* k, int64_t ldk, bool first, T* dq,
+                       int64_t lddq, T* dk, int64_t lddk, T* dv_rows, int64_t lddv) {
+  for (int64_t r = 0; r < bq; ++r) {
+    const auto [lo, hi] = runs[r];
+    T* dq_row = dq + r * lddq;
+    if (first) std::fill(dq_row, dq_row + d, T(0));
+    for (int64_t j = lo; j < hi; ++j) {
+      T weight = a[r * ld + j - lo], grad = ds[r * ld + j - lo];
+      if constexpr (std::is_same_v<T, float>) {
+        if (rounded) {
+          weight = bf16_value(bf16_bits(weight));
+          grad = bf16_value(bf16_bits(grad));
+        }
+      }
+      grad *= scale;
+      add_scaled(dv_rows + j * lddv, weight, dout + r * ldo, dv);
+      add_scaled(dk + j * lddk, grad, q + r * ldq, d);
+      add_scaled(dq_row, grad, k + j * ldk, d);
+    }
+  }
+}
+
 // The tile's five products: S and dA before the rows, then with A (in s) and dS (in da)
 // dV += A^T dO, dQ (+)= scale dS K, dK += scale dS^T Q. On T operands, or on the problem's
 // bfloat16 ones with A and dS rounded to bfloat16 (as SDPA does; every sum stays float).
@@ -168,9 +224,20 @@ struct TileProducts {
   // and v; rows lie the operands' row strides apart
   int64_t q0, o0, k0, v0, bq;
 
-  void before(int64_t j0, int64_t n, T* s, T* da, int64_t ld) const {
+  // runs: each row's own keys where the products run by runs (`scores_by_runs`), else null
+  void before(const KeyRun* runs, int64_t j0, int64_t n, T* s, T* da, int64_t ld) const {
     const int64_t d = P.dim, dv = P.vdim, ldq = P.q_rows.si, ldk = P.k_rows.si;
     const int64_t ldv = P.v_rows.si, ldo = G.grad_out_rows.si;
+    if (runs != nullptr) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (P.bf16()) {
+          return scores_by_runs(runs, bq, d, dv, P.scale, P.q16 + q0, ldq, G.grad_out16 + o0,
+                                ldo, P.k16 + k0, ldk, P.v16 + v0, ldv, s, da, ld);
+        }
+      }
+      return scores_by_runs(runs, bq, d, dv, P.scale, P.q + q0, ldq, G.grad_out + o0, ldo,
+                            P.k + k0, ldk, P.v + v0, ldv, s, da, ld);
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (P.bf16()) {
         gemm_nt(bq, n, d, P.scale, P.q16 + q0, ldq, P.k16 + k0 + j0 * ldk, ldk, 0.0f, s, ld);
@@ -184,11 +251,23 @@ struct TileProducts {
   }
 
   // dq: the block's rows of dQ; dk, dv_rows: the kv head's first rows of dK, dV
-  void after(int64_t j0, int64_t n, const T* a, const T* ds, int64_t ld, bool first, T* dq,
-             T* dk, T* dv_rows) const {
+  void after(const KeyRun* runs, int64_t j0, int64_t n, const T* a, const T* ds, int64_t ld,
+             bool first, T* dq, T* dk, T* dv_rows) const {
     const int64_t d = P.dim, dv = P.vdim, ldq = P.q_rows.si, ldk = P.k_rows.si;
     const int64_t ldo = G.grad_out_rows.si, lddq = G.dq_rows.si, lddk = G.dk_rows.si;
     const int64_t lddv = G.dv_rows.si;
+    if (runs != nullptr) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (P.bf16()) {
+          return gradients_by_runs(runs, bq, d, dv, P.scale, true, a, ds, ld, P.q16 + q0, ldq,
+                                   G.grad_out16 + o0, ldo, P.k16 + k0, ldk, first, dq, lddq, dk,
+                                   lddk, dv_rows, lddv);
+        }
+      }
+      return gradients_by_runs(runs, bq, d, dv, P.scale, false, a, ds, ld, P.q + q0, ldq,
+                               G.grad_out + o0, ldo, P.k + k0, ldk, first, dq, lddq, dk, lddk,
+                               dv_rows, lddv);
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (P.bf16()) {
         uint16_t* a16 = W.s16.data();
@@ -271,6 +350,8 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   // only the keys of the queries' documents, where those are runs
   const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
   const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
+  const bool by_runs = bq <= kRunGroup && !P.hiding.run_begin.empty();
+  KeyRun runs[kRunGroup];
   bool first = true;
   for (int64_t jb = doc_begin / P.block_k * P.block_k; jb < key_end; jb += P.block_k) {
     if (!P.hiding.shares(b, i0 / P.block_q, jb, P.block_k)) continue;  // no visible pair
@@ -278,17 +359,27 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     const int64_t n = std::min(jb + P.block_k, key_end) - j0, ld = padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart, as da_tile
     T* da_tile = W.da.data();
-    products.before(j0, n, s_tile, da_tile, ld);
+    if (by_runs) {
+      for (int64_t r = 0; r < bq; ++r) runs[r] = P.hiding.own_keys(b, i0 + r, j0, n);
+    }
+    const KeyRun* own = by_runs ? runs : nullptr;
+    products.before(own, j0, n, s_tile, da_tile, ld);
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
-      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
-      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s);
-      backward_row(P, G, W, worker, b, h, i, j0, n, vis, span, flags, s, da_tile + r * ld,
-                   W.stat[r], W.delta[r]);
+      // the row's keys: the tile's, or by runs its own (from the row's start)
+      const int64_t row_j0 = by_runs ? runs[r].first : j0;
+      const int64_t row_n = by_runs ? runs[r].second - runs[r].first : n;
+      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
+      // (a row's own keys share its document: only the masks may hide them)
+      const uint8_t* flags =
+          by_runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
+                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, row_j0, vis, span, flags, s);
+      backward_row(P, G, W, worker, b, h, i, row_j0, row_n, vis, span, flags, s,
+                   da_tile + r * ld, W.stat[r], W.delta[r]);
     }
-    products.after(j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
+    products.after(own, j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
     first = false;
   }
   if (first) {  // no key is visible to this block

@@ -101,58 +101,40 @@ void accumulate(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, in
 // of keys: `Hiding::run_begin`): the tiles of a group of kRunGroup queries (`for_query_groups`),
 // whose short documents make the group's tile mostly hidden pairs (with one id per padded
 // token each query sees one key of the group's kRunGroup: 1/16 of the products, and no BLAS
-// call, whose packing costs more than such a tile's product).
+// call, whose packing costs more than such a tile's product). Each row then runs as a tile of
+// its own keys: its flags, logits, gate, dropout and weights over those alone.
 template <typename T>
 bool by_runs(const Problem<T>& P, PackedHead packed, int64_t bq) {
   return !P.direct && packed.keys == nullptr && bq <= kRunGroup && !P.hiding.run_begin.empty();
 }
 
-// keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b
-inline std::pair<int64_t, int64_t> own_keys(const Hiding& hiding, int64_t b, int64_t i,
-                                            int64_t j0, int64_t n) {
-  const auto [begin, end] = hiding.document_keys(b, i, i + 1);
-  const int64_t lo = std::clamp(begin, j0, j0 + n);
-  return {lo, std::clamp(end, lo, j0 + n)};
-}
-
-// `scores` by runs: each query's logits with the keys of its document, 0 elsewhere (pairs its
-// document hides: the logits loop masks them).
-template <typename T>
-void scores_by_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_t k0,
-                    int64_t j0, int64_t bq, int64_t n, T* s_tile, int64_t ld) {
-  const int64_t d = P.dim, ldq = P.q_rows.si, ldk = P.k_rows.si;
+// `scores` by runs: each query's logits with the keys of its document only (`runs`: its keys
+// [lo, hi) in the tile, `Hiding::own_keys`), row r's from its start on (the row then runs as
+// a tile of its own keys: keys lo.., hi - lo of them). q: the block's first row; k: the kv
+// head's first key (A: T, or bfloat16 bits, whose product leaves the scale to the logits loop
+// as `scores` does).
+template <typename T, typename A>
+void scores_by_runs(const KeyRun* runs, int64_t bq, int64_t d, T scale, const A* q, int64_t ldq,
+                    const A* k, int64_t ldk, T* s_tile, int64_t ld) {
   for (int64_t r = 0; r < bq; ++r) {
-    const auto [lo, hi] = own_keys(P.hiding, b, i0 + r, j0, n);
-    T* s = s_tile + r * ld;
-    std::fill(s, s + n, T(0));
-    if (hi == lo) continue;
-    const int64_t q0 = P.q_rows.at(b, h, i0 + r), k = k0 + lo * ldk;
-    if constexpr (std::is_same_v<T, float>) {
-      if (P.bf16()) {
-        rows_nt(1, hi - lo, d, 1.0f, P.q16 + q0, ldq, P.k16 + k, ldk, s + lo - j0, ld);
-        continue;
-      }
-    }
-    rows_nt<T>(1, hi - lo, d, P.scale, P.q + q0, ldq, P.k + k, ldk, s + lo - j0, ld);
+    const auto [lo, hi] = runs[r];
+    T* s = s_tile + r * ld - lo;
+    for (int64_t j = lo; j < hi; ++j) s[j] = scale * dot<T>(q + r * ldq, k + j * ldk, d);
   }
 }
 
-// `accumulate` by runs: each output row from the values of its document's keys.
-template <typename T>
-void accumulate_by_runs(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t i0,
-                        int64_t v0, int64_t j0, int64_t bq, int64_t n, const T* a, int64_t ld,
-                        T beta, T* acc, int64_t ldo) {
-  const int64_t dv = P.vdim, ldv = P.v_rows.si;
+// `accumulate` by runs: each output row (acc, rows ldo apart) = beta acc + the weights of its
+// document's keys (a: T, or bfloat16 bits, from the row's start as `scores_by_runs` leaves
+// them) times their values (v: the kv head's first). Every weight of those keys is taken, 0
+// too, so that a NaN or inf value row reaches the output (`flag_nonfinite`).
+template <typename T, typename A>
+void accumulate_by_runs(const KeyRun* runs, int64_t bq, int64_t dv, const A* a, int64_t ld,
+                        const A* v, int64_t ldv, T beta, T* acc, int64_t ldo) {
   for (int64_t r = 0; r < bq; ++r) {
-    const auto [lo, hi] = own_keys(P.hiding, b, i0 + r, j0, n);
-    const int64_t at = r * ld + lo - j0, v = v0 + lo * ldv;
-    if constexpr (std::is_same_v<T, float>) {
-      if (P.bf16()) {
-        rows_nn(1, dv, hi - lo, W.s16.data() + at, ld, P.v16 + v, ldv, beta, acc + r * ldo, ldo);
-        continue;
-      }
-    }
-    rows_nn<T>(1, dv, hi - lo, a + at, ld, P.v + v, ldv, beta, acc + r * ldo, ldo);
+    const auto [lo, hi] = runs[r];
+    T* row = acc + r * ldo;
+    if (beta == T(0)) std::fill(row, row + dv, T(0));
+    for (int64_t j = lo; j < hi; ++j) add_scaled(row, value<T>(a[r * ld + j - lo]), v + j * ldv, dv);
   }
 }
 
@@ -434,6 +416,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const int power = P.power();
   const T scale = row_scale(P);
   const bool runs = by_runs(P, packed, bq);
+  KeyRun own[kRunGroup];  // where `runs`: each row's keys in the tile
   std::fill_n(W.row_max.begin(), bq, -std::numeric_limits<T>::infinity());
   std::fill_n(W.row_sum.begin(), bq, T(0));
   // only the keys of the queries' documents, where those are runs
@@ -449,12 +432,22 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const int64_t ld = packed.keys != nullptr ? round_up(n, kPackedKeys) : padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart
     if (runs) {
-      scores_by_runs(P, b, h, i0, k0, j0, bq, n, s_tile, ld);
+      for (int64_t r = 0; r < bq; ++r) own[r] = P.hiding.own_keys(b, i0 + r, j0, n);
+      const int64_t q0 = P.q_rows.at(b, h, i0), ldq = P.q_rows.si, ldk = P.k_rows.si;
+      if (P.bf16()) {
+        scores_by_runs(own, bq, P.dim, T(1), P.q16 + q0, ldq, P.k16 + k0, ldk, s_tile, ld);
+      } else {
+        scores_by_runs(own, bq, P.dim, P.scale, P.q + q0, ldq, P.k + k0, ldk, s_tile, ld);
+      }
     } else {
       scores(P, packed, P.q_rows.at(b, h, i0), k0, j0, bq, n, s_tile, ld);
     }
     if (P.nonfinite != nullptr) {
-      if (P.direct || runs) {  // products by loops: checked by their results
+      if (runs) {  // products by loops: checked by their results, each row's own
+        for (int64_t r = 0; r < bq; ++r) {
+          flag_nonfinite(P, s_tile + r * ld, 1, own[r].second - own[r].first, ld);
+        }
+      } else if (P.direct) {
         flag_nonfinite(P, s_tile, bq, n, ld);
       } else {
         flag_operands(P, b, h, i0, bq, j0, n, first);
@@ -464,16 +457,22 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      const int64_t vis = P.hiding.visible(i, j0, n), span = padded(vis);
-      const uint8_t* flags = P.hiding.flags(b, h, i, j0, vis, span, W.flags.data());
-      const T row_max = row_logits(P, W, b, h, i, j0, vis, span, flags, s, scale);
+      // the row's keys: the tile's, or by runs its own (from the row's start)
+      const int64_t row_j0 = runs ? own[r].first : j0;
+      const int64_t row_n = runs ? own[r].second - own[r].first : n;
+      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
+      // (a row's own keys share its document: only the masks may hide them)
+      const uint8_t* flags =
+          runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
+                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      const T row_max = row_logits(P, W, b, h, i, row_j0, vis, span, flags, s, scale);
       const T* c = nullptr;
       if (P.gate.present()) {
-        c = masked_gate_row(P.gate, b, h, i, j0, vis, span, flags, W.values.data());
+        c = masked_gate_row(P.gate, b, h, i, row_j0, vis, span, flags, W.values.data());
       }
       const T* keep = nullptr;
       if (P.dropout.on) {
-        P.dropout.row(P.counter(b, h, i, j0), span, P.kept, W.dropout.data());
+        P.dropout.row(P.counter(b, h, i, row_j0), span, P.kept, W.dropout.data());
         keep = W.dropout.data();
       }
       uint16_t* s16 = P.bf16() ? W.s16.data() + r * ld : nullptr;
@@ -481,11 +480,11 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
                                     W.row_max[r], W.row_sum[r], c, keep);
       W.alpha[r] = alpha;
       rescale = rescale || alpha != T(1);
-      if (span < n) {  // the keys past the causal edge (and an odd tile's pad for A V)
+      if (span < row_n) {  // the keys past the causal edge (and an odd tile's pad for A V)
         if (s16 != nullptr) {
-          std::fill(s16 + span, s16 + std::min(ld, round_up(n, 2)), uint16_t(0));
+          std::fill(s16 + span, s16 + std::min(ld, round_up(row_n, 2)), uint16_t(0));
         } else {
-          fill_row(s + span, T(0), n - span);
+          fill_row(s + span, T(0), row_n - span);
         }
       }
     }
@@ -499,7 +498,12 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
       }
     }
     if (runs) {
-      accumulate_by_runs(P, W, b, i0, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
+      const T beta = first ? T(0) : T(1);
+      if (P.bf16()) {
+        accumulate_by_runs(own, bq, dv, W.s16.data(), ld, P.v16 + v0, P.v_rows.si, beta, acc, ldo);
+      } else {
+        accumulate_by_runs(own, bq, dv, s_tile, ld, P.v + v0, P.v_rows.si, beta, acc, ldo);
+      }
     } else {
       accumulate(P, W, packed, v0, j0, bq, n, s_tile, ld, first ? T(0) : T(1), acc, ldo);
     }

@@ -111,16 +111,6 @@ void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-// An operand entry as T (bfloat16 bits: exact)
-template <typename T>
-URPE_INLINE T value(T x) {
-  return x;
-}
-template <typename T>
-URPE_INLINE T value(uint16_t bits) {
-  return bf16_value(bits);
-}
-
 // The same product by loops, for T operands, or bfloat16 ones (A = uint16_t, T = float: each
 // operand exact in float, sums in float, as BLAS's bf16 x bf16 -> f32 routine). Row-major:
 // op(A) is (m x k), op(B) is (k x n). a_t: A is stored (k x m) (gemm_tn); b_t: B is stored (n x k) (gemm_nt). beta = 0 overwrites C

@@ -198,6 +198,32 @@ inline void to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64
   for (int64_t j = 0; j < n; ++j) dst[j] = bf16_bits(src[j]);
 }
 
+// An operand entry as T (bfloat16 bits: exact)
+template <typename T>
+URPE_INLINE T value(T x) {
+  return x;
+}
+template <typename T>
+URPE_INLINE T value(uint16_t bits) {
+  return bf16_value(bits);
+}
+
+// Products of one query row with the few keys of its own document (`Hiding::own_keys`), as
+// loops: x . y over n entries, and y += a x, on T entries or bfloat16 bits (exact in float).
+template <typename T, typename A>
+URPE_INLINE T dot(const A* __restrict x, const A* __restrict y, int64_t n) {
+  T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+  for (int64_t e = 0; e < n; ++e) sum += value<T>(x[e]) * value<T>(y[e]);
+  return sum;
+}
+
+template <typename T, typename A>
+URPE_INLINE void add_scaled(T* __restrict y, T a, const A* __restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t e = 0; e < n; ++e) y[e] += a * value<T>(x[e]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropout: the reference's hash (urpe.kernels.dropout), so both draw the same mask. The keep
 // decision for weight (b, h, i, j) depends on the seed and the flat index only.
@@ -385,6 +411,9 @@ const T* masked_gate_row(const Term<T>& gate, int64_t b, int64_t h, int64_t i, i
 // Which pairs are hidden: causal masking (a contiguous tail of each row segment), key padding,
 // documents and a boolean attn_mask (flags per entry).
 
+// keys [lo, hi) of a row
+using KeyRun = std::pair<int64_t, int64_t>;
+
 struct Hiding {
   bool causal = false;
   int64_t shift = 0;              // Lk - Lq: query i sees keys j <= i + shift
@@ -432,6 +461,14 @@ struct Hiding {
       hi = std::max(hi, end[i]);
     }
     return {std::min(lo, hi), hi};
+  }
+
+  // keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b,
+  // where documents are runs
+  KeyRun own_keys(int64_t b, int64_t i, int64_t j0, int64_t n) const {
+    const int64_t at = (docs_sb == 0 ? 0 : b) * (lk - shift) + i;
+    const int64_t lo = std::clamp(run_begin[at], j0, j0 + n);  // (an empty run: [j0, j0))
+    return {lo, std::clamp(run_end[at], lo, j0 + n)};
   }
 
   // keys [j0, j0 + n) that come before the causal edge for query i
