@@ -45,7 +45,8 @@ def linear(proj: nn.Module, x: Tensor) -> Tensor:
     """proj(x), computed as F.linear where proj is a plain nn.Linear that no hook watches and
     nothing replaced (PEFT, quantisation, accelerate's hooks: the module call then). Calling
     the module costs about as much as the product of a decoding step's one row (~23k of ~50k
-    instructions, issue 42), and a step runs it per layer."""
+    instructions, issue 42), and a step runs it per layer. Parameters read from the module's
+    dict: an attribute that nn.Module resolves in its __getattr__ costs ~5k instructions."""
     if (
         type(proj) is not nn.Linear
         or proj._forward_pre_hooks
@@ -59,7 +60,8 @@ def linear(proj: nn.Module, x: Tensor) -> Tensor:
         or module_calls._global_backward_hooks
     ):
         return proj(x)
-    return F.linear(x, proj.weight, proj.bias)
+    parameters = proj._parameters
+    return F.linear(x, parameters["weight"], parameters["bias"])
 
 
 @register_position(
@@ -86,7 +88,7 @@ class ForgetGate(RelativeEncoding):
 
     def key_state(self, x: Tensor) -> Tensor:
         """x (B, L, dim) -> log f (B, H, L), every value <= 0."""
-        return log_sigmoid(linear(self.proj, x)).mT
+        return log_sigmoid(linear(self._modules["proj"], x)).mT
 
     def attend(
         self,

@@ -47,6 +47,7 @@ class Cumulative:
         """values: (B, H, T) float64, the sums so far."""
         b, h, t = values.shape
         self.buffer = values.new_empty(b, h, 1 + max(2 * t, 16))  # [last token | T tokens | room]
+        self.front = self.buffer.narrow(-1, 0, 1)  # c of the last token (a view: kept, not made)
         self.length = 0
         self.read: Tensor | None = None  # the sums in a step's dtype, the buffer's layout
         self._write(values)
@@ -74,7 +75,7 @@ class Cumulative:
         t = self.length
         if t + 2 > self.buffer.shape[-1]:
             self._grow(t + 2)
-        front = self.buffer.narrow(-1, 0, 1)  # c of the last token, (B, H, 1)
+        front = self.front  # (B, H, 1)
         front.add_(log_forget)
         self.buffer.narrow(-1, 1 + t, 1).copy_(front)
         read = self.read
@@ -90,7 +91,7 @@ class Cumulative:
             self.length = length
             self.read = None
             if length:
-                self.buffer.narrow(-1, 0, 1).copy_(self.buffer.narrow(-1, length, 1))
+                self.front.copy_(self.buffer.narrow(-1, length, 1))
 
     def decoding_term(self, dtype: torch.dtype) -> Tensor:
         """[c of the last token | c of every token] (B, H, 1 + T) in `dtype`: the cumulative of
@@ -100,7 +101,7 @@ class Cumulative:
         if dtype == torch.float64 or _tracked(self.buffer):
             return self.buffer.narrow(-1, 0, n).to(dtype)
         read = self.read
-        if read is None or read.dtype != dtype or read.shape[-1] != self.buffer.shape[-1]:
+        if read is None or read.dtype != dtype:
             read = self.read = self.buffer.to(dtype)
         return read.narrow(-1, 0, n)
 
@@ -111,12 +112,13 @@ class Cumulative:
         self.read = None
         if _tracked(new, self.buffer):  # out of place, so autograd sees every step
             self.buffer = torch.cat([new[..., -1:], self.values, new], -1)
+            self.front = self.buffer.narrow(-1, 0, 1)
             self.length = t + n
             return
         if 1 + t + n > self.buffer.shape[-1]:
             self._grow(1 + t + n)
         self.buffer.narrow(-1, 1 + t, n).copy_(new)
-        self.buffer.narrow(-1, 0, 1).copy_(new[..., -1:])
+        self.front.copy_(new[..., -1:])
         self.length = t + n
 
     def _grow(self, needed: int) -> None:
@@ -124,6 +126,7 @@ class Cumulative:
         grown = self.buffer.new_empty(b, h, max(2 * capacity, needed))
         grown.narrow(-1, 0, 1 + self.length).copy_(self.buffer.narrow(-1, 0, 1 + self.length))
         self.buffer = grown
+        self.front = grown.narrow(-1, 0, 1)
         self.read = None
 
 
