@@ -187,3 +187,25 @@ def test_log_sigmoid_is_torchs_logsigmoid():
         (grad_got,) = torch.autograd.grad(got.sum(), x)
         (grad_want,) = torch.autograd.grad(want.sum(), x)
         torch.testing.assert_close(grad_got, grad_want, **tight)
+
+
+def test_gates_call_their_projection_where_something_hooks_or_replaces_it():
+    """The gates compute x W^T + b directly (a decoding step's module call costs as much as the
+    product), unless a hook watches the projection, its forward was replaced, or it is not a
+    plain nn.Linear: then the module is called, as before."""
+    gate = ForgetGate(E, H)
+    x = torch.randn(2, 3, E)
+    want = F.logsigmoid(gate.proj(x)).transpose(-1, -2)  # (B, H, L)
+    assert torch.equal(gate.key_state(x), want)
+    seen = []
+    handle = gate.proj.register_forward_hook(lambda module, args, out: seen.append(out))
+    gate.key_state(x)
+    handle.remove()
+    with torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(o)):
+        gate.key_state(x)
+    gate.proj.forward = lambda t: seen.append(t) or torch.zeros(*t.shape[:-1], H)
+    zero = gate.key_state(x)
+    del gate.proj.forward
+    assert len(seen) == 3 and torch.equal(zero, F.logsigmoid(torch.zeros(2, H, 3)))
+    gate.proj = torch.nn.Sequential(gate.proj)  # a wrapper (PEFT's, say) is called
+    assert torch.equal(gate.key_state(x), want)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+import urpe
 from tests.hf_families import VOCAB
 from tests.test_hf_decay import fox_model
 from urpe.hf.forget_history import Cumulative
@@ -95,3 +96,34 @@ def test_gradients_through_a_cache_equal_the_full_forward():
     )
     for got, want in zip(gradients(stepped), full, strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_step_reads_the_sums_where_they_lie(dtype):
+    """A decoding step's term is a view of the kept rows (a buffer's capacity apart), written
+    one sum per step, not a conversion of the history: the C++ kernel reads those rows as they
+    lie and gives what it gives for a contiguous copy, without and with a gradient."""
+    log_forget = _log_forget(40, dtype)
+    kept = Cumulative(log_forget.new_zeros(2, 3, 0, dtype=torch.float64))
+    kept.extend(log_forget[..., :30])
+    terms = set()
+    for t in range(30, 40):
+        kept.extend(log_forget[..., t : t + 1])
+        term = kept.decoding_term(dtype)  # (B, H, 1 + T)
+        terms.add(term.data_ptr())
+    assert len(terms) == 2  # the buffer read by every step, grown once (at 33 tokens)
+    assert not term.is_contiguous() and term.stride(-1) == 1
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=dtype) for n in (1, 40, 40))
+    with torch.no_grad():
+        got = urpe.attention(q, k, v, bias=CrossDecay(term), backend="cpp")
+        want = urpe.attention(q, k, v, bias=CrossDecay(term.contiguous()), backend="cpp")
+    assert torch.equal(got, want)
+    rows = torch.zeros(2, 3, 64, dtype=dtype)
+    rows[..., :41] = term
+    rows.requires_grad_()
+    strided = rows.narrow(-1, 0, 41)  # rows 64 apart, as the cache keeps them
+    urpe.attention(q, k, v, bias=CrossDecay(strided), backend="cpp").sum().backward()
+    reference = term.contiguous().requires_grad_()
+    urpe.attention(q, k, v, bias=CrossDecay(reference), backend="reference").sum().backward()
+    torch.testing.assert_close(rows.grad[..., :41], reference.grad)

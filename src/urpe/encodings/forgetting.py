@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as module_calls
 
 from ..kernels import Decay, attention
 from .base import RelativeEncoding, refuse_precomputed_bias
@@ -38,6 +39,29 @@ def log_sigmoid(x: Tensor) -> Tensor:
     it, but where x < -20 (softplus's linear branch, off by e^x < 2e-9), and the same gradient,
     sigmoid(-x)."""
     return F.softplus(x, beta=-1.0)
+
+
+def linear(proj: nn.Module, x: Tensor) -> Tensor:
+    """proj(x), computed as F.linear where proj is a plain nn.Linear that no hook watches and
+    nothing replaced (PEFT, quantisation, accelerate's hooks: the module call then). Calling
+    the module costs about as much as the product of a decoding step's one row (~23k of ~50k
+    instructions, issue 42), and a step runs it per layer. Parameters read from the module's
+    dict: an attribute that nn.Module resolves in its __getattr__ costs ~5k instructions."""
+    if (
+        type(proj) is not nn.Linear
+        or proj._forward_pre_hooks
+        or proj._forward_hooks
+        or proj._backward_pre_hooks
+        or proj._backward_hooks
+        or "forward" in proj.__dict__
+        or module_calls._global_forward_pre_hooks
+        or module_calls._global_forward_hooks
+        or module_calls._global_backward_pre_hooks
+        or module_calls._global_backward_hooks
+    ):
+        return proj(x)
+    parameters = proj._parameters
+    return F.linear(x, parameters["weight"], parameters["bias"])
 
 
 @register_position(
@@ -64,7 +88,7 @@ class ForgetGate(RelativeEncoding):
 
     def key_state(self, x: Tensor) -> Tensor:
         """x (B, L, dim) -> log f (B, H, L), every value <= 0."""
-        return log_sigmoid(self.proj(x)).transpose(-1, -2)
+        return log_sigmoid(linear(self._modules["proj"], x)).mT
 
     def attend(
         self,

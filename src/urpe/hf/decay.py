@@ -31,8 +31,9 @@ from ..encodings import (
     resolve,
 )
 from ..kernels import CrossDecay, Decay, Term
+from ..kernels.dtypes import HALF
 from .cache_argument import cache_argument
-from .forget_history import Cumulative, ForgetHistory, check_cache_layer
+from .forget_history import Cumulative, ForgetHistory
 from .positions import LAYOUT
 
 FORGET = "urpe_forget"
@@ -79,16 +80,13 @@ def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
         module.__dict__[LOG_FORGET] = None
         return
     hidden = args[0] if args else kwargs.get("hidden_states")
-    # float32 at least: a cumulative sum of ~1e-4 steps in bfloat16 would lose them.
-    dtype = torch.promote_types(hidden.dtype, torch.float32)
     log_forget = forget.key_state(hidden)  # (B, H, L)
-    if log_forget.dtype != dtype:
-        log_forget = log_forget.to(dtype)
+    if log_forget.dtype in HALF:  # a cumulative sum of ~1e-4 steps in bfloat16 would lose them
+        log_forget = log_forget.float()
     cache = cache_argument(args, kwargs)
     layer = getattr(module, "layer_idx", None)
     kept = None
     if cache is not None and layer is not None:
-        check_cache_layer(cache, layer)
         layout = module.__dict__.get(LAYOUT)
         query_start = 0 if layout is None else layout[0]
         kept = ForgetHistory.of(cache).extend(layer, log_forget, query_start)

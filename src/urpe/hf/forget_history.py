@@ -35,13 +35,21 @@ class Cumulative:
     gives. Kept in a buffer that grows geometrically (no copy of the history per step), behind
     one slot that holds c of the last token: a decoding step's query, read first as a
     `CrossDecay` wants it ([c of the queries | c of the keys], one tensor).
+
+    Decoding steps read the sums in the call's dtype from a second buffer laid out the same way
+    (`decoding_term`), which each step writes its one new sum into: a step converts one value
+    per head, not the whole history (each small torch op costs ~5-25k instructions and a step
+    runs a few per layer, issue 42). Built from the float64 sums when a step first reads them,
+    and dropped by anything but a one-token step (a chunk, a crop, a buffer grown).
     """
 
     def __init__(self, values: Tensor) -> None:
         """values: (B, H, T) float64, the sums so far."""
         b, h, t = values.shape
         self.buffer = values.new_empty(b, h, 1 + max(2 * t, 16))  # [last token | T tokens | room]
+        self.front = self.buffer.narrow(-1, 0, 1)  # c of the last token (a view: kept, not made)
         self.length = 0
+        self.read: Tensor | None = None  # the sums in a step's dtype, the buffer's layout
         self._write(values)
 
     @property
@@ -55,42 +63,62 @@ class Cumulative:
         if t == 0:
             self._write(log_forget.to(torch.float64).cumsum(-1))
         elif log_forget.shape[-1] == 1 and not _tracked(log_forget, self.buffer):
-            if t + 2 > self.buffer.shape[-1]:
-                self._grow(t + 2)
-            front = self.buffer.narrow(-1, 0, 1)  # c of the last token
-            c = front + log_forget  # (B, H, 1), float64
-            self.buffer.narrow(-1, 1 + t, 1).copy_(c)
-            front.copy_(c)
-            self.length = t + 1
+            self._step(log_forget)
         else:  # a chunk, or gradients to keep: the sums continue from the last one
             last = self.buffer.narrow(-1, t, 1)
             new = torch.cat([last, log_forget.to(torch.float64)], -1).cumsum(-1)[..., 1:]
             self._write(new)
 
+    def _step(self, log_forget: Tensor) -> None:
+        """One token: its sum into the front slot (in place: the float64 add rounds as the
+        cumsum does), then copied to its own slot, and to both slots of `read`."""
+        t = self.length
+        if t + 2 > self.buffer.shape[-1]:
+            self._grow(t + 2)
+        front = self.front  # (B, H, 1)
+        front.add_(log_forget)
+        self.buffer.narrow(-1, 1 + t, 1).copy_(front)
+        read = self.read
+        if read is not None:  # [front, slot 1 + t] as one view: one copy writes both
+            b, h, capacity = read.shape
+            pair = read.as_strided((b, h, 2), (h * capacity, capacity, 1 + t))
+            pair.copy_(front)
+        self.length = t + 1
+
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens' sums (a cropped cache)."""
         if length < self.length:
             self.length = length
+            self.read = None
             if length:
-                self.buffer.narrow(-1, 0, 1).copy_(self.buffer.narrow(-1, length, 1))
+                self.front.copy_(self.buffer.narrow(-1, length, 1))
 
     def decoding_term(self, dtype: torch.dtype) -> Tensor:
         """[c of the last token | c of every token] (B, H, 1 + T) in `dtype`: the cumulative of
-        a `CrossDecay` whose one query is the last token and whose keys are all T."""
-        return self.buffer.narrow(-1, 0, 1 + self.length).to(dtype)
+        a `CrossDecay` whose one query is the last token and whose keys are all T. A view
+        (rows a buffer's capacity apart), not a copy, where no gradient is recorded."""
+        n = 1 + self.length
+        if dtype == torch.float64 or _tracked(self.buffer):
+            return self.buffer.narrow(-1, 0, n).to(dtype)
+        read = self.read
+        if read is None or read.dtype != dtype:
+            read = self.read = self.buffer.to(dtype)
+        return read.narrow(-1, 0, n)
 
     def _write(self, new: Tensor) -> None:
         t, n = self.length, new.shape[-1]
         if n == 0:
             return
+        self.read = None
         if _tracked(new, self.buffer):  # out of place, so autograd sees every step
             self.buffer = torch.cat([new[..., -1:], self.values, new], -1)
+            self.front = self.buffer.narrow(-1, 0, 1)
             self.length = t + n
             return
         if 1 + t + n > self.buffer.shape[-1]:
             self._grow(1 + t + n)
         self.buffer.narrow(-1, 1 + t, n).copy_(new)
-        self.buffer.narrow(-1, 0, 1).copy_(new[..., -1:])
+        self.front.copy_(new[..., -1:])
         self.length = t + n
 
     def _grow(self, needed: int) -> None:
@@ -98,6 +126,8 @@ class Cumulative:
         grown = self.buffer.new_empty(b, h, max(2 * capacity, needed))
         grown.narrow(-1, 0, 1 + self.length).copy_(self.buffer.narrow(-1, 0, 1 + self.length))
         self.buffer = grown
+        self.front = grown.narrow(-1, 0, 1)
+        self.read = None
 
 
 def _tracked(*tensors: Tensor) -> bool:
@@ -125,10 +155,13 @@ class ForgetHistory:
 
     def extend(self, layer: int, log_forget: Tensor, query_start) -> Cumulative | Tensor:
         """Record log f (B, H, L) of the call's new tokens, before the cache stores their keys;
-        returns the layer's `Cumulative` (growing) or its static buffer of log f by position."""
+        returns the layer's `Cumulative` (growing) or its static buffer of log f by position.
+        NotImplementedError for cache layers whose token slots urpe cannot follow."""
         kind = _layer_of(self.cache, layer)
-        if _in_place(kind):
-            return self._write_static(layer, kind.max_cache_len, log_forget, query_start)
+        if type(kind) is not DynamicLayer:  # (a plain DynamicCache's: no other question)
+            _check_layer(kind)
+            if _in_place(kind):
+                return self._write_static(layer, kind.max_cache_len, log_forget, query_start)
         seen = int(self.cache.get_seq_length(layer))
         past = self.layers.get(layer)
         if past is None:
@@ -188,9 +221,7 @@ class ForgetHistory:
                 self.layers[layer] = Cumulative(change(t.values))
 
 
-def check_cache_layer(cache, layer: int) -> None:
-    """NotImplementedError for cache layers whose token slots urpe cannot follow."""
-    kind = _layer_of(cache, layer)
+def _check_layer(kind) -> None:
     if not isinstance(kind, (DynamicLayer, StaticLayer, type(None))):
         raise NotImplementedError(
             f"a FoX decay (add_urpe(decay=...)) cannot follow a {type(kind).__name__} cache "

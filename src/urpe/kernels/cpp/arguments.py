@@ -88,8 +88,9 @@ def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor
 
 
 def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = False) -> tuple:
-    """(code, tensor, index) as the C++ ops take a bias or gate. in_place: a Toeplitz table
-    that covers the call goes as it is (the forward of a call that needs no gradient)."""
+    """(code, tensor, index) as the C++ ops take a bias or gate. in_place (the forward of a
+    call that needs no gradient): a Toeplitz table that covers the call goes as it is, a
+    CrossDecay's rows where they lie."""
     if kind == "none" or tensor is None:
         return NO_TERM, None, None
     if tensor.dtype != dtype:
@@ -108,7 +109,9 @@ def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = Fa
     if kind == "decay":  # c = cumsum(log_forget) (B|1, H|1, Lk): the loops read -|c_i - c_j|
         return KIND_CODES[kind], tensor.cumsum(-1).contiguous(), None
     if kind == "cross_decay":  # c (B|1, H|1, Lq + Lk) as given: the queries' c, the keys'
-        return KIND_CODES[kind], _contiguous(tensor), None
+        # a forward reads rows where they lie (a growing cache's sums: no copy per step)
+        rows = in_place and tensor.stride(-1) == 1
+        return KIND_CODES[kind], tensor if rows else _contiguous(tensor), None
     return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
 
 

@@ -9,6 +9,7 @@
 //   Toeplitz table (forward only) (H|1, 2K + 1): the table itself, where no offset is clamped
 //   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
 //   Decay     c = cumsum(log_forget) (B|1, H|1, Lk), contiguous (bias only)
+//   CrossDecay c (B|1, H|1, Lq + Lk), the last dim contiguous (contiguous for a gradient)
 // document ids as (B|1, Lk) int64, contiguous, and the masks as bool (B|1, H|1, Lq|1, Lk|1) and key padding (B|1, Lk|1), any strides; it
 // gets back, for a term whose gradient is asked for, the gradient of that same tensor.
 // The ops are public, so every argument is checked here (`make_problem`): a wrong one raises
@@ -163,7 +164,10 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   if (kind == kCrossDecay) {
     check_broadcasts(t, {batch, heads, lq + lk}, name,
                      "(B|1, H|1, Lq + Lk) cumulative log_forget, the queries' first", 2);
-    TORCH_CHECK(t.is_contiguous(), "urpe_cpp: a cross decay ", name, " must be contiguous");
+    // rows read where they lie: a growing cache's sums, rows its capacity apart (no copy per
+    // decoding step); a gradient's layout wants them contiguous (`make_grad`)
+    TORCH_CHECK(t.size(2) <= 1 || t.stride(2) == 1, "urpe_cpp: a cross decay ", name,
+                " must have a contiguous last dim");
     term.sb = stride_or_zero(t, 0);
     term.sh = stride_or_zero(t, 1);
     term.row_len = lq + lk;
@@ -561,7 +565,8 @@ TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor&
     g.sh = stride_or_zero(grad, 1);
     g.si = stride_or_zero(grad, 2);
     g.sj = stride_or_zero(grad, 3);
-  } else {  // tables and decay: one copy per worker
+  } else {  // tables and decay: one copy per worker, laid out as the term
+    TORCH_CHECK(tensor.is_contiguous(), "urpe_cpp: the gradient of a term needs it contiguous");
     std::vector<int64_t> sizes{workers};
     for (int64_t size : tensor.sizes()) sizes.push_back(size);
     grad = at::zeros(sizes, tensor.options());
