@@ -3,10 +3,10 @@
 // AVX2 sums each dot product's lanes through the stack (about 90 instructions per 4 keys, as
 // many as the products themselves) and loads and stores the output row once per 4 value rows;
 // these take 8 keys' dot products at once and fold their lanes with 7 shuffled adds, and keep
-// up to 64 output columns in registers over every value row (measured with callgrind, one
-// query, H = 8, Lk = 1024, D = 64: 557k instructions for both products before, see
-// BENCHMARKS.md "Issue 42"). Every product is taken, as in `direct`: a NaN or inf in an operand
-// reaches the result even through a zero factor.
+// up to 64 output columns in registers over every value row (callgrind, one query, H = 8,
+// Lk = 1024, D = 64: both products took 557k instructions by `direct`'s loops, issue 42).
+// Every product is taken, as in `direct`: a NaN or inf in an operand reaches the result even
+// through a zero factor.
 #pragma once
 
 #include <cstdint>
