@@ -112,3 +112,26 @@ def test_a_nan_in_a_far_value_row_is_found():
     with torch.no_grad():
         got = attention(q, k, v, gate=Toeplitz(table.to(torch.float32)), is_causal=True)
     assert got[1, 0].isnan().all() and got[0].isfinite().all() and got[1, 1].isfinite().all()
+
+
+@pytest.mark.parametrize("dim,vdim", [(13, 29), (72, 136), (3, 70)])
+@pytest.mark.parametrize("lk", [5, 301])
+def test_head_widths_off_the_register_blocks(dim, vdim, lk):
+    """Widths that are no multiple of the one-row products' register blocks (8 entries of q.k,
+    64 and 8 output columns) and caches of keys that are no multiple of 8: the reference's
+    answer, gated or not; a NaN in the last entry of a key row or of a value row is found."""
+    gen = torch.Generator().manual_seed(lk + dim)
+    q, k = (torch.randn(1, 2, n, dim, generator=gen) for n in (1, lk))
+    v = torch.randn(1, 2, lk, vdim, generator=gen)
+    table = torch.rand(2, 2 * lk - 1, generator=gen, dtype=torch.float64) + 0.5
+    for gated in (False, True):
+        gate = Toeplitz(table.to(torch.float32)) if gated else None
+        want = _reference(q, k, v, table if gated else None, None)
+        with torch.no_grad():
+            got = attention(q, k, v, gate=gate, is_causal=True, backend="cpp")
+        torch.testing.assert_close(got.to(torch.float64), want, **TOLERANCE[torch.float32])
+    for target in (k, v):
+        target[0, 1, lk - 1, -1] = float("nan")
+        out, finite = _op_call(q, k, v)
+        assert not finite
+        target[0, 1, lk - 1, -1] = 0.0

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "loops.h"
+#include "rows_avx2.h"
 
 #if __has_include(<ATen/native/CPUBlas.h>)
 #include <ATen/native/CPUBlas.h>
@@ -118,6 +119,19 @@ void scale_only(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
 template <typename T, typename A = T>
 void direct(bool a_t, bool b_t, int64_t m, int64_t n, int64_t k, T alpha, const A* a,
             int64_t lda, const A* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+#if URPE_AVX2_ROWS
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<A, float>) {
+    for (int64_t r = 0; r < m; ++r) {
+      if (b_t) {
+        dots_avx2(n, k, alpha, a + r * lda, b, ldb, beta, c + r * ldc);
+      } else {
+        const auto weight = [&](int64_t e) { return alpha * (a_t ? a[e * lda + r] : a[r * lda + e]); };
+        weighted_rows_avx2(n, k, weight, b, ldb, beta, c + r * ldc);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t r = 0; r < m; ++r) {
     T* __restrict row = c + r * ldc;
     if (b_t) {  // C[r, j] = A[r, :] . B[j, :]
