@@ -14,7 +14,7 @@ from rdkit import Chem
 from torch_geometric.data import Data
 
 from urpe.data.molecules import smiles_to_graph
-from urpe.graph import FAR, UNREACHABLE, ShortestPaths, shortest_paths
+from urpe.graph import FAR, UNREACHABLE, ShortestPaths, paths, shortest_paths
 
 from .graph_reference import SMILES, lexmin_feature_path, to_networkx
 
@@ -138,3 +138,48 @@ def test_bad_edge_index_is_rejected():
         shortest_paths(torch.tensor([[0], [5]]), 3)
     with pytest.raises(ValueError, match="rows"):
         shortest_paths(torch.tensor([[0], [1]]), 3, torch.zeros(2, 1))
+
+
+def scipy_distances(edge_index: np.ndarray, n: int) -> np.ndarray:
+    """SciPy's breadth-first distances (what urpe used for every graph before), UNREACHABLE
+    where none."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import shortest_path
+
+    src, dst = edge_index
+    adjacency = coo_matrix((np.ones(src.size), (src, dst)), shape=(n, n)).tocsr()
+    dist = shortest_path(adjacency, directed=True, unweighted=True)
+    return np.where(np.isfinite(dist), dist, UNREACHABLE).astype(np.int64)
+
+
+def test_dense_search_equals_scipy_on_molecules_and_odd_graphs():
+    """Distances from dense matrix products (graphs up to DENSE_SEARCH_MAX_NODES) equal SciPy's
+    on real molecules and on directed graphs with self-loops, repeated edges, isolated nodes
+    and several parts."""
+    graphs = []
+    for smiles in SMILES + moses_sample(40, seed=3):
+        data, _ = smiles_to_graph(smiles, "zinc")
+        graphs.append((data.edge_index.numpy(), data.num_nodes))
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n = int(rng.integers(1, 40))
+        graphs.append((rng.integers(0, n, size=(2, int(rng.integers(0, 3 * n)))), n))
+    chain = np.arange(paths.DENSE_SEARCH_MAX_NODES - 1)
+    graphs.append((np.stack([chain, chain + 1]), paths.DENSE_SEARCH_MAX_NODES))  # deepest
+    for edge_index, n in graphs:
+        dense = paths.distances(edge_index[0], edge_index[1], n)
+        np.testing.assert_array_equal(dense, scipy_distances(edge_index, n))
+
+
+def test_large_graphs_are_searched_by_scipy(monkeypatch):
+    """Above DENSE_SEARCH_MAX_NODES SciPy searches; both routes give the same paths."""
+    rng = np.random.default_rng(1)
+    n = paths.DENSE_SEARCH_MAX_NODES + 20
+    edge_index = rng.integers(0, n, size=(2, 3 * n))
+    edge_attr = rng.integers(0, 3, size=(3 * n, 1))
+    large = shortest_paths(edge_index, n, edge_attr)
+    monkeypatch.setattr(paths, "DENSE_SEARCH_MAX_NODES", n)  # the dense route for this graph
+    dense = shortest_paths(edge_index, n, edge_attr)
+    np.testing.assert_array_equal(large[0], scipy_distances(edge_index, n))
+    np.testing.assert_array_equal(large[0], dense[0])
+    np.testing.assert_array_equal(large[1], dense[1])

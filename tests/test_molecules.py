@@ -185,15 +185,23 @@ class Block:
         if name.split('.')[0] in ('torch_geometric', 'rdkit', 'scipy'):
             raise ImportError('blocked ' + name)
 sys.meta_path.insert(0, Block())
-import urpe, urpe.graph
+import torch, urpe, urpe.graph
 config = urpe.graph.GraphEncodingConfig(dim=8, num_heads=2, node_cardinalities=(3,))
 urpe.graph.GraphormerEncodings(config)
+# Shortest paths of a molecule-sized graph need no SciPy; a larger graph's name the extra.
+ring = lambda n: urpe.graph.Graph(
+    x=torch.zeros(n, 1, dtype=torch.long),
+    edge_index=torch.tensor([list(range(n)), [(i + 1) % n for i in range(n)]]),
+)
+small = urpe.graph.ShortestPaths()(ring(5))
+assert small.spd.tolist()[:5] == [0, 1, 2, 3, 4]
 try:
-    urpe.graph.ShortestPaths
+    urpe.graph.ShortestPaths()(ring(urpe.graph.paths.DENSE_SEARCH_MAX_NODES + 1))
 except ImportError as error:
-    assert 'urpe[graph]' in str(error)
+    assert error.name == 'scipy' and 'urpe[graph]' in str(error), error
 else:
-    raise AssertionError('ShortestPaths imported without torch_geometric')
+    raise AssertionError('a large graph searched without SciPy')
+assert 'scipy' not in sys.modules
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

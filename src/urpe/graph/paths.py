@@ -1,5 +1,6 @@
 """Shortest paths of a graph, computed once per graph: distances and one canonical shortest path
-per pair, as a transform in PyTorch Geometric's manner (without importing it: SciPy and numpy).
+per pair, as a transform in PyTorch Geometric's manner (without importing it: numpy, and SciPy for
+large graphs).
 
 For every ordered pair (i, j) the transform stores
 - `spd[i, j]`: the number of edges on a shortest path from i to j (0 on the diagonal),
@@ -19,8 +20,11 @@ Floyd-Warshall takes whichever path its loop order finds first, so the encoding 
 change when the atoms are renumbered. Here the chosen path is the one whose sequence of edge
 features (read from i towards j) is lexicographically smallest; all paths with that smallest
 sequence give the same encoding, so relabelling the nodes permutes the encodings exactly.
-Distances come from `scipy.sparse.csgraph`; the canonical next edges from a dynamic programme over
-distance levels (one vectorised numpy step per level, never a loop over node pairs):
+Distances come from a breadth-first search from every node at once, one (N, N) matrix product per
+level (numpy; `scipy.sparse.csgraph` above `DENSE_SEARCH_MAX_NODES` nodes, where the dense
+products would cost more than SciPy's sparse search); the canonical next edges from a dynamic
+programme over distance levels (one vectorised numpy step per level, never a loop over node
+pairs):
 
     key(u, j) = min over edges u -> v with d(v, j) = d(u, j) - 1 of (feature(u -> v), rank(v, j))
 
@@ -34,8 +38,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import shortest_path
 from torch import Tensor
 
 from .dense import FAR, UNREACHABLE
@@ -43,6 +45,11 @@ from .dense import FAR, UNREACHABLE
 # Stored as int16 to keep the cache small: (N, N) per graph for both matrices.
 STORAGE_DTYPE = torch.int16
 _STORAGE_MAX = torch.iinfo(STORAGE_DTYPE).max
+
+# Graphs up to this size (every molecule a model predicts for) get their distances from dense
+# matrix products: no SciPy import, which is a third of a second of `urpe predict`'s start-up.
+# A level costs O(N^3) dense against SciPy's O(N + E) per source, so larger graphs use SciPy.
+DENSE_SEARCH_MAX_NODES = 256
 
 
 def _edge_feature_ids(edge_attr: np.ndarray | None, num_edges: int) -> np.ndarray:
@@ -88,10 +95,7 @@ def shortest_paths(
     if n == 0:
         return np.zeros((0, 0), dtype=np.int64), next_edge
     src, dst = edge_index
-    adjacency = coo_matrix((np.ones(num_edges), (src, dst)), shape=(n, n)).tocsr()
-    dist = shortest_path(adjacency, directed=True, unweighted=True)  # (N, N) float, inf if none
-    reachable = np.isfinite(dist)
-    spd = np.where(reachable, dist, UNREACHABLE).astype(np.int64)
+    spd = distances(src, dst, n)
     if num_edges == 0:
         return spd, next_edge
 
@@ -127,6 +131,41 @@ def shortest_paths(
         rank[u[chosen], j[chosen]] = level_rank.reshape(-1)
         num_ranks = max(num_ranks, distinct.size)
     return spd, next_edge
+
+
+def distances(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """(N, N) int64: the number of edges on a shortest path from i to j along the directed edges
+    src -> dst (E,) each, 0 on the diagonal, `UNREACHABLE` where j cannot be reached from i."""
+    n = num_nodes
+    if n > DENSE_SEARCH_MAX_NODES:
+        try:
+            from scipy.sparse import coo_matrix
+            from scipy.sparse.csgraph import shortest_path
+        except ImportError as error:  # named so that the CLI says what to install
+            raise ModuleNotFoundError(
+                f"shortest paths of a graph of more than {DENSE_SEARCH_MAX_NODES} nodes need "
+                f"SciPy: pip install 'urpe[graph]' ({error})",
+                name="scipy",
+            ) from error
+
+        adjacency = coo_matrix((np.ones(src.size), (src, dst)), shape=(n, n)).tocsr()
+        dist = shortest_path(adjacency, directed=True, unweighted=True)  # (N, N), inf if none
+        return np.where(np.isfinite(dist), dist, UNREACHABLE).astype(np.int64)
+    # float32 products count walks exactly (at most N per entry); only "> 0" is read.
+    adjacency = np.zeros((n, n), dtype=np.float32)
+    adjacency[src, dst] = 1.0
+    spd = np.full((n, n), UNREACHABLE, dtype=np.int64)
+    np.fill_diagonal(spd, 0)
+    reached = np.eye(n, dtype=bool)  # (source, node): distance known
+    frontier = np.eye(n, dtype=np.float32)  # (source, node): reached at the last level
+    for level in range(1, n):
+        new = (frontier @ adjacency > 0) & ~reached  # one more edge from the last level
+        if not new.any():
+            break
+        spd[new] = level
+        reached |= new
+        frontier = new.astype(np.float32)
+    return spd
 
 
 class ShortestPaths:
