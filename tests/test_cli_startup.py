@@ -163,25 +163,39 @@ def test_predict_and_evaluate_import_neither_pyg_nor_lightning(molecule_model, t
     assert json.loads(stdout)["mae"] == pytest.approx(mae, rel=1e-5)
 
 
-TRAINING = sorted({name for group, name in COMMANDS if group == "reproduce"} | {"finetune"})
+# What a graph model's predictions and evaluation do without (PyG and Lightning: the test above):
+# SciPy (shortest paths of molecules are searched by numpy) and the language models' stack.
+NOT_FOR_MOLECULES = ("scipy", "urpe.models", "urpe.distributed", "urpe.data.molecules.datasets")
 
 
-@pytest.mark.parametrize("name", TRAINING)
-def test_training_commands_say_a_line_before_importing_torch(name, tmp_path):
-    """On a terminal, the first line of a training command comes before PyTorch is imported
-    (seconds of silence before): here torch cannot be imported at all, and the line is there
-    anyway. In a log or a pipe the output is as before (a bad flag: one line)."""
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_predict_and_evaluate_import_neither_scipy_nor_language_models(
+    command, molecule_model, tmp_path
+):
+    """Checked by the modules the command's interpreter holds once it has predicted."""
+    table = tmp_path / "molecules.csv"
+    table.write_text("smiles,heavy\nCCO,3\nc1ccccc1O,7\nC1CC,1\n")
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from urpe.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    status = main({[command, str(molecule_model), str(table), '--no-progress']!r})\n"
+        f"loaded = [m for m in {NOT_FOR_MOLECULES!r} if m in sys.modules]\n"
+        "print(json.dumps([status, loaded, 'torch' in sys.modules, 'rdkit' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    status, loaded, torch_loaded, rdkit_loaded = json.loads(done.stdout)
+    assert status == 0 and torch_loaded and rdkit_loaded  # it did predict
+    assert loaded == [], f"urpe {command} imported {loaded}"
+
+
+def _stderr_on_terminal(script: str) -> tuple[int, list[str]]:
+    """Run `script` with stderr on a pseudo-terminal: its exit status and the lines it wrote."""
     import os
     import pty
 
-    argv = ["finetune"] if name == "finetune" else ["reproduce", name]
-    script = (
-        "import sys\n"
-        "sys.modules['torch'] = None  # importing torch fails\n"
-        "from urpe.cli import main\n"
-        f"main({argv + ['--out', str(tmp_path / 'out')]!r})\n"
-    )
-    prog = " ".join(["urpe", *argv])
     terminal, attached = pty.openpty()  # stderr a terminal
     process = subprocess.Popen([sys.executable, "-c", script], stderr=attached)
     os.close(attached)  # the child holds it; read until it closes
@@ -195,8 +209,46 @@ def test_training_commands_say_a_line_before_importing_torch(name, tmp_path):
             break
         said += chunk
     os.close(terminal)
-    lines = said.decode().splitlines()
-    assert process.wait(timeout=120) != 0 and "torch" in said.decode()  # it stopped at torch
+    return process.wait(timeout=120), said.decode().splitlines()
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_predict_and_evaluate_say_a_line_before_importing_torch(command, molecule_model):
+    """On a terminal, `urpe predict` and `urpe evaluate` say at once that they load the model,
+    before PyTorch is imported (here torch cannot be imported at all); in a pipe they do not."""
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # importing torch fails\n"
+        "from urpe.cli import main\n"
+        f"main({[command, str(molecule_model), 'CCO']!r})\n"
+    )
+    status, lines = _stderr_on_terminal(script)
+    assert status != 0 and "torch" in lines[-1]  # it stopped at torch
+    assert lines[0] == f"urpe {command}: loading {molecule_model} (importing PyTorch)"
+    piped = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert "loading" not in piped.stderr and "torch" in piped.stderr
+
+
+TRAINING = sorted({name for group, name in COMMANDS if group == "reproduce"} | {"finetune"})
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_commands_say_a_line_before_importing_torch(name, tmp_path):
+    """On a terminal, the first line of a training command comes before PyTorch is imported
+    (seconds of silence before): here torch cannot be imported at all, and the line is there
+    anyway. In a log or a pipe the output is as before (a bad flag: one line)."""
+    argv = ["finetune"] if name == "finetune" else ["reproduce", name]
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # importing torch fails\n"
+        "from urpe.cli import main\n"
+        f"main({argv + ['--out', str(tmp_path / 'out')]!r})\n"
+    )
+    prog = " ".join(["urpe", *argv])
+    status, lines = _stderr_on_terminal(script)
+    assert status != 0 and "torch" in "\n".join(lines)  # it stopped at torch
     assert lines[0] == f"{prog}: starting (loading PyTorch and Lightning)"
     piped = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120

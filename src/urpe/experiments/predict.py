@@ -99,13 +99,14 @@ def read_smiles(inputs: list[str], smiles_column: str) -> list[tuple[str, str, d
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.bundles import MoleculeModel
     from .trained import find_trained
 
     say = lambda line: print(f"{PROG}: {line}", file=sys.stderr)  # noqa: E731
     if args.output is not None:  # checked before any work
         args.output = output_file(args.output, f"predictions.{'json' if args.json else 'csv'}")
-    trained = find_trained(args.run, "graph", say)
+    trained = find_trained(args.run, "graph", say)  # its first line comes before torch's import
+    from ..training.bundles import MoleculeModel
+
     model = trained.model
     if not isinstance(model, MoleculeModel):
         raise UsageError(

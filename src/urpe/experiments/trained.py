@@ -16,10 +16,11 @@ from typing import Any
 
 from ..cli_types import UsageError
 from ..extras import require
+from ..progress import on_terminal
 
 # Modules a trained model needs: to load its weights, and by what it reads (molecules: RDKit,
-# and SciPy for the shortest paths; text needs the `tokenizers` package only for BPE or word
-# tokens, which the tokenizer itself asks for).
+# and SciPy, which searches the shortest paths of graphs over 256 atoms; text needs the
+# `tokenizers` package only for BPE or word tokens, which the tokenizer itself asks for).
 LOADING_NEEDS = ("safetensors",)
 READING_NEEDS = {"molecules": ("rdkit", "scipy")}
 
@@ -48,13 +49,17 @@ def find_trained(
     path: Path, experiment: str | None = None, say=None, argument: str = "RUN"
 ) -> Trained:
     """The trained model `path` points at (see the module docstring); UsageError if none."""
-    from ..training.checkpoint import CheckpointError, read_checkpoint_config, resolve_checkpoint
-    from ..training.inputs import input_record
-
     path = Path(path)
     if not path.exists():
         raise UsageError(argument, f"{path}: no such file or folder")
     say = say or (lambda line: print(line, file=sys.stderr))
+    # Importing PyTorch takes seconds: on a terminal, say so at once instead of leaving it
+    # blank. Not in a log or a pipe, where the output stays as it was.
+    if on_terminal():
+        say(f"loading {path} (importing PyTorch)")
+    from ..training.checkpoint import CheckpointError, read_checkpoint_config, resolve_checkpoint
+    from ..training.inputs import input_record
+
     try:
         directory = resolve_checkpoint(path, experiment, lambda note, runs: say(note))
         config = read_checkpoint_config(directory)

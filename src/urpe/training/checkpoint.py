@@ -48,7 +48,6 @@ import torch
 from torch import Tensor, nn
 
 from ..files import current_umask
-from ..models import TransformerConfig
 from .files import CorruptFileError, atomic_directory, read_json
 from .inputs import InputEncoding, encoding_to_save
 from .sweeps import best_run
@@ -155,6 +154,10 @@ def model_spec(model: nn.Module) -> dict[str, Any]:
     name = f"{cls.__module__}:{cls.__qualname__}"
     if hasattr(model, "model_config") and hasattr(cls, "from_model_config"):
         return {"class": name, "config": model.model_config()}
+    # Imported here: a Graphormer is saved and loaded without urpe.models (language models,
+    # context parallelism), a tenth of `urpe predict`'s start-up besides torch.
+    from ..models import TransformerConfig
+
     config = getattr(model, "config", None)
     if isinstance(config, TransformerConfig):
         return {"class": name, "transformer_config": config.to_dict()}
@@ -177,6 +180,8 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"{spec['class']} is not an nn.Module")
     if "transformer_config" in spec:
+        from ..models import TransformerConfig
+
         return cls(TransformerConfig.from_dict(spec["transformer_config"]))
     return cls.from_model_config(spec["config"])
 
