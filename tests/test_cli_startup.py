@@ -254,3 +254,27 @@ def test_training_commands_say_a_line_before_importing_torch(name, tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert "starting" not in piped.stderr and "torch" in piped.stderr
+
+
+def test_loading_pauses_the_collector_and_freezes_what_it_loaded():
+    """`urpe.startup.loading`: no collections inside, what it made frozen after, the collector
+    as it was (off stays off); `thaw` (the end of `urpe.cli.main`) unfreezes."""
+    import gc
+
+    from urpe.startup import loading, thaw
+
+    assert gc.isenabled()
+    try:
+        with loading():
+            assert not gc.isenabled()
+            made = [[] for _ in range(1000)]  # tracked objects
+        assert gc.isenabled() and gc.get_freeze_count() >= len(made)
+        thaw()
+        assert gc.get_freeze_count() == 0
+        gc.disable()
+        with loading():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        thaw()

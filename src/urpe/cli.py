@@ -22,6 +22,7 @@ import sys
 from . import __version__
 from .cli_types import UsageError
 from .extras import what_to_install
+from .startup import thaw
 
 # (group, name) -> (module, one-line help)
 COMMANDS = {
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _discard_stdout()
         return PIPE_CLOSED_STATUS
+    finally:
+        thaw()  # what a command froze at its start is collected again (`urpe.startup`)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 from ..cli_types import UsageError
 from ..extras import require
 from ..progress import on_terminal
+from ..startup import loading
 
 # Modules a trained model needs: to load its weights, and by what it reads (molecules: RDKit,
 # and SciPy, which searches the shortest paths of graphs over 256 atoms; text needs the
@@ -57,19 +58,24 @@ def find_trained(
     # blank. Not in a log or a pipe, where the output stays as it was.
     if on_terminal():
         say(f"loading {path} (importing PyTorch)")
-    from ..training.checkpoint import CheckpointError, read_checkpoint_config, resolve_checkpoint
-    from ..training.inputs import input_record
+    with loading():  # torch, urpe and the model: no garbage collections (`urpe.startup`)
+        from ..training.checkpoint import (
+            CheckpointError,
+            read_checkpoint_config,
+            resolve_checkpoint,
+        )
+        from ..training.inputs import input_record
 
-    try:
-        directory = resolve_checkpoint(path, experiment, lambda note, runs: say(note))
-        config = read_checkpoint_config(directory)
-        # Every module the model needs, named in one line when some are missing.
-        require(*LOADING_NEEDS, *READING_NEEDS.get(input_record(config)["kind"], ()))
-        from ..training.bundles import load_model
+        try:
+            directory = resolve_checkpoint(path, experiment, lambda note, runs: say(note))
+            config = read_checkpoint_config(directory)
+            # Every module the model needs, named in one line when some are missing.
+            require(*LOADING_NEEDS, *READING_NEEDS.get(input_record(config)["kind"], ()))
+            from ..training.bundles import load_model
 
-        model = load_model(directory, config=config)  # read once, passed down
-    except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:
-        raise UsageError(argument, str(error).splitlines()[0]) from None
+            model = load_model(directory, config=config)  # read once, passed down
+        except (FileNotFoundError, CheckpointError, ValueError, TypeError) as error:
+            raise UsageError(argument, str(error).splitlines()[0]) from None
     return Trained(directory, config, model)
 
 
