@@ -2,7 +2,8 @@
 
 Importing PyTorch creates some 150,000 objects that the collector tracks, and each full
 collection walks them all: the collections that fall while a command imports torch and urpe and
-builds a model cost 0.3-0.5 s of `urpe predict`'s CPU time, and none of those objects is garbage.
+builds a model cost `urpe predict` half a second of CPU on a busy 2-core machine (0.4 s of it in
+torch's own import), and none of those objects is garbage.
 `loading()` pauses the collector while it runs and then freezes what exists (`gc.freeze`: later
 collections skip it), so collections during the command's work scan only what that work makes.
 

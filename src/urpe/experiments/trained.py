@@ -20,7 +20,7 @@ from ..progress import on_terminal
 from ..startup import loading
 
 # Modules a trained model needs: to load its weights, and by what it reads (molecules: RDKit,
-# and SciPy, which searches the shortest paths of graphs over 256 atoms; text needs the
+# and SciPy, which searches the shortest paths of molecules over 64 atoms; text needs the
 # `tokenizers` package only for BPE or word tokens, which the tokenizer itself asks for).
 LOADING_NEEDS = ("safetensors",)
 READING_NEEDS = {"molecules": ("rdkit", "scipy")}

@@ -6,7 +6,7 @@ it. Torch and numpy only: `Graphormer`, `GraphormerConfig` (presets in `GRAPHORM
 its pieces, `DenseGraphBatch`, `relation_index`, `to_dense_graph_batch`, `Graph`, `GraphBatch`,
 `collate_graphs` (graphs and their batches without PyG), and `ShortestPaths` (a transform, PyG's
 kind) with `shortest_paths`, which import SciPy (the `graph` extra) only for a graph of more than
-`paths.DENSE_SEARCH_MAX_NODES` (256) nodes.
+`paths.DENSE_SEARCH_MAX_NODES` (64) nodes.
 
     from torch_geometric.loader import DataLoader
     dataset = SomePyGDataset(..., pre_transform=urpe.graph.ShortestPaths())
