@@ -122,13 +122,6 @@ def table_keys(term: tuple, lq: int) -> int:
     return reach + 1 if reach >= lq - 1 + LANES else -1
 
 
-def _table(tensor: Tensor, dtype: torch.dtype) -> tuple:
-    """(code, tensor, index) of a Toeplitz table that goes as it is (`table_keys`)."""
-    if tensor.dtype != dtype:
-        tensor = tensor.to(dtype)
-    return TABLE_IN_PLACE, tensor if tensor.is_contiguous() else tensor.contiguous(), None
-
-
 _NO_TERM = (NO_TERM, None, None)  # `_term` of an absent bias or gate
 NO_TERM_ARGUMENTS = (None, None, "none")  # `term_arguments(None)`
 
@@ -219,25 +212,26 @@ class OpArguments:
         """The arguments for this call; terms: the bias's and the gate's (tensor, index, kind)."""
         if self.fixed is not None:
             return self.fixed
-        (bias, bias_index, bias_kind), (gate, gate_index, gate_kind) = terms
-        dtype, lq, lk = self.dtype, self.lq, call.k.shape[2]
+        bias, gate = terms
+        lk = call.k.shape[2]
         bias_keys, gate_keys = self.table_keys
-        if bias is None:
-            bias = _NO_TERM
-        elif lk <= bias_keys:
-            bias = _table(bias, dtype)
-        else:
-            bias = _term(bias_kind, bias, bias_index, lq, lk, dtype, self.in_place)
-        if gate is None:
-            gate = _NO_TERM
-        elif lk <= gate_keys:
-            gate = _table(gate, dtype)
-        else:
-            gate = _term(gate_kind, gate, gate_index, lq, lk, dtype, self.in_place)
+        bias = _NO_TERM if bias[0] is None else self._operands(bias, bias_keys, lk)
+        gate = _NO_TERM if gate[0] is None else self._operands(gate, gate_keys, lk)
         tail = self.tail
         if tail is None:
             tail = self._after_terms(call)
         return (*bias, *gate, *tail)
+
+    def _operands(self, term: tuple, keys: int, lk: int) -> tuple:
+        """(code, tensor, index) of a bias's or gate's (tensor, index, kind) at Lk keys; keys:
+        the most for which its table goes as it is (`table_keys`)."""
+        tensor, index, kind = term
+        dtype = self.dtype
+        if lk <= keys:
+            if tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            return TABLE_IN_PLACE, tensor if tensor.is_contiguous() else tensor.contiguous(), None
+        return _term(kind, tensor, index, self.lq, lk, dtype, self.in_place)
 
     def _after_terms(self, call: ForwardArgs | AttentionSpec) -> tuple:
         """The arguments after the bias's and the gate's, for this call."""
