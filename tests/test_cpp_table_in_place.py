@@ -122,3 +122,81 @@ def test_decoding_steps_read_wide_tables_in_place_and_equal_the_reference(width,
     reach = (width - 1) // 2
     in_place = [lk for lk, kind in zip(range(2, 61), kinds, strict=True) if kind == TABLE_IN_PLACE]
     assert in_place == [lk for lk in range(2, 61) if max(lk - 1, 16) <= reach]
+
+
+def test_a_kept_kind_takes_each_calls_own_tables_and_other_tables_make_their_own_kind(
+    monkeypatch,
+):
+    """A kind of call fixes the op's arguments but its terms' tensors (`OpArguments`): calls of
+    a kept kind with other tables of the same shape hand the op those tables (in place or as
+    rows, by each call's keys), and a table of another width or dtype, or a bias beside the
+    gate, is another kind with arguments of its own. Every call equals the reference."""
+    from urpe.kernels.cpp.arguments import KIND_CODES, TABLE_IN_PLACE
+
+    given = []  # (bias's kind, bias, gate's kind, gate) as the op took them
+
+    def recording(name: str, route: str, function):
+        if name != "forward_if_finite":
+            return function
+
+        def recorded(*arguments):
+            given.append((arguments[3], arguments[4], arguments[6], arguments[7]))
+            return function(*arguments)
+
+        return recorded
+
+    dispatch.CALLS.clear()
+    wrap_cpp_calls(monkeypatch, recording)
+    gen, q, cache, _ = _inputs(1, 60)
+    rows = KIND_CODES["toeplitz"]
+
+    def table(width, dtype=torch.float64):
+        return torch.rand(4, width, generator=gen, dtype=dtype) + 0.5
+
+    # (bias table, gate table, keys, the op's (bias kind, gate kind)): K = 20 reaches 21 keys
+    steps = [
+        (None, table(41), 10, (0, TABLE_IN_PLACE)),
+        (None, table(41), 21, (0, TABLE_IN_PLACE)),  # the kept kind, a new table
+        (None, table(41), 22, (0, rows)),  # past its reach: the new table's rows
+        (None, table(41), 12, (0, TABLE_IN_PLACE)),
+        (None, table(81), 30, (0, TABLE_IN_PLACE)),  # another width: its own kind
+        (None, table(13), 30, (0, rows)),  # too narrow for the padding: rows at any length
+        (table(41), table(41), 12, (TABLE_IN_PLACE, TABLE_IN_PLACE)),
+        (table(13), table(41), 12, (rows, TABLE_IN_PLACE)),
+        (None, table(41), 15, (0, TABLE_IN_PLACE)),  # the first kind again
+    ]
+    with torch.no_grad():
+        for bias, gate, lk, _ in steps:
+            k = cache[:1, :, :lk].contiguous()
+            v = k.flip(-1).contiguous()
+            terms = dict(gate=Toeplitz(gate), bias=None if bias is None else Toeplitz(bias))
+            out = attention(q[:1], k, v, **terms, is_causal=True, enable_gqa=True)
+            want = attention(
+                q[:1], k, v, **terms, is_causal=True, enable_gqa=True, backend="reference"
+            )
+            torch.testing.assert_close(out, want)
+        # half-precision queries take a float32 table as it is and a float16 one converted
+        # (computed in float32): the table's dtype is part of the kind
+        half = dict(is_causal=True, enable_gqa=True)
+        k = cache[:1, :, :12].half()
+        for dtype in (torch.float32, torch.float16, torch.float32):
+            gate = table(41, dtype)
+            out = attention(q[:1].half(), k, k.flip(-1), gate=Toeplitz(gate), **half)
+            want = attention(
+                q[:1].half(), k, k.flip(-1), gate=Toeplitz(gate), **half, backend="reference"
+            )
+            torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
+            steps.append((None, gate, 12, (0, TABLE_IN_PLACE)))
+    dispatch.CALLS.clear()
+    assert [(b, g) for b, _, g, _ in given] == [codes for *_, codes in steps]
+    for (bias, gate, _, _), (bias_kind, op_bias, gate_kind, op_gate) in zip(
+        steps, given, strict=True
+    ):
+        if gate_kind == TABLE_IN_PLACE:  # the call's own table, or its float32 copy
+            assert (
+                op_gate is gate
+                if gate.dtype != torch.float16
+                else torch.equal(op_gate, gate.float())
+            )
+        if bias_kind == TABLE_IN_PLACE:
+            assert op_bias is bias

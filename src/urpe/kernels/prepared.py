@@ -54,7 +54,6 @@ CAPACITY = 64  # urpe.attention's memo: a model's calls are of a few kinds
 # memo made where torch.compile traces (a KV cache of segment memory) makes no lock
 _KEEPING = threading.Lock()
 _UNKEYED = object()  # a part of a call no kind can stand for: the call is not kept
-_ABSENT = (None,) * 6  # no mask, padding, term, documents or seed
 
 
 def _tensor_kind(t, lk: int):
@@ -119,8 +118,21 @@ def call_kind(a: Arguments) -> tuple | None:
         lk = k_shape[-2]
         keys = (_keys_shape(k_shape), _keys_shape(v_shape))
         values_length = v_shape[-2] == lk
-    if (attn_mask, key_padding_mask, bias, gate, document_ids, dropout_seed) == _ABSENT:
-        optional = None  # (most calls pass few of them)
+    if (
+        attn_mask is None
+        and key_padding_mask is None
+        and document_ids is None
+        and dropout_seed is None
+    ):  # (most calls pass none of these: by identity, never a term's own __eq__)
+        if bias is None and gate is None:
+            optional = None
+        else:  # (a decoding step with position terms)
+            optional = (
+                None if bias is None else _term_kind(bias, lk),
+                None if gate is None else _term_kind(gate, lk),
+            )
+            if _UNKEYED in optional:
+                return None
     else:
         optional = (
             None if attn_mask is None else _tensor_kind(attn_mask, lk),

@@ -106,9 +106,10 @@ class CppRun:
         if spec.finite is None:  # needs no gradient (`nonfinite.guarded` asks only such calls)
             if compiling():
                 return ops.GUARDED_FORWARD(*ForwardArgs.from_spec(spec, *self.blocks))
+            terms = ops.spec_terms(spec)
             if self._no_grad is None:
-                self._no_grad = ops.NoGradForward(spec, self.blocks)
-            return self._no_grad(spec, ops.spec_terms(spec))
+                self._no_grad = ops.NoGradForward(spec, terms, self.blocks)
+            return self._no_grad(spec, terms)
         # A short call reads views of a training step's (B, L, H, D) projections in place and
         # writes their gradients in that layout. A long one copies q, k, v here, before the
         # kernel's autograd Function, which then saves the copies for its backward.

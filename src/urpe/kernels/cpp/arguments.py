@@ -88,19 +88,14 @@ def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor
 
 
 def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = False) -> tuple:
-    """(code, tensor, index) as the C++ ops take a bias or gate. in_place (the forward of a
-    call that needs no gradient): a Toeplitz table that covers the call goes as it is, a
+    """(code, tensor, index) as the C++ ops take a bias or gate, where the tensor does not go as
+    it is (`table_keys`). in_place (the forward of a call that needs no gradient): a
     CrossDecay's rows where they lie."""
     if kind == "none" or tensor is None:
         return NO_TERM, None, None
     if tensor.dtype != dtype:
         tensor = tensor.to(dtype)
     if kind == "toeplitz":
-        # in place where the table's offsets -K..K reach every offset of the call and the
-        # rows' padding: no rows are built (a decoding step's gate)
-        reach = (tensor.shape[1] - 1) // 2
-        if in_place and reach >= lk - 1 and reach >= lq - 1 + LANES:
-            return TABLE_IN_PLACE, tensor if tensor.is_contiguous() else tensor.contiguous(), None
         return KIND_CODES[kind], toeplitz_rows(tensor, lq, lk, dtype), None  # (H|1, rows)
     if kind == "relation":
         if index.dtype != torch.int64:
@@ -113,6 +108,18 @@ def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = Fa
         rows = in_place and tensor.stride(-1) == 1
         return KIND_CODES[kind], tensor if rows else _contiguous(tensor), None
     return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
+
+
+def table_keys(term: tuple, lq: int) -> int:
+    """The most keys a forward of Lq queries may have for this bias's or gate's (tensor, index,
+    kind) to go as it is (`TABLE_IN_PLACE`): a Toeplitz table whose offsets -K..K reach every
+    offset of the call and the rows' padding, so that a decoding step builds no rows; -1 where
+    it never goes so. Fixed by the kind of call (the table's width, Lq), the keys are not."""
+    tensor, _, kind = term
+    if kind != "toeplitz" or tensor is None:
+        return -1
+    reach = (tensor.shape[1] - 1) // 2
+    return reach + 1 if reach >= lq - 1 + LANES else -1
 
 
 _NO_TERM = (NO_TERM, None, None)  # `_term` of an absent bias or gate
@@ -150,13 +157,15 @@ def _is_bool(mask: Tensor | None) -> bool:
 class OpArguments:
     """The arguments the C++ ops share after q, k, v (library.cpp's schema), for one kind of
     call: what the kind fixes (the compute dtype, which terms and masks there are, the tiles,
-    the normalisation, scale, causality, dropout) is worked out here once; `of` adds a call's
-    tensors. A prepared call keeps one (`NoGradForward`); the other routes make one per call.
+    the normalisation, scale, causality, dropout, whether a Toeplitz table can go as it is) is
+    worked out here once; `of` adds a call's tensors. A prepared call keeps one
+    (`NoGradForward`); the other routes make one per call.
 
     `call`: the op's arguments or a spec (the fields they share); `tiles`: the pass's default
-    tile sizes, where `blocks` names none; in_place: Toeplitz tables that cover the call go as
-    they are (a forward only); checked: the layout of `forward_if_finite`, which takes no
-    documents, statistic or dropout (`checks_finite`).
+    tile sizes, where `blocks` names none; checked: the layout of `forward_if_finite`, which
+    takes no documents, statistic or dropout (`checks_finite`); terms: the bias's and the
+    gate's (tensor, index, kind) of a forward that may read tables as they are
+    (`table_keys`: a call that needs no gradient), None for the others.
     """
 
     def __init__(
@@ -164,11 +173,16 @@ class OpArguments:
         call: ForwardArgs | AttentionSpec,
         tiles: tuple[int, int],
         blocks: tuple[int, int] = (0, 0),
-        in_place: bool = False,
         checked: bool = False,
+        terms: tuple[tuple, tuple] | None = None,
     ) -> None:
         self.dtype = compute_dtype(call.q.dtype)
-        self.in_place = in_place
+        self.lq = call.q.shape[2]
+        self.in_place = terms is not None
+        # per term: the most keys for which its table goes as it is (-1: never)
+        self.table_keys = (-1, -1)
+        if terms is not None:
+            self.table_keys = (table_keys(terms[0], self.lq), table_keys(terms[1], self.lq))
         self.checked = checked
         mask = call.attn_mask
         self.mask = None if mask is None else ("bool" if mask.dtype == torch.bool else "float")
@@ -180,37 +194,48 @@ class OpArguments:
         self.scalars = (call.is_causal, NORMALIZATION_CODES[call.normalization], call.scale)
         self.dropout_scalars = (call.dropout_p, keep_threshold(call.dropout_p) if dropout_on else 0)
         self.blocks = (blocks[0] or tiles[0], blocks[1] or tiles[1])
-        # a kind whose every argument is fixed (no term, mask, padding, documents, statistic or
-        # dropout: a plain decoding step) gets them all at once
-        plain = (
-            call.bias is None
-            and call.gate is None
-            and mask is None
+        # What the kind fixes after the terms: everything, where it has no mask, padding,
+        # documents, statistic or dropout (a decoding step), worked out here once; then a call
+        # adds only its terms' (code, tensor, index), and without terms it adds nothing.
+        self.tail = self.fixed = None
+        if (
+            mask is None
             and call.key_padding_mask is None
             and call.document_ids is None
             and not (self.statistic or dropout_on)
-        )
-        self.fixed = None
-        if plain:
-            self.fixed = self.of(call, (NO_TERM_ARGUMENTS, NO_TERM_ARGUMENTS))
+        ):
+            self.tail = self._after_terms(call)
+            if call.bias is None and call.gate is None:
+                self.fixed = (*_NO_TERM, *_NO_TERM, *self.tail)
 
     def of(self, call: ForwardArgs | AttentionSpec, terms: tuple[tuple, tuple]) -> tuple:
         """The arguments for this call; terms: the bias's and the gate's (tensor, index, kind)."""
         if self.fixed is not None:
             return self.fixed
-        dtype, in_place = self.dtype, self.in_place
-        (bias, bias_index, bias_kind), (gate, gate_index, gate_kind) = terms
-        lq, lk = call.q.shape[2], call.k.shape[2]
-        bias = (
-            _NO_TERM
-            if bias is None
-            else _term(bias_kind, bias, bias_index, lq, lk, dtype, in_place)
-        )
-        gate = (
-            _NO_TERM
-            if gate is None
-            else _term(gate_kind, gate, gate_index, lq, lk, dtype, in_place)
-        )
+        bias, gate = terms
+        lk = call.k.shape[2]
+        bias_keys, gate_keys = self.table_keys
+        bias = _NO_TERM if bias[0] is None else self._operands(bias, bias_keys, lk)
+        gate = _NO_TERM if gate[0] is None else self._operands(gate, gate_keys, lk)
+        tail = self.tail
+        if tail is None:
+            tail = self._after_terms(call)
+        return (*bias, *gate, *tail)
+
+    def _operands(self, term: tuple, keys: int, lk: int) -> tuple:
+        """(code, tensor, index) of a bias's or gate's (tensor, index, kind) at Lk keys; keys:
+        the most for which its table goes as it is (`table_keys`)."""
+        tensor, index, kind = term
+        dtype = self.dtype
+        if lk <= keys:
+            if tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            return TABLE_IN_PLACE, tensor if tensor.is_contiguous() else tensor.contiguous(), None
+        return _term(kind, tensor, index, self.lq, lk, dtype, self.in_place)
+
+    def _after_terms(self, call: ForwardArgs | AttentionSpec) -> tuple:
+        """The arguments after the bias's and the gate's, for this call."""
+        dtype = self.dtype
         mask, padding = call.attn_mask, call.key_padding_mask
         masks = (
             None if self.mask != "float" else mask.to(dtype),  # float: added to the logits
@@ -218,11 +243,9 @@ class OpArguments:
             None if padding is None else padding.contiguous(),
         )
         if self.checked:
-            return (*bias, *gate, *masks, *self.scalars, *self.blocks)
+            return (*masks, *self.scalars, *self.blocks)
         ids = call.document_ids
         return (
-            *bias,  # (code, tensor, index)
-            *gate,
             *masks,
             None if ids is None else ids.to(torch.int64).contiguous(),
             _statistic(call, dtype) if self.statistic else None,

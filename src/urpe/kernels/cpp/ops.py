@@ -27,7 +27,7 @@ from torch import Tensor
 from ..composable import define_attention_ops
 from ..dtypes import HALF, compute_dtype
 from ..host import dispatcher_free
-from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs, term_arguments
+from ..layout import FORWARD_SCHEMA, BackwardArgs, ForwardArgs
 from ..nonfinite import guarded
 from ..normalization import NORMALIZATIONS
 from ..spec import AttentionSpec
@@ -190,9 +190,16 @@ class NoGradForward:
     through the library's Python entry instead: the same function, the same arguments.
     """
 
-    def __init__(self, call: AttentionSpec | ForwardArgs, blocks: tuple[int, int] = (0, 0)):
+    def __init__(
+        self,
+        call: AttentionSpec | ForwardArgs,
+        terms: tuple[tuple, tuple],
+        blocks: tuple[int, int] = (0, 0),
+    ):
+        """terms: the call's bias's and gate's (tensor, index, kind) (`term_arguments`); the
+        kind of call fixes all but their tensors."""
         self.checked = checks_finite(call)
-        self.arguments = OpArguments(call, FORWARD_TILES, blocks, True, self.checked)
+        self.arguments = OpArguments(call, FORWARD_TILES, blocks, self.checked, terms)
         name = "forward_if_finite" if self.checked else "forward_checked"
         self.op = _op(name)
         self.entry = _entry(name)  # the same function without the dispatcher (None: absent)
@@ -230,10 +237,10 @@ class NoGradForward:
 
 def spec_terms(spec: AttentionSpec) -> tuple[tuple, tuple]:
     """A spec's bias and gate as the raw ops' (tensor, index, kind)."""
-    bias, gate = spec.bias, spec.gate
+    bias, gate = spec.bias, spec.gate  # (`Term`s: `term_arguments` without its `as_term`)
     return (
-        NO_TERM_ARGUMENTS if bias is None else term_arguments(bias),
-        NO_TERM_ARGUMENTS if gate is None else term_arguments(gate),
+        NO_TERM_ARGUMENTS if bias is None else (*bias.raw(), bias.kind),
+        NO_TERM_ARGUMENTS if gate is None else (*gate.raw(), gate.kind),
     )
 
 
@@ -247,7 +254,8 @@ def spec_terms(spec: AttentionSpec) -> tuple[tuple, tuple]:
 # graphs, where dynamo is off already).
 def _guarded_forward(*flat) -> Tensor:
     call = ForwardArgs(*flat)
-    out = NoGradForward(call, (call.block_q, call.block_k))(call, _raw_terms(call))
+    terms = _raw_terms(call)
+    out = NoGradForward(call, terms, (call.block_q, call.block_k))(call, terms)
     if out is None:  # (the rule below makes q, k and v finite)
         spec = call.to_spec().replace(finite=True)
         out, _ = guarded(_forward_finite, spec, finds_nonfinite=False)
