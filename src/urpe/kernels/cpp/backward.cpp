@@ -367,16 +367,11 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      // the row's keys: the tile's, or by runs its own (from the row's start)
-      const int64_t row_j0 = by_runs ? runs[r].first : j0;
-      const int64_t row_n = by_runs ? runs[r].second - runs[r].first : n;
-      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
-      // (a row's own keys share its document: only the masks may hide them)
-      const uint8_t* flags =
-          by_runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
-                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
-      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, row_j0, vis, span, flags, s);
-      backward_row(P, G, W, worker, b, h, i, row_j0, row_n, vis, span, flags, s,
+      const RowKeys keys = row_keys(P.hiding, b, h, i, j0, n, by_runs ? runs + r : nullptr,
+                                    W.flags.data());
+      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, keys.j0, keys.vis, keys.span,
+                 keys.flags, s);
+      backward_row(P, G, W, worker, b, h, i, keys.j0, keys.n, keys.vis, keys.span, keys.flags, s,
                    da_tile + r * ld, W.stat[r], W.delta[r]);
     }
     products.after(own, j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
