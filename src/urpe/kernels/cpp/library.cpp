@@ -32,19 +32,6 @@ namespace {
 
 constexpr int64_t kMaxSplits = 8;
 
-#define URPE_PROBLEM_ARGS                                                                     \
-  q, k, v, bias_kind, bias, bias_index, gate_kind, gate, gate_index, float_mask, bool_mask,  \
-      key_padding, documents, fixed, causal, norm, scale, dropout_p, dropout_threshold,       \
-      dropout_seed, block_q, block_k
-
-#define URPE_FORWARD_PARAMS                                                                    \
-  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t bias_kind,             \
-      const OptTensor &bias, const OptTensor &bias_index, int64_t gate_kind,                     \
-      const OptTensor &gate, const OptTensor &gate_index, const OptTensor &float_mask,           \
-      const OptTensor &bool_mask, const OptTensor &key_padding, const OptTensor &documents,      \
-      const OptTensor &fixed, bool causal, int64_t norm, double scale, double dropout_p,         \
-      int64_t dropout_threshold, const OptTensor &dropout_seed, int64_t block_q, int64_t block_k
-
 // nonfinite, direct: see Problem::nonfinite (null: q, k and v were checked); without
 // `with_stat` the statistic (for a backward pass) goes to scratch memory and an undefined tensor
 // is returned

@@ -278,14 +278,7 @@ void set_block_ranges(Hiding& hiding, int64_t batch, int64_t lq, int64_t lk, int
 }  // namespace
 
 template <typename T>
-Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        int64_t bias_kind, const OptTensor& bias, const OptTensor& bias_index,
-                        int64_t gate_kind, const OptTensor& gate, const OptTensor& gate_index,
-                        const OptTensor& float_mask, const OptTensor& bool_mask,
-                        const OptTensor& key_padding, const OptTensor& documents,
-                        const OptTensor& fixed, bool causal,
-                        int64_t norm, double scale, double dropout_p, int64_t threshold,
-                        const OptTensor& seed, int64_t block_q, int64_t block_k) {
+Problem<T> make_problem(URPE_FORWARD_PARAMS) {
   // bfloat16 operands are multiplied as they are (the compute dtype T is then float)
   const bool bf16 = std::is_same_v<T, float> && q.scalar_type() == at::kBFloat16;
   for (const at::Tensor* t : {&q, &k, &v}) {
@@ -374,19 +367,20 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
               dropout_p);
   if (dropout_p > 0.0) {
     P.dropout.on = true;
-    TORCH_CHECK(threshold >= 0 && threshold <= (int64_t{1} << 32),
+    TORCH_CHECK(dropout_threshold >= 0 && dropout_threshold <= (int64_t{1} << 32),
                 "urpe_cpp: dropout_threshold must lie in [0, 2^32] (keep where 32 random bits "
-                "are below it), got ", threshold);
-    P.dropout.threshold = static_cast<uint64_t>(threshold);
+                "are below it), got ", dropout_threshold);
+    P.dropout.threshold = static_cast<uint64_t>(dropout_threshold);
     // the seed stays a tensor up to here (no host read in Python); read once, on the CPU
     // the seed alone, or (seed, first row, rows, first column, columns): where the call's
     // weights sit in the larger matrix whose flat indices the counter hashes
-    TORCH_CHECK(seed.has_value() && (seed->numel() == 1 || seed->numel() == 5) &&
-                    seed->device().is_cpu() &&
-                    at::isIntegralType(seed->scalar_type(), /*includeBool=*/true),
+    TORCH_CHECK(dropout_seed.has_value() &&
+                    (dropout_seed->numel() == 1 || dropout_seed->numel() == 5) &&
+                    dropout_seed->device().is_cpu() &&
+                    at::isIntegralType(dropout_seed->scalar_type(), /*includeBool=*/true),
                 "urpe_cpp: dropout needs its seed as a one-element integer CPU tensor (or five: "
                 "seed, first row, rows, first column, columns)");
-    const at::Tensor numbers = seed->reshape(-1).to(at::kLong);
+    const at::Tensor numbers = dropout_seed->reshape(-1).to(at::kLong);
     const int64_t* placed = numbers.data_ptr<int64_t>();
     P.dropout.seed(placed[0]);
     P.dropout.rows = lq;
@@ -420,15 +414,7 @@ Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return P;
 }
 
-template Problem<float> make_problem<float>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const OptTensor&,
-    const OptTensor&, int64_t, const OptTensor&, const OptTensor&, const OptTensor&,
-    const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, bool, int64_t, double,
-    double, int64_t, const OptTensor&, int64_t, int64_t);
-template Problem<double> make_problem<double>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const OptTensor&,
-    const OptTensor&, int64_t, const OptTensor&, const OptTensor&, const OptTensor&,
-    const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, bool, int64_t, double,
-    double, int64_t, const OptTensor&, int64_t, int64_t);
+template Problem<float> make_problem<float>(URPE_FORWARD_PARAMS);
+template Problem<double> make_problem<double>(URPE_FORWARD_PARAMS);
 
 }  // namespace urpe_cpp

@@ -13,6 +13,21 @@
 
 namespace urpe_cpp {
 
+// The arguments of the forward op (and the backward's after its first three), as parameters
+// and as the arguments passed on
+#define URPE_PROBLEM_ARGS                                                                     \
+  q, k, v, bias_kind, bias, bias_index, gate_kind, gate, gate_index, float_mask, bool_mask,  \
+      key_padding, documents, fixed, causal, norm, scale, dropout_p, dropout_threshold,       \
+      dropout_seed, block_q, block_k
+
+#define URPE_FORWARD_PARAMS                                                                    \
+  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t bias_kind,             \
+      const OptTensor &bias, const OptTensor &bias_index, int64_t gate_kind,                     \
+      const OptTensor &gate, const OptTensor &gate_index, const OptTensor &float_mask,           \
+      const OptTensor &bool_mask, const OptTensor &key_padding, const OptTensor &documents,      \
+      const OptTensor &fixed, bool causal, int64_t norm, double scale, double dropout_p,         \
+      int64_t dropout_threshold, const OptTensor &dropout_seed, int64_t block_q, int64_t block_k
+
 // BLAS takes sizes and leading dimensions as int: a (B, H, L, E) operand's rows (`rows`, E
 // entries each) must be shorter, and lie closer together, than 2^31 entries.
 constexpr int64_t kMaxBlas = std::numeric_limits<int>::max();
@@ -42,13 +57,6 @@ void check_rows(const at::Tensor& t, int64_t numel, at::ScalarType type, const c
 // The Problem of one forward or backward call (T: the compute dtype, float or double), its
 // terms, masks, documents and the ranges that let tiles be skipped set up.
 template <typename T>
-Problem<T> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        int64_t bias_kind, const OptTensor& bias, const OptTensor& bias_index,
-                        int64_t gate_kind, const OptTensor& gate, const OptTensor& gate_index,
-                        const OptTensor& float_mask, const OptTensor& bool_mask,
-                        const OptTensor& key_padding, const OptTensor& documents,
-                        const OptTensor& fixed, bool causal,
-                        int64_t norm, double scale, double dropout_p, int64_t threshold,
-                        const OptTensor& seed, int64_t block_q, int64_t block_k);
+Problem<T> make_problem(URPE_FORWARD_PARAMS);
 
 }  // namespace urpe_cpp
