@@ -197,18 +197,18 @@ void flag_nonfinite(const Problem<T>& P, const T* x, int64_t rows, int64_t cols,
 // in it, entries past the first `vis` not read as numbers) and the dropout scale row keep, into
 // s, or (BF16) rounded to bfloat16 into s16. Returns sum_j P^power before the gate, for the
 // online normalisations.
-template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool BF16>
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool BF16, int64_t LANES>
 T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t span, T shift,
                T inv_n, const T* __restrict c, const T* __restrict keep) {
 #if URPE_AVX512
-  if constexpr (std::is_same_v<T, float> && NORM != kRelu2) {
+  if constexpr (std::is_same_v<T, float> && NORM != kRelu2 && LANES == kLanes) {
     return weights_avx512<NORM, GATE, DROPOUT, BF16>(s, s16, vis, span, shift, c, keep);
   }
 #endif
-  T lane_sum[kLanes] = {};  // one running sum per lane: reduced across lanes once, at the end
-  for (int64_t block = 0; block < span; block += kLanes) {
+  T lane_sum[LANES] = {};  // one running sum per lane: reduced across lanes once, at the end
+  for (int64_t block = 0; block < span; block += LANES) {
 #pragma omp simd
-    for (int64_t lane = 0; lane < kLanes; ++lane) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
       const int64_t j = block + lane;
       T p;
       if constexpr (NORM == kRelu2) {
@@ -233,7 +233,7 @@ T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t s
   }
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t lane = 0; lane < kLanes; ++lane) sum += lane_sum[lane];
+  for (int64_t lane = 0; lane < LANES; ++lane) sum += lane_sum[lane];
   return sum;
 }
 
@@ -243,17 +243,19 @@ T row_logits(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, in
              int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s, T scale) {
 #if URPE_AVX512
   if constexpr (std::is_same_v<T, float>) {
-    const float* bias =
-        P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, W.values.data()) : nullptr;
-    const float* mask = P.float_mask.present()
-                            ? P.float_mask.row(b, h, i, j0, vis, span, W.mask_values.data())
-                            : nullptr;
-    return with_flags(
-        [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
-          return logits_avx512<has_scale, has_bias, has_mask, has_flags>(
-              s, vis, span, scale, bias, mask, flags, P.hidden_logit());
-        },
-        scale != 1.0f, bias != nullptr, mask != nullptr, flags != nullptr);
+    if (whole_blocks(span)) {
+      const float* bias =
+          P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, W.values.data()) : nullptr;
+      const float* mask = P.float_mask.present()
+                              ? P.float_mask.row(b, h, i, j0, vis, span, W.mask_values.data())
+                              : nullptr;
+      return with_flags(
+          [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
+            return logits_avx512<has_scale, has_bias, has_mask, has_flags>(
+                s, vis, span, scale, bias, mask, flags, P.hidden_logit());
+          },
+          scale != 1.0f, bias != nullptr, mask != nullptr, flags != nullptr);
+    }
   }
 #endif
   return logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s,
@@ -276,11 +278,11 @@ T normalise_row(const Problem<T>& P, T* s, uint16_t* s16, int64_t vis, int64_t s
   const T sum = with_norm(
       [&](auto norm) {
         return with_flags(
-            [&](auto gate, auto dropout, auto bf16) {
-              return weights_loop<T, norm, gate, dropout, bf16>(s, s16, vis, span, shift, inv_n,
-                                                                c, keep);
+            [&](auto gate, auto dropout, auto bf16, auto blocks) {
+              return weights_loop<T, norm, gate, dropout, bf16, blocks ? kLanes : 1>(
+                  s, s16, vis, span, shift, inv_n, c, keep);
             },
-            c != nullptr, keep != nullptr, s16 != nullptr);
+            c != nullptr, keep != nullptr, s16 != nullptr, whole_blocks(span));
       },
       P.norm);
   if (fixed) return T(1);

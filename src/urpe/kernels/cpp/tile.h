@@ -88,6 +88,17 @@ constexpr int64_t kLanes = 16;  // ops.py pads Toeplitz rows by as many entries
 
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
+// A row of fewer visible keys than this runs its loops entry by entry over those keys alone
+// (its span is then vis, not a multiple of kLanes): a query that sees one key, as each padded
+// token with an id of its own does, would otherwise pay for kLanes of them (exp included) in
+// every loop of both passes.
+constexpr int64_t kShortRow = 4;
+
+inline int64_t row_span(int64_t vis) { return vis < kShortRow ? vis : padded(vis); }
+
+// The lanes of a row loop over `span` entries: kLanes, or 1 for a short row's span.
+inline bool whole_blocks(int64_t span) { return span % kLanes == 0; }
+
 // ---------------------------------------------------------------------------------------------
 // Row helpers (n contiguous entries)
 
@@ -338,8 +349,8 @@ decltype(auto) with_norm(F&& f, int64_t norm) {
 
 // The keys of query i in a tile (keys j0.., n of them) as its row loops take them: the tile's,
 // or by runs (`own`: the row's document keys [lo, hi), `Hiding::own_keys`) its own, held from
-// the row's start; `vis` of them before the causal edge, `span` = vis rounded up to kLanes, and
-// flags for them (in buf) where pairs are hidden entry by entry.
+// the row's start; `vis` of them before the causal edge, the `span` the loops run over
+// (`row_span`), and flags for them (in buf) where pairs are hidden entry by entry.
 struct RowKeys {
   int64_t j0 = 0, n = 0, vis = 0, span = 0;
   const uint8_t* flags = nullptr;
@@ -351,21 +362,22 @@ inline RowKeys row_keys(const Hiding& hiding, int64_t b, int64_t h, int64_t i, i
   keys.j0 = own != nullptr ? own->first : j0;
   keys.n = own != nullptr ? own->second - own->first : n;
   keys.vis = hiding.visible(i, keys.j0, keys.n);
-  keys.span = padded(keys.vis);
+  keys.span = row_span(keys.vis);
   // (a row's own keys share its document: only the masks may hide them)
   keys.flags = own != nullptr ? hiding.mask_flags(b, h, i, keys.j0, keys.vis, keys.span, buf)
                               : hiding.flags(b, h, i, keys.j0, keys.vis, keys.span, buf);
   return keys;
 }
 
-template <typename T, bool SCALE, bool BIAS, bool MASK, bool FLAGS>
+// LANES: kLanes, or 1 for a short row (`whole_blocks`)
+template <typename T, bool SCALE, bool BIAS, bool MASK, bool FLAGS, int64_t LANES>
 T logits_loop(T* __restrict s, int64_t vis, int64_t span, T scale, const T* __restrict bias,
               const T* __restrict mask, const uint8_t* __restrict flags, T hidden) {
-  T lane_max[kLanes];  // one running max per lane: reduced across lanes once, at the end
-  std::fill(lane_max, lane_max + kLanes, -std::numeric_limits<T>::infinity());
-  for (int64_t block = 0; block < span; block += kLanes) {
+  T lane_max[LANES];  // one running max per lane: reduced across lanes once, at the end
+  std::fill(lane_max, lane_max + LANES, -std::numeric_limits<T>::infinity());
+  for (int64_t block = 0; block < span; block += LANES) {
 #pragma omp simd
-    for (int64_t lane = 0; lane < kLanes; ++lane) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
       const int64_t j = block + lane;
       T x = s[j];
       if constexpr (SCALE) x *= scale;
@@ -377,7 +389,7 @@ T logits_loop(T* __restrict s, int64_t vis, int64_t span, T scale, const T* __re
       lane_max[lane] = x > lane_max[lane] ? x : lane_max[lane];
     }
   }
-  return row_max(lane_max, kLanes);
+  return row_max(lane_max, LANES);
 }
 
 // Logits of one row in one pass: s = scale s + B + M over its span, pairs hidden by flags and
@@ -393,11 +405,11 @@ T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h
       P.float_mask.present() ? P.float_mask.row(b, h, i, j0, vis, span, mask_buf) : nullptr;
   const T hidden = P.hidden_logit();
   return with_flags(
-      [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
-        return logits_loop<T, has_scale, has_bias, has_mask, has_flags>(s, vis, span, scale, bias,
-                                                                        mask, flags, hidden);
+      [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags, auto blocks) {
+        return logits_loop<T, has_scale, has_bias, has_mask, has_flags, blocks ? kLanes : 1>(
+            s, vis, span, scale, bias, mask, flags, hidden);
       },
-      scale != T(1), bias != nullptr, mask != nullptr, flags != nullptr);
+      scale != T(1), bias != nullptr, mask != nullptr, flags != nullptr, whole_blocks(span));
 }
 
 }  // namespace urpe_cpp
