@@ -151,3 +151,54 @@ def test_bfloat16_products_by_runs_are_the_reference_s(tail, tiles):
     torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=2e-2)
     for g, w in zip(got[1], want[1], strict=True):
         torch.testing.assert_close(g, w, atol=3e-2, rtol=3e-2)
+
+
+def short_documents_case(norm, causal, dtype, seed=1):
+    """One row of 37 tokens in documents of 1, 2, 3 and 5 tokens (queries that see 1-3 keys run
+    their row loops key by key, longer ones in blocks of 16), a few keys padded inside them,
+    Toeplitz bias and gate: the reference's inputs in float64, the kernel's in `dtype`."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [1, 2, 3, 5] * 4
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:37]
+    ids = torch.cat([ids, torch.full((37 - len(ids),), 99)])  # (37,)
+    padded = torch.zeros(1, 37, dtype=torch.bool)
+    padded[0, [4, 12, 30]] = True
+    qkv = [torch.randn(1, 2, 37, 8, generator=gen, **F64) for _ in range(3)]
+    bias = torch.randn(2, 11, generator=gen, **F64)
+    gate = torch.rand(2, 9, generator=gen, **F64) + 0.5
+
+    def inputs(kind):
+        leaves = [t.to(kind).requires_grad_() for t in (*qkv, bias, gate)]
+        call = dict(
+            is_causal=causal,
+            document_ids=ids[None],
+            key_padding_mask=padded,
+            bias=Toeplitz(leaves[3]),
+            gate=Toeplitz(leaves[4]),
+            normalization=norm,
+            scale=0.1 if norm == "exp" else None,
+        )
+        return leaves[:3], leaves, call
+
+    return inputs(torch.float64), inputs(dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("norm", NORMALIZATIONS)
+def test_rows_that_see_few_keys_are_the_reference_s(norm, causal):
+    """Rows of 1-3 visible keys (loops key by key) beside longer ones, forward and backward, in
+    float64 and float32, with tiles of 4 queries (by runs) and the kernel's own."""
+    (qkv, params, call), (qkv32, params32, call32) = short_documents_case(
+        norm, causal, torch.float32
+    )
+    want = outputs_and_grads(reference, qkv, params, call)
+    for block_q, block_k in ((4, 8), (0, 0)):
+
+        def fn(*a, block_q=block_q, block_k=block_k, **c):
+            return cpp_attention(*a, **c, block_q=block_q, block_k=block_k)
+
+        assert_same(outputs_and_grads(fn, qkv, params, call), want)
+        out, grads = outputs_and_grads(fn, qkv32, params32, call32)
+        torch.testing.assert_close(out.double(), want[0], atol=2e-5, rtol=2e-4)
+        for g, w in zip(grads, want[1], strict=True):
+            torch.testing.assert_close(g.double(), w, atol=2e-4, rtol=2e-3)

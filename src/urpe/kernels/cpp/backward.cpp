@@ -38,14 +38,16 @@ struct BackwardScratch {
 // normalisation's rule (into da), dS accumulated into dbias.
 // s: P, or relu(S) for relu2 (whose weight is relu^2 / n); da: dO v_j; c: the gate row with
 // hidden pairs set to 0; keep: the dropout scale row.
-template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool DGATE, bool DBIAS>
+// LANES: kLanes, or 1 for a short row (`whole_blocks`)
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool DGATE, bool DBIAS,
+          int64_t LANES>
 void gradient_loop(int64_t vis, int64_t span, const T* __restrict c, const T* __restrict keep,
                    T* __restrict s, T* __restrict da, T* __restrict dgate, T* __restrict dbias,
                    T delta, T inv_n) {
   constexpr bool WRITE_A = GATE || DROPOUT || NORM == kRelu2;  // else A is P, already in s
-  for (int64_t block = 0; block < span; block += kLanes) {
+  for (int64_t block = 0; block < span; block += LANES) {
 #pragma omp simd
-    for (int64_t lane = 0; lane < kLanes; ++lane) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
       const int64_t j = block + lane;
       // past the causal edge (and the tile) every term is 0. Loads first, then selects: the
       // span is readable, and a load inside a condition would keep the loop from vectorising.
@@ -82,19 +84,25 @@ void gradient_loop(int64_t vis, int64_t span, const T* __restrict c, const T* __
 }
 
 // The row's logits -> P (or relu(S) for relu2) in place over its span, from the saved
-// statistic r (hidden logits give 0).
-template <typename T>
-void weights_row(const Problem<T>& P, T* __restrict s, int64_t span, T r) {
-  for (int64_t block = 0; block < span; block += kLanes) {
+// statistic r (hidden logits give 0), LANES at a time (`gradient_loop`).
+template <typename T, int64_t LANES>
+void weights_by_lanes(bool relu, T* __restrict s, int64_t span, T r) {
+  for (int64_t block = 0; block < span; block += LANES) {
     T* __restrict x = s + block;
-    if (P.norm == kRelu2) {
+    if (relu) {
 #pragma omp simd  // (NaN stays NaN, as torch.relu keeps it)
-      for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = x[lane] < T(0) ? T(0) : x[lane];
+      for (int64_t lane = 0; lane < LANES; ++lane) x[lane] = x[lane] < T(0) ? T(0) : x[lane];
     } else {
 #pragma omp simd
-      for (int64_t lane = 0; lane < kLanes; ++lane) x[lane] = exp_value(x[lane] - r);
+      for (int64_t lane = 0; lane < LANES; ++lane) x[lane] = exp_value(x[lane] - r);
     }
   }
+}
+
+template <typename T>
+void weights_row(const Problem<T>& P, T* s, int64_t span, T r) {
+  if (whole_blocks(span)) return weights_by_lanes<T, kLanes>(P.norm == kRelu2, s, span, r);
+  weights_by_lanes<T, 1>(P.norm == kRelu2, s, span, r);
 }
 
 // dS (and dC, where given) of a row's hidden pairs set to 0: those the flags hide and those
@@ -141,11 +149,12 @@ void backward_row(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>
   with_norm(
       [&](auto norm) {
         with_flags(
-            [&](auto gate, auto dropout, auto has_dgate, auto has_dbias) {
-              gradient_loop<T, norm, gate, dropout, has_dgate, has_dbias>(
+            [&](auto gate, auto dropout, auto has_dgate, auto has_dbias, auto blocks) {
+              gradient_loop<T, norm, gate, dropout, has_dgate, has_dbias, blocks ? kLanes : 1>(
                   vis, span, c, keep, s, da, dgate, dbias, delta, inv_n);
             },
-            c != nullptr, keep != nullptr, dgate != nullptr, dbias != nullptr);
+            c != nullptr, keep != nullptr, dgate != nullptr, dbias != nullptr,
+            whole_blocks(span));
       },
       P.norm);
   if (clear) clear_hidden(vis, span, flags, da, dgate);
@@ -346,7 +355,6 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
   T* dv_rows = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
   T* dq = G.dq + G.dq_rows.at(b, h, i0);
-  row_statistics(P, G, W, b, h, i0, bq);
   // only the keys of the queries' documents, where those are runs
   const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
   const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
@@ -355,6 +363,9 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   bool first = true;
   for (int64_t jb = doc_begin / P.block_k * P.block_k; jb < key_end; jb += P.block_k) {
     if (!P.hiding.shares(b, i0 / P.block_q, jb, P.block_k)) continue;  // no visible pair
+    // with the block's first computed tile: a block that sees no key (a padded tail) never
+    // reads its rows of O and dO
+    if (first) row_statistics(P, G, W, b, h, i0, bq);
     const int64_t j0 = std::max(jb, doc_begin);
     const int64_t n = std::min(jb + P.block_k, key_end) - j0, ld = padded(n);
     T* s_tile = W.s.data();  // (bq, n) with rows ld apart, as da_tile
@@ -367,16 +378,11 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      // the row's keys: the tile's, or by runs its own (from the row's start)
-      const int64_t row_j0 = by_runs ? runs[r].first : j0;
-      const int64_t row_n = by_runs ? runs[r].second - runs[r].first : n;
-      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
-      // (a row's own keys share its document: only the masks may hide them)
-      const uint8_t* flags =
-          by_runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
-                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
-      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, row_j0, vis, span, flags, s);
-      backward_row(P, G, W, worker, b, h, i, row_j0, row_n, vis, span, flags, s,
+      const RowKeys keys = row_keys(P.hiding, b, h, i, j0, n, by_runs ? runs + r : nullptr,
+                                    W.flags.data());
+      logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, keys.j0, keys.vis, keys.span,
+                 keys.flags, s);
+      backward_row(P, G, W, worker, b, h, i, keys.j0, keys.n, keys.vis, keys.span, keys.flags, s,
                    da_tile + r * ld, W.stat[r], W.delta[r]);
     }
     products.after(own, j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);

@@ -6,13 +6,8 @@
 // At the end out_i = acc_i / l_i^(1/power) and r_i = m_i + log(l_i) / power is saved for the
 // backward pass (normalisations with a fixed statistic save it as given).
 #include "loops.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
-#define URPE_AVX512 1
-#else
-#define URPE_AVX512 0
-#endif
+#include "packed.h"
+#include "rows_avx512.h"
 
 namespace urpe_cpp {
 namespace {
@@ -28,12 +23,6 @@ struct ForwardScratch {
   ForwardScratch(int64_t bq, int64_t bk, bool bf16)
       : s(bq * bk), values(bk), mask_values(bk), dropout(bk), row_max(bq), row_sum(bq),
         alpha(bq), flags(bk), s16(bf16 ? bq * bk : 0) {}
-};
-
-// A kv head's keys and values packed for the AMX kernel (loops.h), where they are.
-struct PackedHead {
-  const uint16_t* keys = nullptr;
-  const uint16_t* values = nullptr;
 };
 
 // The tile's two products, on T operands or on the problem's bfloat16 ones.
@@ -203,122 +192,23 @@ void flag_nonfinite(const Problem<T>& P, const T* x, int64_t rows, int64_t cols,
   if (any_nonfinite(x, rows, cols, ld)) P.nonfinite->store(true, std::memory_order_relaxed);
 }
 
-#if URPE_AVX512
-// The weights loop in AVX-512 registers, 16 keys at a time. The compiler's vectorised
-// exp_value costs about 50 instructions per 16 keys (clamps, 2^n as two factors, the final
-// selects; 256-bit halves); exp16 takes 14 for exp_value's formula (the same rounding,
-// reduction and polynomial, 2^n by scalef, exact: the same values) and special values: 0 below
-// lo (-inf too), inf above hi, NaN kept. No clamp from below: whatever n and p are there, the
-// mask writes 0.
-inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.33654475f);
-  // past hi scalef overflows to inf; the clamp keeps x = inf from giving inf - inf = NaN.
-  // min returns its second operand where either is NaN: a NaN x stays NaN.
-  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(100.0f), x);
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  // kept: x >= lo, or NaN (unordered)
-  return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, n);
-}
-
-// 16 floats rounded to nearest even bfloat16, stored at dst
-inline void store_bf16(uint16_t* dst, __m512 x) {
-#if defined(__AVX512BF16__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
-#else
-  __m512i bits = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
-#endif
-}
-
-// logits_loop (tile.h) for float: s = scale s + B + M, hidden pairs and those past `vis` at
-// `hidden`; returns the row's max (NaN logits left out of it, as there)
-template <bool SCALE, bool BIAS, bool MASK, bool FLAGS>
-float logits_avx512(float* __restrict s, int64_t vis, int64_t span, float scale,
-                    const float* __restrict bias, const float* __restrict mask,
-                    const uint8_t* __restrict flags, float hidden) {
-  const __m512 scale16 = _mm512_set1_ps(scale), hidden16 = _mm512_set1_ps(hidden);
-  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < span; j += kLanes) {
-    __m512 x = _mm512_loadu_ps(s + j);
-    if constexpr (SCALE && BIAS) {
-      x = _mm512_fmadd_ps(x, scale16, _mm512_loadu_ps(bias + j));
-    } else if constexpr (SCALE) {
-      x = _mm512_mul_ps(x, scale16);
-    } else if constexpr (BIAS) {
-      x = _mm512_add_ps(x, _mm512_loadu_ps(bias + j));
-    }
-    if constexpr (MASK) x = _mm512_add_ps(x, _mm512_loadu_ps(mask + j));
-    const int64_t seen = std::min<int64_t>(vis - j, kLanes);
-    __mmask16 shown = static_cast<__mmask16>((uint32_t{1} << seen) - 1);
-    if constexpr (FLAGS) {
-      const __m128i hides = _mm_loadu_si128(reinterpret_cast<const __m128i*>(flags + j));
-      shown &= static_cast<__mmask16>(~_mm_test_epi8_mask(hides, hides));
-    }
-    x = _mm512_mask_blend_ps(shown, hidden16, x);
-    _mm512_storeu_ps(s + j, x);
-    top = _mm512_max_ps(x, top);  // x > top ? x : top: a NaN x leaves top
-  }
-  return _mm512_reduce_max_ps(top);
-}
-
-// weights_loop (below) for float and an exp-based normalisation
-template <int64_t NORM, bool GATE, bool DROPOUT, bool BF16>
-float weights_avx512(float* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t span,
-                     float shift, const float* __restrict c, const float* __restrict keep) {
-  const __m512 shift16 = _mm512_set1_ps(shift);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < span; j += kLanes) {
-    __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift16));
-    if constexpr (NORM == kSoftmax) sum = _mm512_add_ps(sum, p);
-    if constexpr (NORM == kL2) sum = _mm512_fmadd_ps(p, p, sum);
-    if constexpr (GATE) {  // the gate past the edge (0 < vis - j < 16) is not read
-      const int64_t seen = std::min<int64_t>(vis - j, kLanes);
-      const __mmask16 valid = static_cast<__mmask16>((uint32_t{1} << seen) - 1);
-      p = _mm512_mul_ps(p, _mm512_maskz_loadu_ps(valid, c + j));
-    }
-    if constexpr (DROPOUT) p = _mm512_mul_ps(p, _mm512_loadu_ps(keep + j));
-    if constexpr (BF16) {
-      store_bf16(s16 + j, p);
-    } else {
-      _mm512_storeu_ps(s + j, p);
-    }
-  }
-  return _mm512_reduce_add_ps(sum);
-}
-#endif
-
 // Weights of one row from its logits, in one pass over its span: P = f(s, shift) (exp(s -
 // shift), or relu(s)^2 / n for relu2; 0 at hidden logits), times the gate row c (hidden pairs 0
 // in it, entries past the first `vis` not read as numbers) and the dropout scale row keep, into
 // s, or (BF16) rounded to bfloat16 into s16. Returns sum_j P^power before the gate, for the
 // online normalisations.
-template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool BF16>
+template <typename T, int64_t NORM, bool GATE, bool DROPOUT, bool BF16, int64_t LANES>
 T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t span, T shift,
                T inv_n, const T* __restrict c, const T* __restrict keep) {
 #if URPE_AVX512
-  if constexpr (std::is_same_v<T, float> && NORM != kRelu2) {
+  if constexpr (std::is_same_v<T, float> && NORM != kRelu2 && LANES == kLanes) {
     return weights_avx512<NORM, GATE, DROPOUT, BF16>(s, s16, vis, span, shift, c, keep);
   }
 #endif
-  T lane_sum[kLanes] = {};  // one running sum per lane: reduced across lanes once, at the end
-  for (int64_t block = 0; block < span; block += kLanes) {
+  T lane_sum[LANES] = {};  // one running sum per lane: reduced across lanes once, at the end
+  for (int64_t block = 0; block < span; block += LANES) {
 #pragma omp simd
-    for (int64_t lane = 0; lane < kLanes; ++lane) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
       const int64_t j = block + lane;
       T p;
       if constexpr (NORM == kRelu2) {
@@ -343,7 +233,7 @@ T weights_loop(T* __restrict s, uint16_t* __restrict s16, int64_t vis, int64_t s
   }
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t lane = 0; lane < kLanes; ++lane) sum += lane_sum[lane];
+  for (int64_t lane = 0; lane < LANES; ++lane) sum += lane_sum[lane];
   return sum;
 }
 
@@ -353,17 +243,19 @@ T row_logits(const Problem<T>& P, ForwardScratch<T>& W, int64_t b, int64_t h, in
              int64_t j0, int64_t vis, int64_t span, const uint8_t* flags, T* s, T scale) {
 #if URPE_AVX512
   if constexpr (std::is_same_v<T, float>) {
-    const float* bias =
-        P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, W.values.data()) : nullptr;
-    const float* mask = P.float_mask.present()
-                            ? P.float_mask.row(b, h, i, j0, vis, span, W.mask_values.data())
-                            : nullptr;
-    return with_flags(
-        [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
-          return logits_avx512<has_scale, has_bias, has_mask, has_flags>(
-              s, vis, span, scale, bias, mask, flags, P.hidden_logit());
-        },
-        scale != 1.0f, bias != nullptr, mask != nullptr, flags != nullptr);
+    if (whole_blocks(span)) {
+      const float* bias =
+          P.bias.present() ? P.bias.row(b, h, i, j0, vis, span, W.values.data()) : nullptr;
+      const float* mask = P.float_mask.present()
+                              ? P.float_mask.row(b, h, i, j0, vis, span, W.mask_values.data())
+                              : nullptr;
+      return with_flags(
+          [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
+            return logits_avx512<has_scale, has_bias, has_mask, has_flags>(
+                s, vis, span, scale, bias, mask, flags, P.hidden_logit());
+          },
+          scale != 1.0f, bias != nullptr, mask != nullptr, flags != nullptr);
+    }
   }
 #endif
   return logits_row(P, W.values.data(), W.mask_values.data(), b, h, i, j0, vis, span, flags, s,
@@ -386,11 +278,11 @@ T normalise_row(const Problem<T>& P, T* s, uint16_t* s16, int64_t vis, int64_t s
   const T sum = with_norm(
       [&](auto norm) {
         return with_flags(
-            [&](auto gate, auto dropout, auto bf16) {
-              return weights_loop<T, norm, gate, dropout, bf16>(s, s16, vis, span, shift, inv_n,
-                                                                c, keep);
+            [&](auto gate, auto dropout, auto bf16, auto blocks) {
+              return weights_loop<T, norm, gate, dropout, bf16, blocks ? kLanes : 1>(
+                  s, s16, vis, span, shift, inv_n, c, keep);
             },
-            c != nullptr, keep != nullptr, s16 != nullptr);
+            c != nullptr, keep != nullptr, s16 != nullptr, whole_blocks(span));
       },
       P.norm);
   if (fixed) return T(1);
@@ -457,14 +349,10 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     for (int64_t r = 0; r < bq; ++r) {
       const int64_t i = i0 + r;
       T* s = s_tile + r * ld;
-      // the row's keys: the tile's, or by runs its own (from the row's start)
-      const int64_t row_j0 = runs ? own[r].first : j0;
-      const int64_t row_n = runs ? own[r].second - own[r].first : n;
-      const int64_t vis = P.hiding.visible(i, row_j0, row_n), span = padded(vis);
-      // (a row's own keys share its document: only the masks may hide them)
-      const uint8_t* flags =
-          runs ? P.hiding.mask_flags(b, h, i, row_j0, vis, span, W.flags.data())
-                    : P.hiding.flags(b, h, i, row_j0, vis, span, W.flags.data());
+      const RowKeys keys = row_keys(P.hiding, b, h, i, j0, n, runs ? own + r : nullptr,
+                                    W.flags.data());
+      const int64_t row_j0 = keys.j0, row_n = keys.n, vis = keys.vis, span = keys.span;
+      const uint8_t* flags = keys.flags;
       const T row_max = row_logits(P, W, b, h, i, row_j0, vis, span, flags, s, scale);
       const T* c = nullptr;
       if (P.gate.present()) {
@@ -534,53 +422,6 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
 }
 
 }  // namespace
-
-// Query rows per kv head below which packing costs more than it saves (measured at Lk = 512
-// to 2048, D = 64: the packed products win from about 256 rows on; a decoding step, one
-// query, would take 2 to 4 times as long).
-constexpr int64_t kPackedMinQueries = 256;
-
-// Every kv head's keys, and its values, packed for the AMX kernel where the problem's bfloat16
-// products can use it (key tiles of whole packed blocks) and enough queries read each key,
-// else empty.
-struct PackedOperands {
-  std::unique_ptr<uint16_t[]> keys, values;  // left uninitialised: packing writes every entry
-  int64_t keys_size = 0, values_size = 0;    // entries per kv head
-
-  PackedHead head(int64_t kv) const {
-    PackedHead packed;
-    if (keys) packed.keys = keys.get() + kv * keys_size;
-    if (values) packed.values = values.get() + kv * values_size;
-    return packed;
-  }
-};
-
-template <typename T>
-PackedOperands pack_operands(const Problem<T>& P) {
-  PackedOperands packed;
-  if (!P.bf16() || P.block_k % kPackedKeys != 0 || P.lq * P.groups < kPackedMinQueries ||
-      !packed_keys_available(P.dim)) {
-    return packed;
-  }
-  const int64_t heads = P.batch * P.kv_heads;
-  packed.keys_size = packed_keys_size(P.lk, P.dim);
-  packed.keys.reset(new uint16_t[heads * packed.keys_size]);
-  if (packed_values_available(P.vdim)) {
-    packed.values_size = packed_values_size(P.lk, P.vdim);
-    packed.values.reset(new uint16_t[heads * packed.values_size]);
-  }
-  const double work = static_cast<double>(heads) * P.lk * (P.dim + P.vdim);
-  run_items(heads, workers_for(heads, work), [&](int64_t, int64_t kv) {
-    const int64_t b = kv / P.kv_heads, hk = kv % P.kv_heads;
-    pack_keys(P.k16 + P.k_rows.at(b, hk, 0), P.lk, P.dim, P.k_rows.si,
-              packed.keys.get() + kv * packed.keys_size);
-    if (packed.values) {
-      pack_values(P.v16 + P.v_rows.at(b, hk, 0), P.lk, P.vdim, P.v_rows.si,
-                  packed.values.get() + kv * packed.values_size);
-    }
-  });
-  return packed;
-}
 
 template <typename T>
 void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {

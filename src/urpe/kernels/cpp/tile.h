@@ -1,6 +1,7 @@
-// The pieces every tile of the C++ CPU kernel uses: the problem's sizes and tensors, how a bias,
-// gate or mask row is read and how its gradient is gathered, which pairs are hidden, exp,
-// dropout and the matrix products. forward.cpp and backward.cpp hold the two loops.
+// The pieces every tile of the C++ CPU kernel uses: the problem's sizes and tensors, exp, row
+// helpers, dropout, the matrix products and the logits of a row. Terms (biases, gates, float
+// masks and their gradients) are in terms.h, which pairs are hidden in hiding.h, and how work
+// items run on threads in threads.h. forward.cpp and backward.cpp hold the two loops.
 //
 // Layout (row-major, contiguous, in the compute dtype T = float or double):
 //   q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); query head h reads kv head h / G.
@@ -10,7 +11,6 @@
 // tile is in cache.
 #pragma once
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -23,21 +23,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "hiding.h"
+#include "terms.h"
+#include "threads.h"
+
 namespace urpe_cpp {
 
 // Normalisations (urpe.kernels.normalization): weights a = f(s, r_i) for a row statistic r_i.
 enum Norm : int64_t { kSoftmax = 0, kExp = 1, kL2 = 2, kRelu2 = 3 };
-// How a bias or gate is given.
-// kDecay: a `Decay` bias -|c[pos(i)] - c[j]|, read from c = cumsum(log_forget) (B|1, H|1, Lk).
-// kToeplitzTable: a Toeplitz table itself (H|1, 2K + 1) over offsets -K..K, for a forward whose
-// offsets and padding lie inside it (no column clamped): read as kToeplitz rows in place,
-// without building them (a decoding step's gate; `make_term`).
-// kCrossDecay: a `CrossDecay` bias -|c[i] - c[Lq + j]|, c (B|1, H|1, Lq + Lk) holding the queries'
-// cumulative sums, then the keys' (chunks of one sequence apart: context parallelism).
-// (codes 0..6)
-enum Kind : int64_t {
-  kNone = 0, kDense, kToeplitz, kRelation, kDecay, kToeplitzTable, kCrossDecay
-};
 
 // Row loops vectorise only where every call in them is inlined; GCC stops inlining a helper
 // once a file has many instantiations of the loops unless told to.
@@ -94,6 +87,17 @@ inline double exp_value(double x) { return std::exp(x); }
 constexpr int64_t kLanes = 16;  // ops.py pads Toeplitz rows by as many entries
 
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// A row of fewer visible keys than this runs its loops entry by entry over those keys alone
+// (its span is then vis, not a multiple of kLanes): a query that sees one key, as each padded
+// token with an id of its own does, would otherwise pay for kLanes of them (exp included) in
+// every loop of both passes.
+constexpr int64_t kShortRow = 4;
+
+inline int64_t row_span(int64_t vis) { return vis < kShortRow ? vis : padded(vis); }
+
+// The lanes of a row loop over `span` entries: kLanes, or 1 for a short row's span.
+inline bool whole_blocks(int64_t span) { return span % kLanes == 0; }
 
 // ---------------------------------------------------------------------------------------------
 // Row helpers (n contiguous entries)
@@ -261,293 +265,6 @@ struct Dropout {
 };
 
 // ---------------------------------------------------------------------------------------------
-// A bias, gate or float mask, read one row segment (b, h, i, keys j0 .. j0 + n) at a time.
-
-template <typename T>
-struct Term {
-  int64_t kind = kNone;
-  const T* data = nullptr;
-  // dense: strides of (b, h, i, j), 0 along a broadcast dim
-  int64_t sb = 0, sh = 0, si = 0, sj = 0;
-  // Toeplitz: one row of Lq + Lk - 1 values per table head, entry j - i + Lq - 1 (built by the
-  // caller from the clamped table, then kLanes entries of padding); Relation: the table
-  // (heads, R) and its index (b, i, j)
-  int64_t row_len = 0;
-  bool per_head = false;
-  const int64_t* index = nullptr;
-  int64_t ib = 0, ii = 0, ij = 0;
-  int64_t lq = 0;
-
-  bool present() const { return kind != kNone; }
-
-  // Tables: where head h's row starts; Toeplitz: where (h, i)'s entry for key j0 sits
-  int64_t table_row(int64_t h) const { return per_head ? h * row_len : 0; }
-  int64_t toeplitz_entry(int64_t h, int64_t i, int64_t j0) const {
-    return table_row(h) + (j0 - i + lq - 1);
-  }
-  // Relation: the index of (b, i, j0), the next keys ij apart
-  const int64_t* relation_index(int64_t b, int64_t i, int64_t j0) const {
-    return index + b * ib + i * ii + j0 * ij;
-  }
-
-  // Decay: (b, h)'s row of c (row_len = Lk entries), and c at query i's position (0 before
-  // the first key, where a query sees no key). CrossDecay: the row holds Lq + Lk entries, the
-  // queries' own c first; the keys' start at `decay_keys`.
-  bool is_decay() const { return kind == kDecay || kind == kCrossDecay; }
-  const T* decay_row(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
-  int64_t decay_keys() const { return kind == kCrossDecay ? lq : 0; }
-  // the entry of the row that query i reads (-1: none)
-  int64_t decay_query_entry(int64_t i) const {
-    if (kind == kCrossDecay) return i;
-    const int64_t pos = i + row_len - lq;
-    return pos >= 0 ? pos : -1;
-  }
-  T decay_query(const T* c, int64_t i) const {
-    const int64_t entry = decay_query_entry(i);
-    return entry >= 0 ? c[entry] : T(0);
-  }
-
-  // The values of keys [j0, j0 + n) at a pointer readable for `span` >= n entries (what lies
-  // past n is anything: the loops mask it); `buf` (span entries) holds them where they must be
-  // gathered.
-  const T* row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
-               T* buf) const {
-    if (kind == kToeplitz) return data + toeplitz_entry(h, i, j0);
-    if (kind == kRelation) {
-      const T* table = data + table_row(h);
-      const int64_t* idx = relation_index(b, i, j0);
-      for (int64_t j = 0; j < n; ++j) buf[j] = table[idx[j * ij]];
-      return buf;
-    }
-    if (is_decay()) {
-      const T* c = decay_row(b, h) + decay_keys() + j0;
-      const T cq = decay_query(decay_row(b, h), i);
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) buf[j] = -std::abs(cq - c[j]);
-      return buf;
-    }
-    const T* p = data + b * sb + h * sh + i * si + j0 * sj;
-    if (sj == 1 && span == n) return p;  // past n the tensor may end
-    for (int64_t j = 0; j < n; ++j) buf[j] = p[j * sj];
-    return buf;
-  }
-};
-
-// Where a term's gradient goes, laid out as the term itself (`layout`: its kind, table rows
-// and relation index). Tables: one private copy per worker (`slot`), summed after the loop.
-// Dense: the gradient tensor itself (contiguous, the term's shape), written by the one work
-// item that owns each entry (see backward.cpp).
-template <typename T>
-struct TermGrad {
-  Term<T> layout;
-  T* data = nullptr;
-  int64_t sb = 0, sh = 0, si = 0, sj = 0;  // dense: strides, 0 along a broadcast dim
-  int64_t slot_size = 0;                   // tables: entries per worker copy
-
-  bool present() const { return layout.present(); }
-
-  // Toeplitz: where the gradient of keys [j0, ...) of row (h, i) accumulates, contiguous;
-  // other kinds: nullptr (use `add`)
-  T* row_target(int64_t slot, int64_t h, int64_t i, int64_t j0) const {
-    if (layout.kind != kToeplitz) return nullptr;
-    return data + slot * slot_size + layout.toeplitz_entry(h, i, j0);
-  }
-
-  void add(int64_t slot, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
-           const T* __restrict g) const {
-    if (layout.kind == kToeplitz) {
-      T* __restrict dst = row_target(slot, h, i, j0);
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) dst[j] += g[j];
-    } else if (layout.kind == kRelation) {
-      T* dst = data + slot * slot_size + layout.table_row(h);
-      const int64_t* idx = layout.relation_index(b, i, j0);
-      for (int64_t j = 0; j < n; ++j) dst[idx[j * layout.ij]] += g[j];
-    } else if (layout.is_decay()) {
-      // d/dc of -|c_q - c_j|: -sign to the query's entry, +sign to each key's. In SIMD lanes
-      // (c and the gradient rows are apart): a serial sum's add latency per key cost more
-      // than the rest of the decay's work (issue 42).
-      const T* row = layout.decay_row(b, h);
-      T* dst = data + slot * slot_size + b * layout.sb + h * layout.sh;
-      const T* __restrict c = row + layout.decay_keys() + j0;
-      T* __restrict dst_keys = dst + layout.decay_keys() + j0;
-      const T cq = layout.decay_query(row, i);
-      T total = 0;
-#pragma omp simd reduction(+ : total)
-      for (int64_t j = 0; j < n; ++j) {
-        const T cj = c[j], gj = g[j];
-        const T signed_g = cq > cj ? gj : (cq < cj ? -gj : T(0));
-        dst_keys[j] += signed_g;
-        total += signed_g;
-      }
-      const int64_t entry = layout.decay_query_entry(i);
-      if (entry >= 0) dst[entry] -= total;
-    } else {
-      T* dst = data + b * sb + h * sh + i * si + j0 * sj;
-      if (sj == 0) {
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) sum += g[j];
-        *dst += sum;
-      } else {
-        for (int64_t j = 0; j < n; ++j) dst[j * sj] += g[j];
-      }
-    }
-  }
-};
-
-// The gate row with hidden pairs (flags) set to 0, so that a gate holding inf or NaN where a
-// pair is hidden leaves its weight and gradients exactly 0 (the loops mask the causal tail).
-template <typename T>
-const T* masked_gate_row(const Term<T>& gate, int64_t b, int64_t h, int64_t i, int64_t j0,
-                         int64_t n, int64_t span, const uint8_t* flags, T* buf) {
-  const T* c = gate.row(b, h, i, j0, n, span, buf);
-  if (flags == nullptr) return c;
-  for (int64_t j = 0; j < n; ++j) buf[j] = flags[j] ? T(0) : c[j];
-  return buf;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Which pairs are hidden: causal masking (a contiguous tail of each row segment), key padding,
-// documents and a boolean attn_mask (flags per entry).
-
-// keys [lo, hi) of a row
-using KeyRun = std::pair<int64_t, int64_t>;
-
-struct Hiding {
-  bool causal = false;
-  int64_t shift = 0;              // Lk - Lq: query i sees keys j <= i + shift
-  const bool* pad = nullptr;      // (B|1, Lk|1), True = padded
-  int64_t pad_sb = 0, pad_sj = 0;  // its strides, 0 along a broadcast dim
-  const bool* keep = nullptr;     // bool attn_mask, True = takes part
-  int64_t kb = 0, kh = 0, ki = 0, kj = 0;
-  const int64_t* docs = nullptr;  // document ids (B|1, Lk), contiguous along the keys
-  int64_t docs_sb = 0;
-  int64_t lk = 0;  // keys
-  // the queries' own ids where they are given apart ((B|1, Lq + Lk) ids, these the first Lq of
-  // each row, docs the rest): query i's document is query_docs[i], not the id at pos(i)
-  const int64_t* query_docs = nullptr;
-  // Tiles no pair of which is visible, found from ranges per (batch row, block) (`block_rows`
-  // rows of them, 0: none kept): the smallest and largest document id (0 for every position
-  // without documents) of the block's queries (none for queries before the first key, unless
-  // their ids are given apart) and of its keys that key padding leaves visible (none where all
-  // are padded).
-  std::vector<int64_t> query_lo, query_hi, key_lo, key_hi;
-  int64_t block_rows = 0, query_blocks = 0, key_blocks = 0;
-
-  // whether query block qb and the key block starting at j0 may hold a visible pair in row b
-  // (false: the tile is skipped, forward and backward; it would contribute exactly nothing)
-  bool shares(int64_t b, int64_t qb, int64_t j0, int64_t block_k) const {
-    if (block_rows == 0) return true;
-    const int64_t row = block_rows == 1 ? 0 : b, kb_ = j0 / block_k;
-    const int64_t q = row * query_blocks + qb, k = row * key_blocks + kb_;
-    return query_lo[q] <= key_hi[k] && key_lo[k] <= query_hi[q];
-  }
-
-  // Where each row's documents are runs (no id in two runs of keys): per (row of docs, query)
-  // the keys [begin, end) of its document (empty before the first key); else empty vectors.
-  std::vector<int64_t> run_begin, run_end;
-
-  // keys [begin, end) that hold every key the queries [i0, i1) of row b may share a document
-  // with: the span of their runs, or all keys
-  std::pair<int64_t, int64_t> document_keys(int64_t b, int64_t i0, int64_t i1) const {
-    if (run_begin.empty()) return {0, lk};
-    const int64_t* begin = run_begin.data() + (docs_sb == 0 ? 0 : b) * (lk - shift);
-    const int64_t* end = run_end.data() + (docs_sb == 0 ? 0 : b) * (lk - shift);
-    int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
-    for (int64_t i = i0; i < i1; ++i) {
-      if (begin[i] >= end[i]) continue;
-      lo = std::min(lo, begin[i]);
-      hi = std::max(hi, end[i]);
-    }
-    return {std::min(lo, hi), hi};
-  }
-
-  // keys [lo, hi) of the tile (keys j0.., n of them) in the document of query i of row b,
-  // where documents are runs
-  KeyRun own_keys(int64_t b, int64_t i, int64_t j0, int64_t n) const {
-    const int64_t at = (docs_sb == 0 ? 0 : b) * (lk - shift) + i;
-    const int64_t lo = std::clamp(run_begin[at], j0, j0 + n);  // (an empty run: [j0, j0))
-    return {lo, std::clamp(run_end[at], lo, j0 + n)};
-  }
-
-  // keys [j0, j0 + n) that come before the causal edge for query i
-  int64_t visible(int64_t i, int64_t j0, int64_t n) const {
-    if (!causal) return n;
-    return std::min(n, std::max<int64_t>(0, i + shift - j0 + 1));
-  }
-
-  // the keys [0, end) that some query of [i0, i1) may see
-  int64_t key_end(int64_t i1, int64_t lk) const {
-    if (!causal) return lk;
-    return std::min(lk, std::max<int64_t>(0, i1 - 1 + shift + 1));
-  }
-
-  // flags[j] != 0 where padding or the bool mask hides the pair, for the n keys from j0, at a
-  // pointer readable for span >= n entries; nullptr when neither mask exists
-  const uint8_t* flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
-                       uint8_t* buf) const {
-    const uint8_t* base = mask_flags(b, h, i, j0, n, span, buf);
-    if (docs == nullptr) return base;
-    const int64_t* row = docs + b * docs_sb;
-    const int64_t pos = i + shift;
-    if (query_docs == nullptr && pos < 0) {  // before the first key: in no document
-      std::fill(buf, buf + n, uint8_t{1});
-      return buf;
-    }
-    const int64_t own = query_docs != nullptr ? query_docs[b * docs_sb + i] : row[pos];
-    for (int64_t j = 0; j < n; ++j) {
-      buf[j] = static_cast<uint8_t>((base != nullptr && base[j]) || row[j0 + j] != own);
-    }
-    return buf;
-  }
-
-  // `flags` from key padding and the bool mask alone
-  const uint8_t* mask_flags(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
-                            int64_t span, uint8_t* buf) const {
-    if (keep == nullptr) {
-      if (pad == nullptr) return nullptr;
-      const bool* pp = pad + b * pad_sb + j0 * pad_sj;
-      // past n the mask may end
-      if (pad_sj == 1 && span == n) return reinterpret_cast<const uint8_t*>(pp);
-      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(pp[j * pad_sj]);
-      return buf;
-    }
-    const bool* kp = keep + b * kb + h * kh + i * ki + j0 * kj;
-    if (pad != nullptr) {
-      const bool* pp = pad + b * pad_sb + j0 * pad_sj;
-      for (int64_t j = 0; j < n; ++j) {
-        buf[j] = static_cast<uint8_t>(pp[j * pad_sj] || !kp[j * kj]);
-      }
-    } else {
-      for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<uint8_t>(!kp[j * kj]);
-    }
-    return buf;
-  }
-};
-
-// Queries of a group where a block is split by its documents' runs.
-constexpr int64_t kRunGroup = 16;
-
-// Runs body(g0, g1) over the query block [i0, i1): once, or per group of kRunGroup queries
-// where its documents are runs and the groups' own runs hold at most half of the pairs the
-// block's would (short documents, such as padding with one id per token: the block's span of
-// runs is a diagonal tile in which each query sees a few keys).
-template <typename F>
-void for_query_groups(const Hiding& hiding, int64_t b, int64_t i0, int64_t i1, const F& body) {
-  if (hiding.run_begin.empty() || i1 - i0 <= kRunGroup) return body(i0, i1);
-  const auto [lo, hi] = hiding.document_keys(b, i0, i1);
-  int64_t grouped = 0;  // query-key pairs of the groups' spans
-  for (int64_t g0 = i0; g0 < i1; g0 += kRunGroup) {
-    const int64_t g1 = std::min(i1, g0 + kRunGroup);
-    const auto [glo, ghi] = hiding.document_keys(b, g0, g1);
-    grouped += (ghi - glo) * (g1 - g0);
-  }
-  if (2 * grouped > (hi - lo) * (i1 - i0)) return body(i0, i1);
-  for (int64_t g0 = i0; g0 < i1; g0 += kRunGroup) body(g0, std::min(i1, g0 + kRunGroup));
-}
-
-// ---------------------------------------------------------------------------------------------
 // One call: sizes, operands, terms, masks.
 
 // Where the rows of a (B, H, L, E) operand or gradient lie: element strides over batch, head
@@ -630,14 +347,37 @@ decltype(auto) with_norm(F&& f, int64_t norm) {
   }
 }
 
-template <typename T, bool SCALE, bool BIAS, bool MASK, bool FLAGS>
+// The keys of query i in a tile (keys j0.., n of them) as its row loops take them: the tile's,
+// or by runs (`own`: the row's document keys [lo, hi), `Hiding::own_keys`) its own, held from
+// the row's start; `vis` of them before the causal edge, the `span` the loops run over
+// (`row_span`), and flags for them (in buf) where pairs are hidden entry by entry.
+struct RowKeys {
+  int64_t j0 = 0, n = 0, vis = 0, span = 0;
+  const uint8_t* flags = nullptr;
+};
+
+inline RowKeys row_keys(const Hiding& hiding, int64_t b, int64_t h, int64_t i, int64_t j0,
+                        int64_t n, const KeyRun* own, uint8_t* buf) {
+  RowKeys keys;
+  keys.j0 = own != nullptr ? own->first : j0;
+  keys.n = own != nullptr ? own->second - own->first : n;
+  keys.vis = hiding.visible(i, keys.j0, keys.n);
+  keys.span = row_span(keys.vis);
+  // (a row's own keys share its document: only the masks may hide them)
+  keys.flags = own != nullptr ? hiding.mask_flags(b, h, i, keys.j0, keys.vis, keys.span, buf)
+                              : hiding.flags(b, h, i, keys.j0, keys.vis, keys.span, buf);
+  return keys;
+}
+
+// LANES: kLanes, or 1 for a short row (`whole_blocks`)
+template <typename T, bool SCALE, bool BIAS, bool MASK, bool FLAGS, int64_t LANES>
 T logits_loop(T* __restrict s, int64_t vis, int64_t span, T scale, const T* __restrict bias,
               const T* __restrict mask, const uint8_t* __restrict flags, T hidden) {
-  T lane_max[kLanes];  // one running max per lane: reduced across lanes once, at the end
-  std::fill(lane_max, lane_max + kLanes, -std::numeric_limits<T>::infinity());
-  for (int64_t block = 0; block < span; block += kLanes) {
+  T lane_max[LANES];  // one running max per lane: reduced across lanes once, at the end
+  std::fill(lane_max, lane_max + LANES, -std::numeric_limits<T>::infinity());
+  for (int64_t block = 0; block < span; block += LANES) {
 #pragma omp simd
-    for (int64_t lane = 0; lane < kLanes; ++lane) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
       const int64_t j = block + lane;
       T x = s[j];
       if constexpr (SCALE) x *= scale;
@@ -649,7 +389,7 @@ T logits_loop(T* __restrict s, int64_t vis, int64_t span, T scale, const T* __re
       lane_max[lane] = x > lane_max[lane] ? x : lane_max[lane];
     }
   }
-  return row_max(lane_max, kLanes);
+  return row_max(lane_max, LANES);
 }
 
 // Logits of one row in one pass: s = scale s + B + M over its span, pairs hidden by flags and
@@ -665,65 +405,11 @@ T logits_row(const Problem<T>& P, T* bias_buf, T* mask_buf, int64_t b, int64_t h
       P.float_mask.present() ? P.float_mask.row(b, h, i, j0, vis, span, mask_buf) : nullptr;
   const T hidden = P.hidden_logit();
   return with_flags(
-      [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags) {
-        return logits_loop<T, has_scale, has_bias, has_mask, has_flags>(s, vis, span, scale, bias,
-                                                                        mask, flags, hidden);
+      [&](auto has_scale, auto has_bias, auto has_mask, auto has_flags, auto blocks) {
+        return logits_loop<T, has_scale, has_bias, has_mask, has_flags, blocks ? kLanes : 1>(
+            s, vis, span, scale, bias, mask, flags, hidden);
       },
-      scale != T(1), bias != nullptr, mask != nullptr, flags != nullptr);
-}
-
-// Runs item(worker, index) for index in [0, count) on torch's intra-op threads. Workers take
-// the next index as they finish one (a shared counter), so a thread slowed by another process
-// on its core takes fewer items instead of holding everyone back. `worker` < workers(count)
-// names per-worker scratch.
-// `work`: the call's multiply-adds; a call too small to repay waking another thread (a short
-// row) runs on the calling thread alone, and so does one of few query rows (`query_rows` per
-// head, a decoding step) up to a larger size.
-int64_t workers_for(int64_t count, double work = 1e30, int64_t query_rows = 1 << 30);
-
-// How many consecutive items a worker takes from the shared counter at once, for `count` items
-// of `work` multiply-adds in all on `workers` threads (1 for items that are long on their own).
-int64_t chunk_for(int64_t count, int64_t workers, double work);
-
-// While alive, BLAS calls from this thread run on this thread alone. torch turns MKL's dynamic
-// thread adjustment off (mkl_set_dynamic(false)), so a product called inside a parallel region
-// would otherwise start a team of its own on cores the other workers already use.
-class BlasThreadsGuard {
- public:
-  BlasThreadsGuard();
-  ~BlasThreadsGuard();
-  BlasThreadsGuard(const BlasThreadsGuard&) = delete;
-  BlasThreadsGuard& operator=(const BlasThreadsGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
-// `chunk`: items taken at once (`chunk_for`). `fixed`: worker w takes items w, w + workers, ...
-// instead, so that which worker sums what into its private table gradients is the same on every
-// run (deterministic mode).
-template <typename F>
-void run_items(int64_t count, int64_t workers, const F& item, bool fixed = false,
-               int64_t chunk = 1) {
-  std::atomic<int64_t> next{0};
-  auto drain = [&](int64_t worker) {
-    const BlasThreadsGuard one_thread;
-    if (fixed) {
-      for (int64_t index = worker; index < count; index += workers) item(worker, index);
-      return;
-    }
-    for (int64_t begin = next.fetch_add(chunk); begin < count; begin = next.fetch_add(chunk)) {
-      const int64_t end = std::min(count, begin + chunk);
-      for (int64_t index = begin; index < end; ++index) item(worker, index);
-    }
-  };
-  if (workers <= 1) {
-    drain(0);
-    return;
-  }
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t worker = begin; worker < end; ++worker) drain(worker);
-  });
+      scale != T(1), bias != nullptr, mask != nullptr, flags != nullptr, whole_blocks(span));
 }
 
 }  // namespace urpe_cpp

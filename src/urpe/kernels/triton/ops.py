@@ -51,6 +51,7 @@ from ..terms import Dense, dense_term
 from . import kernels as K
 from .launch import Launch, fixed_blocks, interpreting, run_launch
 from .support import refusal
+from .term_grads import buffer_kind, term_grad_buffer, term_grad_result
 
 NORMALIZATION_CODES = {"softmax": K.SOFTMAX.value, "exp": K.EXP.value, "l2": K.L2.value,
                        "relu2": K.RELU2.value}  # fmt: skip
@@ -242,83 +243,6 @@ def _forward_fake(args: ForwardArgs):
     return out, args.q.new_empty(b, h, lq, dtype=compute_dtype(args.q.dtype))
 
 
-def _grad_kind(kind: int, needed: bool) -> int:
-    """The gradient buffer's kind: none, the term's own, or dense where a table's gradient must
-    be deterministic (`torch.use_deterministic_algorithms(True)`: no atomics, see the package
-    docstring; the dense gradient is then reduced to the table by `index_add_`, which torch
-    runs deterministically in that mode, at O(B H Lq Lk) float32 memory)."""
-    if not needed or kind == K.NO_TERM.value:
-        return K.NO_TERM.value
-    if kind in TABLE_CODES and torch.are_deterministic_algorithms_enabled():
-        return K.DENSE.value
-    return kind  # a Decay's gradient needs no atomics: deterministic as it is
-
-
-TABLE_CODES = (K.TOEPLITZ.value, K.RELATION.value)  # the kinds whose gradients use atomics
-
-
-def _term_grad_buffer(q: Tensor, k: Tensor, term: Tensor | None, grad_kind: int):
-    """(buffer, head stride) that the dQ kernel accumulates a term's gradient into."""
-    acc = compute_dtype(q.dtype)
-    if grad_kind == K.NO_TERM.value:
-        return _dummy(q, acc), 0
-    if grad_kind == K.DECAY.value:  # the queries' share of d c, (B, H, Lq), written once
-        return torch.empty(q.shape[:3], device=q.device, dtype=acc), 0
-    if grad_kind == K.DENSE.value:  # full (B, H, Lq, Lk); reduced to the term's shape afterwards
-        b, h, lq = q.shape[:3]
-        return torch.zeros(b, h, lq, k.shape[2], device=q.device, dtype=acc), h
-    grad = torch.zeros(term.shape, device=q.device, dtype=acc)
-    return grad, (0 if term.shape[0] == 1 else grad.stride(0))
-
-
-def _table_grad(dense: Tensor, args: ForwardArgs, term: str) -> Tensor:
-    """A dense (B, H, Lq, Lk) gradient reduced to a Toeplitz or Relation table's shape, in a
-    fixed order (`index_add_` is deterministic under torch's deterministic mode)."""
-    table = args.bias if term == "bias" else args.gate
-    rows = dense.sum(0) if table.shape[0] == dense.shape[1] else dense.sum((0, 1))[None]
-    b, _, lq, lk = dense.shape
-    if args.kind(term) == "toeplitz":  # entry clamp(j - i - (Lk - Lq), -K, K) + K
-        k = (table.shape[1] - 1) // 2
-        offsets = (
-            torch.arange(lk, device=dense.device) - torch.arange(lq, device=dense.device)[:, None]
-        )
-        column = (offsets - (lk - lq)).clamp(-k, k) + k  # (Lq, Lk)
-        return torch.zeros_like(table, dtype=dense.dtype).index_add_(
-            1, column.flatten(), rows.flatten(1)
-        )
-    index = args.bias_index if term == "bias" else args.gate_index
-    index = index.expand(b, lq, lk)  # (B, Lq, Lk)
-    per_head = dense.transpose(0, 1).reshape(dense.shape[1], -1)  # (H, B Lq Lk)
-    if table.shape[0] == 1:
-        per_head = per_head.sum(0, keepdim=True)
-    return torch.zeros_like(table, dtype=dense.dtype).index_add_(1, index.flatten(), per_head)
-
-
-def _decay_grad(queries: Tensor, keys: Tensor, log_forget: Tensor) -> Tensor:
-    """d log_forget from d c's two shares: queries (B, H, Lq) at positions i + Lk - Lq (those
-    before the first key read a constant), keys (B, H, Lk). c is a cumulative sum, so
-    d log_forget_t = sum_{s >= t} d c_s, a reversed cumulative sum (O(L))."""
-    lq, lk = queries.shape[-1], keys.shape[-1]
-    dc = keys.clone()
-    dc[..., max(lk - lq, 0) :] += queries[..., max(lq - lk, 0) :]
-    grad = dc.flip(-1).cumsum(-1).flip(-1)
-    return grad.sum_to_size(log_forget.shape).to(log_forget.dtype)
-
-
-def _term_grad_result(buffer: Tensor, args: ForwardArgs, term: str, grad_kind: int):
-    if grad_kind == K.NO_TERM.value:
-        return None
-    tensor = args.bias if term == "bias" else args.gate
-    if grad_kind == K.DECAY.value:  # buffer: (queries' share, keys' share)
-        return _decay_grad(*buffer, tensor)
-    if grad_kind == K.DENSE.value:
-        if args.kind(term) == "dense":
-            buffer = buffer.sum_to_size(tensor.shape)
-        else:
-            buffer = _table_grad(buffer, args, term)
-    return buffer.to(tensor.dtype)
-
-
 def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
     """The dK/dV and dQ kernels' calls for these arguments, and the gradients they produce
     (dq, dk, dv, d bias buffer, d gate buffer): see `_backward`."""
@@ -328,8 +252,8 @@ def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     acc = compute_dtype(q.dtype)
     kinds = (KIND_CODES[args.bias_kind], KIND_CODES[args.gate_kind])
-    bias_grad = _grad_kind(kinds[0], grads.needs_bias)
-    gate_grad = _grad_kind(kinds[1], grads.needs_gate)
+    bias_grad = buffer_kind(kinds[0], grads.needs_bias)
+    gate_grad = buffer_kind(kinds[1], grads.needs_gate)
     grad_out = grads.grad_out.contiguous()
     if NORMALIZATION_CODES[args.normalization] in (K.SOFTMAX.value, K.L2.value):
         delta = (grad_out.to(acc) * grads.out.to(acc)).sum(-1)  # delta_i = dO_i . O_i
@@ -342,8 +266,8 @@ def backward_launches(grads: BackwardArgs) -> tuple[Launch, Launch, tuple]:
              _document_spans(q, k, args.document_ids, args.key_padding_mask))  # fmt: skip
     bias_args = _term_args(q, k, args.bias, args.bias_index, kinds[0])
     gate_args = _term_args(q, k, args.gate, args.gate_index, kinds[1])
-    d_bias, d_bias_sh = _term_grad_buffer(q, k, args.bias, bias_grad)
-    d_gate, d_gate_sh = _term_grad_buffer(q, k, args.gate, gate_grad)
+    d_bias, d_bias_sh = term_grad_buffer(q, k, args.bias, bias_grad)
+    d_gate, d_gate_sh = term_grad_buffer(q, k, args.gate, gate_grad)
     common = (*_common_args(q, k, v), args.scale, args.dropout_p,
               _seed_tensor(args.dropout_seed, q.device), 0, *_buckets(q, k))  # fmt: skip
     meta = _launch_meta(args, kinds)
@@ -378,8 +302,8 @@ def _backward(grads: BackwardArgs) -> tuple:
         dq,
         dk,
         dv,
-        _term_grad_result(d_bias, args, "bias", q_launch.meta["B_GRAD"]),
-        _term_grad_result(d_gate, args, "gate", q_launch.meta["C_GRAD"]),
+        term_grad_result(d_bias, args, "bias", q_launch.meta["B_GRAD"]),
+        term_grad_result(d_gate, args, "gate", q_launch.meta["C_GRAD"]),
         None,
     )
 
