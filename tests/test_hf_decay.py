@@ -294,3 +294,17 @@ def test_sliding_window_caches_past_the_window_equal_recomputing():
                 cached = model.eval().generate(prompt, **common, **extra)
                 uncached = model.generate(prompt, **common, **extra, use_cache=False)
                 assert torch.equal(cached, uncached), (length, extra)
+
+
+def test_a_gate_whose_decay_was_removed_keeps_the_static_cache_positions():
+    """One pre-hook records the call's layout and its forget gates: where a wrapper removed a
+    module's urpe_forget, the gate alone runs, still at the static cache's positions."""
+    model = fox_model("llama")
+    for module in model.modules():
+        if "urpe_forget" in module._modules:
+            del module.urpe_forget
+    ids = torch.randint(2, VOCAB, (2, 10), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        full = model(ids).logits
+        stepped = _step_logits(model, ids, StaticCache(config=model.config, max_cache_len=16))
+    torch.testing.assert_close(stepped, full)

@@ -127,3 +127,59 @@ def test_a_step_reads_the_sums_where_they_lie(dtype):
     reference = term.contiguous().requires_grad_()
     urpe.attention(q, k, v, bias=CrossDecay(reference), backend="reference").sum().backward()
     torch.testing.assert_close(rows.grad[..., :41], reference.grad)
+
+
+def test_steps_read_late_or_in_another_dtype_read_the_last_sum():
+    """Steps write their sums into their own slots only; the first read after them (a float32
+    view built anew, a float64 call), a crop and a grown buffer still see the last token's."""
+    log_forget = _log_forget(60)
+    want = log_forget.to(torch.float64).cumsum(-1)  # (B, H, T), summed as the kernel sums
+    kept = Cumulative(log_forget.new_zeros(2, 3, 0, dtype=torch.float64))
+    kept.extend(log_forget[..., :4])
+    for t in range(4, 20):  # past the first capacity (16): grown with steps unread
+        kept.extend(log_forget[..., t : t + 1])
+    assert torch.equal(kept.decoding_term(torch.float32)[..., 0], want[..., 19].float())
+    for t in range(20, 25):
+        kept.extend(log_forget[..., t : t + 1])
+    term = kept.decoding_term(torch.float64)
+    assert torch.equal(term, torch.cat([want[..., 24:25], want[..., :25]], -1))
+    assert torch.equal(kept.decoding_term(torch.float32)[..., 0], want[..., 24].float())
+    kept.truncate(22)
+    kept.extend(log_forget[..., 22:23])
+    assert torch.equal(kept.values, want[..., :23])
+    assert torch.equal(kept.decoding_term(torch.float64)[..., 0], want[..., 22])
+
+
+def test_a_deep_copied_history_steps_apart_from_its_original():
+    """copy.deepcopy (a prompt cache reused) copies the buffers with the views kept on them
+    (the last slot, the front, the float32 rows): each copy then sums its own tokens."""
+    import copy
+
+    log_forget = _log_forget(12)
+    kept = Cumulative(log_forget[..., :6].to(torch.float64).cumsum(-1))
+    kept.extend(log_forget[..., 6:7])
+    kept.decoding_term(torch.float32)
+    copied = copy.deepcopy(kept)
+    for t in range(7, 12):
+        kept.extend(log_forget[..., t : t + 1])
+        copied.extend(log_forget[..., t : t + 1] * 2)
+    other = torch.cat([log_forget[..., :7], log_forget[..., 7:] * 2], -1)
+    for history, logs in ((kept, log_forget), (copied, other)):
+        want = logs.to(torch.float64).cumsum(-1)
+        assert torch.equal(history.values, want)
+        assert torch.equal(history.decoding_term(torch.float32)[..., 0], want[..., -1].float())
+
+
+def test_a_cache_cut_behind_urpe_s_back_decodes_as_the_full_forward():
+    """Keys cut off a DynamicCache's layers directly (not through `crop`): a step takes the
+    full route, which cuts the kept sums to the cache's length first."""
+    model = fox_model("llama")
+    ids = torch.randint(2, VOCAB, (2, 8), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :6], past_key_values=cache, use_cache=True)
+        model(ids[:, 6:7], past_key_values=cache, use_cache=True)  # a step: the fast route
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :4], layer.values[:, :, :4]
+        step = model(ids[:, 4:5], past_key_values=cache, use_cache=True).logits
+        torch.testing.assert_close(step[:, -1], model(ids[:, :5]).logits[:, -1])

@@ -34,7 +34,7 @@ from ..kernels import CrossDecay, Decay, Term
 from ..kernels.dtypes import HALF
 from .cache_argument import cache_argument
 from .forget_history import Cumulative, ForgetHistory
-from .positions import LAYOUT
+from .positions import LAYOUT, cache_layout
 
 FORGET = "urpe_forget"
 # Where the pre-hook leaves log f for the attention call (dropped when the call ends).
@@ -72,25 +72,28 @@ def forget_of(module: nn.Module) -> nn.Module | None:
     return module._modules.get(FORGET)
 
 
-def record_log_forget(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook (after `record_cache_layout`): log f of the call's tokens, (B, H, L),
-    and, with a cache, what is kept of every token before them (see `forget_history`)."""
-    forget = forget_of(module)
-    if forget is None:  # a wrapper replaced or removed it
-        module.__dict__[LOG_FORGET] = None
-        return
+def record_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of a module with a decay, in place of `record_cache_layout`: the call's
+    layout as that records it, then log f of the call's tokens, (B, H, L), and, with a cache,
+    what is kept of every token before them (see `forget_history`). One hook, which finds the
+    cache once: it runs in every layer of every decoding step."""
     hidden = args[0] if args else kwargs.get("hidden_states")
+    cache = cache_argument(args, kwargs)
+    layer = getattr(module, "layer_idx", None)
+    state = module.__dict__
+    state[LAYOUT] = layout = cache_layout(cache, layer, hidden)
+    forget = state["_modules"].get(FORGET)
+    if forget is None:  # a wrapper replaced or removed it
+        state[LOG_FORGET] = None
+        return
     log_forget = forget.key_state(hidden)  # (B, H, L)
     if log_forget.dtype in HALF:  # a cumulative sum of ~1e-4 steps in bfloat16 would lose them
         log_forget = log_forget.float()
-    cache = cache_argument(args, kwargs)
-    layer = getattr(module, "layer_idx", None)
     kept = None
     if cache is not None and layer is not None:
-        layout = module.__dict__.get(LAYOUT)
         query_start = 0 if layout is None else layout[0]
         kept = ForgetHistory.of(cache).extend(layer, log_forget, query_start)
-    module.__dict__[LOG_FORGET] = (log_forget, kept)
+    state[LOG_FORGET] = (log_forget, kept)
 
 
 def call_decay(module: nn.Module, query_length: int, key_length: int) -> Term | Tensor | None:

@@ -35,7 +35,7 @@ from .decay import (
     PRETRAINED_INIT_BIAS,
     decay_entry,
     new_forget,
-    record_log_forget,
+    record_call,
 )
 from .discovery import select_layers
 from .guards import install, load_note, route_through_urpe
@@ -270,10 +270,11 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
             module.__dict__["_urpe_owner"] = model
         elif options.gate is not None:
             module.add_module(GATE, _new_gate(options, model, module))
-        module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
         if options.decay is not None:
             module.add_module(FORGET, _new_forget(options, model, module))
-            module.register_forward_pre_hook(record_log_forget, with_kwargs=True)
+            module.register_forward_pre_hook(record_call, with_kwargs=True)  # and the layout
+        else:
+            module.register_forward_pre_hook(record_cache_layout, with_kwargs=True)
         module.register_forward_hook(end_of_call, always_call=True)
     register()
     own_config(model)

@@ -30,19 +30,23 @@ def record_cache_layout(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: store (query start, key start) for this call, or None where the keys
     start at 0 and end with the queries (no cache, or a plain dynamic cache: the usual
     `generate`, asked nothing more, as this runs in every layer of every step)."""
-    cache = cache_argument(args, kwargs)
-    layer = getattr(module, "layer_idx", None)
     hidden = args[0] if args else kwargs.get("hidden_states")
-    layout = None
-    if cache is not None and layer is not None and hidden is not None and not _plain(cache, layer):
-        # get_query_offset (transformers >= 5.13 or so) equals get_seq_length but for MTP caches.
-        query_start = getattr(cache, "get_query_offset", cache.get_seq_length)(layer)
-        key_start = cache.get_mask_sizes(hidden.shape[1], layer)[1]
-        # Static caches keep their length in a tensor that the update increments in place.
-        layout = tuple(
-            x.clone() if isinstance(x, torch.Tensor) else x for x in (query_start, key_start)
-        )
-    module.__dict__[LAYOUT] = layout
+    module.__dict__[LAYOUT] = cache_layout(
+        cache_argument(args, kwargs), getattr(module, "layer_idx", None), hidden
+    )
+
+
+def cache_layout(cache, layer: int | None, hidden: torch.Tensor | None):
+    """(query start, key start) of a call with `cache` on layer `layer` whose new tokens are
+    `hidden` (B, L, ...), before the cache is updated; None where the keys start at 0 and end
+    with the queries (see `record_cache_layout`)."""
+    if cache is None or layer is None or hidden is None or _plain(cache, layer):
+        return None
+    # get_query_offset (transformers >= 5.13 or so) equals get_seq_length but for MTP caches.
+    query_start = getattr(cache, "get_query_offset", cache.get_seq_length)(layer)
+    key_start = cache.get_mask_sizes(hidden.shape[1], layer)[1]
+    # Static caches keep their length in a tensor that the update increments in place.
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in (query_start, key_start))
 
 
 def _plain(cache, layer: int) -> bool:
