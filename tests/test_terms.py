@@ -35,8 +35,8 @@ KERNELS = Path(urpe.__file__).parent / "kernels"
 
 
 def _cpp_kind_enum() -> dict[str, int]:
-    """tile.h's `enum Kind` as {name: value}."""
-    text = (KERNELS / "cpp" / "tile.h").read_text()
+    """terms.h's `enum Kind` as {name: value}."""
+    text = (KERNELS / "cpp" / "terms.h").read_text()
     body = re.search(r"enum Kind : int64_t \{([^}]*)\}", text).group(1)
     codes, value = {}, -1
     for entry in body.split(","):

@@ -20,7 +20,7 @@ in one place (see "Adding a term kind" in the attention guide):
 - `dense(lq, lk)`: the same term as a dense tensor, which the reference kernel adds;
 - `raw()` / `from_raw(tensor, index)`: the (tensor, index) pair the raw ops take, and back;
 - `kind` (its name in capability tables and raw ops) and `code` (the compiled kernels' enum,
-  tile.h's `TermKind`; None where they have no form for it: they refuse it by name).
+  terms.h's `Kind`; None where they have no form for it: they refuse it by name).
 
 A plain tensor given as bias or gate is wrapped as `Dense` when the call is resolved.
 """
@@ -137,7 +137,7 @@ def _check_table_against(role: str, table: Tensor, call: CallShape) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The built-in kinds (codes: tile.h's TermKind)
+# The built-in kinds (codes: terms.h's Kind)
 
 
 @register_term_kind

@@ -23,7 +23,7 @@ from ..spec import AttentionSpec
 from ..terms import TERM_KINDS
 
 # Codes of library.cpp's enums (the normalisations are those of the backend's capability table;
-# the term kinds' are the classes' own `code`, tile.h's TermKind).
+# the term kinds' are the classes' own `code`, terms.h's Kind).
 NORMALIZATION_CODES = {"softmax": 0, "exp": 1, "l2": 2, "relu2": 3}
 NO_TERM = 0
 KIND_CODES = {
@@ -31,7 +31,7 @@ KIND_CODES = {
     **{name: kind.code for name, kind in TERM_KINDS.items() if kind.code is not None},
 }
 # A Toeplitz table handed over as it is, read in place where no offset of the call is clamped
-# (forward only; tile.h's kToeplitzTable): a decoding step's gate, no rows built per call
+# (forward only; terms.h's kToeplitzTable): a decoding step's gate, no rows built per call
 TABLE_IN_PLACE = 5
 
 # Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,

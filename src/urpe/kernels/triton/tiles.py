@@ -10,7 +10,7 @@ import triton.language as tl
 # They must be `tl.constexpr` objects: a compiled kernel may read no other module global (the CPU
 # interpreter allows plain ints, which is how a plain int here once broke every GPU launch).
 # The launcher takes their plain values (`.value`). The kinds' codes are the term classes' own
-# (`urpe.kernels.Term.code`, tile.h's Kind; tests/test_terms.py checks all three agree).
+# (`urpe.kernels.Term.code`, terms.h's Kind; tests/test_terms.py checks all three agree).
 NO_TERM, DENSE, TOEPLITZ, RELATION, DECAY = (tl.constexpr(code) for code in range(5))
 SOFTMAX, EXP, L2, RELU2 = (tl.constexpr(code) for code in range(4))
 
