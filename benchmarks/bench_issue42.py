@@ -5,7 +5,8 @@ one core busy (a child process spinning on the last core):
              documents of 128 tokens), forward and forward+backward, against the R real
              tokens alone; the tail hidden as a padding document under key_padding_mask
              ("padding_document") or as one document per padded token ("distinct_ids").
-             Target: <= 2x.
+             forward+backward hands dq, dk, dv back (torch.autograd.grad: no sum into .grad, as
+             after zero_grad) for a contiguous dO. Target: <= 2x.
     decode   one decoding call (B=1, H=8, one query, D=64) against Lk cached keys, with and
              without a Toeplitz gate, float32 and bfloat16, against SDPA. Target: <= 1.2x.
     fox      greedy generation of 256 tokens after a 64-token prompt, batch 1 and 4, by the
@@ -54,10 +55,12 @@ def _padded_calls(real: int, length: int, backward: bool, backend: str) -> dict:
         offsets = slice(length - n, length + n - 1)  # the tables' entries of offsets -(n-1)..n-1
         terms = dict(bias=Toeplitz(table_b[:, offsets]), gate=Toeplitz(table_c[:, offsets]))
 
+        grad = torch.randn(shape, generator=gen)  # dO, contiguous as a layer above gives it
+
         def call():
             out = attention(q, k, v, backend=backend, **terms, **hiding)
-            if backward:
-                out.sum().backward()
+            if backward:  # the gradients handed back, as a step after zero_grad(set_to_none=True)
+                torch.autograd.grad(out, (q, k, v), grad)  # gets them: no sum into .grad
 
         return call
 
