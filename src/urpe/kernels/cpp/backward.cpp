@@ -375,7 +375,8 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       for (int64_t r = 0; r < bq; ++r) runs[r] = P.hiding.own_keys(b, i0 + r, j0, n);
       if (short_runs(runs, bq)) {  // each row start to end (short_runs.h)
         const ShortRowsGrads<T> grads{dq, dk, dv_rows, W.stat.data(), W.delta.data(), worker,
-                                      first};
+                                      first, G.out + G.out_rows.at(b, h, i0 + bq),
+                                      G.out_rows.si};
         const TileProducts<T>& at = products;
         if constexpr (std::is_same_v<T, float>) {
           if (P.bf16()) {

@@ -19,6 +19,26 @@ inline bool short_runs(const KeyRun* runs, int64_t bq) {
   return true;
 }
 
+// Such rows are memory-bound: each reads its query's rows and its keys' rows, all cold, and
+// writes rows of the output or gradients. The rows kPrefetchAhead rows on are asked for while
+// this one runs (a prefetch never faults: addresses past a tensor's end are harmless).
+constexpr int64_t kPrefetchAhead = 2;
+
+// the cache lines of `bytes` bytes from p, for reading or (`write`) writing
+template <bool WRITE = false, typename A>
+URPE_INLINE void prefetch_row(const A* p, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + at, WRITE ? 1 : 0);
+  }
+}
+
+// the first key of row r + kPrefetchAhead of a group (past the group: the keys after its last
+// row's, as the next group's runs continue them)
+inline int64_t key_ahead(const KeyRun* runs, int64_t bq, int64_t r) {
+  const int64_t ahead = r + kPrefetchAhead;
+  return ahead < bq ? runs[ahead].first : runs[bq - 1].second + (ahead - bq);
+}
+
 // The online statistic and output rows of a group after one tile, for its short runs.
 template <typename T>
 struct ShortRowsState {
@@ -50,6 +70,11 @@ void forward_short_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, i
     T x[kShortRow], bias_buf[kShortRow], mask_buf[kShortRow], gate_buf[kShortRow];
     T keep[kShortRow];
     uint8_t flag_buf[kShortRow];
+    const int64_t key = key_ahead(runs, bq, r);
+    prefetch_row(q + (r + kPrefetchAhead) * ldq, d * sizeof(A));
+    prefetch_row(k + key * ldk, d * sizeof(A));
+    prefetch_row(v + key * ldv, dv * sizeof(A));
+    prefetch_row<true>(state.acc + (r + kPrefetchAhead) * state.ldo, dv * sizeof(T));
     for (int64_t j = 0; j < n; ++j) x[j] = qk_scale * dot<T>(q + r * ldq, k + (lo + j) * ldk, d);
     if (P.nonfinite != nullptr) {  // checked by the products, as the general loop does
       for (int64_t j = 0; j < n; ++j) {
@@ -130,6 +155,8 @@ struct ShortRowsGrads {
   const T* delta;
   int64_t worker;  // the table gradients' slot
   bool first;
+  const T* next_out;  // O's row bq on from the group's first (rows ld_out apart): prefetched
+  int64_t ld_out;
 };
 
 // The backward pass of one tile of a group by runs whose rows are all short: for row r and its
@@ -151,6 +178,17 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     T s[kShortRow], da[kShortRow], bias_buf[kShortRow], mask_buf[kShortRow];
     T gate_buf[kShortRow], keep[kShortRow], dgate_buf[kShortRow];
     uint8_t flag_buf[kShortRow];
+    const int64_t key = key_ahead(runs, bq, r), ahead = r + kPrefetchAhead;
+    prefetch_row(q + ahead * ldq, d * sizeof(A));
+    prefetch_row(dout + ahead * ldo, dv * sizeof(A));
+    prefetch_row(k + key * ldk, d * sizeof(A));
+    prefetch_row(v + key * ldv, dv * sizeof(A));
+    prefetch_row<true>(out.dq + ahead * lddq, d * sizeof(T));
+    prefetch_row<true>(out.dk + key * lddk, d * sizeof(T));
+    prefetch_row<true>(out.dv + key * lddv, dv * sizeof(T));
+    // and the next group's rows of O and dO, which its first step reads (`row_deltas`)
+    prefetch_row(out.next_out + r * out.ld_out, dv * sizeof(T));
+    prefetch_row(dout + (bq + r) * ldo, dv * sizeof(A));
     for (int64_t j = 0; j < n; ++j) {
       s[j] = P.scale * dot<T>(q + r * ldq, k + (lo + j) * ldk, d);
       da[j] = dot<T>(dout + r * ldo, v + (lo + j) * ldv, dv);
