@@ -309,6 +309,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const int power = P.power();
   const T scale = row_scale(P);
   const bool runs = by_runs(P, packed, bq);
+  bool all_short = true;  // every tile by `forward_short_runs`, which checks the output rows
   KeyRun own[kRunGroup];  // where `runs`: each row's keys in the tile
   std::fill_n(W.row_max.begin(), bq, -std::numeric_limits<T>::infinity());
   std::fill_n(W.row_sum.begin(), bq, T(0));
@@ -342,6 +343,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
         first = false;
         continue;
       }
+      all_short = false;
       if (P.bf16()) {
         scores_by_runs(own, bq, P.dim, T(1), P.q16 + q0, ldq, P.k16 + k0, ldk, s_tile, ld);
       } else {
@@ -436,7 +438,9 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
                      : l == T(0) ? std::numeric_limits<T>::infinity()
                                  : std::numeric_limits<T>::quiet_NaN();
   }
-  if (P.nonfinite != nullptr && (P.direct || runs)) flag_nonfinite(P, acc, bq, dv, ldo);
+  if (P.nonfinite != nullptr && (P.direct || (runs && !all_short))) {
+    flag_nonfinite(P, acc, bq, dv, ldo);
+  }
 }
 
 }  // namespace

@@ -39,6 +39,22 @@ inline int64_t key_ahead(const KeyRun* runs, int64_t bq, int64_t r) {
   return ahead < bq ? runs[ahead].first : runs[bq - 1].second + (ahead - bq);
 }
 
+// y = 0 + a x (as a zeroed row += a x gives it) over n entries
+template <typename T, typename A>
+URPE_INLINE void set_scaled(T* __restrict y, T a, const A* __restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t e = 0; e < n; ++e) y[e] = T(0) + a * value<T>(x[e]);
+}
+
+// whether the n entries of x are all finite: x * 0 is NaN exactly for inf and NaN
+template <typename T>
+URPE_INLINE bool finite_row(const T* __restrict x, int64_t n) {
+  T probe = 0;
+#pragma omp simd reduction(+ : probe)
+  for (int64_t e = 0; e < n; ++e) probe += x[e] * T(0);
+  return probe == T(0);
+}
+
 // The online statistic and output rows of a group after one tile, for its short runs.
 template <typename T>
 struct ShortRowsState {
@@ -140,8 +156,20 @@ void forward_short_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, i
       l += sum;
       m = m_new;
     }
-    if (state.first) std::fill(row, row + dv, T(0));
-    for (int64_t j = 0; j < n; ++j) add_scaled(row, x[j], v + (lo + j) * ldv, dv);
+    int64_t j = 0;  // the first tile: 0 + the first key's term, in the one pass
+    if (state.first && n > 0) {
+      set_scaled(row, x[0], v + lo * ldv, dv);
+      j = 1;
+    } else if (state.first) {
+      std::fill(row, row + dv, T(0));
+    }
+    for (; j < n; ++j) add_scaled(row, x[j], v + (lo + j) * ldv, dv);
+    // the output row checked here, while in cache: for its NaN/inf value rows, which reach it
+    // through every weight (0 too). The final division by the normaliser (>= 1) keeps a finite
+    // row finite, so forward_item's check after it may be left out.
+    if (P.nonfinite != nullptr && !finite_row(row, dv)) {
+      P.nonfinite->store(true, std::memory_order_relaxed);
+    }
   }
 }
 
