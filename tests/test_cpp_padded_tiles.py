@@ -202,3 +202,69 @@ def test_rows_that_see_few_keys_are_the_reference_s(norm, causal):
         torch.testing.assert_close(out.double(), want[0], atol=2e-5, rtol=2e-4)
         for g, w in zip(grads, want[1], strict=True):
             torch.testing.assert_close(g.double(), w, atol=2e-4, rtol=2e-3)
+
+
+def short_runs_case(norm, causal, masks, seed=2):
+    """Every query in a document of 1-3 tokens (after 8 tokens of longer ones), so that groups of
+    16 split from blocks of 32, and tiles of 4 queries, run each row by its few own keys alone
+    (short_runs.h), here beside key padding, a boolean or float attn_mask, dropout and a dense
+    bias, in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [4, 4] + [1, 3, 2, 1, 1, 2, 3] * 6
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:80]
+    qkv = [torch.randn(2, 2, 80, 8, generator=gen, **F64).requires_grad_() for _ in range(3)]
+    bias = torch.randn(2, 1, 80, 80, generator=gen, **F64).requires_grad_()
+    gate = (torch.rand(2, 2 * 80 - 1, generator=gen, **F64) + 0.5).requires_grad_()
+    call = dict(
+        is_causal=causal,
+        document_ids=ids[None].expand(2, 80),
+        bias=bias,
+        gate=Toeplitz(gate),
+        normalization=norm,
+        scale=0.1 if norm == "exp" else None,
+    )
+    if "padding" in masks:
+        call["key_padding_mask"] = torch.rand(2, 80, generator=gen) < 0.2
+    if "bool" in masks:
+        call["attn_mask"] = torch.rand(80, 80, generator=gen) < 0.7
+    if "float" in masks:
+        call["attn_mask"] = torch.randn(2, 2, 80, 80, generator=gen, **F64)
+    if "dropout" in masks:
+        call.update(dropout_p=0.25, dropout_seed=3)
+    return qkv, [*qkv, bias, gate], call
+
+
+@pytest.mark.parametrize("masks", ["padding+bool+dropout", "float", "padding"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("norm", NORMALIZATIONS)
+def test_rows_of_short_documents_run_by_their_own_keys_as_the_reference(norm, causal, masks):
+    qkv, params, call = short_runs_case(norm, causal, masks)
+    want = outputs_and_grads(reference, qkv, params, call)
+    for block_q, block_k in ((32, 16), (4, 8), (0, 0)):
+        got = outputs_and_grads(
+            lambda *a, bq=block_q, bk=block_k, **c: cpp_attention(*a, **c, block_q=bq, block_k=bk),
+            qkv,
+            params,
+            call,
+        )
+        assert_same(got, want)
+
+
+def test_a_nan_in_a_short_document_reaches_its_own_queries_alone():
+    """One id per padded token: a NaN key in the padded tail reaches its own query's output and
+    gradients (it sees that key), and no other row's, without gradients (the loop's own check of
+    the rows it reads) and with them."""
+    qkv, params, call = tail_case(SHAPES[2], "distinct_ids", "toeplitz+toeplitz_gate", False)
+    with torch.no_grad():
+        qkv[1][0, 1, 30, 3] = float("nan")  # row 0's tail starts at 7: key 30 is padded
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            got = cpp_attention(*qkv, **call, block_q=32, block_k=16)
+            want = reference(*qkv, **call)
+        torch.testing.assert_close(got, want, equal_nan=True, atol=1e-10, rtol=1e-8)
+        nan_rows = got.isnan().any(-1).nonzero().tolist()
+        assert nan_rows == [[0, 2, 30], [0, 3, 30]]  # the query heads of kv head 1
+    got = outputs_and_grads(cpp_attention, qkv, params, call)
+    want = outputs_and_grads(reference, qkv, params, call)
+    for g, w in zip((got[0], *got[1][:3]), (want[0], *want[1][:3]), strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, atol=1e-10, rtol=1e-8)

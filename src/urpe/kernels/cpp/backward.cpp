@@ -16,6 +16,7 @@
 #include <ATen/Context.h>
 
 #include "loops.h"
+#include "short_runs.h"
 
 namespace urpe_cpp {
 namespace {
@@ -372,6 +373,24 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     T* da_tile = W.da.data();
     if (by_runs) {
       for (int64_t r = 0; r < bq; ++r) runs[r] = P.hiding.own_keys(b, i0 + r, j0, n);
+      if (short_runs(runs, bq)) {  // each row start to end (short_runs.h)
+        const ShortRowsGrads<T> grads{dq, dk, dv_rows, W.stat.data(), W.delta.data(), worker,
+                                      first, G.out + G.out_rows.at(b, h, i0 + bq),
+                                      G.out_rows.si};
+        const TileProducts<T>& at = products;
+        if constexpr (std::is_same_v<T, float>) {
+          if (P.bf16()) {
+            backward_short_runs(P, G, b, h, i0, bq, runs, P.q16 + at.q0, G.grad_out16 + at.o0,
+                                P.k16 + at.k0, P.v16 + at.v0, grads);
+          }
+        }
+        if (!P.bf16()) {
+          backward_short_runs(P, G, b, h, i0, bq, runs, P.q + at.q0, G.grad_out + at.o0,
+                              P.k + at.k0, P.v + at.v0, grads);
+        }
+        first = false;
+        continue;
+      }
     }
     const KeyRun* own = by_runs ? runs : nullptr;
     products.before(own, j0, n, s_tile, da_tile, ld);

@@ -8,6 +8,7 @@
 #include "loops.h"
 #include "packed.h"
 #include "rows_avx512.h"
+#include "short_runs.h"
 
 namespace urpe_cpp {
 namespace {
@@ -308,6 +309,7 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
   const int power = P.power();
   const T scale = row_scale(P);
   const bool runs = by_runs(P, packed, bq);
+  bool all_short = true;  // every tile by `forward_short_runs`, which checks the output rows
   KeyRun own[kRunGroup];  // where `runs`: each row's keys in the tile
   std::fill_n(W.row_max.begin(), bq, -std::numeric_limits<T>::infinity());
   std::fill_n(W.row_sum.begin(), bq, T(0));
@@ -326,6 +328,22 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     if (runs) {
       for (int64_t r = 0; r < bq; ++r) own[r] = P.hiding.own_keys(b, i0 + r, j0, n);
       const int64_t q0 = P.q_rows.at(b, h, i0), ldq = P.q_rows.si, ldk = P.k_rows.si;
+      if (short_runs(own, bq)) {  // each row start to end (short_runs.h)
+        const ShortRowsState<T> state{W.row_max.data(), W.row_sum.data(), acc, ldo, first};
+        if constexpr (std::is_same_v<T, float>) {
+          if (P.bf16()) {
+            forward_short_runs(P, b, h, i0, bq, own, P.q16 + q0, P.k16 + k0, P.v16 + v0, T(1),
+                               scale, state);
+          }
+        }
+        if (!P.bf16()) {
+          forward_short_runs(P, b, h, i0, bq, own, P.q + q0, P.k + k0, P.v + v0, P.scale, T(1),
+                             state);
+        }
+        first = false;
+        continue;
+      }
+      all_short = false;
       if (P.bf16()) {
         scores_by_runs(own, bq, P.dim, T(1), P.q16 + q0, ldq, P.k16 + k0, ldk, s_tile, ld);
       } else {
@@ -414,11 +432,15 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     for (int64_t e = 0; e < dv; ++e) row[e] *= inv;
     // l = 0: no weight (r = inf gives 0 again in the backward pass); l NaN: a NaN logit, for
     // which the backward pass takes the reference's arithmetic (`row_statistics`)
-    stat[row0 + r] = l > T(0)    ? W.row_max[r] + std::log(l) / T(power)
+    // (log(1) = 0 exactly: a row of one visible key, or of one weight with the others 0)
+    const T log_l = l == T(1) ? T(0) : std::log(l);
+    stat[row0 + r] = l > T(0)    ? W.row_max[r] + log_l / T(power)
                      : l == T(0) ? std::numeric_limits<T>::infinity()
                                  : std::numeric_limits<T>::quiet_NaN();
   }
-  if (P.nonfinite != nullptr && (P.direct || runs)) flag_nonfinite(P, acc, bq, dv, ldo);
+  if (P.nonfinite != nullptr && (P.direct || (runs && !all_short))) {
+    flag_nonfinite(P, acc, bq, dv, ldo);
+  }
 }
 
 }  // namespace
