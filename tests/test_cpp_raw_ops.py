@@ -219,6 +219,23 @@ BAD_CALLS = {
         dict(bias_kind=KINDS["decay"], bias=torch.zeros(1, H, 1, **F64)),
     ),
     "forward_if_finite k rank": ("forward_if_finite", dict(k=torch.zeros(LK * D, **F64))),
+    # a float32 forward reads a cross decay's float64 sums; a gradient needs them in float32
+    "backward float64 cross decay of a float32 call": (
+        "backward",
+        dict(
+            PLAIN,
+            q=torch.zeros(B, H, LQ, D),
+            k=torch.zeros(B, HKV, LK, D),
+            v=torch.zeros(B, HKV, LK, DV),
+            grad_out=torch.zeros(B, H, LQ, DV),
+            stat=torch.ones(B, H, LQ),
+            out=torch.zeros(B, H, LQ, DV),
+            bias_kind=6,
+            bias=torch.zeros(B, H, LQ + LK, **F64),
+            bias_index=None,
+            gate=None,
+        ),
+    ),
     "items_per_thread 0": ("backward", dict(items_per_thread=0)),
     "items_per_thread negative": ("backward", dict(items_per_thread=-3)),
     "dropout threshold negative": (

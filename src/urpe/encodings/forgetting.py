@@ -88,7 +88,12 @@ class ForgetGate(RelativeEncoding):
 
     def key_state(self, x: Tensor) -> Tensor:
         """x (B, L, dim) -> log f (B, H, L), every value <= 0."""
-        return log_sigmoid(linear(self._modules["proj"], x)).mT
+        return self.log_forget_rows(x).mT
+
+    def log_forget_rows(self, x: Tensor) -> Tensor:
+        """x (B, L, dim) -> log f (B, L, H), as the projection gives them (a transformers
+        model's decoding step sums them into its cache's history without a transposed view)."""
+        return log_sigmoid(linear(self._modules["proj"], x))
 
     def attend(
         self,

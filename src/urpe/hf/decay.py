@@ -30,8 +30,8 @@ from ..encodings import (
     check_runs,
     resolve,
 )
-from ..kernels import CrossDecay, Decay, Term
-from ..kernels.dtypes import HALF
+from ..kernels import CrossDecay, Decay, Term, dense_term
+from ..kernels.dtypes import HALF, compute_dtype
 from .cache_argument import cache_argument
 from .forget_history import Cumulative, ForgetHistory
 from .positions import LAYOUT, cache_layout
@@ -74,7 +74,7 @@ def forget_of(module: nn.Module) -> nn.Module | None:
 
 def record_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of a module with a decay, in place of `record_cache_layout`: the call's
-    layout as that records it, then log f of the call's tokens, (B, H, L), and, with a cache,
+    layout as that records it, then log f of the call's tokens, (B, L, H), and, with a cache,
     what is kept of every token before them (see `forget_history`). One hook, which finds the
     cache once: it runs in every layer of every decoding step."""
     hidden = args[0] if args else kwargs.get("hidden_states")
@@ -86,14 +86,17 @@ def record_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if forget is None:  # a wrapper replaced or removed it
         state[LOG_FORGET] = None
         return
-    log_forget = forget.key_state(hidden)  # (B, H, L)
-    if log_forget.dtype in HALF:  # a cumulative sum of ~1e-4 steps in bfloat16 would lose them
-        log_forget = log_forget.float()
+    if getattr(type(forget), "key_state", None) is ForgetGate.key_state:
+        rows = forget.log_forget_rows(hidden)  # (B, L, H)
+    else:  # a subclass's own gates, or a wrapper's (PEFT's modules_to_save)
+        rows = forget.key_state(hidden).mT
+    if rows.dtype in HALF:  # a cumulative sum of ~1e-4 steps in bfloat16 would lose them
+        rows = rows.float()
     kept = None
     if cache is not None and layer is not None:
         query_start = 0 if layout is None else layout[0]
-        kept = ForgetHistory.of(cache).extend(layer, log_forget, query_start)
-    state[LOG_FORGET] = (log_forget, kept)
+        kept = ForgetHistory.of(cache).extend(layer, rows, query_start)
+    state[LOG_FORGET] = (rows, kept)
 
 
 def call_decay(module: nn.Module, query_length: int, key_length: int) -> Term | Tensor | None:
@@ -104,12 +107,12 @@ def call_decay(module: nn.Module, query_length: int, key_length: int) -> Term | 
     state = module.__dict__.get(LOG_FORGET)
     if state is None:
         return None
-    log_forget, kept = state  # (B, H, L) of this call's tokens; what a cache keeps, or None
+    rows, kept = state  # log f (B, L, H) of this call's tokens; what a cache keeps, or None
     layout = module.__dict__.get(LAYOUT)
     if kept is None:  # no cache: keys and queries are the call's tokens
-        return Decay(log_forget[..., :key_length])
+        return Decay(rows.mT[..., :key_length])
     if isinstance(kept, Cumulative):
-        return _growing_decay(kept, log_forget, layout, query_length, key_length)
+        return _growing_decay(kept, rows, layout, query_length, key_length)
     if layout is None:  # keys are positions 0 .. Lk - 1, the queries the last Lq of them
         return Decay(kept[..., :key_length])
     query_start, key_start = layout
@@ -122,14 +125,15 @@ def call_decay(module: nn.Module, query_length: int, key_length: int) -> Term | 
     return _dense(c, c.index_select(-1, slots))
 
 
-def _growing_decay(kept: Cumulative, log_forget: Tensor, layout, lq: int, lk: int) -> Term:
-    """The term of a call whose layer keeps `Cumulative` sums c by absolute position."""
-    dtype = log_forget.dtype
+def _growing_decay(kept: Cumulative, rows: Tensor, layout, lq: int, lk: int) -> Term:
+    """The term of a call whose layer keeps `Cumulative` sums c by absolute position; rows:
+    log f (B, L, H) of the call's tokens."""
+    dtype = rows.dtype
     total = kept.length
     if layout is None:  # keys 0 .. Lk - 1 (all tokens seen), the queries the last Lq of them
         if lk == total:
             if lq == total:  # the cache's first call: its tokens alone, as without a cache
-                return Decay(log_forget[..., :lk])
+                return Decay(rows.mT[..., :lk])
             if lq == 1:  # a decoding step
                 return CrossDecay(kept.decoding_term(dtype))
         query_start, key_start = lk - lq, 0
@@ -164,4 +168,6 @@ def with_decay(bias: Tensor | None, decay, lq: int, lk: int):
         return bias
     if bias is None:
         return decay
-    return bias + (decay.dense(lq, lk) if isinstance(decay, Term) else decay).to(bias.dtype)
+    if isinstance(decay, Term):  # (a cache's float64 sums read in the bias's compute dtype)
+        decay = dense_term(decay, lq, lk, compute_dtype(bias.dtype))
+    return bias + decay.to(bias.dtype)

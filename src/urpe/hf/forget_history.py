@@ -30,23 +30,18 @@ FOLLOWED = ("reorder_cache", "batch_repeat_interleave", "batch_select_indices", 
 class Cumulative:
     """c_t = log f_0 + ... + log f_t of a growing layer's T tokens, in float64.
 
-    Summed one token at a time in float64 and rounded to the call's dtype, as torch's CPU
-    cumsum sums a float32 row (in double), so a step reads the c that summing the whole history
-    gives. Kept in a buffer that grows geometrically (no copy of the history per step), behind
-    one slot that holds c of the last token: a decoding step's query, read first as a
-    `CrossDecay` wants it ([c of the queries | c of the keys], one tensor).
+    Summed one token at a time in float64, as torch's CPU cumsum sums a float32 row (in double):
+    rounded to float32, a sum is the c that summing the whole history gives, and a float32
+    call's `CrossDecay` reads these float64 sums as they are, each rounded as it is read. Kept
+    in a buffer that grows geometrically (no copy of the history per step), behind one slot
+    that holds c of the last token: a decoding step's query, read first as a `CrossDecay`
+    wants it ([c of the queries | c of the keys], one tensor, a view of the buffer).
 
-    Decoding steps read the sums in the call's dtype from a second buffer laid out the same way
-    (`decoding_term`), which each step writes its one new sum into: a step converts one value
-    per head, not the whole history (each small torch op costs ~5-25k instructions and a step
-    runs a few per layer, issue 42). Built from the float64 sums when a step first reads them,
-    and dropped by anything but a one-token step (a chunk, a crop, a buffer grown).
-
-    A step is two torch ops: the float64 sum straight into its slot (from a view of the last
-    slot, kept from the step before), then its rounding into both slots of `read`. The float64
-    front slot is brought up to date only where it is read (a float64 call, `read` built anew).
-    A step's views are made by as_strided (~11k instructions; narrow: ~16k) on buffers made
-    here, which start at their storage's offset 0.
+    A step is two torch ops (each small torch op costs ~5-25k instructions and a step runs a few
+    per layer, issue 42): a view of [front slot, the new token's slot] (as_strided: ~11k
+    instructions; narrow: ~16k), and one add of log f to the view of the step before, which
+    writes the new sum into both slots. Views are made on buffers made here, which start at
+    their storage's offset 0.
     """
 
     def __init__(self, values: Tensor) -> None:
@@ -54,11 +49,9 @@ class Cumulative:
         b, h, t = values.shape
         self.rows = values.shape[:-1]  # (B, H)
         self.buffer = values.new_empty(b, h, 1 + max(2 * t, 16))  # [last token | T tokens | room]
-        self.front = self.buffer.narrow(-1, 0, 1)  # c of the last token (a view: kept, not made)
-        self.last = self.front  # (B, H, 1) view of the last token's own slot (front while empty)
-        self.stale = False  # whether steps wrote sums that `front` does not hold yet
+        self.front = self.buffer.narrow(-1, 0, 1)  # c of the last token
         self.length = 0
-        self.read: Tensor | None = None  # the sums in a step's dtype, the buffer's layout
+        self.last = self._pair(0)  # (B, 2, H): [front, the last token's slot]
         self._write(values)
 
     @property
@@ -72,68 +65,57 @@ class Cumulative:
         if t == 0:
             self._write(log_forget.to(torch.float64).cumsum(-1))
         elif log_forget.shape[-1] == 1 and not _tracked(log_forget, self.buffer):
-            self.step(log_forget)
+            self.step(log_forget.mT)
         else:  # a chunk, or gradients to keep: the sums continue from the last one
             last = self.buffer.narrow(-1, t, 1)
             new = torch.cat([last, log_forget.to(torch.float64)], -1).cumsum(-1)[..., 1:]
             self._write(new)
 
     def step(self, log_forget: Tensor) -> None:
-        """One token's log f (B, H, 1), no gradient recorded: its sum (the float64 add rounds
-        as the cumsum does) into its own slot, then rounded into both slots of `read`."""
+        """One token's log f (B, 1, H), as the projection gives it, no gradient recorded: the
+        float64 add (which rounds as the cumsum does) of it to the last sum, written to the
+        front and to its own slot."""
         t = self.length
-        b, h, capacity = self.buffer.shape
-        if t + 2 > capacity:
+        if t + 2 > self.buffer.shape[-1]:
             self._grow(t + 2)
-            capacity = self.buffer.shape[-1]
-        rows = (h * capacity, capacity, 1)
-        slot = self.buffer.as_strided((b, h, 1), rows, 1 + t)  # (B, H, 1); as narrow, cheaper
-        torch.add(self.last, log_forget, out=slot)
-        self.last = slot
-        self.stale = True
-        read = self.read
-        if read is not None:  # [front, slot 1 + t] as one view: one copy writes both
-            pair = read.as_strided((b, h, 2), (h * capacity, capacity, 1 + t))
-            pair.copy_(slot)
+        pair = self._pair(t + 1)
+        # last: [front, slot t] (B, 2, H), both c_(t-1): the front is read and written in place
+        torch.add(self.last, log_forget, out=pair)
+        self.last = pair
         self.length = t + 1
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens' sums (a cropped cache)."""
         if length < self.length:
             self.length = length
-            self.read = None
-            self.last = self.buffer.narrow(-1, length, 1)
             if length:
-                self.front.copy_(self.last)
-            self.stale = False
-
-    def _front(self) -> None:
-        """Bring the front slot up to the last token's sum, where steps left it behind."""
-        if self.stale:
-            self.front.copy_(self.last)
-            self.stale = False
+                self.front.copy_(self.buffer.narrow(-1, length, 1))
+            self.last = self._pair(length)
 
     def decoding_term(self, dtype: torch.dtype) -> Tensor:
-        """[c of the last token | c of every token] (B, H, 1 + T) in `dtype`: the cumulative of
-        a `CrossDecay` whose one query is the last token and whose keys are all T. A view
-        (rows a buffer's capacity apart), not a copy, where no gradient is recorded."""
-        n = 1 + self.length
-        read = self.read
-        if read is not None and read.dtype == dtype:  # (only ever built without gradients)
-            b, h, capacity = read.shape
-            return read.as_strided((b, h, n), (h * capacity, capacity, 1))  # narrow, cheaper
-        self._front()
-        if dtype == torch.float64 or _tracked(self.buffer):
-            return self.buffer.narrow(-1, 0, n).to(dtype)
-        read = self.read = self.buffer.to(dtype)
-        return read.narrow(-1, 0, n)
+        """[c of the last token | c of every token] (B, H, 1 + T): the cumulative of a
+        `CrossDecay` whose one query is the last token and whose keys are all T. Where no
+        gradient is recorded, a float64 view (rows a buffer's capacity apart), not a copy,
+        which a float32 call reads as it is; else in `dtype`."""
+        buffer = self.buffer
+        b, h, capacity = buffer.shape
+        if not buffer.requires_grad:
+            return buffer.as_strided((b, h, 1 + self.length), (h * capacity, capacity, 1))
+        return buffer.narrow(-1, 0, 1 + self.length).to(dtype)
+
+    def _pair(self, slot: int) -> Tensor:
+        """(B, 2, H): the front slot and slot `slot`, one view (one add writes both), laid out
+        as a step's log f (B, 1, H); zeros, apart from the buffer, before the first token (a
+        step then sums from 0)."""
+        b, h, capacity = self.buffer.shape
+        if slot == 0:
+            return self.buffer.new_zeros(b, 2, h)
+        return self.buffer.as_strided((b, 2, h), (h * capacity, slot, capacity))
 
     def _write(self, new: Tensor) -> None:
         t, n = self.length, new.shape[-1]
         if n == 0:
             return
-        self.read = None
-        self.stale = False
         if _tracked(new, self.buffer):  # out of place, so autograd sees every step
             self.buffer = torch.cat([new[..., -1:], self.values, new], -1)
             self.front = self.buffer.narrow(-1, 0, 1)
@@ -143,7 +125,7 @@ class Cumulative:
             self.buffer.narrow(-1, 1 + t, n).copy_(new)
             self.front.copy_(new[..., -1:])
         self.length = t + n
-        self.last = self.buffer.narrow(-1, t + n, 1)
+        self.last = self._pair(t + n)
 
     def _grow(self, needed: int) -> None:
         b, h, capacity = self.buffer.shape
@@ -151,8 +133,7 @@ class Cumulative:
         grown.narrow(-1, 0, 1 + self.length).copy_(self.buffer.narrow(-1, 0, 1 + self.length))
         self.buffer = grown
         self.front = grown.narrow(-1, 0, 1)
-        self.last = grown.narrow(-1, self.length, 1)
-        self.read = None
+        self.last = self._pair(self.length)
 
 
 def _tracked(*tensors: Tensor) -> bool:
@@ -178,28 +159,27 @@ class ForgetHistory:
                 _follow(cache, history, name)
         return history
 
-    def extend(self, layer: int, log_forget: Tensor, query_start) -> Cumulative | Tensor:
-        """Record log f (B, H, L) of the call's new tokens, before the cache stores their keys;
-        returns the layer's `Cumulative` (growing) or its static buffer of log f by position.
-        NotImplementedError for cache layers whose token slots urpe cannot follow."""
+    def extend(self, layer: int, rows: Tensor, query_start) -> Cumulative | Tensor:
+        """Record log f (B, L, H) of the call's new tokens (as the projection gives them),
+        before the cache stores their keys; returns the layer's `Cumulative` (growing) or its
+        static buffer of log f by position. NotImplementedError for cache layers whose token
+        slots urpe cannot follow."""
         kind = _layer_of(self.cache, layer)
         past = self.layers.get(layer)
         if type(kind) is DynamicLayer:  # (a plain DynamicCache's: no other question)
             seen = kind.get_seq_length()  # what the cache's get_seq_length(layer) asks it
-            if (
-                past is not None
-                and past.length == seen
-                and log_forget.shape[-1] == 1
-                and past.rows == log_forget.shape[:-1]
-                and not _tracked(log_forget, past.buffer)
-            ):  # a decoding step, the history in line with the cache: no other question
-                past.step(log_forget)
-                return past
+            if past is not None and past.length == seen and not _tracked(rows, past.buffer):
+                b, n, h = rows.shape
+                if n == 1 and past.rows == (b, h):
+                    # a decoding step, the history in line with the cache: no other question
+                    past.step(rows)
+                    return past
         else:
             _check_layer(kind)
             if _in_place(kind):
-                return self._write_static(layer, kind.max_cache_len, log_forget, query_start)
+                return self._write_static(layer, kind.max_cache_len, rows.mT, query_start)
             seen = int(self.cache.get_seq_length(layer))
+        log_forget = rows.mT  # (B, H, L)
         if past is None:
             if seen:
                 raise ValueError(

@@ -43,7 +43,7 @@ def reference_weights_of(spec: AttentionSpec) -> Tensor:
     if spec.groups > 1:
         k = k.repeat_interleave(spec.groups, dim=1)  # (B, H, Lk, D)
     scores = (q @ k.transpose(-2, -1)) * spec.scale  # (B, H, Lq, Lk)
-    for term in (dense_term(spec.bias, spec.lq, spec.lk), spec.attn_mask):
+    for term in (dense_term(spec.bias, spec.lq, spec.lk, dtype), spec.attn_mask):
         if term is not None and term.dtype != torch.bool:
             scores = scores + term.to(dtype)
     keep = keep_mask(
@@ -56,7 +56,7 @@ def reference_weights_of(spec: AttentionSpec) -> Tensor:
         spec.document_ids,
     )
     weights = spec.norm.weights(scores, keep)
-    gate = dense_term(spec.gate, spec.lq, spec.lk)
+    gate = dense_term(spec.gate, spec.lq, spec.lk, dtype)
     if gate is not None:
         weights = weights * gate.to(dtype)
         if keep is not None:  # a gate may hold inf/nan far away; hidden pairs stay exactly 0

@@ -36,7 +36,7 @@ def sdpa_run(spec: AttentionSpec) -> Tensor:
     q, k, v = spec.q, spec.k, spec.v
     lq, lk = q.shape[2], k.shape[2]
     additive = None
-    for term in (dense_term(spec.bias, lq, lk), spec.attn_mask):
+    for term in (dense_term(spec.bias, lq, lk, spec.compute_dtype), spec.attn_mask):
         if term is not None and term.dtype != torch.bool:
             term = term.to(q.dtype)  # SDPA wants a float mask in the query's dtype
             additive = term if additive is None else additive + term

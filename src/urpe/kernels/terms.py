@@ -80,6 +80,12 @@ class Term:
         """The term as a tensor broadcastable to (B|1, H|1, Lq, Lk)."""
         raise NotImplementedError(f"{type(self).__name__}.dense")
 
+    def in_dtype(self, dtype: torch.dtype) -> Term:
+        """The term as a call whose compute dtype is `dtype` reads it, where that converts
+        values before they are combined (a `CrossDecay`'s float64 sums: each rounded, then
+        subtracted); by default the term itself (`dense_term`)."""
+        return self
+
     def raw(self) -> tuple[Tensor | None, Tensor | None]:
         """(tensor, index) as the raw ops take them; the tensor is what gradients reach. By
         default a dataclass term's first field, and no index."""
@@ -380,6 +386,10 @@ class CrossDecay(Term):
     sequence). cumulative: (..., H|1, Lq + Lk), leading dims broadcastable to the call's batch
     dims, any real values (a `Decay`'s c is cumsum(log_forget)). Gradients flow to c. A bias
     only, for the reasons `Decay` gives.
+
+    c has q's dtype, or float64 for float32 q (any floating dtype for half precision): sums
+    kept in double (a KV cache's) go as they are, and every backend reads each c rounded to
+    the call's compute dtype before it subtracts (`in_dtype`), the values of c converted first.
     """
 
     kind: ClassVar[str] = "cross_decay"
@@ -409,7 +419,8 @@ class CrossDecay(Term):
             )
         full = (*call.batch, call.heads, call.lq + call.lk)
         broadcasts("CrossDecay cumulative", tuple(c.shape), full, "(..., H, Lq + Lk)")
-        check_dtype("CrossDecay cumulative", c, call)
+        if not (c.dtype == torch.float64 and call.dtype == torch.float32):
+            check_dtype("CrossDecay cumulative", c, call)
         check_device("CrossDecay cumulative", c, call)
 
     def signature(self, lk: int) -> tuple:
@@ -420,8 +431,12 @@ class CrossDecay(Term):
         flat = flatten_leading(self.cumulative, batch_shape, 2)  # (B|1, H|1, Lq + Lk)
         return self if flat is self.cumulative else CrossDecay(flat)
 
+    def in_dtype(self, dtype: torch.dtype) -> CrossDecay:
+        c = self.cumulative
+        return self if c.dtype == dtype else CrossDecay(c.to(dtype))
+
     def dense(self, lq: int, lk: int) -> Tensor:
-        """(..., H|1, Lq, Lk), in the compute dtype."""
+        """(..., H|1, Lq, Lk), in the compute dtype of c (`in_dtype` first for a call's)."""
         c = self.cumulative.to(compute_dtype(self.cumulative.dtype))
         return -(c[..., :lq, None] - c[..., None, lq:]).abs()
 
@@ -464,8 +479,14 @@ def as_term(term: PositionTerm | None) -> Term | None:
     return Dense(term) if isinstance(term, Tensor) else term
 
 
-def dense_term(term: PositionTerm | None, lq: int, lk: int) -> Tensor | None:
-    """Expand a bias or gate of any accepted form to a tensor broadcastable to (B, H, Lq, Lk)."""
+def dense_term(
+    term: PositionTerm | None, lq: int, lk: int, dtype: torch.dtype | None = None
+) -> Tensor | None:
+    """Expand a bias or gate of any accepted form to a tensor broadcastable to (B, H, Lq, Lk).
+    dtype: the call's compute dtype, where the term is read as such a call reads it
+    (`Term.in_dtype`)."""
     if term is None or isinstance(term, Tensor):
         return term
+    if dtype is not None:
+        term = term.in_dtype(dtype)
     return term.dense(lq, lk)

@@ -90,9 +90,16 @@ def toeplitz_rows(table: Tensor, lq: int, lk: int, dtype: torch.dtype) -> Tensor
 def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = False) -> tuple:
     """(code, tensor, index) as the C++ ops take a bias or gate, where the tensor does not go as
     it is (`table_keys`). in_place (the forward of a call that needs no gradient): a
-    CrossDecay's rows where they lie."""
+    CrossDecay's rows where they lie, float64 sums of a float32 call not converted."""
     if kind == "none" or tensor is None:
         return NO_TERM, None, None
+    if kind == "cross_decay" and in_place and tensor.stride(-1) == 1:
+        # a forward reads rows where they lie (a growing cache's sums: no copy per step), and
+        # float64 sums for a float32 call as they are (rounded as the loops read them)
+        wide = tensor.dtype == torch.float64 and dtype == torch.float32
+        if tensor.dtype != dtype and not wide:
+            tensor = tensor.to(dtype)
+        return KIND_CODES[kind], tensor, None
     if tensor.dtype != dtype:
         tensor = tensor.to(dtype)
     if kind == "toeplitz":
@@ -104,9 +111,7 @@ def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = Fa
     if kind == "decay":  # c = cumsum(log_forget) (B|1, H|1, Lk): the loops read -|c_i - c_j|
         return KIND_CODES[kind], tensor.cumsum(-1).contiguous(), None
     if kind == "cross_decay":  # c (B|1, H|1, Lq + Lk) as given: the queries' c, the keys'
-        # a forward reads rows where they lie (a growing cache's sums: no copy per step)
-        rows = in_place and tensor.stride(-1) == 1
-        return KIND_CODES[kind], tensor if rows else _contiguous(tensor), None
+        return KIND_CODES[kind], _contiguous(tensor), None
     return KIND_CODES[kind], tensor, None  # dense, 4-D, strides as they are
 
 

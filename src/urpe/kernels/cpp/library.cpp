@@ -9,7 +9,8 @@
 //   Toeplitz table (forward only) (H|1, 2K + 1): the table itself, where no offset is clamped
 //   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
 //   Decay     c = cumsum(log_forget) (B|1, H|1, Lk), contiguous (bias only)
-//   CrossDecay c (B|1, H|1, Lq + Lk), the last dim contiguous (contiguous for a gradient)
+//   CrossDecay c (B|1, H|1, Lq + Lk), the last dim contiguous (contiguous for a gradient);
+//             a float forward also takes float64 c (rounded on load)
 // document ids as (B|1, Lk) int64, contiguous, and the masks as bool (B|1, H|1, Lq|1, Lk|1) and key padding (B|1, Lk|1), any strides; it
 // gets back, for a term whose gradient is asked for, the gradient of that same tensor.
 // The ops are public, so every argument is checked (`make_problem`, problem.cpp): a wrong one
@@ -131,6 +132,8 @@ at::Tensor gradient_copies(const at::Tensor& t, int64_t copies, const at::Tensor
 template <typename T>
 TermGrad<T> make_grad(const Term<T>& term, const at::Tensor& tensor, at::Tensor& grad,
                       int64_t workers) {
+  TORCH_CHECK(term.wide == nullptr, "urpe_cpp: a cross decay's gradient needs its c in the "
+              "compute dtype (float64 sums are read by a forward only)");
   TermGrad<T> g;
   g.layout = term;
   if (term.kind == kDense) {

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -111,11 +112,19 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   TORCH_CHECK(tensor.has_value(), "urpe_cpp: a ", name, " of kind ", kind, " needs its tensor");
   const at::Tensor& t = *tensor;
   check_cpu(t, name);
-  TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value, "urpe_cpp: the ", name,
-              " must be in the compute dtype ", c10::CppTypeToScalarType<T>::value, ", got ",
+  // a float call's cross decay may keep its sums in float64 (a KV cache's: no copy per step)
+  const bool wide = kind == kCrossDecay && std::is_same_v<T, float> &&
+                    t.scalar_type() == at::kDouble;
+  TORCH_CHECK(wide || t.scalar_type() == c10::CppTypeToScalarType<T>::value, "urpe_cpp: the ",
+              name, " must be in the compute dtype ", c10::CppTypeToScalarType<T>::value,
+              kind == kCrossDecay ? " (or float64 for a float32 one)" : "", ", got ",
               t.scalar_type());
   term.kind = kind;
-  term.data = t.data_ptr<T>();
+  if (wide) {
+    term.wide = t.data_ptr<double>();
+  } else {
+    term.data = t.data_ptr<T>();
+  }
   term.lq = lq;
   if (kind == kDense) {
     check_broadcasts(t, {batch, heads, lq, lk}, name, "(B|1, H|1, Lq|1, Lk|1)", 4);

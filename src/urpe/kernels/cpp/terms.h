@@ -13,7 +13,8 @@ namespace urpe_cpp {
 // offsets and padding lie inside it (no column clamped): read as kToeplitz rows in place,
 // without building them (a decoding step's gate; `make_term`).
 // kCrossDecay: a `CrossDecay` bias -|c[i] - c[Lq + j]|, c (B|1, H|1, Lq + Lk) holding the queries'
-// cumulative sums, then the keys' (chunks of one sequence apart: context parallelism).
+// cumulative sums, then the keys' (chunks of one sequence apart: context parallelism). A float
+// forward may read float64 sums (`wide`: a KV cache's, kept in double), each rounded on load.
 // (codes 0..6)
 enum Kind : int64_t {
   kNone = 0, kDense, kToeplitz, kRelation, kDecay, kToeplitzTable, kCrossDecay
@@ -25,6 +26,8 @@ template <typename T>
 struct Term {
   int64_t kind = kNone;
   const T* data = nullptr;
+  // kCrossDecay with T = float: c in float64 instead of `data` (forward only)
+  const double* wide = nullptr;
   // dense: strides of (b, h, i, j), 0 along a broadcast dim
   int64_t sb = 0, sh = 0, si = 0, sj = 0;
   // Toeplitz: one row of Lq + Lk - 1 values per table head, entry j - i + Lq - 1 (built by the
@@ -77,6 +80,7 @@ struct Term {
       for (int64_t j = 0; j < n; ++j) buf[j] = table[idx[j * ij]];
       return buf;
     }
+    if (wide != nullptr) return wide_decay_row(b, h, i, j0, n, buf);
     if (is_decay()) {
       const T* c = decay_row(b, h) + decay_keys() + j0;
       const T cq = decay_query(decay_row(b, h), i);
@@ -87,6 +91,17 @@ struct Term {
     const T* p = data + b * sb + h * sh + i * si + j0 * sj;
     if (sj == 1 && span == n) return p;  // past n the tensor may end
     for (int64_t j = 0; j < n; ++j) buf[j] = p[j * sj];
+    return buf;
+  }
+
+  // A cross decay's row from float64 sums: each c rounded to T, then subtracted, so the values
+  // are those of the sums converted to T first (what the reference reads: `CrossDecay`)
+  const T* wide_decay_row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, T* buf) const {
+    const double* row = wide + b * sb + h * sh;
+    const double* c = row + lq + j0;
+    const T cq = static_cast<T>(row[i]);
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) buf[j] = -std::abs(cq - static_cast<T>(c[j]));
     return buf;
   }
 };
