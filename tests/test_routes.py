@@ -18,9 +18,11 @@ from .cpp_calls import wrap_cpp_calls
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
 PACKAGE = Path(urpe.__file__).parent
-ATTENTION_OPS = ("forward", "forward_if_finite", "backward")
+ATTENTION_OPS = ("forward", "forward_if_finite", "forward_checked_with_stat", "backward")
 # calls without gradients in plain eager mode: the checked forward, without the dispatcher
 NO_GRAD = "forward_if_finite entry"
+# calls with gradients in plain eager mode: the checked forward that keeps the statistic
+WITH_GRAD = ("forward_checked_with_stat", "backward")
 
 
 @pytest.fixture
@@ -80,7 +82,7 @@ def test_a_training_step_takes_one_route_forward_and_one_backward(routes):
     model = urpe.TransformerEncoder(_config()).train()
     for _ in range(2):
         model(torch.randint(0, 30, (2, 40))).sum().backward()
-    _one_route_each(routes, ("forward", "backward"))
+    _one_route_each(routes, WITH_GRAD)
 
 
 @pytest.mark.parametrize("position", ["rpe", "fox"])
@@ -109,4 +111,4 @@ def test_a_patched_hugging_face_model_takes_one_route(routes):
     routes.clear()
     model.train()
     model(ids, labels=ids).loss.backward()
-    _one_route_each(routes, ("forward", "backward"))
+    _one_route_each(routes, WITH_GRAD)

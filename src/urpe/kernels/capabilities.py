@@ -58,9 +58,10 @@ class Capabilities:
     gradients: the device types where it has a backward pass (None: wherever it runs).
     dropout: "seeded" (honours dropout_seed), "unseeded" (draws its own mask), "none".
     max_head_dim: the largest head dim (of q and of v) it takes (None: no limit).
-    finds_nonfinite: for a call that needs no gradient, `run` finds NaN/inf in q, k and v
-        itself and returns None on meeting one (or applies the non-finite rule itself), so no
-        pass over q, k and v runs before it (`nonfinite.guarded`).
+    finds_nonfinite: for a call that needs no gradient, and one with gradients in plain eager
+        mode, `run` finds NaN/inf in q, k and v itself and returns None on meeting one (or
+        applies the non-finite rule itself), so no pass over q, k and v runs before it
+        (`nonfinite.guarded`).
     forward_ad: it gives forward-mode AD tangents (dual tensors, `torch.func.jvp`); without,
         a call with tangents is refused.
     """

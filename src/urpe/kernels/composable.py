@@ -198,6 +198,7 @@ class AttentionOps:
     function: type[torch.autograd.Function]
     forward: Callable[[ForwardArgs], tuple[Tensor, Tensor]]
     eager_function: type[torch.autograd.Function]
+    checked_function: type[torch.autograd.Function] | None = None
 
     def __call__(self, args: ForwardArgs) -> Tensor:
         """The differentiable output (B, H, Lq, Dv) for these arguments: the custom ops'
@@ -209,18 +210,28 @@ class AttentionOps:
             return self.forward(args)[0]
         return self.eager_function.apply(*args)[0]
 
+    def if_finite(self, args: ForwardArgs) -> Tensor | None:
+        """A plain eager call with gradients whose q, k and v nobody checked (the kernel has a
+        `checked_forward`): the differentiable output, or None where the kernel met NaN/inf
+        (the caller then applies the non-finite rule; the discarded output frees its graph)."""
+        out, _, finite = self.checked_function.apply(*args)
+        return out if finite else None
+
 
 def define_attention_ops(
     name: str,
     forward: Callable[[ForwardArgs], tuple[Tensor, Tensor]],
     backward: Callable[[BackwardArgs], tuple],
     forward_fake: Callable[[ForwardArgs], tuple[Tensor, Tensor]],
+    checked_forward: Callable[[ForwardArgs], tuple[Tensor, Tensor, bool]] | None = None,
 ) -> AttentionOps:
     """Register `urpe::{name}_forward` / `_backward` around a kernel's two functions.
 
     forward(args) -> (out, row statistic); backward(args) -> (dq, dk, dv, d bias, d gate,
     d attn_mask) with None for a term gradient not asked for; forward_fake(args) -> empty
-    tensors of the forward's output shapes and dtypes.
+    tensors of the forward's output shapes and dtypes. checked_forward(args) -> (out, row
+    statistic, True), or (anything, anything, False) where q, k or v held a NaN or inf the
+    kernel read: the forward of `AttentionOps.if_finite` (plain eager calls only).
     """
     forward_op = torch.library.custom_op(
         f"urpe::{name}_forward",
@@ -240,8 +251,11 @@ def define_attention_ops(
     backward_op.register_fake(_backward_fake)
     _register_vmap_rules(forward_op, backward_op)
     function = _autograd_function(forward_op, backward_op, name)
-    eager = _eager_function(forward, backward, f"{name}_eager")
-    return AttentionOps(forward_op, backward_op, function, forward, eager)
+    eager = _eager_function(lambda args: (*forward(args), True), backward, f"{name}_eager")
+    checked = None
+    if checked_forward is not None:
+        checked = _eager_function(checked_forward, backward, f"{name}_eager_checked")
+    return AttentionOps(forward_op, backward_op, function, forward, eager, checked)
 
 
 def _with_explicit_parameters(call: Callable) -> Callable:
@@ -294,20 +308,21 @@ def _autograd_function(forward_op, backward_op, name: str) -> type[torch.autogra
 
 def _eager_function(forward: Callable, backward: Callable, name: str):
     """The autograd Function of plain eager calls: the kernel's two functions, called directly
-    (the custom ops' Function is what torch.func and torch.compile see instead)."""
+    (the custom ops' Function is what torch.func and torch.compile see instead). forward(args)
+    -> (out, stat, finite); the Function returns the same (finite a plain bool)."""
 
     class EagerAttentionFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *flat):
-            out, stat = forward(ForwardArgs(*flat))
+            out, stat, finite = forward(ForwardArgs(*flat))
             ctx.mark_non_differentiable(stat)
             ctx.save_for_backward(out, stat, *flat[:N_TENSORS])
             ctx.scalars = flat[N_TENSORS:]
-            return out, stat
+            return out, stat, finite
 
         @staticmethod
         @torch.autograd.function.once_differentiable
-        def backward(ctx, grad_out, _grad_stat):
+        def backward(ctx, grad_out, _grad_stat, _finite):
             out, stat, *tensors = ctx.saved_tensors
             needs = ForwardArgs(*ctx.needs_input_grad)
             call = ForwardArgs(*tensors, *ctx.scalars)

@@ -21,9 +21,11 @@ arithmetic on the pairs where they sit (a hidden pair is never read).
 Whether anything is non-finite is asked once per call, on the CPU in eager code only: by the
 compiled kernel's `urpe_cpp::all_finite` (one vectorised pass, a plain bool: no tensor is read)
 where it is loaded, else by one reduction per tensor. A backend whose table says
-`finds_nonfinite` is not asked about calls that need no gradient: it runs them at once and
-finds NaN/inf itself (the C++ kernel, in the logits and outputs it computes: a decoding step's
-cache is not read twice), returning None where it met one; the rule then runs. The usual
+`finds_nonfinite` is not asked: it runs a call that needs no gradient, and in plain eager mode
+one with gradients too, at once and finds NaN/inf itself (the C++ kernel, in the rows its tiles
+read and the logits and outputs it computes: a decoding step's cache is not read twice, and a
+padded tail the tiles skip is not read at all), returning None where it met one; the rule then
+runs. The usual
 all-finite call pays nothing else: no masked copies of q, k, v, no visibility counts, no
 masked_fill. Elsewhere (CUDA, `torch.compile`, `vmap`, CUDA graph capture) no value is ever
 read on the host: the rule is applied as tensor ops, without branching, so a call never waits
@@ -38,7 +40,7 @@ import torch
 from torch import Tensor
 
 from .dtypes import HALF
-from .host import compiling, may_read, plain_tensors, transforms_active
+from .host import compiling, may_read, plain_eager, plain_tensors, transforms_active
 from .masks import visible_key_counts
 from .spec import AttentionSpec
 
@@ -92,10 +94,11 @@ def guarded(
 ) -> tuple[Tensor, Tensor | None]:
     """run(spec) under the rule above. Returns (output, NaN rows (B, H, Lq, 1) or None).
 
-    finds_nonfinite: the backend's table says so: a call that needs no gradient runs at once
-    with `spec.finite` None, and the backend returns None where it met NaN/inf (in q, k or v,
-    or anywhere in its logits: then q, k and v are asked). Under torch.compile it applies the
-    rule itself, except ahead of an overflow check (which needs the rule's NaN rows).
+    finds_nonfinite: the backend's table says so: a call that needs no gradient, or one with
+    gradients in plain eager mode (`host.plain_eager`), runs at once with `spec.finite` None,
+    and the backend returns None where it met NaN/inf (in q, k or v, or anywhere in its logits:
+    then q, k and v are asked). Under torch.compile a call without gradients applies the rule
+    itself, except ahead of an overflow check (which needs the rule's NaN rows).
     """
     if finds_nonfinite and _finds_here(spec):
         out = run(spec)  # (spec.finite is None: not known yet)
@@ -119,6 +122,8 @@ def guarded(
 
 def _finds_here(spec: AttentionSpec) -> bool:
     """Whether a `finds_nonfinite` backend is asked to find NaN/inf itself in this call."""
-    if spec.records_grad or transforms_active():
+    if spec.records_grad:  # (its own check: a forward in plain eager mode)
+        return plain_eager(spec.q, spec.k, spec.v)
+    if transforms_active():
         return False
     return not (spec.norm.overflows and compiling())

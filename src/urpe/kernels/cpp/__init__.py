@@ -34,7 +34,9 @@ Function around them (`ops.py`), and the backend here. From `CppRun` (a prepared
   `forward_if_finite` (which also finds NaN/inf in q, k, v: its table says `finds_nonfinite`),
   called through the library's Python entry (`entry.cpp`, no dispatcher) in plain eager mode
   (`host.dispatcher_free`), else as the op `urpe_cpp::forward_if_finite`;
-- gradients, eager: the kernel's autograd Function -> `urpe_cpp::forward` / `backward`;
+- gradients, eager: the kernel's autograd Function -> `urpe_cpp::forward_checked_with_stat`
+  (which also finds NaN/inf in the rows of q, k, v its tiles read: no pass over them before it)
+  / `backward`; after the non-finite rule has made q, k, v finite, `urpe_cpp::forward`;
 - torch.compile and torch.func: the custom ops `urpe::cpp_attention_r2_forward` / `_backward`
   around the same C++ ops; a compiled call that needs no gradient runs as one opaque op,
   `urpe::cpp_guarded_forward_r2` -> `ops.NoGradForward`, applying the non-finite rule itself.
@@ -91,8 +93,9 @@ class CppRun:
     """The C++ backend's run for one kind of call (`Backend.prepare`): a prepared call keeps
     one, so what the kind fixes (the op's scalar arguments, term codes, tiles: `ops.OpArguments`)
     is worked out once; `cpp_run` makes one per call. Calling it on a spec of that kind gives
-    (B, H, Lq, Dv) in q's dtype, or None where a call that needs no gradient (`spec.finite`
-    None) meets NaN/inf (module docstring). block_q, block_k: tile sizes (0: the defaults)."""
+    (B, H, Lq, Dv) in q's dtype, or None where a call whose q, k, v nobody checked
+    (`spec.finite` None) meets NaN/inf (module docstring). block_q, block_k: tile sizes (0: the
+    defaults)."""
 
     def __init__(self, spec: AttentionSpec, block_q: int = 0, block_k: int = 0) -> None:
         self.blocks = (block_q, block_k)
@@ -103,7 +106,7 @@ class CppRun:
         ops = self.ops
         if spec.dropout_p > 0.0 and spec.dropout_seed is None:
             spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
-        if spec.finite is None:  # needs no gradient (`nonfinite.guarded` asks only such calls)
+        if spec.finite is None and not spec.records_grad:  # (`nonfinite.guarded` asks)
             if compiling():
                 return ops.GUARDED_FORWARD(*ForwardArgs.from_spec(spec, *self.blocks))
             terms = ops.spec_terms(spec)
@@ -118,7 +121,13 @@ class CppRun:
             reads_in_place(q, k)
         ):
             spec = spec.replace(q=_contiguous(q), k=_contiguous(k), v=_contiguous(v))
-        out = ops.CPP(ForwardArgs.from_spec(spec, *self.blocks))
+        args = ForwardArgs.from_spec(spec, *self.blocks)
+        if spec.finite is None:  # gradients in plain eager mode, q, k, v not asked (`guarded`)
+            out = ops.CPP.if_finite(args)
+            if out is None:
+                return None
+        else:
+            out = ops.CPP(args)
         return out if out.dtype == spec.q.dtype else out.to(spec.q.dtype)
 
 

@@ -88,6 +88,21 @@ std::tuple<at::Tensor, bool> forward_checked(URPE_FORWARD_PARAMS) {
   return {out, true};
 }
 
+// `forward` for a call with gradients whose q, k and v nobody checked: (out, stat, true), or
+// (empty, empty, false) where a row that a computed tile reads holds a NaN or inf (the caller
+// then applies the non-finite rule). The check rides on the loop's own reads, as in
+// `forward_checked`: a separate pass over q, k and v up front read all of a padded tail's rows,
+// which the tiles skip (24 MB for 4,096 rows of 8 x 64 heads).
+std::tuple<at::Tensor, at::Tensor, bool> forward_checked_with_stat(URPE_FORWARD_PARAMS) {
+  std::atomic<bool> nonfinite{false};
+  auto [out, stat] = run_forward(&nonfinite, false, true, URPE_PROBLEM_ARGS);
+  if (nonfinite.load()) {
+    const at::Tensor none = at::empty({0}, q.options());
+    return {none, none, false};
+  }
+  return {out, stat, true};
+}
+
 }  // namespace
 
 // `forward_checked` with only the arguments a decoding step has (no dropout, documents or fixed
@@ -285,6 +300,13 @@ TORCH_LIBRARY(urpe_cpp, m) {
       "int norm, float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, "
       "int block_q, int block_k) -> (Tensor, bool)",
       &forward_checked);
+  m.def(
+      "forward_checked_with_stat(Tensor q, Tensor k, Tensor v, int bias_kind, Tensor? bias, "
+      "Tensor? bias_index, int gate_kind, Tensor? gate, Tensor? gate_index, Tensor? float_mask, "
+      "Tensor? bool_mask, Tensor? key_padding, Tensor? documents, Tensor? fixed, bool causal, "
+      "int norm, float scale, float dropout_p, int dropout_threshold, Tensor? dropout_seed, "
+      "int block_q, int block_k) -> (Tensor, Tensor, bool)",
+      &forward_checked_with_stat);
   m.def(
       "backward(Tensor grad_out, Tensor stat, Tensor out, Tensor q, Tensor k, Tensor v, "
       "int bias_kind, Tensor? bias, Tensor? bias_index, int gate_kind, Tensor? gate, "

@@ -97,6 +97,16 @@ def cpp_forward(call: ForwardArgs) -> tuple[Tensor, Tensor]:
     return out, stat.unsqueeze(-1)
 
 
+def cpp_forward_if_finite(call: ForwardArgs) -> tuple[Tensor, Tensor, bool]:
+    """`cpp_forward` for a call with gradients whose q, k and v nobody checked: (out, stat,
+    True), or (empty, empty, False) where a row that a computed tile reads holds NaN/inf
+    (`urpe_cpp::forward_checked_with_stat`)."""
+    out, stat, finite = _op("forward_checked_with_stat")(
+        *operands(call), *_forward_arguments(call, FORWARD_TILES)
+    )
+    return out, stat.unsqueeze(-1), finite
+
+
 def _output_rows(out: Tensor, dtype: torch.dtype) -> Tensor:
     """The forward's output as the backward reads it: where it lies (only one pass over its
     rows reads it, at any length)."""
@@ -156,7 +166,7 @@ def cpp_backward(args: BackwardArgs):
 # check. Revision 2: the output lies in (B, Lq, H, Dv) memory.
 REVISION = 2
 OPS = f"cpp_attention_r{REVISION}"  # urpe::{OPS}_forward / _backward
-CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake)
+CPP = define_attention_ops(OPS, cpp_forward, cpp_backward, forward_fake, cpp_forward_if_finite)
 
 
 # ---------------------------------------------------------------------------------------------
