@@ -339,11 +339,41 @@ void row_statistics(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   }
 }
 
+// The rows of dK and dV a work item accumulates into (kv head hk of batch b, its split copy),
+// zeroed as its blocks first reach them: rows [0, end) are zero or hold sums, and a block that
+// may write keys before `key` calls `up_to(key)` first; `rest` zeroes the rows none reached. So
+// the zeros are written just before the products read them back, in cache (a padded tail of one
+// document per token reaches a few rows a block; zeroing all Lk rows up front went to memory).
+template <typename T>
+struct ZeroedKeys {
+  T* dk;
+  T* dv;
+  int64_t dk_stride, dv_stride, dim, vdim, lk;
+  int64_t end = 0;
+
+  ZeroedKeys(const Problem<T>& P, const Gradients<T>& G, int64_t split, int64_t b, int64_t hk)
+      : dk(G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0)),
+        dv(G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0)),
+        dk_stride(G.dk_rows.si),
+        dv_stride(G.dv_rows.si),
+        dim(P.dim),
+        vdim(P.vdim),
+        lk(P.lk) {}
+
+  void up_to(int64_t key) {
+    for (; end < std::min(key, lk); ++end) {
+      std::fill(dk + end * dk_stride, dk + end * dk_stride + dim, T(0));
+      std::fill(dv + end * dv_stride, dv + end * dv_stride + vdim, T(0));
+    }
+  }
+  void rest() { up_to(lk); }
+};
+
 // One query block of one query head against its visible keys.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
-                    int64_t worker, int64_t split, int64_t b, int64_t h, int64_t i0,
-                    int64_t i1) {
+                    ZeroedKeys<T>& zeroed, int64_t worker, int64_t split, int64_t b, int64_t h,
+                    int64_t i0, int64_t i1) {
   const int64_t bq = i1 - i0, d = P.dim, hk = h / P.groups;
   const TileProducts<T> products{P,
                                  G,
@@ -359,6 +389,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   // only the keys of the queries' documents, where those are runs
   const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
   const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
+  zeroed.up_to(key_end);  // (the block's tiles write keys [doc_begin, key_end) at most)
   const bool by_runs = bq <= kRunGroup && !P.hiding.run_begin.empty();
   KeyRun runs[kRunGroup];
   bool first = true;
@@ -415,20 +446,6 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   }
 }
 
-// Zeroes the rows of dK and dV that a work item accumulates into: those of kv head hk of batch
-// b in its split copy (here rather than by the caller: in parallel, and left in cache for the
-// item's first products).
-template <typename T>
-void zero_key_rows(const Problem<T>& P, const Gradients<T>& G, int64_t split, int64_t b,
-                   int64_t hk) {
-  T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
-  T* dv = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
-  for (int64_t j = 0; j < P.lk; ++j) {
-    std::fill(dk + j * G.dk_rows.si, dk + j * G.dk_rows.si + P.dim, T(0));
-    std::fill(dv + j * G.dv_rows.si, dv + j * G.dv_rows.si + P.vdim, T(0));
-  }
-}
-
 }  // namespace
 
 template <typename T>
@@ -457,15 +474,16 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
     const int64_t block_end = std::min(blocks, block_begin + per_split);
     for (int64_t b = b_begin; b < b_end; ++b) {
       for (int64_t hk = hk_begin; hk < hk_end; ++hk) {
-        zero_key_rows(P, G, split, b, hk);
+        ZeroedKeys<T> zeroed(P, G, split, b, hk);
         for (int64_t h = hk * P.groups; h < (hk + 1) * P.groups; ++h) {
           for (int64_t block = block_begin; block < block_end; ++block) {
             const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
             for_query_groups(P.hiding, b, i0, i1, [&](int64_t g0, int64_t g1) {
-              backward_block(P, G, *scratch[worker], worker, split, b, h, g0, g1);
+              backward_block(P, G, *scratch[worker], zeroed, worker, split, b, h, g0, g1);
             });
           }
         }
+        zeroed.rest();
       }
     }
   }, at::globalContext().deterministicAlgorithms(), chunk_for(count, workers, P.work()));
