@@ -116,3 +116,35 @@ def test_an_inf_bias_is_not_taken_for_a_nonfinite_input():
     got = cpp_attention(*qkv, **call)
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8, equal_nan=True)
     assert got[0, 0, 0].isnan().all()
+
+
+@pytest.mark.parametrize("name", ["k", "v"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_key_block_checked_once_still_finds_every_nan(name, grad):
+    """The forward checks each key block's rows once per kv head, where a tile covers the whole
+    block; a tile that starts at a document's first key mid-block checks only its own rows.
+    Here query block 2 (rows 64-95, document B from key 61) reads keys 61-63 of key block 7
+    before query block 1 (one thread, the last query block first) reads all of it: a NaN in
+    keys 56-60 is still found, hidden by key padding (no output NaN) or visible."""
+    torch.manual_seed(0)
+    lq = lk = 96
+    q, k, v = (torch.randn(1, 2, lq, 4, dtype=torch.float64) for _ in range(3))
+    documents = (torch.arange(lk) >= 61).long()[None]  # (1, Lk): A = [0, 61), B = [61, 96)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for at, padded in itertools.product(range(52, 68), (True, False)):
+            qkv = {"q": q, "k": k.clone(), "v": v.clone()}
+            qkv[name][0, 1, at, 2] = float("nan")
+            call = dict(document_ids=documents)
+            if padded:
+                call["key_padding_mask"] = (torch.arange(lk) == at)[None]
+            want = attention(*qkv.values(), **call, backend="reference")
+            with torch.set_grad_enabled(grad):
+                leaves = [t.clone().requires_grad_(grad) for t in qkv.values()]
+                got = cpp_attention(*leaves, **call, block_q=32, block_k=8)
+            assert torch.equal(got.isnan(), want.isnan()), (at, padded)
+            assert want.isnan().any() != padded
+            torch.testing.assert_close(got.detach(), want, equal_nan=True)
+    finally:
+        torch.set_num_threads(threads)

@@ -158,11 +158,12 @@ inline bool any_nonfinite(const uint16_t* x, int64_t rows, int64_t cols, int64_t
 
 // For a problem whose q, k and v were not checked up front (`Problem::nonfinite`), products
 // by BLAS: raises the flag where a row of q, k or v that the tile (queries i0.., keys j0..)
-// reads holds a NaN or inf; q's rows with the block's first tile (`first`). Every pair the
-// non-finite rule looks at lies in a tile the loop computes; the rows of skipped tiles (a
-// padded tail) are never read. The operands themselves are checked, not the products: BLAS
-// may skip a 0 weight, and 0 * NaN would then not reach the output. The rows are in cache,
-// just read by the products: bq + n rows per bq x n pairs.
+// reads holds a NaN or inf; q's rows with the block's first tile (`first`), k's and v's once
+// per whole key block and kv head (`Problem::finite_keys`). Every pair the non-finite rule
+// looks at lies in a tile the loop computes; the rows of skipped tiles (a padded tail) are
+// never read. The operands themselves are checked, not the products: BLAS may skip a 0
+// weight, and 0 * NaN would then not reach the output. The rows are in cache, just read by
+// the products.
 template <typename T>
 void flag_operands(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_t bq, int64_t j0,
                    int64_t n, bool first) {
@@ -170,15 +171,23 @@ void flag_operands(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, int64_
   const int64_t q0 = P.q_rows.at(b, h, i0), k0 = P.k_rows.at(b, hk, j0);
   const int64_t v0 = P.v_rows.at(b, hk, j0);
   const int64_t ldq = P.q_rows.si, ldk = P.k_rows.si, ldv = P.v_rows.si;
+  // a tile that covers its key block (a causal edge or a document may cut it short) checks the
+  // block's rows for every tile that reads them later
+  const bool whole = j0 % P.block_k == 0 && n == std::min(P.block_k, P.lk - j0);
+  std::atomic<uint8_t>& known =
+      P.finite_keys[(b * P.kv_heads + hk) * P.key_blocks() + j0 / P.block_k];
+  const bool keys = !(whole && known.load(std::memory_order_relaxed));  // to be checked
   bool bad;
   if (P.bf16()) {
     bad = (first && any_nonfinite(P.q16 + q0, bq, d, ldq)) ||
-          any_nonfinite(P.k16 + k0, n, d, ldk) || any_nonfinite(P.v16 + v0, n, dv, ldv);
+          (keys && (any_nonfinite(P.k16 + k0, n, d, ldk) ||
+                    any_nonfinite(P.v16 + v0, n, dv, ldv)));
   } else {
-    bad = (first && any_nonfinite(P.q + q0, bq, d, ldq)) || any_nonfinite(P.k + k0, n, d, ldk) ||
-          any_nonfinite(P.v + v0, n, dv, ldv);
+    bad = (first && any_nonfinite(P.q + q0, bq, d, ldq)) ||
+          (keys && (any_nonfinite(P.k + k0, n, d, ldk) || any_nonfinite(P.v + v0, n, dv, ldv)));
   }
   if (bad) P.nonfinite->store(true, std::memory_order_relaxed);
+  if (keys && whole && !bad) known.store(1, std::memory_order_relaxed);
 }
 
 // For a problem whose q, k and v were not checked up front, one query row (`Problem::direct`):

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "library.h"
@@ -44,6 +45,11 @@ std::tuple<at::Tensor, at::Tensor> run_forward(std::atomic<bool>* nonfinite, boo
     Problem<scalar_t> P = make_problem<scalar_t>(URPE_PROBLEM_ARGS);
     P.nonfinite = nonfinite;
     P.direct = direct;
+    std::unique_ptr<std::atomic<uint8_t>[]> finite_keys;  // (all 0: none checked yet)
+    if (nonfinite != nullptr && !direct) {
+      finite_keys.reset(new std::atomic<uint8_t>[P.batch * P.kv_heads * P.key_blocks()]());
+      P.finite_keys = finite_keys.get();
+    }
     // (B, Lq, H, Dv) memory: the caller's (B, Lq, H * Dv) rows are a view of it, not a copy
     out = at::empty({P.batch, P.lq, P.heads, P.vdim}, options).transpose(1, 2);
     std::vector<scalar_t> scratch;

@@ -299,8 +299,12 @@ struct Problem {
   // are checked by their logits and outputs instead.
   std::atomic<bool>* nonfinite = nullptr;
   bool direct = false;
+  // With `nonfinite` (not `direct`): per (batch row, kv head, key block), whether its k and v
+  // rows were found finite already, so each is checked once, not once per query block and head
+  std::atomic<uint8_t>* finite_keys = nullptr;
 
   int power() const { return norm == kSoftmax ? 1 : (norm == kL2 ? 2 : 0); }
+  int64_t key_blocks() const { return (lk + block_k - 1) / block_k; }
   bool bf16() const { return q16 != nullptr; }
   // queries and keys (rounded up to kLanes) of the largest tile: what per-worker scratch holds
   int64_t tile_queries() const { return std::min(block_q, lq); }
