@@ -106,7 +106,9 @@ class CppRun:
         ops = self.ops
         if spec.dropout_p > 0.0 and spec.dropout_seed is None:
             spec = spec.replace(dropout_seed=draw_seed(spec.q.device))
-        if spec.finite is None and not spec.records_grad:  # (`nonfinite.guarded` asks)
+        # needs no gradient (`torch.is_grad_enabled` first: a decoding step under no_grad then
+        # skips the property's frame); `nonfinite.guarded` asks
+        if spec.finite is None and not (torch.is_grad_enabled() and spec.records_grad):
             if compiling():
                 return ops.GUARDED_FORWARD(*ForwardArgs.from_spec(spec, *self.blocks))
             terms = ops.spec_terms(spec)

@@ -360,8 +360,8 @@ struct RowKeys {
   const uint8_t* flags = nullptr;
 };
 
-inline RowKeys row_keys(const Hiding& hiding, int64_t b, int64_t h, int64_t i, int64_t j0,
-                        int64_t n, const KeyRun* own, uint8_t* buf) {
+URPE_INLINE RowKeys row_keys(const Hiding& hiding, int64_t b, int64_t h, int64_t i,
+                             int64_t j0, int64_t n, const KeyRun* own, uint8_t* buf) {
   RowKeys keys;
   keys.j0 = own != nullptr ? own->first : j0;
   keys.n = own != nullptr ? own->second - own->first : n;
