@@ -15,12 +15,12 @@ import itertools
 import pytest
 import torch
 
-from urpe.kernels import NORMALIZATIONS, attention
+from urpe.kernels import attention
 from urpe.kernels.cpp import cpp_attention, unavailable
 from urpe.kernels.nonfinite import FINITE_CHECKS
 
-from .test_cpp_padded_nonfinite import PLACES, TAILS, poisoned
-from .test_cpp_padded_tiles import SHAPES, TILES
+from .test_cpp_padded_nonfinite import CASES, case_of, poisoned
+from .test_cpp_padded_tiles import SHAPES
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="no C++ kernel")
 
@@ -61,16 +61,9 @@ def assert_gradients_match_reference(qkv, call, block_q=0, block_k=0):
     return got
 
 
-CASES = [
-    (norm, tail, place, SHAPES[n % 2], n % 2 == 1, TILES[n % len(TILES)])
-    for n, (norm, tail, place) in enumerate(itertools.product(NORMALIZATIONS, TAILS, PLACES))
-]
-
-
 @pytest.mark.parametrize(("norm", "tail", "place", "shape", "causal", "tiles"), CASES)
 def test_gradients_with_nonfinite_numbers_follow_the_rule(norm, tail, place, shape, causal, tiles):
-    qkv, call = poisoned(shape, tail, "toeplitz+toeplitz_gate", causal, place)
-    call.update(normalization=norm, scale=0.1 if norm == "exp" else None)
+    qkv, call = case_of(norm, tail, place, shape, causal)
     out = assert_gradients_match_reference(qkv, call, *tiles)
     if place.startswith("real"):  # (the rule's NaN reaches some output: the test can fail)
         assert out.isnan().any()

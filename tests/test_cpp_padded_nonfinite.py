@@ -58,10 +58,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("norm", "tail", "place", "shape", "causal", "tiles"), CASES)
-def test_nonfinite_numbers_in_a_padded_row_follow_the_rule(norm, tail, place, shape, causal, tiles):
+def case_of(norm, tail, place, shape, causal):
+    """A CASES entry's q, k, v and call (Toeplitz bias and gate, the normalisation set)."""
     qkv, call = poisoned(shape, tail, "toeplitz+toeplitz_gate", causal, place)
     call.update(normalization=norm, scale=0.1 if norm == "exp" else None)
+    return qkv, call
+
+
+@pytest.mark.parametrize(("norm", "tail", "place", "shape", "causal", "tiles"), CASES)
+def test_nonfinite_numbers_in_a_padded_row_follow_the_rule(norm, tail, place, shape, causal, tiles):
+    qkv, call = case_of(norm, tail, place, shape, causal)
     out = assert_matches_reference(qkv, call, *tiles)
     if place.startswith("real"):  # (the rule's NaN reaches some output: the test can fail)
         assert out.isnan().any()
