@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from harness.contention import Condition
 from urpe.bench.clocks import interleaved_medians
+from urpe.bench.machine import keep_freed_memory
 from urpe.kernels import Toeplitz, attention
 
 HEADS, HEAD_DIM, DOCUMENT = 8, 64, 128
@@ -290,6 +291,7 @@ def main() -> int:
     parser.add_argument("--json", help="write every record here")
     args = parser.parse_args()
     args.conditions = [c == "busy" for c in args.conditions]
+    print(f"allocator: {keep_freed_memory()}", flush=True)
     records = run(args)
     if args.json:
         with open(args.json, "w") as f:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from urpe.bench.machine import cpu_info
+from urpe.bench.machine import cpu_info, keep_freed_memory
 from urpe.bench.measure import failure_reason
 from urpe.cli_types import UsageError, non_negative_int, positive_int
 
@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     repeats = args.repeats or (2 if args.quick else 9)
     if args.threads:
         torch.set_num_threads(args.threads)
+    print(f"allocator: {keep_freed_memory()}", flush=True)
     threads = torch.get_num_threads()
     conditions = [Condition(threads, busy=c == "busy") for c in args.conditions]
     if len({c.busy for c in conditions}) != len(conditions):

@@ -4,7 +4,7 @@ run (what `model.json` holds), between markers so that the rest of the file stay
 from __future__ import annotations
 
 from .model_targets import condition_label
-from .report import MET, fmt, table
+from .report import MET, fmt, malloc_note, table
 from .sections import MODEL
 
 TITLE = "## URPE in a model: decoding calls, generation, whole steps (issue 28)"
@@ -20,7 +20,8 @@ def _header(results: dict) -> list[str]:
     return [
         f"Measured {results['date']} on {m['cpu']} ({m['cores']} cores, {m['threads']} torch "
         f"threads, {m['capability']}), torch {m['torch']}, transformers "
-        f"{m.get('transformers') or 'not installed'}, Python {m['python']}. Load average at "
+        f"{m.get('transformers') or 'not installed'}, Python {m['python']}{malloc_note(m)}. "
+        "Load average at "
         f"start {_load(results['load_start'])}, at end {_load(m['load_average'])}.",
         "",
         f"Command: `{results['command']}` ({results['sizes_name']} sizes). CPU, eager unless "

@@ -51,7 +51,8 @@ def _header(results: dict) -> list[str]:
         "# Benchmarks: URPE attention",
         "",
         f"Measured {results['date']} on {m['cpu']} ({m['cores']} cores, {m['threads']} torch "
-        f"threads, {m['capability']}), torch {m['torch']}, Python {m['python']}. Load average "
+        f"threads, {m['capability']}), torch {m['torch']}, Python {m['python']}"
+        f"{malloc_note(m)}. Load average "
         f"at start {_load(load)}, at end {_load(m['load_average'])} "
         "(other processes shared the cores: compare ratios, measured interleaved in one run, "
         "rather than absolute times).",
@@ -64,6 +65,11 @@ def _header(results: dict) -> list[str]:
         "Which targets are missed, where the time goes and what would close the gap: "
         "`benchmarks/README.md` (written by hand; this file is generated).",
     ]
+
+
+def malloc_note(machine: dict) -> str:
+    """', malloc: <setting>' where the run recorded one (`keep_freed_memory`; older runs not)."""
+    return f", malloc: {machine['allocator']}" if "allocator" in machine else ""
 
 
 def _load(load) -> str:

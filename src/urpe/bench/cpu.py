@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import torch
 
 from .inputs import make_inputs
-from .machine import cpu_info
+from .machine import cpu_info, keep_freed_memory
 from .measure import Method, measure_setting
 from .memory import memory_curves
 from .profiling import profile_row
@@ -41,6 +41,7 @@ def measure(args, progress, command: str) -> dict:
     """The results of one CPU run (what --json writes): times, memory, profile, machine."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    progress(f"allocator: {keep_freed_memory()}")
     shape = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim)
     results = dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
