@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from urpe.kernels import NORMALIZATIONS, attention
+from urpe.kernels import NORMALIZATIONS, Toeplitz, attention
 from urpe.kernels.cpp import cpp_attention, unavailable
 from urpe.kernels.nonfinite import FINITE_CHECKS
 
@@ -122,3 +122,29 @@ def test_bfloat16_operands_with_a_padded_tail(place):
         got = cpp_attention(*qkv, **call, block_q=4, block_k=8)
     assert torch.equal(got.isnan(), want.isnan())
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2, equal_nan=True)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("norm", NORMALIZATIONS)
+def test_float32_rows_of_one_key_check_their_value_rows(norm, value):
+    """float32 rows that meet one key in their first tile (a padded token with its own id) are
+    written in one pass past the caches that also checks them (short_runs.h, `stream_scaled`):
+    a NaN or inf in such a key's value row still reaches the rule, and the other rows match."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 80, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    v[0, 1, 70, 3] = value  # the value row of padded token 70, seen by query 70 alone
+    positions = torch.arange(80)
+    # 16 real tokens: the tail's query groups hold padded tokens only (all short rows)
+    ids = torch.where(positions < 16, positions // 8, 1000 + positions)[None]  # (1, 80)
+    table = torch.rand(2, 9, generator=gen, dtype=torch.float64) + 0.5
+
+    def call(dtype):
+        scale = 0.1 if norm == "exp" else None
+        gate = Toeplitz(table.to(dtype))
+        return dict(document_ids=ids, gate=gate, normalization=norm, scale=scale)
+
+    with torch.no_grad():
+        want = attention(q, k, v, **call(torch.float64), backend="reference")
+        got = cpp_attention(q.float(), k.float(), v.float(), **call(torch.float32))
+    assert want.isnan().any()  # (the rule's NaN reaches other rows: the test can fail)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-4, equal_nan=True)

@@ -437,8 +437,10 @@ void forward_item(const Problem<T>& P, ForwardScratch<T>& W, PackedHead packed, 
     const T norm = l > T(0) ? (power == 1 ? l : std::sqrt(l)) : T(1);
     T* row = acc + r * ldo;
     const T inv = T(1) / norm;
+    if (inv != T(1)) {  // (l = 1: a row of one key, whose output row may have been streamed)
 #pragma omp simd
-    for (int64_t e = 0; e < dv; ++e) row[e] *= inv;
+      for (int64_t e = 0; e < dv; ++e) row[e] *= inv;
+    }
     // l = 0: no weight (r = inf gives 0 again in the backward pass); l NaN: a NaN logit, for
     // which the backward pass takes the reference's arithmetic (`row_statistics`)
     // (log(1) = 0 exactly: a row of one visible key, or of one weight with the others 0)

@@ -9,6 +9,10 @@
 
 #include "loops.h"
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace urpe_cpp {
 
 // whether every row of a group by runs sees fewer than kShortRow keys of the tile
@@ -39,6 +43,11 @@ inline int64_t key_ahead(const KeyRun* runs, int64_t bq, int64_t r) {
   return ahead < bq ? runs[ahead].first : runs[bq - 1].second + (ahead - bq);
 }
 
+// whether row r of a group (r < bq) meets exactly one key of the tile
+inline bool one_key(const KeyRun* runs, int64_t bq, int64_t r) {
+  return r < bq && runs[r].second - runs[r].first == 1;
+}
+
 // y = 0 + a x (as a zeroed row += a x gives it) over n entries
 template <typename T, typename A>
 URPE_INLINE void set_scaled(T* __restrict y, T a, const A* __restrict x, int64_t n) {
@@ -53,6 +62,39 @@ URPE_INLINE bool finite_row(const T* __restrict x, int64_t n) {
 #pragma omp simd reduction(+ : probe)
   for (int64_t e = 0; e < n; ++e) probe += x[e] * T(0);
   return probe == T(0);
+}
+
+// A query that meets one key in its block's first tile (a padded token with its own id)
+// writes its output row, and backward its row of dQ, whole and once; neither is read again
+// (l = 1: no division follows). Stored past the caches, their lines are not first fetched for
+// writing (a fifth of such a row's memory traffic, forward). y = 0 + a x, as set_scaled, for
+// float rows of whole 32-byte lines (else set_scaled); whether y is all finite, found in the
+// same pass. `end_streaming` orders the stores before the work item ends.
+template <typename T, typename A>
+URPE_INLINE bool stream_scaled(T* __restrict y, T a, const A* __restrict x, int64_t n) {
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<A, float>) {
+    if (reinterpret_cast<uintptr_t>(y) % 32 == 0 && n % 8 == 0) {
+      const __m256 scale = _mm256_set1_ps(a), zero = _mm256_setzero_ps();
+      __m256 probe = zero;  // y * 0: NaN exactly in the lanes that met an inf or NaN
+      for (int64_t e = 0; e < n; e += 8) {
+        const __m256 ye = _mm256_add_ps(zero, _mm256_mul_ps(scale, _mm256_loadu_ps(x + e)));
+        _mm256_stream_ps(y + e, ye);
+        probe = _mm256_add_ps(probe, _mm256_mul_ps(ye, zero));
+      }
+      return _mm256_movemask_ps(_mm256_cmp_ps(probe, probe, _CMP_UNORD_Q)) == 0;
+    }
+  }
+#endif
+  set_scaled(y, a, x, n);
+  return finite_row(y, n);
+}
+
+// the stores of stream_scaled, ordered before whatever follows (another thread's reads)
+inline void end_streaming() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
 }
 
 // The online statistic and output rows of a group after one tile, for its short runs.
@@ -80,6 +122,7 @@ void forward_short_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, i
   const T hidden = P.hidden_logit();
   const bool fixed = P.power() == 0;
   const int64_t norm = P.norm;
+  bool streamed = false;
   for (int64_t r = 0; r < bq; ++r) {
     const auto [lo, hi] = runs[r];
     const int64_t n = hi - lo, i = i0 + r;
@@ -90,7 +133,9 @@ void forward_short_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, i
     prefetch_row(q + (r + kPrefetchAhead) * ldq, d * sizeof(A));
     prefetch_row(k + key * ldk, d * sizeof(A));
     prefetch_row(v + key * ldv, dv * sizeof(A));
-    prefetch_row<true>(state.acc + (r + kPrefetchAhead) * state.ldo, dv * sizeof(T));
+    if (!state.first || !one_key(runs, bq, r + kPrefetchAhead)) {  // (else streamed)
+      prefetch_row<true>(state.acc + (r + kPrefetchAhead) * state.ldo, dv * sizeof(T));
+    }
     for (int64_t j = 0; j < n; ++j) x[j] = qk_scale * dot<T>(q + r * ldq, k + (lo + j) * ldk, d);
     if (P.nonfinite != nullptr) {  // checked by the products, as the general loop does
       for (int64_t j = 0; j < n; ++j) {
@@ -156,21 +201,27 @@ void forward_short_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, i
       l += sum;
       m = m_new;
     }
-    int64_t j = 0;  // the first tile: 0 + the first key's term, in the one pass
-    if (state.first && n > 0) {
-      set_scaled(row, x[0], v + lo * ldv, dv);
-      j = 1;
-    } else if (state.first) {
-      std::fill(row, row + dv, T(0));
+    // The output row checked as written, or here while in cache: for its NaN/inf value rows,
+    // which reach it through every weight (0 too). The final division by the normaliser (>= 1)
+    // keeps a finite row finite, so forward_item's check after it may be left out.
+    bool finite;
+    if (state.first && n == 1) {
+      finite = stream_scaled(row, x[0], v + lo * ldv, dv);
+      streamed = true;
+    } else {
+      int64_t j = 0;  // the first tile: 0 + the first key's term, in the one pass
+      if (state.first && n > 0) {
+        set_scaled(row, x[0], v + lo * ldv, dv);
+        j = 1;
+      } else if (state.first) {
+        std::fill(row, row + dv, T(0));
+      }
+      for (; j < n; ++j) add_scaled(row, x[j], v + (lo + j) * ldv, dv);
+      finite = P.nonfinite == nullptr || finite_row(row, dv);
     }
-    for (; j < n; ++j) add_scaled(row, x[j], v + (lo + j) * ldv, dv);
-    // the output row checked here, while in cache: for its NaN/inf value rows, which reach it
-    // through every weight (0 too). The final division by the normaliser (>= 1) keeps a finite
-    // row finite, so forward_item's check after it may be left out.
-    if (P.nonfinite != nullptr && !finite_row(row, dv)) {
-      P.nonfinite->store(true, std::memory_order_relaxed);
-    }
+    if (P.nonfinite != nullptr && !finite) P.nonfinite->store(true, std::memory_order_relaxed);
   }
+  if (streamed) end_streaming();
 }
 
 // The keys' gradient rows of a work item and the group's rows of dQ, for `backward_short_runs`.
@@ -200,6 +251,7 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
   const int64_t ldo = G.grad_out_rows.si, lddq = G.dq_rows.si, lddk = G.dk_rows.si;
   const int64_t lddv = G.dv_rows.si, norm = P.norm;
   const T hidden = P.hidden_logit();
+  bool streamed = false;
   for (int64_t r = 0; r < bq; ++r) {
     const auto [lo, hi] = runs[r];
     const int64_t n = hi - lo, i = i0 + r;
@@ -211,7 +263,9 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     prefetch_row(dout + ahead * ldo, dv * sizeof(A));
     prefetch_row(k + key * ldk, d * sizeof(A));
     prefetch_row(v + key * ldv, dv * sizeof(A));
-    prefetch_row<true>(out.dq + ahead * lddq, d * sizeof(T));
+    if (!out.first || !one_key(runs, bq, ahead)) {  // (else streamed)
+      prefetch_row<true>(out.dq + ahead * lddq, d * sizeof(T));
+    }
     prefetch_row<true>(out.dk + key * lddk, d * sizeof(T));
     prefetch_row<true>(out.dv + key * lddv, dv * sizeof(T));
     // and the next group's rows of O and dO, which its first step reads (`row_deltas`)
@@ -293,7 +347,8 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     for (int64_t j = vis; j < n; ++j) s[j] = da[j] = T(0);  // past the causal edge
     // the products, as `gradients_by_runs`
     T* dq_row = out.dq + r * lddq;
-    if (out.first) std::fill(dq_row, dq_row + d, T(0));
+    const bool stream = out.first && n == 1;  // dQ's row written whole once (`stream_scaled`)
+    if (out.first && !stream) std::fill(dq_row, dq_row + d, T(0));
     for (int64_t j = 0; j < n; ++j) {
       T weight = s[j], grad = da[j];
       if constexpr (std::is_same_v<A, uint16_t>) {
@@ -303,9 +358,15 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
       grad *= P.scale;
       add_scaled(out.dv + (lo + j) * lddv, weight, dout + r * ldo, dv);
       add_scaled(out.dk + (lo + j) * lddk, grad, q + r * ldq, d);
-      add_scaled(dq_row, grad, k + (lo + j) * ldk, d);
+      if (stream) {
+        stream_scaled(dq_row, grad, k + (lo + j) * ldk, d);
+        streamed = true;
+      } else {
+        add_scaled(dq_row, grad, k + (lo + j) * ldk, d);
+      }
     }
   }
+  if (streamed) end_streaming();
 }
 
 }  // namespace urpe_cpp
