@@ -339,36 +339,6 @@ void row_statistics(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   }
 }
 
-// The rows of dK and dV a work item accumulates into (kv head hk of batch b, its split copy),
-// zeroed as its blocks first reach them: rows [0, end) are zero or hold sums, and a block that
-// may write keys before `key` calls `up_to(key)` first; `rest` zeroes the rows none reached. So
-// the zeros are written just before the products read them back, in cache (a padded tail of one
-// document per token reaches a few rows a block; zeroing all Lk rows up front went to memory).
-template <typename T>
-struct ZeroedKeys {
-  T* dk;
-  T* dv;
-  int64_t dk_stride, dv_stride, dim, vdim, lk;
-  int64_t end = 0;
-
-  ZeroedKeys(const Problem<T>& P, const Gradients<T>& G, int64_t split, int64_t b, int64_t hk)
-      : dk(G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0)),
-        dv(G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0)),
-        dk_stride(G.dk_rows.si),
-        dv_stride(G.dv_rows.si),
-        dim(P.dim),
-        vdim(P.vdim),
-        lk(P.lk) {}
-
-  void up_to(int64_t key) {
-    for (; end < std::min(key, lk); ++end) {
-      std::fill(dk + end * dk_stride, dk + end * dk_stride + dim, T(0));
-      std::fill(dv + end * dv_stride, dv + end * dv_stride + vdim, T(0));
-    }
-  }
-  void rest() { up_to(lk); }
-};
-
 // One query block of one query head against its visible keys.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
@@ -389,7 +359,6 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   // only the keys of the queries' documents, where those are runs
   const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
   const int64_t key_end = std::min(P.hiding.key_end(i1, P.lk), doc_end);
-  zeroed.up_to(key_end);  // (the block's tiles write keys [doc_begin, key_end) at most)
   const bool by_runs = bq <= kRunGroup && !P.hiding.run_begin.empty();
   KeyRun runs[kRunGroup];
   bool first = true;
@@ -405,9 +374,9 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     if (by_runs) {
       for (int64_t r = 0; r < bq; ++r) runs[r] = P.hiding.own_keys(b, i0 + r, j0, n);
       if (short_runs(runs, bq)) {  // each row start to end (short_runs.h)
-        const ShortRowsGrads<T> grads{dq, dk, dv_rows, W.stat.data(), W.delta.data(), worker,
-                                      first, G.out + G.out_rows.at(b, h, i0 + bq),
-                                      G.out_rows.si};
+        const ShortRowsGrads<T> grads{
+            dq,    dk,      dv_rows, W.stat.data(), W.delta.data(), worker,
+            first, &zeroed, G.out + G.out_rows.at(b, h, i0 + bq), G.out_rows.si};
         const TileProducts<T>& at = products;
         if constexpr (std::is_same_v<T, float>) {
           if (P.bf16()) {
@@ -423,6 +392,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
         continue;
       }
     }
+    zeroed.up_to(key_end);  // (the block's tiles write keys [doc_begin, key_end) at most)
     const KeyRun* own = by_runs ? runs : nullptr;
     products.before(own, j0, n, s_tile, da_tile, ld);
     for (int64_t r = 0; r < bq; ++r) {

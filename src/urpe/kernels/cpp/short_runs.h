@@ -224,6 +224,46 @@ void forward_short_runs(const Problem<T>& P, int64_t b, int64_t h, int64_t i0, i
   if (streamed) end_streaming();
 }
 
+// The rows of dK and dV a work item accumulates into (kv head hk of batch b, its split copy),
+// zeroed as its blocks first reach them: rows [0, end) are zero or hold sums, and a tile that
+// may write keys before `key` calls `up_to(key)` first; `rest` zeroes the rows none reached. So
+// the zeros are written just before the products read them back, in cache (a padded tail of one
+// document per token reaches a few rows a block; zeroing all Lk rows up front went to memory).
+// A short row whose one key is the next row not reached takes it (`take_fresh`): it writes that
+// row's single term with `stream_scaled` instead of zeroing it and summing into it.
+template <typename T>
+struct ZeroedKeys {
+  T* dk;
+  T* dv;
+  int64_t dk_stride, dv_stride, dim, vdim, lk;
+  int64_t end = 0;
+
+  ZeroedKeys(const Problem<T>& P, const Gradients<T>& G, int64_t split, int64_t b, int64_t hk)
+      : dk(G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0)),
+        dv(G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0)),
+        dk_stride(G.dk_rows.si),
+        dv_stride(G.dv_rows.si),
+        dim(P.dim),
+        vdim(P.vdim),
+        lk(P.lk) {}
+
+  void up_to(int64_t key) {
+    for (; end < std::min(key, lk); ++end) {
+      std::fill(dk + end * dk_stride, dk + end * dk_stride + dim, T(0));
+      std::fill(dv + end * dv_stride, dv + end * dv_stride + vdim, T(0));
+    }
+  }
+  void rest() { up_to(lk); }
+  // whether row `key` is the next one not reached (those before it zeroed first); if so it is
+  // now reached, and its caller writes it whole
+  bool take_fresh(int64_t key) {
+    up_to(key);
+    if (key != end || key >= lk) return false;
+    ++end;
+    return true;
+  }
+};
+
 // The keys' gradient rows of a work item and the group's rows of dQ, for `backward_short_runs`.
 template <typename T>
 struct ShortRowsGrads {
@@ -234,6 +274,7 @@ struct ShortRowsGrads {
   const T* delta;
   int64_t worker;  // the table gradients' slot
   bool first;
+  ZeroedKeys<T>* zeroed;  // the item's rows of dK and dV (dk, dv above) reached so far
   const T* next_out;  // O's row bq on from the group's first (rows ld_out apart): prefetched
   int64_t ld_out;
 };
@@ -266,8 +307,10 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     if (!out.first || !one_key(runs, bq, ahead)) {  // (else streamed)
       prefetch_row<true>(out.dq + ahead * lddq, d * sizeof(T));
     }
-    prefetch_row<true>(out.dk + key * lddk, d * sizeof(T));
-    prefetch_row<true>(out.dv + key * lddv, dv * sizeof(T));
+    if (!one_key(runs, bq, ahead) || key < out.zeroed->end) {  // (else streamed)
+      prefetch_row<true>(out.dk + key * lddk, d * sizeof(T));
+      prefetch_row<true>(out.dv + key * lddv, dv * sizeof(T));
+    }
     // and the next group's rows of O and dO, which its first step reads (`row_deltas`)
     prefetch_row(out.next_out + r * out.ld_out, dv * sizeof(T));
     prefetch_row(dout + (bq + r) * ldo, dv * sizeof(A));
@@ -349,6 +392,9 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     T* dq_row = out.dq + r * lddq;
     const bool stream = out.first && n == 1;  // dQ's row written whole once (`stream_scaled`)
     if (out.first && !stream) std::fill(dq_row, dq_row + d, T(0));
+    // the key's rows of dK and dV written whole where no other query has reached them
+    const bool fresh = n == 1 && out.zeroed->take_fresh(lo);
+    if (!fresh) out.zeroed->up_to(hi);
     for (int64_t j = 0; j < n; ++j) {
       T weight = s[j], grad = da[j];
       if constexpr (std::is_same_v<A, uint16_t>) {
@@ -356,8 +402,14 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
         grad = bf16_value(bf16_bits(grad));
       }
       grad *= P.scale;
-      add_scaled(out.dv + (lo + j) * lddv, weight, dout + r * ldo, dv);
-      add_scaled(out.dk + (lo + j) * lddk, grad, q + r * ldq, d);
+      if (fresh) {
+        stream_scaled(out.dv + lo * lddv, weight, dout + r * ldo, dv);
+        stream_scaled(out.dk + lo * lddk, grad, q + r * ldq, d);
+        streamed = true;
+      } else {
+        add_scaled(out.dv + (lo + j) * lddv, weight, dout + r * ldo, dv);
+        add_scaled(out.dk + (lo + j) * lddk, grad, q + r * ldq, d);
+      }
       if (stream) {
         stream_scaled(dq_row, grad, k + (lo + j) * ldk, d);
         streamed = true;
