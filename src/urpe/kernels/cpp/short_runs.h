@@ -65,8 +65,9 @@ URPE_INLINE bool finite_row(const T* __restrict x, int64_t n) {
 }
 
 // A query that meets one key in its block's first tile (a padded token with its own id)
-// writes its output row, and backward its row of dQ, whole and once; neither is read again
-// (l = 1: no division follows). Stored past the caches, their lines are not first fetched for
+// writes its output row, and backward its row of dQ (and, where no other query reached that
+// key first, the key's rows of dK and dV: `ZeroedKeys::take_fresh`), whole and once; none is
+// read again (l = 1: no division follows). Stored past the caches, their lines are not first fetched for
 // writing (a fifth of such a row's memory traffic, forward). y = 0 + a x, as set_scaled, for
 // float rows of whole 32-byte lines (else set_scaled); whether y is all finite, found in the
 // same pass. `end_streaming` orders the stores before the work item ends.
