@@ -29,3 +29,18 @@ def test_a_gated_training_forward_compiles_as_one_graph():
     assert grads.keys() == want_grads.keys() and len(grads) == 6  # 2 gates, 2 x 2 forget
     for name, grad in want_grads.items():
         torch.testing.assert_close(grads[name], grad, msg=name)
+
+
+def test_the_models_call_compiled_as_transformers_compiles_it_is_one_frame():
+    """transformers compiles `model.__call__` (static-cache generation): add_urpe's hooks run
+    inside that call's graph, not as frames of their own, each checking its guards per step."""
+    from torch._dynamo.utils import counters
+
+    model = fox_model("llama", dtype=torch.float32).eval()
+    ids = documents()[0][None]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model.__call__, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
+    assert counters["frames"]["ok"] == 1

@@ -260,8 +260,9 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
             raise ValueError(f"a shared gate needs one head count, the layers have {heads}")
         model.add_module(GATE, _new_gate(options, model, first))
     reads = DocumentReads()  # packed batches' document ids, read once per pass of the model
-    model.register_forward_pre_hook(reads.begin)
-    model.register_forward_hook(reads.end, always_call=True)
+    passes = pass_module(model, [module for _, module in chosen])
+    passes.register_forward_pre_hook(reads.begin)
+    passes.register_forward_hook(reads.end, always_call=True)
     for _, module in chosen:
         module.__dict__[READS] = reads
         module.__dict__[CALLS] = AttentionCalls(capacity=2)  # (a copy of the model: a new one)
@@ -282,6 +283,19 @@ def attach(model: nn.Module, options: UrpeOptions, chosen: list[tuple[str, nn.Mo
     model.set_attn_implementation(implementation_name(options.attn_implementation))
     route_through_urpe(model)
     install(model)
+
+
+def pass_module(model: nn.Module, chosen: list[nn.Module]) -> nn.Module:
+    """The module whose call is one pass over the chosen layers: the model's base model (the
+    decoder stack under the LM head) where it holds them all, else the model. Its hooks run
+    inside the model's call, so `torch.compile(model)` (transformers' static-cache generation)
+    traces them into the model's graph; hooks of the compiled module itself would be two more
+    compiled frames, each checking its guards at every decoding step."""
+    base = getattr(model, "base_model", model)
+    if base is model or not isinstance(base, nn.Module):
+        return model
+    inside = {id(module) for module in base.modules()}
+    return base if all(id(module) in inside for module in chosen) else model
 
 
 def own_config(model: nn.Module) -> None:
