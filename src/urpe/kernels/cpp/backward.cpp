@@ -339,11 +339,12 @@ void row_statistics(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
   }
 }
 
-// One query block of one query head against its visible keys.
+// One query block of one query head against its visible keys; the keys' gradients go to the
+// item's dK, dV copies that `zeroed` holds.
 template <typename T>
 void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<T>& W,
-                    ZeroedKeys<T>& zeroed, int64_t worker, int64_t split, int64_t b, int64_t h,
-                    int64_t i0, int64_t i1) {
+                    ZeroedKeys<T>& zeroed, int64_t worker, int64_t b, int64_t h, int64_t i0,
+                    int64_t i1) {
   const int64_t bq = i1 - i0, d = P.dim, hk = h / P.groups;
   const TileProducts<T> products{P,
                                  G,
@@ -353,8 +354,6 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
                                  P.k_rows.at(b, hk, 0),
                                  P.v_rows.at(b, hk, 0),
                                  bq};
-  T* dk = G.dk + split * G.dk_split + G.dk_rows.at(b, hk, 0);
-  T* dv_rows = G.dv + split * G.dv_split + G.dv_rows.at(b, hk, 0);
   T* dq = G.dq + G.dq_rows.at(b, h, i0);
   // only the keys of the queries' documents, where those are runs
   const auto [doc_begin, doc_end] = P.hiding.document_keys(b, i0, i1);
@@ -374,9 +373,10 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
     if (by_runs) {
       for (int64_t r = 0; r < bq; ++r) runs[r] = P.hiding.own_keys(b, i0 + r, j0, n);
       if (short_runs(runs, bq)) {  // each row start to end (short_runs.h)
-        const ShortRowsGrads<T> grads{
-            dq,    dk,      dv_rows, W.stat.data(), W.delta.data(), worker,
-            first, &zeroed, G.out + G.out_rows.at(b, h, i0 + bq), G.out_rows.si};
+        const ShortRowsGrads<T> grads{dq,     W.stat.data(), W.delta.data(),
+                                      worker, first,         &zeroed,
+                                      G.out + G.out_rows.at(b, h, i0 + bq),
+                                      G.out_rows.si};
         const TileProducts<T>& at = products;
         if constexpr (std::is_same_v<T, float>) {
           if (P.bf16()) {
@@ -405,7 +405,7 @@ void backward_block(const Problem<T>& P, const Gradients<T>& G, BackwardScratch<
       backward_row(P, G, W, worker, b, h, i, keys.j0, keys.n, keys.vis, keys.span, keys.flags, s,
                    da_tile + r * ld, W.stat[r], W.delta[r]);
     }
-    products.after(own, j0, n, s_tile, da_tile, ld, first, dq, dk, dv_rows);
+    products.after(own, j0, n, s_tile, da_tile, ld, first, dq, zeroed.dk, zeroed.dv);
     first = false;
   }
   if (first) {  // no key is visible to this block
@@ -449,7 +449,7 @@ void backward_loop(const Problem<T>& P, const Gradients<T>& G) {
           for (int64_t block = block_begin; block < block_end; ++block) {
             const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
             for_query_groups(P.hiding, b, i0, i1, [&](int64_t g0, int64_t g1) {
-              backward_block(P, G, *scratch[worker], zeroed, worker, split, b, h, g0, g1);
+              backward_block(P, G, *scratch[worker], zeroed, worker, b, h, g0, g1);
             });
           }
         }

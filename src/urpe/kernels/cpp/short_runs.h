@@ -268,14 +268,12 @@ struct ZeroedKeys {
 // The keys' gradient rows of a work item and the group's rows of dQ, for `backward_short_runs`.
 template <typename T>
 struct ShortRowsGrads {
-  T* dq;       // the group's first row of dQ (rows G.dq_rows.si apart): written where `first`
-  T* dk;       // the kv head's first row of the item's dK, dV copies
-  T* dv;
+  T* dq;  // the group's first row of dQ (rows G.dq_rows.si apart): written where `first`
   const T* stat;   // (bq) the rows' r_i, delta_i (`row_statistics`)
   const T* delta;
   int64_t worker;  // the table gradients' slot
   bool first;
-  ZeroedKeys<T>* zeroed;  // the item's rows of dK and dV (dk, dv above) reached so far
+  ZeroedKeys<T>* zeroed;  // the item's dK, dV copies (from the kv head's first row), how far reached
   const T* next_out;  // O's row bq on from the group's first (rows ld_out apart): prefetched
   int64_t ld_out;
 };
@@ -293,6 +291,7 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
   const int64_t ldo = G.grad_out_rows.si, lddq = G.dq_rows.si, lddk = G.dk_rows.si;
   const int64_t lddv = G.dv_rows.si, norm = P.norm;
   const T hidden = P.hidden_logit();
+  ZeroedKeys<T>& zeroed = *out.zeroed;
   bool streamed = false;
   for (int64_t r = 0; r < bq; ++r) {
     const auto [lo, hi] = runs[r];
@@ -308,9 +307,9 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     if (!out.first || !one_key(runs, bq, ahead)) {  // (else streamed)
       prefetch_row<true>(out.dq + ahead * lddq, d * sizeof(T));
     }
-    if (!one_key(runs, bq, ahead) || key < out.zeroed->end) {  // (else streamed)
-      prefetch_row<true>(out.dk + key * lddk, d * sizeof(T));
-      prefetch_row<true>(out.dv + key * lddv, dv * sizeof(T));
+    if (!one_key(runs, bq, ahead) || key < zeroed.end) {  // (else streamed)
+      prefetch_row<true>(zeroed.dk + key * lddk, d * sizeof(T));
+      prefetch_row<true>(zeroed.dv + key * lddv, dv * sizeof(T));
     }
     // and the next group's rows of O and dO, which its first step reads (`row_deltas`)
     prefetch_row(out.next_out + r * out.ld_out, dv * sizeof(T));
@@ -394,8 +393,8 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
     const bool stream = out.first && n == 1;  // dQ's row written whole once (`stream_scaled`)
     if (out.first && !stream) std::fill(dq_row, dq_row + d, T(0));
     // the key's rows of dK and dV written whole where no other query has reached them
-    const bool fresh = n == 1 && out.zeroed->take_fresh(lo);
-    if (!fresh) out.zeroed->up_to(hi);
+    const bool fresh = n == 1 && zeroed.take_fresh(lo);
+    if (!fresh) zeroed.up_to(hi);
     for (int64_t j = 0; j < n; ++j) {
       T weight = s[j], grad = da[j];
       if constexpr (std::is_same_v<A, uint16_t>) {
@@ -404,12 +403,12 @@ void backward_short_runs(const Problem<T>& P, const Gradients<T>& G, int64_t b, 
       }
       grad *= P.scale;
       if (fresh) {
-        stream_scaled(out.dv + lo * lddv, weight, dout + r * ldo, dv);
-        stream_scaled(out.dk + lo * lddk, grad, q + r * ldq, d);
+        stream_scaled(zeroed.dv + lo * lddv, weight, dout + r * ldo, dv);
+        stream_scaled(zeroed.dk + lo * lddk, grad, q + r * ldq, d);
         streamed = true;
       } else {
-        add_scaled(out.dv + (lo + j) * lddv, weight, dout + r * ldo, dv);
-        add_scaled(out.dk + (lo + j) * lddk, grad, q + r * ldq, d);
+        add_scaled(zeroed.dv + (lo + j) * lddv, weight, dout + r * ldo, dv);
+        add_scaled(zeroed.dk + (lo + j) * lddk, grad, q + r * ldq, d);
       }
       if (stream) {
         stream_scaled(dq_row, grad, k + (lo + j) * ldk, d);
