@@ -34,9 +34,10 @@ class DocumentReads:
 
     A pass hands every layer the same position ids (or cu_seq_lens) tensor: reading it once
     per pass, not once per layer, spares a host sync per layer on a GPU. Reads are kept only
-    while the model's forward runs (its pre-hook `begin` and hook `end`): a buffer the caller
-    rewrites in place between passes (also under torch.inference_mode, where tensors count no
-    versions) is read again. Under torch.compile nothing is kept: the reads are traced ops.
+    while the pass runs (`begin` and `end`, hooks of the module whose call is the pass:
+    `patch.pass_module`, the model's base model where it holds every gated layer): a buffer the
+    caller rewrites in place between passes (also under torch.inference_mode, where tensors
+    count no versions) is read again. Under torch.compile nothing is kept: the reads are traced ops.
     """
 
     def __init__(self) -> None:
