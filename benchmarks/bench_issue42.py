@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from harness.contention import Condition
 from urpe.bench.clocks import interleaved_medians
-from urpe.bench.machine import keep_freed_memory
+from urpe.bench.machine import StolenTime, keep_freed_memory
 from urpe.kernels import Toeplitz, attention
 
 HEADS, HEAD_DIM, DOCUMENT = 8, 64, 128
@@ -147,8 +147,16 @@ def _generations(models: dict, batch: int, prompt_length: int, new_tokens: int) 
     return {name: generate(model) for name, model in models.items()}
 
 
+# the host's share of the CPU time since the last line printed (`_load`)
+_SINCE_LAST_LINE = StolenTime().start()
+
+
 def _load() -> str:
-    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    """The load average now, and the CPU time the host took since the last line (steal)."""
+    text = "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    stolen = _SINCE_LAST_LINE.stop()
+    _SINCE_LAST_LINE.start()
+    return text if stolen is None else f"{text}, steal {100 * stolen:.1f}%"
 
 
 def _ratios(ms: dict[str, float], rows: tuple[str, ...], baseline: str, **fields) -> list[dict]:
@@ -292,6 +300,7 @@ def main() -> int:
     args = parser.parse_args()
     args.conditions = [c == "busy" for c in args.conditions]
     print(f"allocator: {keep_freed_memory()}", flush=True)
+    _SINCE_LAST_LINE.start()  # (steal counted from here, not from the imports)
     records = run(args)
     if args.json:
         with open(args.json, "w") as f:

@@ -76,8 +76,11 @@ def test_a_small_run_writes_the_documented_json(small_run):
         "memory",
         "profile",
         "machine",
+        "stolen",
     } <= set(results)
     assert results["shape"] == dict(batch=1, heads=2, head_dim=16)
+    # the host's share of the CPU time while timing (/proc/stat's steal; None off Linux)
+    assert results["stolen"] is None or 0.0 <= results["stolen"] <= 1.0
     for length in (48, 64):
         for mode in ("fwd", "fwdbwd"):
             setting = (length, mode, "float32")

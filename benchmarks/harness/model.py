@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from urpe.bench.machine import cpu_info, keep_freed_memory
+from urpe.bench.machine import StolenTime, cpu_info, keep_freed_memory
 from urpe.bench.measure import failure_reason
 from urpe.cli_types import UsageError, non_negative_int, positive_int
 
@@ -31,7 +31,7 @@ from .contention import Condition, busy_core_index
 from .model_groups import GROUP_NAMES, groups
 from .model_report import section_markdown
 from .model_sizes import FULL, QUICK
-from .model_targets import judge
+from .model_targets import condition_label, judge
 from .sections import MODEL
 from .timed import compare
 
@@ -112,9 +112,14 @@ def measure_groups(registry: dict, names, sizes, conditions, repeats, say) -> di
             info[name]["about"] = built.about
             for condition in conditions:
                 say(f"{name}: timing, {condition.label}")
-                with condition.applied():
+                with condition.applied(), StolenTime() as stolen:
                     block = built.measure(repeats, say)
                 records += [dict(r, group=name, **condition.fields) for r in block]
+                if stolen.fraction is not None:
+                    say(f"{name}: the host took {100 * stolen.fraction:.1f}% of the CPU time")
+                    info[name].setdefault("stolen", {})[condition_label(condition.fields)] = (
+                        stolen.fraction
+                    )
         except Exception as error:  # noqa: BLE001 - one group failing must not stop the rest
             info[name]["failed"] = failure_reason(error)
             say(f"{name}: stopped ({info[name]['failed']})")

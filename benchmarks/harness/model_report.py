@@ -101,6 +101,10 @@ def _group(name: str, results: dict) -> list[str]:
         "",
         *table(header, body),
     ]
+    stolen = group.get("stolen")
+    if stolen:
+        shares = ", ".join(f"{label} {100 * share:.1f}%" for label, share in stolen.items())
+        lines += ["", f"CPU time taken by the host (steal) while this group ran: {shares}."]
     skipped = dict.fromkeys(
         f"{r['name']} ({r['case']}): {r['skipped']}" for r in records if "skipped" in r
     )

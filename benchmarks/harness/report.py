@@ -53,7 +53,7 @@ def _header(results: dict) -> list[str]:
         f"Measured {results['date']} on {m['cpu']} ({m['cores']} cores, {m['threads']} torch "
         f"threads, {m['capability']}), torch {m['torch']}, Python {m['python']}"
         f"{malloc_note(m)}. Load average "
-        f"at start {_load(load)}, at end {_load(m['load_average'])} "
+        f"at start {_load(load)}, at end {_load(m['load_average'])}{steal_note(results)} "
         "(other processes shared the cores: compare ratios, measured interleaved in one run, "
         "rather than absolute times).",
         "",
@@ -70,6 +70,14 @@ def _header(results: dict) -> list[str]:
 def malloc_note(machine: dict) -> str:
     """', malloc: <setting>' where the run recorded one (`keep_freed_memory`; older runs not)."""
     return f", malloc: {machine['allocator']}" if "allocator" in machine else ""
+
+
+def steal_note(results: dict) -> str:
+    """'; the host took N% of the CPU time while timing' where the run measured it (Linux)."""
+    stolen = results.get("stolen")
+    if stolen is None:
+        return ""
+    return f"; the host took {100 * stolen:.1f}% of the CPU time while timing (steal)"
 
 
 def _load(load) -> str:

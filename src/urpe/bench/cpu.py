@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import torch
 
 from .inputs import make_inputs
-from .machine import cpu_info, keep_freed_memory
+from .machine import StolenTime, cpu_info, keep_freed_memory
 from .measure import Method, measure_setting
 from .memory import memory_curves
 from .profiling import profile_row
@@ -53,12 +53,16 @@ def measure(args, progress, command: str) -> dict:
         times=[],
         memory=[],
     )
-    for dtype in args.dtypes:
-        for length in args.lengths:
-            progress(f"timing L={length} {dtype}")
-            block = time_block(args, length, dtype, progress)
-            results["times"] += block
-            print_times(block)
+    with StolenTime() as stolen:  # (a VM's host taking CPU time moves every timing)
+        for dtype in args.dtypes:
+            for length in args.lengths:
+                progress(f"timing L={length} {dtype}")
+                block = time_block(args, length, dtype, progress)
+                results["times"] += block
+                print_times(block)
+    results["stolen"] = stolen.fraction
+    if stolen.fraction is not None:
+        progress(f"the host took {100 * stolen.fraction:.1f}% of the CPU time while timing")
     if args.memory_lengths:
         progress("peak memory (one subprocess per point)")
         results["memory"] = memory_curves(args, progress)

@@ -41,6 +41,54 @@ def keep_freed_memory(trim: int = 2**30, mmap: int = 2**28) -> str:
     return _allocator
 
 
+class StolenTime:
+    """The share of CPU time the hypervisor gave to other guests while a block ran (Linux's
+    "steal" ticks in /proc/stat, over all CPUs): a virtual machine's timings move with it,
+    and a run whose ratios flip between two runs of the same code can show why. None where
+    the system counts no such time (not Linux, or a kernel without the field).
+
+        with StolenTime() as stolen:
+            ...                      # the timed block
+        stolen.fraction              # 0.0 .. 1.0, or None
+
+    or `start()` ... `stop()` (which returns the fraction) where a block has no one scope.
+    """
+
+    def __init__(self) -> None:
+        self.fraction: float | None = None
+        self._start: tuple[int, int] | None = None
+
+    def start(self) -> StolenTime:
+        self.fraction, self._start = None, _cpu_ticks()
+        return self
+
+    def stop(self) -> float | None:
+        end = _cpu_ticks()
+        if self._start is not None and end is not None and end[0] > self._start[0]:
+            self.fraction = (end[1] - self._start[1]) / (end[0] - self._start[0])
+        return self.fraction
+
+    def __enter__(self) -> StolenTime:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(all, stolen) ticks of every CPU since boot, from /proc/stat's first line: user, nice,
+    system, idle, iowait, irq, softirq, steal (guest time is counted in user already)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]
+    return sum(ticks), ticks[7]
+
+
 def cpu_info() -> dict:
     """CPU model, cores, torch threads and SIMD level, versions, load average now."""
     cpu = platform.processor() or platform.machine()
