@@ -43,8 +43,11 @@ def _run(mode: str) -> tuple[int, str]:
 @glibc
 def test_kept_memory_is_reused_without_page_faults():
     faults, allocator = _run("kept")
-    # at most the heap's first growth (6,144 faults: a step's 24 MiB), not one a step
-    assert faults <= 2 * 6144, faults
+    # Not a step's 24 MiB of faults (6,144) in every one of the 20 steps (122,880), as glibc's
+    # own thresholds give in most processes: about the heap's first growth, 6,144-12,288 on a
+    # quiet machine. One CI run under load counted 14,336 (the kernel also faults pages for its
+    # own reasons), so the bound is a quarter of the steps' faults.
+    assert faults <= 20 * 6144 // 4, faults
     assert allocator.startswith("glibc, freed memory kept (mmap threshold ")
 
 
