@@ -173,3 +173,40 @@ def test_cu_seq_lens_that_do_not_cover_the_row_are_one_error():
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seq_lens_k ends at 5"):
         document_ids_of({"cu_seq_lens_k": cu}, 8, 8)
+
+
+def test_the_reads_pass_is_the_base_model_where_it_holds_every_gated_layer():
+    from torch import nn
+
+    from urpe.hf.patch import pass_module
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(2, 2) for _ in range(2))
+
+    class WithHead(nn.Module):
+        base_model_prefix = "stack"
+
+        def __init__(self):
+            super().__init__()
+            self.stack, self.head = Stack(), nn.Linear(2, 2)
+
+        @property
+        def base_model(self):
+            return self.stack
+
+    model = WithHead()
+    layers = list(model.stack.layers)
+    assert pass_module(model, layers) is model.stack
+    assert pass_module(model, [*layers, model.head]) is model  # a gated module outside it
+    assert pass_module(model.stack, layers) is model.stack  # (no base_model: the module itself)
+    llama = gated_model("llama")
+    assert all(
+        any(getattr(h, "__self__", None).__class__.__name__ == "DocumentReads" for h in hooks)
+        for hooks in (
+            llama.model._forward_pre_hooks.values(),
+            llama.model._forward_hooks.values(),
+        )
+    )
+    assert not llama._forward_pre_hooks and not llama._forward_hooks
