@@ -46,3 +46,22 @@ def test_start_and_stop_measure_a_block_without_a_scope(monkeypatch):
     assert stolen.stop() == pytest.approx(0.5)
     stolen.start()  # a second block: 200 ticks, none of them stolen
     assert stolen.stop() == 0.0
+
+
+@pytest.mark.parametrize(
+    "line", ["", "cpu 1 2 3\n", "cpu a b c d e f g h i\n", "intr 5 6 7 8 9 1 2 3 4\n"]
+)
+def test_a_proc_stat_it_cannot_read_gives_no_share(monkeypatch, tmp_path, line):
+    import builtins
+
+    fake = tmp_path / "stat"
+    fake.write_text(line)
+    real_open = builtins.open
+    monkeypatch.setattr(
+        builtins,
+        "open",
+        lambda path, *a, **k: real_open(fake if path == "/proc/stat" else path, *a, **k),
+    )
+    with StolenTime() as stolen:
+        pass
+    assert stolen.fraction is None

@@ -83,7 +83,7 @@ def _cpu_ticks() -> tuple[int, int] | None:
             fields = f.readline().split()
     except OSError:
         return None
-    if len(fields) < 9 or fields[0] != "cpu":
+    if len(fields) < 9 or fields[0] != "cpu" or not all(x.isdigit() for x in fields[1:9]):
         return None
     ticks = [int(x) for x in fields[1:9]]
     return sum(ticks), ticks[7]
