@@ -71,9 +71,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_attention.py --contention  # writes BENCHMARKS.md, benchmarks/attention.json, memory.png
 
 # What URPE costs inside a model (issue 28): decoding calls, generation, training steps, idle and
-# with a busy core. Writes its section of BENCHMARKS.md and benchmarks/model.json.
+# with a busy core, in three fresh processes (each figure their median; benchmarks/README.md).
+# Writes its section of BENCHMARKS.md and benchmarks/model.json.
 bench-model: setup
-	$(PY) benchmarks/bench_model.py
+	$(PY) benchmarks/bench_model.py --processes 3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build dist

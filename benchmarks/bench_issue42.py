@@ -22,6 +22,7 @@ python benchmarks/bench_issue42.py --groups hf_long --conditions idle   # long g
 python benchmarks/bench_issue42.py --groups decode --lengths 1024 4096 --repeats 15
 python benchmarks/bench_issue42.py --groups fox --conditions idle     # FoX: generation, kernel
 python benchmarks/bench_issue42.py --json out.json       # every number as well
+python benchmarks/bench_issue42.py --groups fox --processes 3   # median over 3 fresh processes
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.contention import Condition
+from harness.processes import in_fresh_processes, merged_records
 from urpe.bench.clocks import interleaved_medians
 from urpe.bench.machine import StolenTime, keep_freed_memory
 from urpe.kernels import Toeplitz, attention
@@ -262,6 +264,26 @@ def run(args) -> list[dict]:
     return records
 
 
+# what a record measures (the rest says which figure it is): merged over processes
+MEASURED = ("ms", "ratio", "sdpa_ms", "real_ms", "base_ms")
+
+
+def _in_child(args) -> list[dict]:
+    """`run` in a fresh process, set up as `main` sets up this one."""
+    keep_freed_memory()
+    _SINCE_LAST_LINE.start()
+    return run(args)
+
+
+def _merged_line(record: dict, processes: int) -> str:
+    which = ", ".join(
+        f"{k} {v}" for k, v in record.items() if k not in MEASURED and not k.endswith("_range")
+    )
+    low, high = record.get("ratio_range", (record["ratio"], record["ratio"]))
+    ratio = f"{record['ratio']:.2f}x ({low:.2f}x to {high:.2f}x)"
+    return f"[median of {processes} processes] {which}: {ratio}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser("bench_issue42.py", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -296,12 +318,24 @@ def main() -> int:
     parser.add_argument(
         "--model-repeats", type=int, default=3, help="fox, hf_long: interleaved rounds per median"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run in this many fresh processes, one after another, and print each ratio's "
+        'median over them with its range (benchmarks/README.md, "One process is one draw")',
+    )
     parser.add_argument("--json", help="write every record here")
     args = parser.parse_args()
     args.conditions = [c == "busy" for c in args.conditions]
     print(f"allocator: {keep_freed_memory()}", flush=True)
     _SINCE_LAST_LINE.start()  # (steal counted from here, not from the imports)
-    records = run(args)
+    if args.processes > 1:
+        records = merged_records(in_fresh_processes(_in_child, args, args.processes), MEASURED)
+        for record in records:
+            print(_merged_line(record, args.processes), flush=True)
+    else:
+        records = run(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import attention_calls, generation, model, model_report, model_targets, scripts, timed
+from harness import (
+    attention_calls,
+    generation,
+    model,
+    model_report,
+    model_targets,
+    processes,
+    scripts,
+    timed,
+)
 from harness.contention import Condition
 from harness.model_groups import GROUP_NAMES, Group
 from harness.model_sizes import QUICK
@@ -333,6 +342,54 @@ def test_a_failing_group_is_reported_and_the_rest_measured():
     assert "| row | decode, idle | decode, one core busy |" in text
     assert "| auto_none | " in text and "\n\nStopped: RuntimeError: lost the model." in text
     assert "| one decoding call, no terms: us over SDPA | " in text
+
+
+def test_runs_in_several_processes_merge_to_medians_and_ranges():
+    """Each figure of several runs is the median over them with its range; a record that one
+    run lacks (its group failed there) is kept as measured; a group failed in any run is
+    reported failed, with the most steal any run saw."""
+    runs = [
+        [_record("calls", "decode", "auto_gate", t, extra_us=e, ratio=r)]
+        for t, e, r in ((0.03, 20.0, 3.0), (0.01, 5.0, 1.5), (0.02, 9.0, 2.0))
+    ]
+    runs[0].append(_record("calls", "decode_long", "auto_gate", 0.5))
+    merged = processes.merged_records(runs)
+    assert len(merged) == 2
+    gate, long = merged
+    assert gate["time_ms"] == pytest.approx(0.02) and gate["time_ms_range"] == [0.01, 0.03]
+    assert gate["extra_us"] == 9.0 and gate["extra_us_range"] == [5.0, 20.0]
+    assert gate["ratio"] == 2.0 and gate["ratio_range"] == [1.5, 3.0]
+    assert long["time_ms"] == 0.5 and "time_ms_range" not in long
+    judged = model_targets.Target("t", "calls", "decode", "auto_gate", "fwd", 10, "extra_us")
+    judged = judged.judge(merged, [dict(threads=2, busy=False)])
+    assert judged["values"] == {"idle": 9.0} and judged["ranges"] == {"idle": [5.0, 20.0]}
+    assert model_report.spread(judged, "idle") == " (+5.0 us to +20.0 us)"
+    info = [
+        dict(records=[], groups=dict(calls=dict(title="C", stolen={"idle": 0.01}))),
+        dict(records=[], groups=dict(calls=dict(title="C", failed="E: x", stolen={"idle": 0.2}))),
+    ]
+    assert model.merged_runs(info)["groups"] == dict(
+        calls=dict(title="C", failed="E: x", stolen={"idle": 0.2})
+    )
+
+
+def test_a_run_in_two_fresh_processes_reports_the_median_and_range(tmp_path):
+    """--processes 2: two spawned interpreters each measure the group; the JSON keeps both
+    ends of every figure, the section says how it was measured and shows the range."""
+    (tmp_path / "BENCH.md").write_text(PRELUDE + "\n")
+    argv = ["--quick", "--threads", "1", "--repeats", "1", "--groups", "calls"]
+    argv += ["--conditions", "idle", "--processes", "2", "--json", str(tmp_path / "m.json")]
+    assert bench_model([*argv, "--markdown", str(tmp_path / "BENCH.md")]) == 0
+    results = json.loads((tmp_path / "m.json").read_text())
+    assert results["processes"] == 2
+    timed_records = [r for r in results["records"] if "time_ms" in r]
+    assert timed_records and all(len(r["time_ms_range"]) == 2 for r in timed_records)
+    for r in timed_records:
+        low, high = r["time_ms_range"]
+        assert low <= r["time_ms"] <= high
+    text = (tmp_path / "BENCH.md").read_text()
+    assert "made in 2 fresh processes" in text
+    assert "| one decoding call, no terms: us over SDPA | " in text and " us to " in text
 
 
 @pytest.mark.parametrize(

@@ -29,9 +29,10 @@ from urpe.cli_types import UsageError, non_negative_int, positive_int
 
 from .contention import Condition, busy_core_index
 from .model_groups import GROUP_NAMES, groups
-from .model_report import section_markdown
+from .model_report import section_markdown, spread
 from .model_sizes import FULL, QUICK
 from .model_targets import condition_label, judge
+from .processes import in_fresh_processes, merged_records
 from .sections import MODEL
 from .timed import compare
 
@@ -66,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="timed repeats per row, median (default: 9, with --quick 2)",
+    )
+    add(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="run everything in this many fresh processes, one after another, and report "
+        "each figure as the median over them (its range beside it): a ratio that is steady "
+        "within a process can move by 10-20%% between processes (default 1: this one)",
     )
     add(
         "--threads",
@@ -142,7 +151,8 @@ def machine() -> dict:
 def print_targets(targets: list[dict]) -> None:
     for t in targets:
         values = ", ".join(
-            f"{label} {'n/a' if v is None else f'{v:.2f}'}" for label, v in t["values"].items()
+            f"{label} {'n/a' if v is None else f'{v:.2f}'}{spread(t, label)}"
+            for label, v in t["values"].items()
         )
         unit = " us" if t["measure"] == "extra_us" else ""
         print(f"{t['target']}: {values} (limit {t['limit']:.3g}{unit}, met: {t['met']})")
@@ -161,28 +171,68 @@ def print_records(records: list[dict]) -> None:
         print(line)
 
 
-def run(args: argparse.Namespace) -> int:
-    sizes = QUICK if args.quick else FULL
-    repeats = args.repeats or (2 if args.quick else 9)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"allocator: {keep_freed_memory()}", flush=True)
+def _sizes_and_repeats(args: argparse.Namespace) -> tuple:
+    return (QUICK if args.quick else FULL), args.repeats or (2 if args.quick else 9)
+
+
+def _conditions(args: argparse.Namespace) -> list[Condition]:
     threads = torch.get_num_threads()
     conditions = [Condition(threads, busy=c == "busy") for c in args.conditions]
     if len({c.busy for c in conditions}) != len(conditions):
         raise UsageError("--conditions", "name each condition once")
+    return conditions
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """This process's measurements of the groups the arguments name: `measure_groups`."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    sizes, repeats = _sizes_and_repeats(args)
+    registry = groups(args.compile_backend)
+    return measure_groups(registry, args.groups, sizes, _conditions(args), repeats, progress)
+
+
+def merged_runs(runs: list[dict]) -> dict:
+    """`measure_groups` results of several processes as one (`processes.merged_records`): a
+    group failed where it failed in any run; the host's steal is the most any run saw."""
+    groups_info = {}
+    for name, info in runs[0]["groups"].items():
+        info = {key: value for key, value in info.items() if key != "stolen"}
+        stolen: dict[str, float] = {}
+        for run_ in runs:
+            other = run_["groups"].get(name, {})
+            if "failed" in other:
+                info.setdefault("failed", other["failed"])
+            for label, fraction in other.get("stolen", {}).items():
+                stolen[label] = max(stolen.get(label, 0.0), fraction)
+        if stolen:
+            info["stolen"] = stolen
+        groups_info[name] = info
+    return dict(records=merged_records([r["records"] for r in runs]), groups=groups_info)
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes, repeats = _sizes_and_repeats(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"allocator: {keep_freed_memory()}", flush=True)
+    conditions = _conditions(args)
     results = dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         command=command_line(),
         sizes_name="quick" if args.quick else "full",
         sizes=asdict(sizes),
         repeats=repeats,
+        processes=args.processes,
         load_start=os.getloadavg(),
         busy_core=busy_core_index() if "busy" in args.conditions else None,
         conditions=[c.fields for c in conditions],
     )
-    registry = groups(args.compile_backend)
-    results.update(measure_groups(registry, args.groups, sizes, conditions, repeats, progress))
+    if args.processes == 1:
+        results.update(measure(args))
+    else:
+        results.update(merged_runs(in_fresh_processes(measure, args, args.processes)))
     results["machine"] = machine()
     results["targets"] = judge(results["records"], results["conditions"])
     print_records(results["records"])
@@ -195,4 +245,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "measure", "merged_runs", "run"]

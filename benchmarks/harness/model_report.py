@@ -28,8 +28,28 @@ def _header(results: dict) -> list[str]:
         "stated. Every group is built once, then timed idle and with one core busy"
         f"{busy if results['busy_core'] is not None else ''}; times are medians of "
         f"{results['repeats']} repeats, the rows of a case interleaved in each repeat, and "
-        "every ratio divides by the group's baseline measured in the same case and condition.",
+        "every ratio divides by the group's baseline measured in the same case and condition."
+        + _processes(results.get("processes", 1)),
     ]
+
+
+def _processes(count: int) -> str:
+    if count == 1:
+        return ""
+    return (
+        f" The whole run was made in {count} fresh processes, one after another: each figure "
+        f"is the median of the {count} processes' own, their range in brackets in the targets "
+        'table (benchmarks/README.md, "One process is one draw").'
+    )
+
+
+def spread(target: dict, label: str) -> str:
+    """The range of a target's value over fresh processes as " (lowest to highest)", or ""."""
+    low_high = target.get("ranges", {}).get(label)
+    if low_high is None:
+        return ""
+    low, high = (_measured(v, target["measure"]) for v in low_high)
+    return f" ({low} to {high})"
 
 
 def _measured(value: float | None, measure: str) -> str:
@@ -43,7 +63,10 @@ def _targets(results: dict) -> list[str]:
     rows = [
         [
             t["target"],
-            *(_measured(t["values"].get(label), t["measure"]) for label in labels),
+            *(
+                _measured(t["values"].get(label), t["measure"]) + spread(t, label)
+                for label in labels
+            ),
             f"{t['limit']:.3g}" + (" us" if t["measure"] == "extra_us" else ""),
             MET[t["met"]],
         ]

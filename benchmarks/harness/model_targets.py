@@ -27,14 +27,22 @@ class Target:
 
     def judge(self, records: list[dict], conditions: list[dict]) -> dict:
         """{target, measure, limit, values: {condition label: value or None}, met}."""
-        values = {}
+        values, ranges = {}, {}
         for condition in conditions:
             record = next((r for r in records if self._matches(r, condition)), None)
-            values[condition_label(condition)] = None if record is None else record[self.measure]
+            label = condition_label(condition)
+            values[label] = None if record is None else record[self.measure]
+            # over fresh processes (`--processes`): [lowest, highest], else None
+            ranges[label] = None if record is None else record.get(f"{self.measure}_range")
         measured = [v for v in values.values() if v is not None]
         met = bool(all(v <= self.limit for v in measured)) if measured else None
         return dict(
-            target=self.target, measure=self.measure, limit=self.limit, values=values, met=met
+            target=self.target,
+            measure=self.measure,
+            limit=self.limit,
+            values=values,
+            ranges=ranges,
+            met=met,
         )
 
     def _matches(self, r: dict, condition: dict) -> bool:
