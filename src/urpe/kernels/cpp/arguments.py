@@ -10,6 +10,7 @@ writes it (`output_like`).
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 from torch import Tensor
@@ -30,9 +31,14 @@ KIND_CODES = {
     "none": NO_TERM,
     **{name: kind.code for name, kind in TERM_KINDS.items() if kind.code is not None},
 }
-# A Toeplitz table handed over as it is, read in place where no offset of the call is clamped
-# (forward only; terms.h's kToeplitzTable): a decoding step's gate, no rows built per call
+# A Toeplitz table handed over as it is (forward only; terms.h's kToeplitzTable): a decoding
+# step's gate, no rows built per call. Read as rows in place where no offset of the call is
+# clamped; else each row segment gathers its clamped columns, which is cheap for a few query
+# rows (up to CLAMPED_ROWS per head: a decoding step past the table's reach, whose keys would
+# otherwise be gathered into rows, Lk entries per head, on every call) but not for a long
+# forward's (its rows are built once per call instead).
 TABLE_IN_PLACE = 5
+CLAMPED_ROWS = 16
 
 # Tile sizes (queries x keys), forward and backward, chosen by measurement (benchmarks/README.md,
 # issue 21): a tile of scores stays in the L2 cache while every per-element step runs on it.
@@ -117,12 +123,15 @@ def _term(kind: str, tensor, index, lq: int, lk: int, dtype, in_place: bool = Fa
 
 def table_keys(term: tuple, lq: int) -> int:
     """The most keys a forward of Lq queries may have for this bias's or gate's (tensor, index,
-    kind) to go as it is (`TABLE_IN_PLACE`): a Toeplitz table whose offsets -K..K reach every
-    offset of the call and the rows' padding, so that a decoding step builds no rows; -1 where
-    it never goes so. Fixed by the kind of call (the table's width, Lq), the keys are not."""
+    kind) to go as it is (`TABLE_IN_PLACE`), so that a decoding step builds no rows: any number
+    for a Toeplitz table and up to CLAMPED_ROWS queries, else as many as its offsets -K..K
+    reach with the rows' padding (none clamped); -1 where it never goes so. Fixed by the kind
+    of call (the table's width, Lq), the keys are not."""
     tensor, _, kind = term
     if kind != "toeplitz" or tensor is None:
         return -1
+    if lq <= CLAMPED_ROWS:
+        return sys.maxsize
     reach = (tensor.shape[1] - 1) // 2
     return reach + 1 if reach >= lq - 1 + LANES else -1
 

@@ -6,7 +6,7 @@
 // each bias or gate as (kind, tensor, index):
 //   dense     (B|1, H|1, Lq|1, Lk|1), any strides
 //   Toeplitz  (H|1, Lq + Lk - 1): the table read at every offset j - pos(i), entry j - i + Lq - 1
-//   Toeplitz table (forward only) (H|1, 2K + 1): the table itself, where no offset is clamped
+//   Toeplitz table (forward only) (H|1, 2K + 1): the table itself, offsets past K clamped
 //   Relation  table (H|1, R) and index (B|1, Lq, Lk) int64, every entry in [0, R)
 //   Decay     c = cumsum(log_forget) (B|1, H|1, Lk), contiguous (bias only)
 //   CrossDecay c (B|1, H|1, Lq + Lk), the last dim contiguous (contiguous for a gradient);

@@ -164,15 +164,16 @@ Term<T> make_term(int64_t kind, const OptTensor& tensor, const OptTensor& index,
   term.row_len = t.size(1);
   term.per_head = t.size(0) > 1;
   if (kind == kToeplitzTable) {
-    // rows in place: entry e (offset e - (Lk - 1)) of head h's row is column e + K - (Lk - 1)
+    // entry e (offset e - (Lk - 1)) of head h's row is column e + K - (Lk - 1)
+    TORCH_CHECK(t.size(1) % 2 == 1, "urpe_cpp: a Toeplitz ", name, " table (kind 5) must be of "
+                "odd width 2K + 1 (offsets -K..K), got width ", t.size(1));
     const int64_t reach = (t.size(1) - 1) / 2;
-    TORCH_CHECK(t.size(1) % 2 == 1 && lk - 1 <= reach && lq - 1 + kLanes <= reach,
-                "urpe_cpp: a Toeplitz ", name, " table (kind 5) must be of odd width 2K + 1 "
-                "with K >= Lk - 1 = ", lk - 1, " and K >= Lq - 1 + ", kLanes, " = ",
-                lq - 1 + kLanes, " (no clamped column), got width ", t.size(1),
-                "; pass its rows (kind 2) instead");
-    term.kind = kToeplitz;
-    term.data += reach - (lk - 1);
+    if (lk - 1 <= reach && lq - 1 + kLanes <= reach) {  // no column clamped: rows in place
+      term.kind = kToeplitz;
+      term.data += reach - (lk - 1);
+    } else {  // columns clamped per row segment (`Term::clamped_row`)
+      term.shift = reach + lq - lk;
+    }
   }
   if (kind == kRelation) {
     TORCH_CHECK(index.has_value() && index->scalar_type() == at::kLong,

@@ -9,9 +9,10 @@ namespace urpe_cpp {
 
 // How a bias or gate is given.
 // kDecay: a `Decay` bias -|c[pos(i)] - c[j]|, read from c = cumsum(log_forget) (B|1, H|1, Lk).
-// kToeplitzTable: a Toeplitz table itself (H|1, 2K + 1) over offsets -K..K, for a forward whose
-// offsets and padding lie inside it (no column clamped): read as kToeplitz rows in place,
-// without building them (a decoding step's gate; `make_term`).
+// kToeplitzTable: a Toeplitz table itself (H|1, 2K + 1) over offsets -K..K, for a forward: read
+// in place, without building its rows per call (a decoding step's gate; `make_term`). Where the
+// call's offsets and padding lie inside it, as kToeplitz rows; else each row segment reads its
+// columns clamped to the table's edges (past the reach K, every offset shares an edge entry).
 // kCrossDecay: a `CrossDecay` bias -|c[i] - c[Lq + j]|, c (B|1, H|1, Lq + Lk) holding the queries'
 // cumulative sums, then the keys' (chunks of one sequence apart: context parallelism). A float
 // forward may read float64 sums (`wide`: a KV cache's, kept in double), each rounded on load.
@@ -38,6 +39,8 @@ struct Term {
   const int64_t* index = nullptr;
   int64_t ib = 0, ii = 0, ij = 0;
   int64_t lq = 0;
+  // kToeplitzTable read clamped: the table column of key j0 in row i is j0 - i + shift
+  int64_t shift = 0;
 
   bool present() const { return kind != kNone; }
 
@@ -74,6 +77,7 @@ struct Term {
   const T* row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
                T* buf) const {
     if (kind == kToeplitz) return data + toeplitz_entry(h, i, j0);
+    if (kind == kToeplitzTable) return clamped_row(h, i, j0, n, span, buf);
     if (kind == kRelation) {
       const T* table = data + table_row(h);
       const int64_t* idx = relation_index(b, i, j0);
@@ -91,6 +95,21 @@ struct Term {
     const T* p = data + b * sb + h * sh + i * si + j0 * sj;
     if (sj == 1 && span == n) return p;  // past n the tensor may end
     for (int64_t j = 0; j < n; ++j) buf[j] = p[j * sj];
+    return buf;
+  }
+
+  // A table's columns for keys [j0, j0 + n) of row i: where they and the `span` read past
+  // them lie inside the table, in place; else gathered, each clamped to the table's edges
+  const T* clamped_row(int64_t h, int64_t i, int64_t j0, int64_t n, int64_t span,
+                       T* buf) const {
+    const T* table = data + table_row(h);
+    const int64_t first = j0 - i + shift;
+    if (first >= 0 && first + span <= row_len) return table + first;
+    const int64_t last = row_len - 1;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t column = first + j;
+      buf[j] = table[column < 0 ? 0 : (column > last ? last : column)];
+    }
     return buf;
   }
 
