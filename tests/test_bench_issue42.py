@@ -28,7 +28,7 @@ def _run(tmp_path: Path, *more: str) -> tuple[list[dict], str]:
 
 def test_one_process_gives_a_ratio_per_row(tmp_path):
     records, stdout = _run(tmp_path)
-    assert [r["row"] for r in records] == ["cpp", "cpp_gate"]
+    assert [r["row"] for r in records] == ["cpp", "cpp_gate", "cpp_gate_k1024"]
     for r in records:
         assert r["ratio"] == r["ms"] / r["sdpa_ms"] and "ratio_range" not in r
     assert "decode float32 Lk=16" in stdout
@@ -36,10 +36,10 @@ def test_one_process_gives_a_ratio_per_row(tmp_path):
 
 def test_two_processes_give_the_median_and_the_range_of_each_ratio(tmp_path):
     records, stdout = _run(tmp_path, "--processes", "2")
-    assert [r["row"] for r in records] == ["cpp", "cpp_gate"]
+    assert [r["row"] for r in records] == ["cpp", "cpp_gate", "cpp_gate_k1024"]
     for r in records:
         low, high = r["ratio_range"]
         assert low <= r["ratio"] <= high  # (the median of two: their mean)
         assert r["ratio"] == (low + high) / 2
-    assert stdout.count("[median of 2 processes]") == 2
+    assert stdout.count("[median of 2 processes]") == 3
     assert stdout.count("decode float32 Lk=16") == 2  # each child's own line
