@@ -2,6 +2,7 @@
 // and where their gradients go (TermGrad).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -105,11 +106,12 @@ struct Term {
     const T* table = data + table_row(h);
     const int64_t first = j0 - i + shift;
     if (first >= 0 && first + span <= row_len) return table + first;
-    const int64_t last = row_len - 1;
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t column = first + j;
-      buf[j] = table[column < 0 ? 0 : (column > last ? last : column)];
-    }
+    // keys [0, below) read column 0, [below, above) their own columns, [above, n) the last
+    const int64_t below = std::clamp<int64_t>(-first, 0, n);
+    const int64_t above = std::clamp<int64_t>(row_len - first, below, n);
+    std::fill(buf, buf + below, table[0]);
+    if (above > below) std::copy(table + first + below, table + first + above, buf + below);
+    std::fill(buf + above, buf + n, table[row_len - 1]);
     return buf;
   }
 
