@@ -4,6 +4,7 @@ several query and key blocks, so document tiles are both compared and skipped.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -11,9 +12,10 @@ import torch
 
 from urpe.kernels import NORMALIZATIONS, Decay, Relation, Toeplitz, attention, select_backend
 from urpe.kernels.blockwise import blockwise_attention
-from urpe.kernels.blockwise.kernel import _plan, _tiles
+from urpe.kernels.blockwise.kernel import _plan, _tiles, blockwise_forward
 from urpe.kernels.cpp import cpp_attention, unavailable
 from urpe.kernels.layout import ForwardArgs
+from urpe.kernels.reference import reference_run
 from urpe.kernels.spec import resolve
 
 F64 = dict(dtype=torch.float64)
@@ -142,6 +144,42 @@ def test_blocks_of_different_documents_are_skipped():
     assert len(tiles) == 4 * 3  # per document: 2 query blocks x (1 + 2) causal key blocks
     unsorted = resolve(q, k, v, document_ids=torch.arange(lk) % 4)  # interleaved: none skipped
     assert len(list(_tiles(_plan(ForwardArgs.from_spec(unsorted, 8, 8))[0]))) == 8 * 8
+
+
+@pytest.mark.parametrize(
+    "ids,lq,tiles",
+    [
+        ([0, 1, 2, 0, 1], 2, (1, 2)),  # a document again after others, tiny tiles
+        ([0] * 14 + [1] * 355 + [0] * 164, 533, None),  # the same at the default tiles
+    ],
+)
+def test_a_document_in_several_runs_keeps_every_tile_it_meets(ids, lq, tiles):
+    """Causal tiles start at Lq - i1, not on the aligned key blocks whose id ranges decide
+    which tiles meet a query block's documents: a tile over two aligned blocks is kept where
+    either may share (a document whose keys come back after another's lost them before). The
+    output and gradients equal the reference's; so does the forward of the raw layer with the
+    queries' ids given apart (as `urpe.distributed` hands them over)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.tensor([ids])
+    lk = ids.shape[1]
+    q = torch.randn(1, 2, lq, 4, generator=gen, **F64).requires_grad_()
+    k, v = (torch.randn(1, 2, lk, 4, generator=gen, **F64).requires_grad_() for _ in range(2))
+    bq, bk = tiles or (0, 0)  # (0: the kernel's own tiles)
+    inputs = (q, k, v)
+    want = attention(*inputs, is_causal=True, document_ids=ids, backend="reference")
+    blocks = {} if tiles is None else dict(block_q=bq, block_k=bk)
+    got = blockwise_attention(*inputs, is_causal=True, document_ids=ids, **blocks)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    dout = torch.randn(want.shape, generator=gen, **F64)
+    for g, w in zip(
+        torch.autograd.grad(got, inputs, dout), torch.autograd.grad(want, inputs, dout), strict=True
+    ):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    apart = torch.cat([ids[:, lk - lq :], ids], 1)  # (1, Lq + Lk): the queries' ids first
+    spec = dataclasses.replace(resolve(q, k, v, is_causal=True), document_ids=apart)
+    with torch.no_grad():  # (the raw layer: the custom op's body)
+        got = blockwise_forward(ForwardArgs.from_spec(spec, bq, bk))[0].view(want.shape)
+        torch.testing.assert_close(got, reference_run(spec), rtol=0, atol=1e-12)
 
 
 def test_auto_runs_packed_calls_on_a_native_kernel():

@@ -117,7 +117,8 @@ class _Workspace:
 def _tiles(plan: _Plan):
     """(query block, key block) pairs: yields i0, i1, c0, c1, the causal threshold t, and
     whether this is the query block's first and its last key block. Tiles that share no
-    document are left out; a query block left with none meets no tile (its output stays 0).
+    document with the query block are left out (`shares`, per aligned key block: a causal tile,
+    from Lq - i1, may overlap two); a query block left with none meets no tile (output 0).
 
     Causal: query i sees reversed column c iff i + c >= Lq - 1, so in a tile entry (r, s) is
     visible iff r + s >= t with t = Lq - 1 - i0 - c0 (everything visible when t <= 0).
@@ -126,8 +127,8 @@ def _tiles(plan: _Plan):
         i1 = min(i0 + plan.block_q, plan.lq)
         starts = range(_first_column(plan, i1), plan.lk, plan.block_k)
         if plan.shares is not None:
-            row = plan.shares[i0 // plan.block_q]
-            starts = [c0 for c0 in starts if row[c0 // plan.block_k]]
+            row, bk, last = plan.shares[i0 // plan.block_q], plan.block_k, plan.lk - 1
+            starts = [c0 for c0 in starts if row[c0 // bk] or row[min(c0 + bk - 1, last) // bk]]
         for n, c0 in enumerate(starts):
             c1 = min(c0 + plan.block_k, plan.lk)
             t = plan.lq - 1 - i0 - c0 if plan.is_causal else 0
@@ -163,9 +164,8 @@ def _masked_entries(plan: _Plan, i0: int, i1: int, c0: int, c1: int, t: int) -> 
 
 def _dropout_keep(plan: _Plan, i0: int, i1: int, c0: int, c1: int) -> Tensor:
     """The tile's keep mask scaled by 1 / (1 - p), (B, H, bq, bk): the reference's hash of the
-    seed tensor and of each weight's flat index (b, h, i, j), placed where the seed tensor
-    says (`dropout.seed_placement`), so the mask is the reference's and the seed is never read
-    on the host."""
+    seed tensor and of each weight's flat index (b, h, i, j), placed where the seed tensor says
+    (`dropout.seed_placement`): the reference's mask, the seed never read on the host."""
     seed, row0, n_rows, col0, n_cols = seed_placement(plan.seed, plan.lq, plan.lk)
     rows = torch.arange(i0, i1, device=plan.device) + row0
     keys = plan.lk - 1 - torch.arange(c0, c1, device=plan.device) + col0  # reversed columns
