@@ -36,14 +36,8 @@ class Target:
             ranges[label] = None if record is None else record.get(f"{self.measure}_range")
         measured = [v for v in values.values() if v is not None]
         met = bool(all(v <= self.limit for v in measured)) if measured else None
-        return dict(
-            target=self.target,
-            measure=self.measure,
-            limit=self.limit,
-            values=values,
-            ranges=ranges,
-            met=met,
-        )
+        named = dict(target=self.target, measure=self.measure, limit=self.limit)
+        return dict(named, values=values, ranges=ranges, met=met)
 
     def _matches(self, r: dict, condition: dict) -> bool:
         fields = dict(group=self.group, case=self.case, name=self.name, mode=self.mode)
