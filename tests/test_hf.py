@@ -196,6 +196,17 @@ def test_cached_generate_equals_uncached_without_padding(name, cache):
     _generate_cached_and_uncached(gated, {"input_ids": feed["input_ids"][1:]}, cache)
 
 
+@pytest.mark.parametrize(("name", "cache"), [("llama", "static"), ("llama", "dynamic")])
+@pytest.mark.parametrize("decay", [None, "fox"])
+def test_cached_generate_past_the_gates_reach_equals_uncached(name, cache, decay):
+    """A gate that reaches K = 2 offsets: every decoding step's keys run past it, so the C++
+    forward reads the table in place with its columns clamped (`Term::clamped_row`), while
+    generation without a cache gets its rows built; the scores are the same."""
+    family, _, gated = pair(name, "sdpa", decay=decay, max_distance=2)
+    feed, _ = inputs(family)
+    _generate_cached_and_uncached(gated, feed, cache)
+
+
 def test_sliding_window_is_honoured_and_cached_generate_matches():
     t = transformers
     config = t.Qwen2Config(
