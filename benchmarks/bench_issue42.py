@@ -41,6 +41,7 @@ from harness.contention import Condition
 from harness.processes import in_fresh_processes, merged_records
 from urpe.bench.clocks import interleaved_medians
 from urpe.bench.machine import StolenTime, keep_freed_memory
+from urpe.cli_types import positive_int
 from urpe.kernels import Toeplitz, attention
 
 HEADS, HEAD_DIM, DOCUMENT = 8, 64, 128
@@ -327,7 +328,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--processes",
-        type=int,
+        type=positive_int,
         default=1,
         help="run in this many fresh processes, one after another, and print each ratio's "
         'median over them with its range (benchmarks/README.md, "One process is one draw")',

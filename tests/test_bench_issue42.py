@@ -43,3 +43,12 @@ def test_two_processes_give_the_median_and_the_range_of_each_ratio(tmp_path):
         assert r["ratio"] == (low + high) / 2
     assert stdout.count("[median of 2 processes]") == 3
     assert stdout.count("decode float32 Lk=16") == 2  # each child's own line
+
+
+def test_a_process_count_below_one_is_refused_in_one_line():
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--processes", "0"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]  # (argparse's usage above it)
+    assert last.endswith("error: argument --processes: must be a positive integer, got 0")
