@@ -42,11 +42,20 @@ def log_sigmoid(x: Tensor) -> Tensor:
 
 
 def linear(proj: nn.Module, x: Tensor) -> Tensor:
-    """proj(x), computed as F.linear where proj is a plain nn.Linear that no hook watches and
-    nothing replaced (PEFT, quantisation, accelerate's hooks: the module call then). Calling
-    the module costs about as much as the product of a decoding step's one row (~23k of ~50k
-    instructions, issue 42), and a step runs it per layer. Parameters read from the module's
-    dict: an attribute that nn.Module resolves in its __getattr__ costs ~5k instructions."""
+    """proj(x), computed as F.linear where proj is a plain nn.Linear (`plain_parameters`).
+    Calling the module costs about as much as the product of a decoding step's one row (~23k of
+    ~50k instructions, issue 42), and a step runs it per layer."""
+    parameters = plain_parameters(proj)
+    if parameters is None:
+        return proj(x)
+    return F.linear(x, *parameters)
+
+
+def plain_parameters(proj: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """(weight, bias) of a plain nn.Linear that no hook watches and nothing replaced, whose
+    call is exactly F.linear(x, weight, bias); None for anything else (PEFT, quantisation,
+    accelerate's hooks: the module must be called). Parameters read from the module's dict: an
+    attribute that nn.Module resolves in its __getattr__ costs ~5k instructions."""
     if (
         type(proj) is not nn.Linear
         or proj._forward_pre_hooks
@@ -59,9 +68,9 @@ def linear(proj: nn.Module, x: Tensor) -> Tensor:
         or module_calls._global_backward_pre_hooks
         or module_calls._global_backward_hooks
     ):
-        return proj(x)
+        return None
     parameters = proj._parameters
-    return F.linear(x, parameters["weight"], parameters["bias"])
+    return parameters["weight"], parameters["bias"]
 
 
 @register_position(
@@ -94,6 +103,18 @@ class ForgetGate(RelativeEncoding):
         """x (B, L, dim) -> log f (B, L, H), as the projection gives them (a transformers
         model's decoding step sums them into its cache's history without a transposed view)."""
         return log_sigmoid(linear(self._modules["proj"], x))
+
+    def plain_projection(self) -> tuple[Tensor, Tensor | None] | None:
+        """(W, b) where log f is exactly log_sigmoid(F.linear(x, W, b)): this class's own gates
+        through a plain nn.Linear (`plain_parameters`); None for a subclass's own gates or a
+        wrapped projection. A caller may then compute log f its own way (urpe.hf's decoding
+        step fuses it with its sums: `forget_history.Cumulative.fused_step`)."""
+        cls = type(self)
+        if cls.key_state is not ForgetGate.key_state:
+            return None
+        if cls.log_forget_rows is not ForgetGate.log_forget_rows:
+            return None
+        return plain_parameters(self._modules["proj"])
 
     def attend(
         self,

@@ -86,6 +86,15 @@ def record_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if forget is None:  # a wrapper replaced or removed it
         state[LOG_FORGET] = None
         return
+    history = None
+    if cache is not None and layer is not None:
+        history = ForgetHistory.of(cache)
+        projection = forget.plain_projection() if isinstance(forget, ForgetGate) else None
+        if projection is not None:  # a decoding step: its gates and their sums in one call
+            stepped = history.decoding_step(layer, hidden, projection)
+            if stepped is not None:
+                state[LOG_FORGET] = stepped
+                return
     if getattr(type(forget), "key_state", None) is ForgetGate.key_state:
         rows = forget.log_forget_rows(hidden)  # (B, L, H)
     else:  # a subclass's own gates, or a wrapper's (PEFT's modules_to_save)
@@ -93,9 +102,9 @@ def record_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if rows.dtype in HALF:  # a cumulative sum of ~1e-4 steps in bfloat16 would lose them
         rows = rows.float()
     kept = None
-    if cache is not None and layer is not None:
+    if history is not None:
         query_start = 0 if layout is None else layout[0]
-        kept = ForgetHistory.of(cache).extend(layer, rows, query_start)
+        kept = history.extend(layer, rows, query_start)
     state[LOG_FORGET] = (rows, kept)
 
 

@@ -23,6 +23,9 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer, StaticLayer, StaticSlidingWindowLayer
 
+from ..kernels.cpp.ops import forget_step
+from ..kernels.host import dispatcher_free, records_grad
+
 _HISTORY = "_urpe_log_forget"
 FOLLOWED = ("reorder_cache", "batch_repeat_interleave", "batch_select_indices", "crop", "reset")
 
@@ -41,7 +44,8 @@ class Cumulative:
     per layer, issue 42): a view of [front slot, the new token's slot] (as_strided: ~11k
     instructions; narrow: ~16k), and one add of log f to the view of the step before, which
     writes the new sum into both slots. Views are made on buffers made here, which start at
-    their storage's offset 0.
+    their storage's offset 0. Where the C++ kernel is loaded, a transformers model's step is
+    one call instead, which also computes log f (`fused_step`).
     """
 
     def __init__(self, values: Tensor) -> None:
@@ -80,9 +84,33 @@ class Cumulative:
             self._grow(t + 2)
         pair = self._pair(t + 1)
         # last: [front, slot t] (B, 2, H), both c_(t-1): the front is read and written in place
-        torch.add(self.last, log_forget, out=pair)
+        last = self.last if self.last is not None else self._pair(t)
+        torch.add(last, log_forget, out=pair)
         self.last = pair
         self.length = t + 1
+
+    def fused_step(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+        """`step` with the token's log f = log_sigmoid(F.linear(x, weight, bias)) computed in
+        the same call, x (B, 1, D): one call into the C++ kernel (`urpe_cpp::forget_step`: the
+        products as plain loops, log f rounded to x's dtype, the same float64 add) in place of
+        three torch ops. Returns log f (B, 1, H) as `step`'s caller has them (float32 for half
+        dtypes), or None where that call does not apply (no kernel, gradients recorded, tensor
+        subclasses or modes, compiling; what the kernel refuses: not CPU, mixed dtypes,
+        strided parameters): nothing is changed then."""
+        tensors = (x, weight, bias, self.buffer)
+        if records_grad(*tensors) or torch.compiler.is_compiling():
+            return None
+        fused = forget_step()
+        if fused is None or not dispatcher_free(tensors):
+            return None
+        t = self.length
+        if t + 2 > self.buffer.shape[-1]:
+            self._grow(t + 2)
+        rows = fused(x, weight, bias, self.buffer, t)
+        if rows is not None:
+            self.length = t + 1
+            self.last = None  # (made when a Python step needs it)
+        return rows
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens' sums (a cropped cache)."""
@@ -158,6 +186,24 @@ class ForgetHistory:
             for name in FOLLOWED:
                 _follow(cache, history, name)
         return history
+
+    def decoding_step(
+        self, layer: int, x: Tensor, projection: tuple[Tensor, Tensor | None]
+    ) -> tuple[Tensor, Cumulative] | None:
+        """A decoding step of a growing layer in line with its cache, its gates computed from
+        the layer's input x (B, 1, D) by `projection` (W, b) in the same call as their sums
+        (`Cumulative.fused_step`): (log f (B, 1, H), the layer's sums). None where that does
+        not apply; the caller then computes log f and calls `extend`."""
+        past = self.layers.get(layer)
+        if past is None or x.dim() != 3 or x.shape[1] != 1:
+            return None
+        kind = _layer_of(self.cache, layer)
+        if type(kind) is not DynamicLayer or past.length != kind.get_seq_length():
+            return None  # (a static layer's history is a buffer of log f)
+        if past.rows != (x.shape[0], projection[0].shape[0]):
+            return None
+        rows = past.fused_step(x, *projection)
+        return None if rows is None else (rows, past)
 
     def extend(self, layer: int, rows: Tensor, query_start) -> Cumulative | Tensor:
         """Record log f (B, L, H) of the call's new tokens (as the projection gives them),

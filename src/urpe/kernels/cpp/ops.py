@@ -83,6 +83,13 @@ def _entry(name: str):
     return None if module is None else getattr(module, name, None)
 
 
+def forget_step():
+    """The kernel's FoX decoding step (`urpe_cpp::forget_step`, forget_step.h) through the
+    library's Python entry, or None where no kernel with one is loaded. The caller calls it
+    only where the dispatcher would add nothing (`host.dispatcher_free`, no gradient)."""
+    return _entry("forget_step")
+
+
 def forward_fake(args: ForwardArgs) -> tuple[Tensor, Tensor]:
     """The forward op's outputs as `cpp_forward` lays them out."""
     dtype = compute_dtype(args.q.dtype)
