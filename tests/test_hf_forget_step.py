@@ -15,7 +15,7 @@ from transformers import DynamicCache
 import urpe.hf.forget_history as forget_history
 from tests.hf_families import VOCAB
 from tests.test_hf_decay import fox_model
-from urpe.encodings.forgetting import log_sigmoid
+from urpe.encodings.forgetting import ForgetGate, log_sigmoid
 from urpe.kernels.cpp import unavailable
 from urpe.kernels.cpp.ops import forget_step
 
@@ -131,3 +131,36 @@ def test_a_step_recording_gradients_takes_the_python_step(monkeypatch):
     logits = model(ids[:, 4:], past_key_values=cache, use_cache=True).logits
     logits.sum().backward()
     assert model.model.layers[0].self_attn.urpe_forget.proj.weight.grad is not None
+
+
+class _DoubledGates(ForgetGate):
+    """Gates of its own (log f doubled): a decoding step must compute them as the class does."""
+
+    def log_forget_rows(self, x):
+        return 2 * super().log_forget_rows(x)
+
+
+def _halve(module, args, output):
+    return output / 2
+
+
+@pytest.mark.parametrize("change", ["subclass", "hooked projection"])
+def test_gates_computed_another_way_are_never_fused(change, monkeypatch):
+    """A subclass's own gates, or a projection a hook watches: every decoding step computes
+    log f as the module does (the Python step), so cached generation equals uncached."""
+    model = fox_model("llama", dtype=torch.float32)
+    for module in model.modules():
+        forget = module._modules.get("urpe_forget")
+        if forget is None:
+            continue
+        if change == "subclass":
+            forget.__class__ = _DoubledGates
+        else:
+            forget.proj.register_forward_hook(_halve)
+    monkeypatch.setattr(forget_history, "forget_step", lambda: pytest.fail("fused"))
+    ids = torch.randint(2, VOCAB, (2, 6), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        cached = _generate(model, ids)
+        uncached = _generate(model, ids, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits))

@@ -90,8 +90,8 @@ def record_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if cache is not None and layer is not None:
         history = ForgetHistory.of(cache)
         projection = forget.plain_projection() if isinstance(forget, ForgetGate) else None
-        if projection is not None:  # a decoding step: its gates and their sums in one call
-            stepped = history.decoding_step(layer, hidden, projection)
+        if projection is not None:  # a growing cache's decoding step: gates and sums at once
+            stepped = history.decoding_step(layer, hidden, projection)  # (None: not such a step)
             if stepped is not None:
                 state[LOG_FORGET] = stepped
                 return
