@@ -164,3 +164,13 @@ def test_gates_computed_another_way_are_never_fused(change, monkeypatch):
         uncached = _generate(model, ids, use_cache=False)
     assert torch.equal(cached.sequences, uncached.sequences)
     torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits))
+
+
+def test_a_step_off_the_cpu_never_asks_for_the_cpu_library(monkeypatch):
+    """On another device (here "meta") the step is the Python one, and the C++ library is not
+    even looked up (looking it up may build it: a GPU user's generate must not)."""
+    monkeypatch.setattr(forget_history, "forget_step", lambda: pytest.fail("looked up"))
+    kept = forget_history.Cumulative(torch.zeros(2, 4, 3, dtype=torch.float64, device="meta"))
+    x = torch.randn(2, 1, 16, device="meta")
+    assert kept.fused_step(x, torch.randn(4, 16, device="meta"), None) is None
+    assert kept.length == 3

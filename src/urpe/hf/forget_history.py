@@ -94,12 +94,12 @@ class Cumulative:
         the same call, x (B, 1, D): one call into the C++ kernel (`urpe_cpp::forget_step`: the
         products as plain loops, log f rounded to x's dtype, the same float64 add) in place of
         three torch ops. Returns log f (B, 1, H) as `step`'s caller has them (float32 for half
-        dtypes), or None where that call does not apply (no kernel, gradients recorded, tensor
-        subclasses or modes, compiling; what the kernel refuses: not CPU, mixed dtypes,
+        dtypes), or None where that call does not apply (not CPU, no kernel, gradients
+        recorded, tensor subclasses or modes, compiling; what the kernel refuses: mixed dtypes,
         strided parameters): nothing is changed then."""
         tensors = (x, weight, bias, self.buffer)
-        if records_grad(*tensors) or torch.compiler.is_compiling():
-            return None
+        if not x.is_cpu or records_grad(*tensors) or torch.compiler.is_compiling():
+            return None  # (on another device the CPU library is not even loaded)
         fused = forget_step()
         if fused is None or not dispatcher_free(tensors):
             return None
