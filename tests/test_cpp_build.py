@@ -359,3 +359,14 @@ def test_a_sweep_says_once_on_its_own_line_that_it_compiles_the_kernel(tmp_path,
     compiling = [line for line in lines if "urpe: compiling the C++ CPU" in line]
     assert len(compiling) == 1 and compiling[0].startswith("urpe: compiling"), done.stderr
     assert done.stderr.count("the C++ CPU attention kernel is unavailable") == 1, done.stderr
+
+
+def test_a_named_target_cpu_replaces_native_and_keys_its_own_build(monkeypatch):
+    """$URPE_CPP_TARGET (e.g. haswell, for valgrind, which runs no AVX-512): -march=<it>
+    instead of -march=native, and a build key of its own."""
+    monkeypatch.setenv(build.TARGET, "haswell")
+    flags = build.compile_flags()
+    assert "-march=native" not in flags and "-mcpu=native" not in flags
+    assert "-march=haswell" in flags or "-mcpu=haswell" in flags
+    monkeypatch.delenv(build.TARGET)
+    assert build.build_key(flags) != build.build_key(build.compile_flags())

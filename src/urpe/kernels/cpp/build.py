@@ -11,7 +11,8 @@ In order, the first that works:
    load it.
 3. **Compiled now** with `torch.utils.cpp_extension` (ninja and a C++ compiler; `-O3
    -march=native` where the compiler takes it), about 20 s on 2 cores, said on one line.
-   `make setup` does it ahead (`python -m urpe.kernels.cpp`).
+   `make setup` does it ahead (`python -m urpe.kernels.cpp`). $URPE_CPP_TARGET names another
+   CPU to tune for (`-march=haswell`: AVX2, for valgrind, which runs no AVX-512 code).
 4. **None**: "auto" runs the eager blockwise kernel ("blockwise") after one warning that says why,
    and `backend="cpp"` raises with that reason. Also where URPE_CPP_KERNEL=0 switches it off.
 
@@ -56,6 +57,7 @@ HEADERS = tuple(sorted(path.name for path in HERE.glob("*.h")))
 SWITCH = "URPE_CPP_KERNEL"  # "0" / "off": never build or load the kernel
 VERBOSE = "URPE_CPP_VERBOSE"  # "1": show the compiler's output
 TIMEOUT = "URPE_CPP_BUILD_TIMEOUT"  # seconds a build may run, or be waited for (default 600)
+TARGET = "URPE_CPP_TARGET"  # the CPU a tuned build is for: -march=<it> (default "native")
 RECORD = "ready"  # beside a cached library: its size and hash (`verified`)
 
 _lock = threading.Lock()
@@ -91,9 +93,10 @@ def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
     """Flags for this compiler: optimised, vectorised row loops (`omp simd`), IEEE semantics
     kept (no -ffast-math: the kernel relies on exp(-inf) = 0 and on NaN propagating).
 
-    native: tuned to this CPU. openmp: OpenMP for `at::parallel_for`, which is header-inline:
-    without -fopenmp its `omp parallel` is ignored and the tiles run on one thread. With it the
-    library shares torch's libgomp, already loaded under the same soname."""
+    native: tuned to this CPU (or to the one $URPE_CPP_TARGET names). openmp: OpenMP for
+    `at::parallel_for`, which is header-inline: without -fopenmp its `omp parallel` is ignored
+    and the tiles run on one thread. With it the library shares torch's libgomp, already loaded
+    under the same soname."""
     if sys.platform == "win32":
         return ["/O2", "/openmp"] if openmp else ["/O2"]
     flags = [
@@ -103,8 +106,10 @@ def compile_flags(native: bool = True, openmp: bool = True) -> list[str]:
         "-fno-trapping-math",
     ]
     if native:
+        target = os.environ.get(TARGET, "").strip() or "native"
         machine = platform.machine().lower()
-        flags.append("-march=native" if machine in ("x86_64", "amd64", "i686") else "-mcpu=native")
+        x86 = machine in ("x86_64", "amd64", "i686")
+        flags.append(f"-march={target}" if x86 else f"-mcpu={target}")
     return flags
 
 
