@@ -194,32 +194,40 @@ class ForgetHistory:
         the layer's input x (B, 1, D) by `projection` (W, b) in the same call as their sums
         (`Cumulative.fused_step`): (log f (B, 1, H), the layer's sums). None where that does
         not apply; the caller then computes log f and calls `extend`."""
+        if x.dim() != 3 or x.shape[1] != 1:
+            return None
+        past = self._stepping(layer, x.shape[0], projection[0].shape[0])
+        if past is None:
+            return None
+        rows = past.fused_step(x, *projection)
+        return None if rows is None else (rows, past)
+
+    def _stepping(self, layer: int, batch: int, heads: int) -> Cumulative | None:
+        """The layer's sums where a one-token call adds one sum to them: a growing layer (a
+        plain DynamicCache's) whose history is in line with the cache, of (B, H) rows."""
         past = self.layers.get(layer)
-        if past is None or x.dim() != 3 or x.shape[1] != 1:
+        if past is None:
             return None
         kind = _layer_of(self.cache, layer)
         if type(kind) is not DynamicLayer or past.length != kind.get_seq_length():
             return None  # (a static layer's history is a buffer of log f)
-        if past.rows != (x.shape[0], projection[0].shape[0]):
-            return None
-        rows = past.fused_step(x, *projection)
-        return None if rows is None else (rows, past)
+        return past if past.rows == (batch, heads) else None
 
     def extend(self, layer: int, rows: Tensor, query_start) -> Cumulative | Tensor:
         """Record log f (B, L, H) of the call's new tokens (as the projection gives them),
         before the cache stores their keys; returns the layer's `Cumulative` (growing) or its
         static buffer of log f by position. NotImplementedError for cache layers whose token
         slots urpe cannot follow."""
+        b, n, h = rows.shape
+        if n == 1:  # a decoding step, the history in line with the cache: no other question
+            past = self._stepping(layer, b, h)
+            if past is not None and not _tracked(rows, past.buffer):
+                past.step(rows)
+                return past
         kind = _layer_of(self.cache, layer)
         past = self.layers.get(layer)
         if type(kind) is DynamicLayer:  # (a plain DynamicCache's: no other question)
             seen = kind.get_seq_length()  # what the cache's get_seq_length(layer) asks it
-            if past is not None and past.length == seen and not _tracked(rows, past.buffer):
-                b, n, h = rows.shape
-                if n == 1 and past.rows == (b, h):
-                    # a decoding step, the history in line with the cache: no other question
-                    past.step(rows)
-                    return past
         else:
             _check_layer(kind)
             if _in_place(kind):
