@@ -168,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         for model in args.models:
+            print(f"{model:>10}: counting under valgrind (minutes)...", flush=True)
             started = time.perf_counter()
-            prompt, total = _count(args, model, Path(folder))
+            try:
+                prompt, total = _count(args, model, Path(folder))
+            except (RuntimeError, subprocess.SubprocessError) as error:
+                print(f"count_instructions: {model}: {error}")
+                return 1
             results[model] = (prompt, total - prompt)
             print(
                 f"{model:>10}: prompt {prompt / 1e6:,.1f} M, {args.new_tokens} steps "
