@@ -8,17 +8,21 @@ and N new tokens. Their difference is N decoding steps.
 
     python benchmarks/count_instructions.py --models base gate fox --batch 1
     python benchmarks/count_instructions.py --models base gate --prompt 2048 --new-tokens 32
+    python benchmarks/count_instructions.py --models base gate --compiled
 
 Models: "base" (the benchmarks' tiny Llama), "gate" (`add_urpe()`), "fox" (`add_urpe(decay=
-"fox")`), "fox-python" (the same with FoX's decoding step in Python, not the C++ call). Needs
-valgrind and callgrind_control. The C++ kernel is built for AVX2 (`URPE_CPP_TARGET=haswell`,
-its own cache entry): valgrind runs no AVX-512 code. Each model takes minutes (valgrind runs
-~50x slower); the models run one after another.
+"fox")`), "fox-python" (the same with FoX's decoding step in Python, not the C++ call).
+`--compiled`: transformers' fast path instead (a static cache, the decoding steps through
+torch.compile with inductor; the warm-up compiles, outside the counts, and takes minutes
+more). Needs valgrind and callgrind_control. The C++ kernel is built for AVX2
+(`URPE_CPP_TARGET=haswell`, its own cache entry): valgrind runs no AVX-512 code. Each model
+takes minutes (valgrind runs ~50x slower); the models run one after another.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -32,7 +36,9 @@ MODELS = ("base", "gate", "fox", "fox-python")
 READY, PROMPT_DONE, ALL_DONE = "urpe-count: ready", "urpe-count: prompt", "urpe-count: done"
 
 
-def _child(model: str, batch: int, prompt_length: int, new_tokens: int, go: Path) -> None:
+def _child(
+    model: str, batch: int, prompt_length: int, new_tokens: int, go: Path, compiled: bool
+) -> None:
     """In the process valgrind runs: build the model, warm up, then the two counted generates,
     each started when the parent has zeroed the counters (it creates `go` + a suffix)."""
     import copy
@@ -63,13 +69,26 @@ def _child(model: str, batch: int, prompt_length: int, new_tokens: int, go: Path
         with torch.no_grad():
             llama.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-    generate(2)
+    if compiled:
+        _static_compiled(llama)
+    generate(new_tokens + 1)  # (a static cache is made for the longest generate, then reused)
     for step, (n, done) in enumerate(((1, PROMPT_DONE), (new_tokens + 1, ALL_DONE))):
         print(READY, flush=True)
         _wait(Path(f"{go}.{step}"))
         generate(n)
         print(done, flush=True)
     _wait(Path(f"{go}.end"))
+
+
+def _static_compiled(llama) -> None:
+    """transformers' fast path: a static cache, decoding steps compiled (inductor); on the CPU
+    transformers compiles only when told to (`_compile_all_devices`)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend="inductor", dynamic=False)
+    config._compile_all_devices = True
+    llama.generation_config.cache_implementation = "static"
+    llama.generation_config.compile_config = config
 
 
 def _wait(path: Path) -> None:
@@ -81,11 +100,16 @@ def _count(args, model: str, folder: Path) -> tuple[int, int]:
     """(instructions of the prompt's generate, of the prompt + N tokens'), for one model."""
     out = folder / f"{model}.callgrind"
     go = folder / f"{model}.go"
+    for stale in (*folder.glob(f"{out.name}*"), *folder.glob(f"{go.name}*")):
+        stale.unlink()  # (a kept folder's earlier run: its dumps would be read as this one's)
     env = dict(os.environ, URPE_CPP_TARGET="haswell", OMP_NUM_THREADS="1")
+    if args.compiled:  # inductor's code for AVX2 too (its compiler runs outside valgrind)
+        env.update(TORCHINDUCTOR_CPP_MARCH="haswell", ATEN_CPU_CAPABILITY="avx2")
     command = [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
         __file__, "--child", model, "--batch", str(args.batch), "--prompt", str(args.prompt),
         "--new-tokens", str(args.new_tokens), "--go", str(go),
+        *(["--compiled"] if args.compiled else []),
     ]  # fmt: skip
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                              text=True)  # fmt: skip
@@ -140,6 +164,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=_positive, default=1)
     parser.add_argument("--prompt", type=_positive, default=64, help="prompt tokens")
     parser.add_argument("--new-tokens", type=_positive, default=32, help="decoding steps")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="static cache and torch.compile (inductor), as transformers' fast path",
+    )
+    parser.add_argument(
+        "--keep-dumps",
+        metavar="FOLDER",
+        help="keep callgrind's dumps here (MODEL.callgrind.1: the prompt, .2: the prompt and the "
+        "steps), for callgrind_annotate; default: a temporary folder, removed",
+    )
     parser.add_argument("--child", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--go", help=argparse.SUPPRESS)
     return parser
@@ -155,7 +190,7 @@ def _positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.child:
-        _child(args.child, args.batch, args.prompt, args.new_tokens, Path(args.go))
+        _child(args.child, args.batch, args.prompt, args.new_tokens, Path(args.go), args.compiled)
         return 0
     missing = [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
     if missing:
@@ -164,9 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     # the kernel built natively first (valgrind runs no compiler children's work any faster)
     env = dict(os.environ, URPE_CPP_TARGET="haswell")
     subprocess.run([sys.executable, "-m", "urpe.kernels.cpp"], check=True, env=env)
-    print(f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, one thread")
+    how = "static cache + torch.compile" if args.compiled else "eager, dynamic cache"
+    print(
+        f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, one thread, {how}"
+    )
     results = {}
-    with tempfile.TemporaryDirectory() as folder:
+    keep = args.keep_dumps
+    if keep is not None:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as folder:
         for model in args.models:
             print(f"{model:>10}: counting under valgrind (minutes)...", flush=True)
             started = time.perf_counter()

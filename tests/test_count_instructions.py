@@ -23,7 +23,9 @@ def _script():
 def test_help_names_every_model_and_the_commands():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True)
     assert done.returncode == 0
-    for name in ("base", "gate", "fox", "fox-python", "--new-tokens", "--prompt 2048"):
+    names = ("base", "gate", "fox", "fox-python", "--new-tokens", "--prompt 2048", "--compiled")
+    names += ("--keep-dumps",)
+    for name in names:
         assert name in done.stdout
 
 
@@ -38,3 +40,19 @@ def test_without_valgrind_it_says_what_it_needs(monkeypatch, capsys):
     monkeypatch.setattr(script.shutil, "which", lambda name: None)
     assert script.main(["--models", "base"]) == 2
     assert "valgrind and callgrind_control" in capsys.readouterr().out
+
+
+def test_compiled_counts_transformers_fast_path():
+    """--compiled: a static cache and inductor, also on the CPU (transformers compiles only on
+    GPUs unless told to)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    llama = transformers.LlamaForCausalLM(config)
+    _script()._static_compiled(llama)
+    generation = llama.generation_config
+    assert generation.cache_implementation == "static"
+    assert generation.compile_config.backend == "inductor"
+    assert generation.compile_config._compile_all_devices
