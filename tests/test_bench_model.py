@@ -59,7 +59,7 @@ EXPECTED = {
     ),
     "bf16": (("bf16",), ("sdpa", *(("cpp_urpe",) if CPP else ()), "auto_urpe"), ("fwd",)),
     "decoder": (("batch 1", "batch 4"), ("urpe", "rpe", "nope"), ("generate",)),
-    "hf_generate": (("batch 1", "batch 4"), ("base", "urpe"), ("generate",)),
+    "hf_generate": (("batch 1", "batch 4"), ("base", "base copy", "urpe"), ("generate",)),
     "hf_train": (("train",), ("base", "urpe"), ("train",)),
     "end_to_end": (
         ("quick", "long"),
@@ -151,11 +151,15 @@ def test_every_target_is_judged_idle_and_busy_and_reported(quick_run):
     results, text = quick_run
     labels = [t.target for t in model_targets.targets()]
     assert [t["target"] for t in results["targets"]] == labels
-    assert len(labels) == 3 + 2 + 1 + 2 + 2 + 2 + 1 + 2 + len(LM_VARIANTS)
+    assert len(labels) == 3 + 2 + 1 + 2 + 2 + 2 + 1 + 2 + len(LM_VARIANTS) + 4
     for t in results["targets"]:
         assert set(t["values"]) == {"idle", "one core busy"}
-        if t["target"].startswith("HF Llama generate, static cache"):  # not in this run
+        if "static cache" in t["target"] or "compiled" in t["target"]:  # not in this run
             assert t["values"] == {"idle": None, "one core busy": None} and t["met"] is None
+        elif t["limit"] is None:  # a control: measured, judged against nothing
+            assert t["target"].startswith("control:") and t["met"] is None
+            assert None not in t["values"].values()
+            assert f"| {t['target']} |" in text and text.count(" | - | - |") >= 2
         elif CPP or "cpp" not in t["target"]:
             assert None not in t["values"].values() and t["met"] in (True, False), t
         assert f"| {t['target']} |" in text
@@ -286,6 +290,9 @@ def test_a_target_holds_only_when_met_under_every_condition_measured():
     assert target.judge(records, [idle])["met"] is True
     assert target.judge(records[:1], [idle, busy])["values"]["one core busy"] is None
     assert target.judge([], [idle, busy])["met"] is None
+    control = model_targets.Target("c", "calls", "decode", "auto_gate", "fwd", None, "extra_us")
+    judged = control.judge(records, [idle, busy])
+    assert judged["values"] == {"idle": 20.0, "one core busy": 30.0} and judged["met"] is None
 
 
 def test_a_failing_group_is_reported_and_the_rest_measured():
@@ -443,7 +450,8 @@ def test_the_compiled_group_runs_transformers_static_cache_path(tmp_path):
     )
     assert code == 0
     results = json.loads(path.read_text())
-    want = {(c, n, "generate", False) for c in ("batch 1", "batch 4") for n in ("base", "urpe")}
+    names = ("base", "base copy", "urpe")
+    want = {(c, n, "generate", False) for c in ("batch 1", "batch 4") for n in names}
     assert _measured(results["records"], "hf_compiled") == want
     assert "compiled (eager)" in results["groups"]["hf_compiled"]["about"]
     judged = [t for t in results["targets"] if "static cache" in t["target"]]

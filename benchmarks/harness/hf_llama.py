@@ -1,7 +1,11 @@
 """A small Hugging Face Llama with and without `urpe.hf.add_urpe`, for the model benchmark.
 
 The model is built from a config (random weights, nothing downloaded); "urpe" is a copy of
-"base" with a URPE gate per layer (ones at init, so both generate the same tokens). Three groups:
+"base" with a URPE gate per layer (ones at init, so both generate the same tokens). The generation
+groups also time "base copy", a second copy of the base model (`copy.deepcopy`, as "urpe" is
+made): the same code and weights, so its ratio to "base" is the comparison's noise floor (where
+a process happens to place two models' tensors moves their speed by up to ~10%, BENCHMARKS.md).
+Three groups:
 
     hf_generate   greedy `generate` (eager, transformers' dynamic cache)
     hf_compiled   the same with transformers' own fast path: a static cache, and the decoding
@@ -21,6 +25,7 @@ from .model_sizes import DecoderSize, Sizes
 from .timed import Timed
 
 BASELINE = "base"
+CONTROL = "base copy"  # the same model again: what "urpe / base" reads with nothing added
 
 
 def llama_pair(size: DecoderSize, context: int, seed: int = 0) -> dict:
@@ -80,7 +85,8 @@ def _greedy(model, prompt: torch.Tensor, new_tokens: int):
 
 def _generation(sizes: Sizes, progress, compile_backend: str | None) -> Timed:
     d = sizes.decoder
-    models = llama_pair(d, context=2 * (sizes.prompt + sizes.new_tokens))
+    pair = llama_pair(d, context=2 * (sizes.prompt + sizes.new_tokens))
+    models = {BASELINE: pair[BASELINE], CONTROL: copy.deepcopy(pair[BASELINE]), **pair}
     for model in models.values():
         model.eval()
         if compile_backend is not None:
@@ -92,7 +98,8 @@ def _generation(sizes: Sizes, progress, compile_backend: str | None) -> Timed:
     )
     about = (
         f"{sizes.new_tokens} tokens after a {sizes.prompt}-token prompt, greedy "
-        f"(min_new_tokens={sizes.new_tokens}); {_llama(d)}; {how}."
+        f"(min_new_tokens={sizes.new_tokens}); {_llama(d)}; {how}. {CONTROL}: a second copy "
+        "of the base model, the comparison's noise floor."
     )
     note = " (compiles)" if compile_backend else ""
     return per_batch(sizes, models, _greedy, about, progress, warmups=2, note=note)

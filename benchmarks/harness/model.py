@@ -29,7 +29,7 @@ from urpe.cli_types import UsageError, non_negative_int, positive_int
 
 from .contention import Condition, busy_core_index
 from .model_groups import GROUP_NAMES, groups
-from .model_report import section_markdown, spread
+from .model_report import limit_cell, section_markdown, spread
 from .model_sizes import FULL, QUICK
 from .model_targets import condition_label, judge
 from .processes import in_fresh_processes, merged_records
@@ -154,8 +154,10 @@ def print_targets(targets: list[dict]) -> None:
             f"{label} {'n/a' if v is None else f'{v:.2f}'}{spread(t, label)}"
             for label, v in t["values"].items()
         )
-        unit = " us" if t["measure"] == "extra_us" else ""
-        print(f"{t['target']}: {values} (limit {t['limit']:.3g}{unit}, met: {t['met']})")
+        if t["limit"] is None:
+            print(f"{t['target']}: {values} (a control: no limit)")
+        else:
+            print(f"{t['target']}: {values} (limit {limit_cell(t)}, met: {t['met']})")
 
 
 def print_records(records: list[dict]) -> None:

@@ -67,12 +67,19 @@ def _targets(results: dict) -> list[str]:
                 _measured(t["values"].get(label), t["measure"]) + spread(t, label)
                 for label in labels
             ),
-            f"{t['limit']:.3g}" + (" us" if t["measure"] == "extra_us" else ""),
-            MET[t["met"]],
+            limit_cell(t),
+            "-" if t["limit"] is None else MET[t["met"]],
         ]
         for t in results["targets"]
     ]
     return ["", "### Targets", "", *table(["target", *labels, "limit", "met"], rows)]
+
+
+def limit_cell(target: dict) -> str:
+    """A target's limit as the tables print it; "-" for a control (no limit)."""
+    if target["limit"] is None:
+        return "-"
+    return f"{target['limit']:.3g}" + (" us" if target["measure"] == "extra_us" else "")
 
 
 def _cell(r: dict | None, unit: str) -> str:

@@ -3,7 +3,8 @@
 A target names one record (group, case, row, mode) and the measure compared with its limit:
 `ratio` (time over the group's baseline in the same case, mode and condition) or `extra_us`
 (microseconds over the baseline). It holds when the measure is at most the limit under every
-condition measured (idle and one core busy).
+condition measured (idle and one core busy). A control (limit None) is judged against nothing:
+the same model timed twice, whose ratio shows how far a figure moves with nothing added.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class Target:
     case: str
     name: str
     mode: str
-    limit: float
+    limit: float | None  # None: a control, judged against nothing (module docstring)
     measure: str = "ratio"  # or "extra_us"
 
     def judge(self, records: list[dict], conditions: list[dict]) -> dict:
@@ -35,7 +36,9 @@ class Target:
             # over fresh processes (`--processes`): [lowest, highest], else None
             ranges[label] = None if record is None else record.get(f"{self.measure}_range")
         measured = [v for v in values.values() if v is not None]
-        met = bool(all(v <= self.limit for v in measured)) if measured else None
+        met = None
+        if measured and self.limit is not None:
+            met = all(v <= self.limit for v in measured)
         named = dict(target=self.target, measure=self.measure, limit=self.limit)
         return dict(named, values=values, ranges=ranges, met=met)
 
@@ -69,6 +72,10 @@ TARGETS = (
              "generate", 1.15) for case in BATCHES),
     *(Target(f"HF Llama generate, static cache + torch.compile, {case}: add_urpe / base",
              "hf_compiled", case, "urpe", "generate", 1.1) for case in BATCHES),
+    *(Target(f"control: HF Llama generate, {how}, {case}: base copy / base", group, case,
+             "base copy", "generate", None)
+      for group, how in (("hf_generate", "eager"), ("hf_compiled", "compiled"))
+      for case in BATCHES),
     Target("HF Llama training step: add_urpe / base", "hf_train", "train", "urpe", "train", 1.05),
     *(Target(f"end-to-end step ({size}): URPE auto / no-PE SDPA", "end_to_end", size,
              "urpe_auto", "train", 1.1) for size in ("quick", "long")),
