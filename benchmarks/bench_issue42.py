@@ -13,7 +13,8 @@ one core busy (a child process spinning on the last core):
              add_urpe's default gate does ("cpp_gate_k1024": offsets past it clamped).
     fox      greedy generation of 256 tokens after a 64-token prompt, batch 1 and 4, by the
              model benchmark's tiny Llama with add_urpe(decay="fox") and with add_urpe() (gate
-             only), against the same model without urpe. Target: fox <= 1.15x. And the Decay
+             only), against the same model without urpe ("base copy", a second copy of that
+             model, reads the noise floor). Target: fox <= 1.15x. And the Decay
              kernel's forward+backward (B=1, H=8, L=2048, D=64, not causal, as `urpe bench
              attention`'s decay_cpp row) against bias-free SDPA's. Target: <= 1.1x.
     hf_long  (not in the default groups: long) the gated Llama generating 1,024 tokens after a
@@ -117,8 +118,10 @@ def _decay_calls(length: int) -> dict:
 
 
 def _llamas(context: int) -> dict:
-    """{"base", "gate", "fox"}: the model benchmark's tiny Llama (harness/model_sizes.py, full
-    sizes) without urpe, with add_urpe() and with add_urpe(decay="fox"), the same weights."""
+    """{"base", "base copy", "gate", "fox"}: the model benchmark's tiny Llama
+    (harness/model_sizes.py, full sizes) without urpe, again (a deep copy, made as the others
+    are: what a ratio reads with nothing added), with add_urpe() and with
+    add_urpe(decay="fox"), the same weights."""
     import copy
 
     import transformers
@@ -134,6 +137,7 @@ def _llamas(context: int) -> dict:
     base = transformers.LlamaForCausalLM(config).eval()
     return {
         "base": base,
+        "base copy": copy.deepcopy(base),
         "gate": urpe.hf.add_urpe(copy.deepcopy(base)).eval(),
         "fox": urpe.hf.add_urpe(copy.deepcopy(base), decay="fox").eval(),
     }
