@@ -8,9 +8,11 @@ the documented rule (see `urpe.kernels.nonfinite`).
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from urpe.kernels import (
     NORMALIZATIONS,
@@ -273,6 +275,32 @@ def test_empty_tensors_forward_and_backward(norm, shape):
         grads = torch.autograd.grad(out.sum(), leaves)
         for g, leaf in zip(grads, leaves, strict=True):
             assert g.shape == leaf.shape and torch.equal(g, torch.zeros_like(g)), name
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_dropout_of_one_drops_every_weight_as_sdpa_does(norm):
+    """dropout_p = 1: zeros, and zero gradients for every input (SDPA and nn.Dropout(1.0) give
+    zeros too), on every backend that takes the call; NaN in a term stays out."""
+    q = torch.randn(B, H, L, D, **F64, requires_grad=True)
+    k = torch.randn(B, H, L, D, **F64, requires_grad=True)
+    v = torch.randn(B, H, L, 3, **F64, requires_grad=True)
+    gate_table = torch.randn(H, 5, **F64).index_fill(1, torch.tensor([0]), math.nan)
+    gate_table.requires_grad_(True)
+    call = dict(gate=Toeplitz(gate_table), normalization=norm, is_causal=True)
+    names = _accepting(q, k, v, **call)
+    assert "reference" in names
+    for name in names:
+        out = attention(q, k, v, **call, dropout_p=1.0, backend=name)
+        assert torch.equal(out, torch.zeros(B, H, L, 3, **F64)), name
+        leaves = [q, k, v, gate_table]
+        for g in torch.autograd.grad(out.sum(), leaves):
+            assert torch.equal(g, torch.zeros_like(g)), name
+    if norm == "softmax":
+        plain = (q.detach(), k.detach(), v.detach())
+        torch.testing.assert_close(
+            attention(*plain, dropout_p=1.0, is_causal=True),
+            F.scaled_dot_product_attention(*plain, dropout_p=1.0, is_causal=True),
+        )
 
 
 def test_blockwise_backward_with_an_empty_batch():

@@ -97,7 +97,8 @@ def test_defaults_and_scalar_arguments():
     [
         (dict(scale=True), TypeError, "scale must be a float"),
         (dict(scale=math.inf), ValueError, "scale must be finite"),
-        (dict(dropout_p=1.0), ValueError, "dropout_p must be in \\[0, 1\\)"),
+        (dict(dropout_p=1.5), ValueError, "dropout_p must be in \\[0, 1\\]"),
+        (dict(dropout_p=-0.1), ValueError, "dropout_p must be in \\[0, 1\\]"),
         (dict(dropout_p=True), TypeError, "dropout_p must be a float"),
         (dict(is_causal=1), TypeError, "is_causal must be a bool"),
         (dict(normalization="sparsemax"), ValueError, "normalization must be one of.*'relu2'"),

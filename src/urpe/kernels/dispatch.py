@@ -51,7 +51,8 @@ def attention(
         attn_mask: broadcastable to (..., H, Lq, Lk). Bool: True takes part, False hides the pair.
             Float: added to the logits (M), like a bias (a -inf gives weight 0 but does not hide
             the key's contents; see below).
-        dropout_p: dropout on the weights (after the gate). Pass 0 at evaluation.
+        dropout_p: dropout on the weights (after the gate), in [0, 1]; 1 drops every weight
+            (zeros, as SDPA gives). Pass 0 at evaluation.
         is_causal: query i sees keys j <= i + Lk - Lq: the LAST query is aligned with the LAST
             key, as decoding with a KV cache needs. SDPA aligns the first with the first
             (j <= i); the two agree when Lq == Lk. For SDPA's rule with Lq != Lk pass

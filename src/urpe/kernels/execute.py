@@ -4,7 +4,8 @@ A backend's `run(spec)` only computes attention on a non-empty call with finite 
 `execute` gives every backend the same behaviour at the edges, so a new backend inherits it:
 
 - empty calls (B, H, Lq or Dv zero, or no keys at all) return zeros without running the backend,
-  with zero gradients for every input (a query that sees no key returns 0);
+  with zero gradients for every input (a query that sees no key returns 0); so do calls with
+  dropout_p = 1, which drop every weight (SDPA and nn.Dropout(1.0) give zeros too);
 - non-finite q, k, v follow the rule in `nonfinite`;
 - a normalisation without an upper bound (`exp`) that overflows raises a ValueError instead of
   returning inf/NaN;
@@ -52,7 +53,7 @@ def execute(
 ) -> Tensor:
     """run(spec) with the behaviour above; returns (*batch_shape, H, Lq, Dv) in q's dtype.
     finds_nonfinite: the backend's table says so (`nonfinite.guarded`)."""
-    if spec.is_empty:
+    if spec.is_empty or spec.dropout_p == 1.0:
         out = empty_result(spec)
     else:
         out, poison = guarded(run, spec, finds_nonfinite)

@@ -355,8 +355,8 @@ def resolved(a: Arguments) -> AttentionSpec:
         )
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not 0.0 <= dropout_p <= 1.0:  # (1 drops every weight, as in SDPA: see `execute`)
+        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     scale = checked_scale(scale, d)
