@@ -217,6 +217,7 @@ def test_a_model_deep_copies_after_a_training_step():
     [
         (dict(gate=None), "add nothing"),
         (dict(decay="alibi"), "computed from the layer's input"),
+        (dict(decay="nope"), r"add_urpe decay must be one of \('fox',\), got 'nope'"),
         (dict(decay={"name": "fox", "slope": 1}), "has no option 'slope'"),
     ],
 )

@@ -47,9 +47,9 @@ def decay_entry(spec: EncodingSpec, settings: EncodingSettings):
     """The registry entry of a decay spec: a position encoding computed from the layer's input
     as log forget gates (a `ForgetGate`, as "fox") that this door can run; anything else is
     refused in one line."""
-    _, entry = resolve(POSITION_REGISTRY, spec, "add_urpe decay")
+    usable = [n for n, e in POSITION_REGISTRY.items() if _from_input(e)]
+    _, entry = resolve(POSITION_REGISTRY, spec, "add_urpe decay", allowed=usable)
     if not _from_input(entry):
-        usable = [n for n, e in POSITION_REGISTRY.items() if _from_input(e)]
         raise ValueError(
             f"add_urpe decay must be an encoding computed from the layer's input "
             f"({', '.join(usable)}), got {spec.name!r}: the model keeps its own positions"
