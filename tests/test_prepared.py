@@ -112,7 +112,7 @@ def _pairs():
         (dict(gate=gate), dict(gate=Toeplitz(torch.randn(2, 9)))),
         (dict(gate=gate, scale=1.0), dict(gate=gate, scale=True)),
         (dict(gate=gate, is_causal=False), dict(gate=gate, is_causal=0)),
-        (dict(gate=gate, dropout_p=0.0), dict(gate=gate, dropout_p=1.0)),
+        (dict(gate=gate, dropout_p=0.0), dict(gate=gate, dropout_p=1.5)),
         (dict(gate=gate, dropout_p=0.0), dict(gate=gate, dropout_p=False)),
         (dict(gate=gate), dict(gate=gate, normalization="nope")),
         (dict(gate=gate, scale=1.0), dict(gate=gate, scale=float("inf"))),
