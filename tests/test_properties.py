@@ -3,10 +3,12 @@
 The strategy draws a whole call: leading batch dims, heads (grouped or not), Lq != Lk, length 1,
 odd lengths, head widths, every normalisation in the registry, every bias/gate form (none, dense
 with any broadcast shape, Toeplitz with K below and above the length, Relation with a per-batch
-or shared index, shared-head tables), masks (padding with fully padded rows, causal, bool or float
-attn_mask with rows where nothing is visible), dtype (float64 exactly; float32 and bfloat16 with
-tolerances). Every backend in the registry that accepts the call runs it (the tiled kernels,
-blockwise and cpp, also with random small tiles), forward and gradients, against the reference.
+or shared index, shared-head tables, a Decay bias where Lq = Lk), masks (padding with fully
+padded rows, causal, bool or float attn_mask with rows where nothing is visible, packed
+documents where Lq = Lk), q, k, v contiguous or as views of (..., L, H, D) projections, dtype
+(float64 exactly; float32 and bfloat16 with tolerances). Every backend in the registry that
+accepts the call runs it (the tiled kernels, blockwise and cpp, also with random small tiles),
+forward and gradients, against the reference.
 
 Bounded for CI: a fixed number of examples, derandomized (the same examples every run).
 """
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 
 from urpe.kernels import (
     NORMALIZATIONS,
+    Decay,
     Relation,
     Toeplitz,
     attention,
@@ -56,11 +59,17 @@ def calls(draw) -> dict:
     batch = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
     kv_heads = draw(st.integers(1, 3))
     heads = kv_heads * draw(st.sampled_from([1, 1, 2]))
-    lq, lk = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    lq = draw(st.integers(1, 9))
+    lk = lq if draw(st.booleans()) else draw(st.integers(1, 9))  # (Decay, documents: Lq = Lk)
     full = (*batch, heads, lq, lk)
 
-    def term():
-        kind = draw(st.sampled_from(["none", "dense", "toeplitz", "relation"]))
+    def term(role: str):
+        kinds = ["none", "dense", "toeplitz", "relation"]
+        if role == "bias" and lq == lk:
+            kinds.append("decay")  # (B|1, H|1, Lk) log forget gates
+        kind = draw(st.sampled_from(kinds))
+        if kind == "decay":
+            return kind, (*(n if draw(st.booleans()) else 1 for n in batch), heads, lk)
         if kind == "dense":  # any broadcast shape: fewer leading dims, some dims 1
             rank = draw(st.integers(2, len(full)))
             return kind, tuple(n if draw(st.booleans()) else 1 for n in full[len(full) - rank :])
@@ -83,8 +92,10 @@ def calls(draw) -> dict:
         dv=draw(st.sampled_from([1, 2, 5])),
         normalization=draw(st.sampled_from(sorted(NORMALIZATIONS))),
         causal=draw(st.booleans()),
-        bias=term(),
-        gate=term(),
+        bias=term("bias"),
+        gate=term("gate"),
+        documents=draw(st.booleans()) and lq == lk,
+        projected=draw(st.booleans()),  # q, k, v as views of (..., L, H, D) tensors
         padding=draw(st.sampled_from(["none", "random", "with an empty row"])),
         mask=draw(st.sampled_from(["none", "bool", "float"])),
         mask_rank=draw(st.integers(2, len(full))),
@@ -102,10 +113,21 @@ def build(c: dict, dtype: torch.dtype):
         x = torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift
         return x.to(c["dtype"]).to(dtype).requires_grad_()
 
-    q = randn(*batch, c["heads"], c["lq"], c["d"])
-    k = randn(*batch, c["kv_heads"], c["lk"], c["d"])
-    v = randn(*batch, c["kv_heads"], c["lk"], c["dv"])
-    leaves = [q, k, v]
+    def operand(heads: int, length: int, width: int):
+        """(..., heads, length, width); with c["projected"] a view of a (..., length, heads,
+        width) leaf, as a model's projection gives it (the gradient reaches that leaf)."""
+        if not c.get("projected"):
+            leaf = randn(*batch, heads, length, width)
+            return leaf, leaf
+        leaf = randn(*batch, length, heads, width)
+        return leaf.transpose(-3, -2), leaf
+
+    (q, q_leaf), (k, k_leaf), (v, v_leaf) = (
+        operand(c["heads"], c["lq"], c["d"]),
+        operand(c["kv_heads"], c["lk"], c["d"]),
+        operand(c["kv_heads"], c["lk"], c["dv"]),
+    )
+    leaves = [q_leaf, k_leaf, v_leaf]
     call = dict(normalization=c["normalization"], is_causal=c["causal"])
     if c["normalization"] == "exp":
         call["scale"] = 0.1  # no denominator: stay well inside the range
@@ -125,6 +147,14 @@ def build(c: dict, dtype: torch.dtype):
             index = torch.randint(0, relations, (*index_batch, c["lq"], c["lk"]), generator=gen)
             call[role] = Relation(randn(table_heads, relations, scale=0.5, shift=shift), index)
             leaves.append(call[role].table)
+        elif kind == "decay":  # log f = logsigmoid(x) <= 0
+            x = torch.randn(*shape, generator=gen, dtype=torch.float64) + 2.0
+            log_forget = torch.nn.functional.logsigmoid(x).to(c["dtype"]).to(dtype)
+            call[role] = Decay(log_forget.requires_grad_())
+            leaves.append(call[role].log_forget)
+    if c.get("documents"):  # packed: sorted ids, a query sees the keys of its own document
+        ids = torch.randint(0, 3, (*batch, c["lk"]), generator=gen).sort(-1).values
+        call["document_ids"] = ids
     if c["padding"] != "none":
         padding = torch.rand(*batch, c["lk"], generator=gen) < 0.3
         if c["padding"] == "with an empty row" and batch:
