@@ -463,11 +463,7 @@ void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {
   const int64_t workers = workers_for(count, P.work(), P.lq);
   const PackedOperands packed = pack_operands(P);
   const int64_t keys = packed.keys ? round_up(P.tile_keys(), kPackedKeys) : P.tile_keys();
-  std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
-  run_items(count, workers, [&](int64_t worker, int64_t index) {
-    if (!scratch[worker]) {
-      scratch[worker] = std::make_unique<ForwardScratch<T>>(P.tile_queries(), keys, P.bf16());
-    }
+  const auto item = [&](ForwardScratch<T>& scratch, int64_t index) {
     // One (batch, head) after another, so that its keys and values stay in cache from one
     // query block to the next; within it the last query blocks first: under causal masking
     // they meet the most keys, and the small ones are left to fill in at the end.
@@ -475,9 +471,29 @@ void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {
     const int64_t b = bh / P.heads, h = bh % P.heads;
     const int64_t i0 = block * bq, i1 = std::min(P.lq, i0 + bq);
     for_query_groups(P.hiding, b, i0, i1, [&](int64_t g0, int64_t g1) {
-      forward_item(P, *scratch[worker], packed.head(b * P.kv_heads + h / P.groups), b, h, g0, g1,
-                   out, out_rows, stat);
+      forward_item(P, scratch, packed.head(b * P.kv_heads + h / P.groups), b, h, g0, g1, out,
+                   out_rows, stat);
     });
+  };
+  if (workers > 1 && few_query_rows(P.lq)) {
+    // A decoding step: each thread takes one contiguous range of heads, as at::parallel_for
+    // splits a tensor op, so the cached keys and values a thread reads are the ones the same
+    // thread copies when transformers grows its cache (torch.cat). Taken one by one from a
+    // counter, a thread's heads lie in both halves, and that copy read them from the other
+    // core: 3-4x slower at 2-3k keys, +1-1.7 ms a step (BENCHMARKS.md, issue 42).
+    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+      const BlasThreadsGuard one_thread;
+      ForwardScratch<T> scratch(P.tile_queries(), keys, P.bf16());
+      for (int64_t index = begin; index < end; ++index) item(scratch, index);
+    });
+    return;
+  }
+  std::vector<std::unique_ptr<ForwardScratch<T>>> scratch(workers);
+  run_items(count, workers, [&](int64_t worker, int64_t index) {
+    if (!scratch[worker]) {
+      scratch[worker] = std::make_unique<ForwardScratch<T>>(P.tile_queries(), keys, P.bf16());
+    }
+    item(*scratch[worker], index);
   }, false, chunk_for(count, workers, P.work()));
 }
 

@@ -442,8 +442,10 @@ constexpr double kSerialWork = 1 << 18;
 constexpr int64_t kFewRows = 16;
 constexpr double kSerialFewRowsWork = 1 << 19;
 
+bool few_query_rows(int64_t query_rows) { return query_rows <= kFewRows; }
+
 int64_t workers_for(int64_t count, double work, int64_t query_rows) {
-  const double serial = query_rows <= kFewRows ? kSerialFewRowsWork : kSerialWork;
+  const double serial = few_query_rows(query_rows) ? kSerialFewRowsWork : kSerialWork;
   if (count <= 1 || work <= serial || at::in_parallel_region()) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
 }

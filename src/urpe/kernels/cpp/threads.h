@@ -19,6 +19,9 @@ namespace urpe_cpp {
 // head, a decoding step) up to a larger size.
 int64_t workers_for(int64_t count, double work = 1e30, int64_t query_rows = 1 << 30);
 
+// Whether `query_rows` per head make a decoding step (few rows, each streaming the keys once).
+bool few_query_rows(int64_t query_rows);
+
 // How many consecutive items a worker takes from the shared counter at once, for `count` items
 // of `work` multiply-adds in all on `workers` threads (1 for items that are long on their own).
 int64_t chunk_for(int64_t count, int64_t workers, double work);
