@@ -476,11 +476,8 @@ void forward_loop(const Problem<T>& P, T* out, Rows out_rows, T* stat) {
     });
   };
   if (workers > 1 && few_query_rows(P.lq)) {
-    // A decoding step: each thread takes one contiguous range of heads, as at::parallel_for
-    // splits a tensor op, so the cached keys and values a thread reads are the ones the same
-    // thread copies when transformers grows its cache (torch.cat). Taken one by one from a
-    // counter, a thread's heads lie in both halves, and that copy read them from the other
-    // core: 3-4x slower at 2-3k keys, +1-1.7 ms a step (BENCHMARKS.md, issue 42).
+    // A decoding step: contiguous heads per thread, as ATen splits the cache's copy (torch.cat)
+    // so each thread copies what it read here, not the other core's lines (BENCHMARKS.md, 42).
     at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
       const BlasThreadsGuard one_thread;
       ForwardScratch<T> scratch(P.tile_queries(), keys, P.bf16());
