@@ -1,0 +1,230 @@
+"""add_urpe on every causal-LM family the installed transformers registers (slow).
+
+tests/hf_families.py checks ten families closely. This sweeps the rest, as a user would meet
+them: each family's default config made tiny (random weights, nothing downloaded), then either
+add_urpe refuses it by name (`UnsupportedModelError`), or
+- at init its logits are the base model's (the gate starts at ones),
+- with random gate tables they are not (the gate is in the attention the model runs), and
+- a greedy generate's per-step logits (the KV cache, the gate's rows for one query) equal one
+  forward over the generated sequence, wherever the base model's do, and
+- with random gate tables, a forward and a generate's per-step logits equal those of the base
+  model running a plain attention written here from the definition (softmax, times
+  C_ij = table[h, clamp(j - i, -K, K) + K], times V), with the same tables.
+The same with a FoX decay (`decay="fox"`, its forget gates kept beside the cache), except the
+first point: its gates start near 1, not at 1.
+A family whose default config does not shrink to these sizes, or whose base model fails on the
+inputs, is skipped with the reason: that is the sweep's reach, not urpe's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+import urpe.hf
+
+pytestmark = pytest.mark.slow
+
+VOCAB, PROMPT, NEW = 97, 11, 6
+# Each family's names for the sizes; only those its config already has are set.
+TINY = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+    n_embd=64, n_layer=2, n_head=4, n_positions=128, d_model=64, ffn_dim=96, num_layers=2,
+    num_heads=4, pad_token_id=0,
+    # encoder-decoder families' decoders (BART, Marian, ...)
+    encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=96, decoder_ffn_dim=96,
+    # partial rotary (GPT-J, CodeGen), latent attention (DeepSeek), mixtures of experts
+    rotary_dim=8, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16,
+    q_lora_rank=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+)  # fmt: skip
+MOST_PARAMETERS = 20_000_000  # more: the default config did not shrink (sizes under other names)
+
+
+def _tiny_config(model_type: str):
+    config = AutoConfig.for_model(model_type)
+    for name, value in TINY.items():
+        if hasattr(config, name):
+            try:
+                setattr(config, name, value)
+            except (AttributeError, TypeError, ValueError):
+                pass  # (a derived property, or a value this family validates otherwise)
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, (list, tuple)) and len(layer_types) > config.num_hidden_layers:
+        try:
+            config.layer_types = list(layer_types)[: config.num_hidden_layers]
+        except (AttributeError, TypeError, ValueError):
+            pass
+    return config
+
+
+def _base_model(model_type: str):
+    """The family's tiny model (SDPA attention, else its eager attention), or a pytest.skip
+    naming why there is none."""
+    try:
+        config = _tiny_config(model_type)
+        with torch.device("meta"):
+            parameters = sum(
+                p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()
+            )
+        if parameters > MOST_PARAMETERS:
+            pytest.skip(f"{model_type}: its config keeps {parameters:,} parameters at these sizes")
+        torch.manual_seed(0)
+        try:
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        except ValueError:  # (a family without SDPA attention: Gemma 2, Mamba, ...)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        return model.eval()
+    except pytest.skip.Exception:
+        raise
+    except Exception as error:  # (the sweep's reach: configs that need more than these sizes)
+        pytest.skip(f"{model_type}: no tiny model from its default config ({error!r:.120})")
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB - 7, (2, PROMPT), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding in row 0
+    return ids, mask
+
+
+def _logits(model, ids, mask) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def _cached_against_full(model, ids, mask) -> float:
+    """Largest difference between a greedy generate's per-step logits and one forward over
+    the sequence it generated, in the unpadded row (the padded row's positions differ between
+    the two where a family numbers positions from the mask)."""
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+        full = _logits(model, out.sequences, torch.ones_like(out.sequences))
+    steps = torch.stack(out.logits, 1)  # (B, NEW, V)
+    return (full[1, PROMPT - 1 : PROMPT - 1 + NEW] - steps[1]).abs().max().item()
+
+
+@pytest.mark.parametrize("decay", [None, "fox"])
+@pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_add_urpe_refuses_by_name_or_runs_the_gate(model_type, decay):
+    base = _base_model(model_type)
+    ids, mask = _inputs()
+    try:
+        expected = _logits(base, ids, mask)
+        base_drift = _cached_against_full(base, ids, mask)
+    except Exception as error:
+        pytest.skip(f"{model_type}: the base model fails on these inputs ({error!r:.120})")
+    try:
+        gated = urpe.hf.add_urpe(copy.deepcopy(base), decay=decay).eval()
+    except urpe.hf.UnsupportedModelError as error:
+        assert type(base).__name__ in str(error)
+        return
+    real = mask.bool()
+    if decay is None:  # (FoX's forget gates start near 1, not at 1)
+        torch.testing.assert_close(
+            _logits(gated, ids, mask)[real], expected[real], atol=1e-5, rtol=0
+        )
+    added = {name for name, _ in gated.named_parameters()} - {n for n, _ in base.named_parameters()}
+    assert added, "add_urpe added no parameters"
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in gated.named_parameters():
+            if name in added:
+                parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
+    changed = (_logits(gated, ids, mask)[real] - expected[real]).abs().max().item()
+    assert changed > 1e-4, "random tables left the logits as they were"
+    if base_drift < 1e-4:  # (a causal model: its cache gives a full forward's logits)
+        assert _cached_against_full(gated, ids, mask) < 1e-4
+
+
+REFERENCE = "urpe_test_reference"
+TABLE = "_test_gate_table"  # where the reference model's modules keep the gated model's table
+
+
+def _reference_attention(module, query, key, value, attention_mask, scaling=None, **_):
+    """softmax(q k^T * scaling + mask) * C, times v, materialised; q (B, H, Lq, D), k and v
+    (B, Hkv, Lk, D); the queries are the last Lq of the Lk positions (a cache's slots)."""
+    heads, lq, lk = query.shape[1], query.shape[2], key.shape[2]
+    key = key.repeat_interleave(heads // key.shape[1], dim=1)
+    value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Lq, Lk)
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., :lk]
+    weights = scores.softmax(-1)
+    table = getattr(module, TABLE, None)  # (H, 2K + 1)
+    if table is not None:
+        reach = (table.shape[-1] - 1) // 2
+        offsets = torch.arange(lk) - (torch.arange(lq) + lk - lq)[:, None]  # j - i, (Lq, Lk)
+        weights = weights * table[:, offsets.clamp(-reach, reach) + reach]
+    return (weights @ value).transpose(1, 2).contiguous(), weights  # (B, Lq, H, Dv)
+
+
+@pytest.fixture(scope="module")
+def reference_attention():
+    AttentionInterface.register(REFERENCE, _reference_attention)
+    AttentionMaskInterface.register(REFERENCE, eager_mask)
+    yield REFERENCE
+
+
+def _per_step_logits(model, ids, mask) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    return torch.stack(out.logits, 1)  # (B, NEW, V)
+
+
+@pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_the_gate_is_the_gate_of_a_plain_reference_attention(model_type, reference_attention):
+    base = _base_model(model_type)
+    ids, mask = _inputs()
+    try:
+        _logits(base, ids, mask)
+    except Exception as error:
+        pytest.skip(f"{model_type}: the base model fails on these inputs ({error!r:.120})")
+    try:  # float64, where the family's own layers take it (grouped expert products do not)
+        _logits(copy.deepcopy(base).double(), ids, mask)
+        base = base.double()
+    except RuntimeError:
+        pass
+    try:
+        gated = urpe.hf.add_urpe(copy.deepcopy(base)).eval()
+    except urpe.hf.UnsupportedModelError:
+        pytest.skip(f"{model_type}: refused (the test above)")
+    reference = copy.deepcopy(base)
+    generator = torch.Generator().manual_seed(3)
+    gated_modules = dict(gated.named_modules())
+    for name, module in reference.named_modules():
+        gate = getattr(gated_modules[name], "urpe_gate", None)
+        if gate is not None:
+            with torch.no_grad():
+                gate.table.add_(0.5 * torch.randn(gate.table.shape, generator=generator))
+            setattr(module, TABLE, gate.table.detach().clone())
+    try:
+        reference.set_attn_implementation(reference_attention)
+    except (ValueError, TypeError) as error:
+        pytest.skip(f"{model_type}: takes no custom attention function ({error!r:.120})")
+    real = mask.bool()
+    try:
+        expected = _logits(reference, ids, mask)
+        expected_steps = _per_step_logits(reference, ids, mask)
+    except Exception as error:
+        pytest.skip(f"{model_type}: the reference attention does not fit it ({error!r:.120})")
+    # float64: assert_close's own tolerance; float32: one family's SDPA and this attention
+    # already differ by 4.5e-5 without a gate (inkling_text)
+    tolerance = {} if base.dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_logits(gated, ids, mask)[real], expected[real], **tolerance)
+    torch.testing.assert_close(_per_step_logits(gated, ids, mask), expected_steps, **tolerance)
