@@ -66,6 +66,30 @@ def test_save_pretrained_and_from_pretrained_round_trip(tmp_path, caplog, name, 
     assert error <= 1e-12, error
 
 
+@pytest.mark.parametrize("decay", [None, "fox"])
+def test_a_family_saved_under_its_original_checkpoint_names_loads_its_gates(tmp_path, decay):
+    # transformers runs EXAONE as a Llama but saves it under EXAONE's own names
+    # (transformer.h.N.attn.attention), the gates with them; loading renames them back.
+    config = transformers.AutoConfig.for_model(
+        "exaone", vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = urpe.hf.add_urpe(model.double(), decay=decay).eval()
+    with torch.no_grad():
+        for p in urpe.hf.gate_parameters(model):
+            p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        assert any(k.startswith("transformer.h.") and "urpe_" in k for k in handle.keys())
+    loaded = urpe.hf.from_pretrained(
+        tmp_path, transformers.AutoModelForCausalLM, dtype=torch.float64
+    ).eval()
+    for (n, p), (m, q) in zip(model.named_parameters(), loaded.named_parameters(), strict=True):
+        assert n == m and torch.equal(p, q), n
+
+
 def test_from_pretrained_refuses_a_folder_without_urpe(tmp_path):
     FAMILIES["llama"].build("sdpa", torch.float32).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no 'urpe' entry"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -73,22 +74,48 @@ def _weight_files(path: Path) -> list[Path]:
     )
 
 
+def _saved_key_renaming(model: nn.Module) -> Callable[[str], str]:
+    """How transformers renames a saved key into one of the model's own names when it loads.
+
+    Some families are saved under their original checkpoint's names: EXAONE runs as a Llama
+    (model.layers.N.self_attn) but `save_pretrained` writes transformer.h.N.attn.attention,
+    its gates included. The renamings are the model's conversion mapping; where this
+    transformers has none, keys are taken as they are."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # (transformers before its conversion mappings)
+        return lambda key: key
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+
+    def renamed(key: str) -> str:
+        for renaming in renamings:
+            key, _ = renaming.rename_source_key(key)
+        return key
+
+    return renamed
+
+
 def load_gates(model: nn.Module, path: str | os.PathLike) -> None:
     """Copy the gate and decay tensors saved under `path` into the model's (every one must be
     found).
 
-    Keys are matched exactly, or across the base-model prefix (a `LlamaForCausalLM` checkpoint
-    into a `LlamaModel` and back)."""
+    Keys are matched as saved or as transformers renames them on loading (a family saved under
+    its original checkpoint's names), exactly or across the base-model prefix (a
+    `LlamaForCausalLM` checkpoint into a `LlamaModel` and back)."""
     wanted = {n: p for n, p in model.state_dict().items() if re.search(GATE_KEYS, n)}
     prefix = getattr(model, "base_model_prefix", "") or ""
+    renamed = _saved_key_renaming(model)
     found = {}
     for file in _weight_files(Path(path)):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
                 if not re.search(GATE_KEYS, key):
                     continue
-                for name in (key, key.removeprefix(prefix + "."), f"{prefix}.{key}"):
-                    if name in wanted:
+                for saved in dict.fromkeys((key, renamed(key))):
+                    names = (saved, saved.removeprefix(prefix + "."), f"{prefix}.{saved}")
+                    name = next((n for n in names if n in wanted), None)
+                    if name is not None:
                         found[name] = handle.get_tensor(key)
                         break
     missing = sorted(set(wanted) - set(found))
