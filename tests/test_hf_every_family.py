@@ -1,4 +1,5 @@
-"""add_urpe on every causal-LM family the installed transformers registers (slow).
+"""add_urpe on every causal-LM family the installed transformers registers (slow), and on
+every encoder-decoder and masked-LM family (the last test).
 
 tests/hf_families.py checks ten families closely. This sweeps the rest, as a user would meet
 them: each family's default config made tiny (random weights, nothing downloaded), then either
@@ -23,9 +24,19 @@ import copy
 
 import pytest
 import torch
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+from transformers import (
+    AttentionInterface,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+)
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
 
 import urpe.hf
 
@@ -40,7 +51,7 @@ TINY = dict(
     num_heads=4, pad_token_id=0,
     # encoder-decoder families' decoders (BART, Marian, ...)
     encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=96, decoder_ffn_dim=96,
+    encoder_ffn_dim=96, decoder_ffn_dim=96, d_ff=96, d_kv=16, num_decoder_layers=2,
     # partial rotary (GPT-J, CodeGen), latent attention (DeepSeek), mixtures of experts
     rotary_dim=8, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16,
     q_lora_rank=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
@@ -68,22 +79,20 @@ def _tiny_config(model_type: str):
     return config
 
 
-def _base_model(model_type: str):
-    """The family's tiny model (SDPA attention, else its eager attention), or a pytest.skip
-    naming why there is none."""
+def _base_model(model_type: str, auto=AutoModelForCausalLM):
+    """The family's tiny model with the `auto` class's head (SDPA attention, else its eager
+    attention), or a pytest.skip naming why there is none."""
     try:
         config = _tiny_config(model_type)
         with torch.device("meta"):
-            parameters = sum(
-                p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()
-            )
+            parameters = sum(p.numel() for p in auto.from_config(config).parameters())
         if parameters > MOST_PARAMETERS:
             pytest.skip(f"{model_type}: its config keeps {parameters:,} parameters at these sizes")
         torch.manual_seed(0)
         try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+            model = auto.from_config(config, attn_implementation="sdpa")
         except ValueError:  # (a family without SDPA attention: Gemma 2, Mamba, ...)
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            model = auto.from_config(config, attn_implementation="eager")
         return model.eval()
     except pytest.skip.Exception:
         raise
@@ -239,3 +248,64 @@ def test_the_gate_is_the_gate_of_a_plain_reference_attention(model_type, referen
     tolerance = {} if base.dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(_logits(gated, ids, mask)[real], expected[real], **tolerance)
     torch.testing.assert_close(_per_step_logits(gated, ids, mask), expected_steps, **tolerance)
+
+
+OTHER_HEADS = [
+    *((t, AutoModelForSeq2SeqLM) for t in sorted(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)),
+    *((t, AutoModelForMaskedLM) for t in sorted(MODEL_FOR_MASKED_LM_MAPPING_NAMES)),
+]
+
+
+@pytest.mark.parametrize("decay", [None, "fox"])
+@pytest.mark.parametrize(
+    ("model_type", "auto"), OTHER_HEADS, ids=[f"{t}-{a.__name__[12:]}" for t, a in OTHER_HEADS]
+)
+def test_encoder_decoders_and_masked_lms(model_type, auto, decay, tmp_path):
+    """Refused by name, or: the base model's outputs at init (gate only), others with random
+    tables, the same after save/load; an encoder-decoder's cached decoding (self-attention
+    gated, cross-attention the model's own) equals one forward."""
+    base = _base_model(model_type, auto)
+    ids, mask = _inputs()
+    seq2seq = auto is AutoModelForSeq2SeqLM
+    feed = dict(input_ids=ids, attention_mask=mask)
+    if seq2seq:
+        generator = torch.Generator().manual_seed(4)
+        feed["decoder_input_ids"] = torch.randint(3, VOCAB - 7, (2, 5), generator=generator)
+    real = torch.ones(2, 5, dtype=torch.bool) if seq2seq else mask.bool()
+
+    def outputs(model) -> torch.Tensor:
+        with torch.no_grad():
+            return model(**feed).logits[real]
+
+    try:
+        expected = outputs(base)
+    except Exception as error:
+        pytest.skip(f"{model_type}: the base model fails on these inputs ({error!r:.120})")
+    try:
+        gated = urpe.hf.add_urpe(copy.deepcopy(base), decay=decay).eval()
+    except urpe.hf.UnsupportedModelError as error:
+        assert type(base).__name__ in str(error)
+        return
+    if decay is None:  # (T5's logits reach ~10: a relative tolerance too)
+        torch.testing.assert_close(outputs(gated), expected, atol=1e-5, rtol=1e-5)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in urpe.hf.gate_parameters(gated):
+            parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
+    assert (outputs(gated) - expected).abs().max() > 1e-4
+    if seq2seq:
+        start = gated.generation_config.decoder_start_token_id
+        if start is None or start >= VOCAB:  # (none in T5's config; Marian's is its pad id)
+            start = 1
+        with torch.no_grad():
+            out = gated.generate(
+                ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW,
+                do_sample=False, pad_token_id=0, decoder_start_token_id=start,
+                output_logits=True, return_dict_in_generate=True,
+            )  # fmt: skip
+            decoded = out.sequences[:, :-1]
+            full = gated(input_ids=ids, attention_mask=mask, decoder_input_ids=decoded).logits
+        torch.testing.assert_close(full[:, -NEW:], torch.stack(out.logits, 1), atol=1e-4, rtol=0)
+    gated.save_pretrained(tmp_path)
+    loaded = urpe.hf.from_pretrained(tmp_path, auto).eval()
+    assert torch.equal(outputs(loaded), outputs(gated))
