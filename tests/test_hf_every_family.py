@@ -9,8 +9,9 @@ add_urpe refuses it by name (`UnsupportedModelError`), or
 - a greedy generate's per-step logits (the KV cache, the gate's rows for one query) equal one
   forward over the generated sequence, wherever the base model's do,
 - `save_pretrained` and `urpe.hf.from_pretrained` give the same model back, and
-- with random gate tables, a forward and a generate's per-step logits equal those of the base
-  model running a plain attention written here from the definition (softmax, times
+- with random gate tables, a forward and a generate's per-step logits, and (float64) the
+  gradients of the tables and of every weight, equal those of the base model running a plain
+  attention written here from the definition (softmax, times
   C_ij = table[h, clamp(j - i, -K, K) + K], times V), with the same tables.
 The same with a FoX decay (`decay="fox"`, its forget gates kept beside the cache), except the
 first point: its gates start near 1, not at 1.
@@ -232,7 +233,7 @@ def test_the_gate_is_the_gate_of_a_plain_reference_attention(model_type, referen
         if gate is not None:
             with torch.no_grad():
                 gate.table.add_(0.5 * torch.randn(gate.table.shape, generator=generator))
-            setattr(module, TABLE, gate.table.detach().clone())
+            setattr(module, TABLE, gate.table.detach().clone().requires_grad_())
     try:
         reference.set_attn_implementation(reference_attention)
     except (ValueError, TypeError) as error:
@@ -248,6 +249,23 @@ def test_the_gate_is_the_gate_of_a_plain_reference_attention(model_type, referen
     tolerance = {} if base.dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(_logits(gated, ids, mask)[real], expected[real], **tolerance)
     torch.testing.assert_close(_per_step_logits(gated, ids, mask), expected_steps, **tolerance)
+    # Backward: the gradients of the tables and of every base weight, for one weighted sum of
+    # the logits (eval mode: no dropout). In float64 only: in float32, inkling_text's SDPA and
+    # this attention already route tokens to different experts without any gate.
+    if base.dtype != torch.float64:
+        return
+    weights = torch.randn(expected[real].shape, generator=generator, dtype=expected.dtype)
+    tables = [getattr(m, TABLE) for m in reference.modules() if hasattr(m, TABLE)]
+    gated_tables = [p for n, p in gated.named_parameters() if n.endswith("urpe_gate.table")]
+    for model in (gated, reference):  # (the reference's tables are fresh leaves: no grad yet)
+        model.zero_grad(set_to_none=True)
+        ((model(input_ids=ids, attention_mask=mask).logits[real] * weights).sum()).backward()
+    for got, want in zip(gated_tables, tables, strict=True):
+        torch.testing.assert_close(got.grad, want.grad, **tolerance)
+    reference_weights = dict(reference.named_parameters())
+    for name, parameter in gated.named_parameters():
+        if name in reference_weights and parameter.grad is not None:
+            torch.testing.assert_close(parameter.grad, reference_weights[name].grad, **tolerance)
 
 
 OTHER_HEADS = [
