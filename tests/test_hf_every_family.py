@@ -128,6 +128,15 @@ def _cached_against_full(model, ids, mask) -> float:
     return (full[1, PROMPT - 1 : PROMPT - 1 + NEW] - steps[1]).abs().max().item()
 
 
+def _gated(base, decay):
+    """add_urpe on a copy of `base`, or None where it refuses the family by its class's name."""
+    try:
+        return urpe.hf.add_urpe(copy.deepcopy(base), decay=decay).eval()
+    except urpe.hf.UnsupportedModelError as error:
+        assert type(base).__name__ in str(error)
+        return None
+
+
 @pytest.mark.parametrize("decay", [None, "fox"])
 @pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
 def test_add_urpe_refuses_by_name_or_runs_the_gate(model_type, decay, tmp_path):
@@ -138,10 +147,8 @@ def test_add_urpe_refuses_by_name_or_runs_the_gate(model_type, decay, tmp_path):
         base_drift = _cached_against_full(base, ids, mask)
     except Exception as error:
         pytest.skip(f"{model_type}: the base model fails on these inputs ({error!r:.120})")
-    try:
-        gated = urpe.hf.add_urpe(copy.deepcopy(base), decay=decay).eval()
-    except urpe.hf.UnsupportedModelError as error:
-        assert type(base).__name__ in str(error)
+    gated = _gated(base, decay)
+    if gated is None:
         return
     real = mask.bool()
     if decay is None:  # (FoX's forget gates start near 1, not at 1)
@@ -221,9 +228,8 @@ def test_the_gate_is_the_gate_of_a_plain_reference_attention(model_type, referen
         base = base.double()
     except RuntimeError:
         pass
-    try:
-        gated = urpe.hf.add_urpe(copy.deepcopy(base)).eval()
-    except urpe.hf.UnsupportedModelError:
+    gated = _gated(base, None)
+    if gated is None:
         pytest.skip(f"{model_type}: refused (the test above)")
     reference = copy.deepcopy(base)
     generator = torch.Generator().manual_seed(3)
@@ -299,10 +305,8 @@ def test_encoder_decoders_and_masked_lms(model_type, auto, decay, tmp_path):
         expected = outputs(base)
     except Exception as error:
         pytest.skip(f"{model_type}: the base model fails on these inputs ({error!r:.120})")
-    try:
-        gated = urpe.hf.add_urpe(copy.deepcopy(base), decay=decay).eval()
-    except urpe.hf.UnsupportedModelError as error:
-        assert type(base).__name__ in str(error)
+    gated = _gated(base, decay)
+    if gated is None:
         return
     if decay is None:  # (T5's logits reach ~10: a relative tolerance too)
         torch.testing.assert_close(outputs(gated), expected, atol=1e-5, rtol=1e-5)
