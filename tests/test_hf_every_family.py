@@ -118,14 +118,20 @@ def _cached_against_full(model, ids, mask) -> float:
     """Largest difference between a greedy generate's per-step logits and one forward over
     the sequence it generated, in the unpadded row (the padded row's positions differ between
     the two where a family numbers positions from the mask)."""
+    sequences, steps = _greedy(model, ids, mask)
+    full = _logits(model, sequences, torch.ones_like(sequences))
+    return (full[1, PROMPT - 1 : PROMPT - 1 + NEW] - steps[1]).abs().max().item()
+
+
+def _greedy(model, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """A greedy generate of NEW tokens: (sequences (B, PROMPT + NEW), per-step logits
+    (B, NEW, V))."""
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
             pad_token_id=0, output_logits=True, return_dict_in_generate=True,
         )  # fmt: skip
-        full = _logits(model, out.sequences, torch.ones_like(out.sequences))
-    steps = torch.stack(out.logits, 1)  # (B, NEW, V)
-    return (full[1, PROMPT - 1 : PROMPT - 1 + NEW] - steps[1]).abs().max().item()
+    return out.sequences, torch.stack(out.logits, 1)
 
 
 def _gated(base, decay):
@@ -207,12 +213,7 @@ def reference_attention():
 
 
 def _per_step_logits(model, ids, mask) -> torch.Tensor:
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
-    return torch.stack(out.logits, 1)  # (B, NEW, V)
+    return _greedy(model, ids, mask)[1]  # (B, NEW, V)
 
 
 @pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
